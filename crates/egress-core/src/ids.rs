@@ -1,0 +1,98 @@
+//! One newtype per number space: a generation can never be passed where a
+//! sequence is expected, and a point in time never where a delay is.
+
+use core::fmt;
+
+macro_rules! number_space {
+    ($(#[$doc:meta])* $name:ident($inner:ty), $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(transparent))]
+        pub struct $name(pub $inner);
+
+        impl $name {
+            /// The raw number.
+            #[must_use]
+            pub const fn get(self) -> $inner {
+                self.0
+            }
+        }
+
+        impl From<$inner> for $name {
+            fn from(value: $inner) -> Self {
+                Self(value)
+            }
+        }
+
+        impl From<$name> for $inner {
+            fn from(value: $name) -> Self {
+                value.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!($prefix, "{}"), self.0)
+            }
+        }
+    };
+}
+
+number_space!(
+    /// A connection epoch. Every transport attachment works under one
+    /// generation; [`reconnect`](crate::EgressCore::reconnect) moves the core
+    /// to a strictly higher one and fences every caller still holding the old.
+    Generation(u64),
+    "g"
+);
+number_space!(
+    /// The position of a record in the send order. Assigned by
+    /// [`enqueue`](crate::EgressCore::enqueue) from 0 upward, never reused.
+    Sequence(u64),
+    "#"
+);
+number_space!(
+    /// How many times a record has been claimed for sending (0 until its
+    /// first claim).
+    Attempt(u32),
+    "attempt "
+);
+number_space!(
+    /// A point in time, in ticks of the caller's clock. The core never reads a
+    /// clock: the shell passes `now` in. The unit is the shell's choice (the
+    /// reactive cells use milliseconds since the cell's clock started).
+    Time(u64),
+    "t="
+);
+number_space!(
+    /// A span of time in the same ticks as [`Time`].
+    Delay(u64),
+    "+"
+);
+
+impl Sequence {
+    /// The sequence after this one.
+    ///
+    /// # Panics
+    /// At `u64::MAX`, which would take 2^64 enqueues to reach.
+    #[must_use]
+    pub const fn next(self) -> Self {
+        match self.0.checked_add(1) {
+            Some(n) => Self(n),
+            None => panic!("invariant broken: the sequence space (u64) is exhausted"),
+        }
+    }
+}
+
+impl Time {
+    /// `self + delay`, saturating at the end of time instead of wrapping.
+    #[must_use]
+    pub const fn saturating_add(self, delay: Delay) -> Self {
+        Self(self.0.saturating_add(delay.0))
+    }
+}
+
+impl Delay {
+    /// No delay at all.
+    pub const ZERO: Self = Self(0);
+}

@@ -1,0 +1,224 @@
+//! The delivery policy: window size, retry budget, backoff schedule, jitter
+//! and ordering, validated once at construction.
+
+use crate::ids::Delay;
+
+/// Whether a failed record holds back the records behind it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+pub enum Ordering {
+    /// Later records keep flowing while an earlier one waits for its retry.
+    /// The receiver may see gaps that a retry fills later.
+    #[default]
+    Pipelined,
+    /// Nothing is claimed past a parked or exhausted record: claims report
+    /// [`Blocked`](crate::ClaimOutcome::Blocked) until it is retried, requeued
+    /// or acknowledged.
+    Strict,
+}
+
+/// A policy that [`PolicyBuilder::build`] refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// A window of zero could never send anything.
+    #[error("inflight_limit must be at least 1")]
+    ZeroInflightLimit,
+    /// The first backoff would already be above the cap.
+    #[error("retry_base ({base}) is above retry_ceiling ({ceiling})")]
+    BaseAboveCeiling {
+        /// The requested base.
+        base: Delay,
+        /// The requested ceiling.
+        ceiling: Delay,
+    },
+    /// Jitter is a fraction of the backoff, so it must lie in `[0, 1]`.
+    #[error("jitter must be within [0, 1], got {jitter}")]
+    JitterOutOfRange {
+        /// The requested jitter (possibly NaN).
+        jitter: f64,
+    },
+}
+
+/// How an [`EgressCore`](crate::EgressCore) sends and retries.
+///
+/// Built through [`Policy::builder`], which validates; [`Policy::default`]
+/// is a window of 64, 5 retries, backoff from 100 to 30,000 ticks (100 ms to
+/// 30 s at the cells' millisecond tick), no jitter, pipelined.
+///
+/// ```
+/// use egress_core::{Delay, Ordering, Policy};
+///
+/// let policy = Policy::builder()
+///     .inflight_limit(256)
+///     .retry_budget(3)
+///     .retry_base(Delay(50))
+///     .retry_ceiling(Delay(5_000))
+///     .jitter(0.25)
+///     .ordering(Ordering::Strict)
+///     .build()?;
+/// assert_eq!(policy.inflight_limit(), 256);
+///
+/// assert!(Policy::builder().inflight_limit(0).build().is_err());
+/// # Ok::<(), egress_core::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Policy {
+    inflight_limit: usize,
+    retry_budget: u32,
+    retry_base: Delay,
+    retry_ceiling: Delay,
+    jitter: f64,
+    ordering: Ordering,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            inflight_limit: 64,
+            retry_budget: 5,
+            retry_base: Delay(100),
+            retry_ceiling: Delay(30_000),
+            jitter: 0.0,
+            ordering: Ordering::Pipelined,
+        }
+    }
+}
+
+impl Policy {
+    /// A builder starting from [`Policy::default`].
+    pub fn builder() -> PolicyBuilder {
+        PolicyBuilder { policy: Self::default() }
+    }
+
+    /// The most records in flight at once.
+    #[must_use]
+    pub const fn inflight_limit(&self) -> usize {
+        self.inflight_limit
+    }
+
+    /// How many failures a record may retry after before it is exhausted:
+    /// a record is claimed at most `retry_budget + 1` times per budget.
+    #[must_use]
+    pub const fn retry_budget(&self) -> u32 {
+        self.retry_budget
+    }
+
+    /// The backoff after the first failure of a budget; it doubles per
+    /// further failure up to [`retry_ceiling`](Self::retry_ceiling).
+    #[must_use]
+    pub const fn retry_base(&self) -> Delay {
+        self.retry_base
+    }
+
+    /// The cap of the doubling schedule (a retry-after hint may exceed it).
+    #[must_use]
+    pub const fn retry_ceiling(&self) -> Delay {
+        self.retry_ceiling
+    }
+
+    /// The fraction in `[0, 1]` by which a backoff may be spread upward.
+    #[must_use]
+    pub const fn jitter(&self) -> f64 {
+        self.jitter
+    }
+
+    /// Whether failures hold back later records.
+    #[must_use]
+    pub const fn ordering(&self) -> Ordering {
+        self.ordering
+    }
+}
+
+/// Builds a validated [`Policy`]. Every setter is optional.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct PolicyBuilder {
+    policy: Policy,
+}
+
+impl PolicyBuilder {
+    /// See [`Policy::inflight_limit`]; must be at least 1.
+    pub fn inflight_limit(mut self, limit: usize) -> Self {
+        self.policy.inflight_limit = limit;
+        self
+    }
+
+    /// See [`Policy::retry_budget`].
+    pub fn retry_budget(mut self, budget: u32) -> Self {
+        self.policy.retry_budget = budget;
+        self
+    }
+
+    /// See [`Policy::retry_base`]; must not exceed the ceiling.
+    pub fn retry_base(mut self, base: Delay) -> Self {
+        self.policy.retry_base = base;
+        self
+    }
+
+    /// See [`Policy::retry_ceiling`].
+    pub fn retry_ceiling(mut self, ceiling: Delay) -> Self {
+        self.policy.retry_ceiling = ceiling;
+        self
+    }
+
+    /// See [`Policy::jitter`]; must lie in `[0, 1]`.
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.policy.jitter = jitter;
+        self
+    }
+
+    /// See [`Policy::ordering`].
+    pub fn ordering(mut self, ordering: Ordering) -> Self {
+        self.policy.ordering = ordering;
+        self
+    }
+
+    /// Validates and returns the policy.
+    ///
+    /// # Errors
+    /// [`PolicyError`] names the first rule the settings break.
+    pub fn build(self) -> Result<Policy, PolicyError> {
+        let p = self.policy;
+        if p.inflight_limit == 0 {
+            return Err(PolicyError::ZeroInflightLimit);
+        }
+        if p.retry_base > p.retry_ceiling {
+            return Err(PolicyError::BaseAboveCeiling { base: p.retry_base, ceiling: p.retry_ceiling });
+        }
+        if !(0.0..=1.0).contains(&p.jitter) {
+            return Err(PolicyError::JitterOutOfRange { jitter: p.jitter });
+        }
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_each_broken_rule() {
+        assert_eq!(Policy::builder().inflight_limit(0).build(), Err(PolicyError::ZeroInflightLimit));
+        assert_eq!(
+            Policy::builder().retry_base(Delay(10)).retry_ceiling(Delay(9)).build(),
+            Err(PolicyError::BaseAboveCeiling { base: Delay(10), ceiling: Delay(9) })
+        );
+        assert!(matches!(Policy::builder().jitter(1.5).build(), Err(PolicyError::JitterOutOfRange { .. })));
+        assert!(matches!(Policy::builder().jitter(f64::NAN).build(), Err(PolicyError::JitterOutOfRange { .. })));
+        assert!(matches!(Policy::builder().jitter(-0.1).build(), Err(PolicyError::JitterOutOfRange { .. })));
+    }
+
+    #[test]
+    fn edges_are_accepted() {
+        let p = Policy::builder()
+            .inflight_limit(1)
+            .retry_base(Delay(7))
+            .retry_ceiling(Delay(7))
+            .jitter(1.0)
+            .build()
+            .expect("edge values are valid");
+        assert_eq!((p.inflight_limit(), p.retry_base(), p.retry_ceiling(), p.jitter()), (1, Delay(7), Delay(7), 1.0));
+        assert_eq!(Policy::builder().build(), Ok(Policy::default()));
+    }
+}
