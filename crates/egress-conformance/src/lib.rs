@@ -1,0 +1,39 @@
+//! Runs the egress fixture corpus (`conformance/egress/*.json`, schema in
+//! `conformance/README.md`) against the core and, as they land, every shell.
+//!
+//! ```text
+//!  fixture.json ──load──▶ Fixture ──run_fixture──▶ Target ─start─▶ Session
+//!                                        ▲                          │ apply(op)
+//!                                        └──── Observation ◀────────┘
+//!                         compare: returns exactly, expected keys present
+//! ```
+//!
+//! ```
+//! use std::path::Path;
+//! use egress_conformance::{CoreTarget, Fixture, Verdict, run_fixture};
+//!
+//! let text = r#"{
+//!   "description": "enqueue assigns sequence 0",
+//!   "kind": "Egress", "model": "EgressCore", "generation": 1,
+//!   "policy": {"inflight_limit": 1, "retry_budget": 0, "retry_base": 1, "retry_ceiling": 1},
+//!   "steps": [{"op": {"type": "enqueue", "payload": "a"}, "returns": {"sequence": 0},
+//!              "expected": {"next_sequence": 1, "invalidates": {"pending": true, "inflight": false}}}]
+//! }"#;
+//! let fixture = Fixture::parse(Path::new("inline.json"), text)?;
+//! assert_eq!(run_fixture(&fixture, &CoreTarget), Verdict::Passed { steps: 1 });
+//! # Ok::<(), egress_conformance::FixtureError>(())
+//! ```
+
+pub mod fixture;
+pub mod runner;
+pub mod target;
+
+pub use fixture::{Fixture, FixtureError, Op};
+pub use runner::{Mismatch, Report, Verdict, collect_files, run_files, run_fixture};
+pub use target::{CoreTarget, Observation, Session, Target};
+
+/// Every target this build knows, by name.
+#[must_use]
+pub fn targets() -> Vec<&'static dyn Target> {
+    vec![&CoreTarget]
+}

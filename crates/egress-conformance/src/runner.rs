@@ -1,0 +1,236 @@
+//! Replays fixtures against a target and reports the first difference.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::fixture::{Fixture, FixtureError};
+use crate::target::Target;
+
+/// How one fixture went on one target.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Every step matched.
+    Passed {
+        /// How many steps ran.
+        steps: usize,
+    },
+    /// A step differed from the fixture.
+    Mismatch(Mismatch),
+    /// The target itself failed.
+    TargetError {
+        /// The step, from 0 (`None` when starting the session).
+        step: Option<usize>,
+        /// What the target said.
+        message: String,
+    },
+}
+
+/// The first difference found in a fixture.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mismatch {
+    /// The step, from 0.
+    pub step: usize,
+    /// The step's op, as JSON.
+    pub op: Value,
+    /// The path of the first differing field, as `returns.envelope.attempt`
+    /// or `expected.pending[1].sequence`.
+    pub field: String,
+    /// What the fixture says there (`None`: absent).
+    pub expected: Option<Value>,
+    /// What the target gave (`None`: absent).
+    pub actual: Option<Value>,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let show = |v: &Option<Value>| v.as_ref().map_or_else(|| "(absent)".to_owned(), Value::to_string);
+        write!(
+            f,
+            "step {} {}: {}: expected {}, got {}",
+            self.step,
+            self.op,
+            self.field,
+            show(&self.expected),
+            show(&self.actual)
+        )
+    }
+}
+
+/// One line of a run: a fixture file on a target.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The fixture file.
+    pub file: PathBuf,
+    /// The fixture's description.
+    pub description: String,
+    /// The target's name.
+    pub target: &'static str,
+    /// How it went.
+    pub verdict: Verdict,
+}
+
+impl Report {
+    /// Whether the fixture passed.
+    #[must_use]
+    pub const fn passed(&self) -> bool {
+        matches!(self.verdict, Verdict::Passed { .. })
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let file = self.file.display();
+        match &self.verdict {
+            Verdict::Passed { steps } => write!(f, "ok    [{}] {file} ({steps} steps)", self.target),
+            Verdict::Mismatch(m) => write!(f, "FAIL  [{}] {file}: {m}", self.target),
+            Verdict::TargetError { step: Some(step), message } => {
+                write!(f, "ERROR [{}] {file}: step {step}: {message}", self.target)
+            }
+            Verdict::TargetError { step: None, message } => write!(f, "ERROR [{}] {file}: {message}", self.target),
+        }
+    }
+}
+
+/// Runs every step of `fixture` on `target`.
+pub fn run_fixture(fixture: &Fixture, target: &dyn Target) -> Verdict {
+    let mut session = match target.start(fixture) {
+        Ok(session) => session,
+        Err(message) => return Verdict::TargetError { step: None, message },
+    };
+    for (i, step) in fixture.steps.iter().enumerate() {
+        let observed = match session.apply(&step.op) {
+            Ok(observed) => observed,
+            Err(message) => return Verdict::TargetError { step: Some(i), message },
+        };
+        let op = serde_json::to_value(&step.op).unwrap_or(Value::Null);
+        let mismatch = |field: String, expected: Option<&Value>, actual: Option<&Value>| {
+            Verdict::Mismatch(Mismatch {
+                step: i,
+                op: op.clone(),
+                field,
+                expected: expected.cloned(),
+                actual: actual.cloned(),
+            })
+        };
+        if let Some((field, e, a)) = first_difference("returns".into(), &step.returns, &observed.returns) {
+            return mismatch(field, e, a);
+        }
+        for (key, want) in &step.expected {
+            if key == "invalidates" {
+                let Value::Object(flags) = want else { continue };
+                for (reader, flag) in flags {
+                    let got = observed.invalidated.get(reader);
+                    if got != Some(flag) {
+                        return mismatch(format!("expected.invalidates.{reader}"), Some(flag), got);
+                    }
+                }
+                continue;
+            }
+            let Some(got) = observed.state.get(key) else {
+                return mismatch(format!("expected.{key}"), Some(want), None);
+            };
+            if let Some((field, e, a)) = first_difference(format!("expected.{key}"), want, got) {
+                return mismatch(field, e, a);
+            }
+        }
+    }
+    Verdict::Passed { steps: fixture.steps.len() }
+}
+
+/// The first path at which `want` and `got` differ, with both values there.
+fn first_difference<'a>(
+    path: String,
+    want: &'a Value,
+    got: &'a Value,
+) -> Option<(String, Option<&'a Value>, Option<&'a Value>)> {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            for (k, wv) in w {
+                let p = format!("{path}.{k}");
+                match g.get(k) {
+                    Some(gv) => {
+                        if let Some(d) = first_difference(p, wv, gv) {
+                            return Some(d);
+                        }
+                    }
+                    None => return Some((p, Some(wv), None)),
+                }
+            }
+            g.iter().find(|(k, _)| !w.contains_key(*k)).map(|(k, gv)| (format!("{path}.{k}"), None, Some(gv)))
+        }
+        (Value::Array(w), Value::Array(g)) => {
+            for (i, (wv, gv)) in w.iter().zip(g).enumerate() {
+                if let Some(d) = first_difference(format!("{path}[{i}]"), wv, gv) {
+                    return Some(d);
+                }
+            }
+            match w.len().cmp(&g.len()) {
+                std::cmp::Ordering::Equal => None,
+                std::cmp::Ordering::Greater => Some((format!("{path}[{}]", g.len()), w.get(g.len()), None)),
+                std::cmp::Ordering::Less => Some((format!("{path}[{}]", w.len()), None, g.get(w.len()))),
+            }
+        }
+        (w, g) if w == g => None,
+        (w, g) => Some((path, Some(w), Some(g))),
+    }
+}
+
+/// The fixture files under `paths`: files as given, folders searched
+/// recursively for `*.json`, each folder's files in name order.
+///
+/// # Errors
+/// A [`FixtureError`] for a path that cannot be read.
+pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, FixtureError> {
+    let mut files = Vec::new();
+    for path in paths {
+        collect(path, &mut files)?;
+    }
+    Ok(files)
+}
+
+fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), FixtureError> {
+    let meta = std::fs::metadata(path).map_err(|e| FixtureError {
+        file: path.to_path_buf(),
+        path: ".".into(),
+        message: format!("unreadable: {e}"),
+    })?;
+    if !meta.is_dir() {
+        files.push(path.to_path_buf());
+        return Ok(());
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| FixtureError {
+        file: path.to_path_buf(),
+        path: ".".into(),
+        message: format!("unreadable: {e}"),
+    })?;
+    let mut children: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    children.sort();
+    for child in children {
+        if child.is_dir() || child.extension().is_some_and(|x| x == "json") {
+            collect(&child, files)?;
+        }
+    }
+    Ok(())
+}
+
+/// Loads each file and runs it on each target: one report per pair.
+///
+/// # Errors
+/// The first malformed fixture.
+pub fn run_files(files: &[PathBuf], targets: &[&dyn Target]) -> Result<Vec<Report>, FixtureError> {
+    let mut reports = Vec::new();
+    for file in files {
+        let fixture = Fixture::load(file)?;
+        for target in targets {
+            reports.push(Report {
+                file: file.clone(),
+                description: fixture.description.clone(),
+                target: target.name(),
+                verdict: run_fixture(&fixture, *target),
+            });
+        }
+    }
+    Ok(reports)
+}

@@ -1,0 +1,230 @@
+//! What the runner drives: a [`Target`] opens one [`Session`] per fixture
+//! and reports, after each op, its return value, its observable state and
+//! which readers it invalidated.
+//!
+//! The core target reads invalidations off the core's change set. Shell
+//! targets (the reactive cells) must observe them through their readers in
+//! the graph instead, so that a shell which forgets to invalidate fails.
+
+use egress_core::{
+    AckOutcome, ClaimOutcome, EgressCore, FailOutcome, Generation, Projection, ReconnectOutcome, ScheduleOutcome,
+    Sequence, Time,
+};
+use serde_json::{Map, Value, json};
+
+use crate::fixture::{Fixture, Op};
+
+/// An implementation the corpus can run against.
+pub trait Target {
+    /// The name used on the command line and in reports.
+    fn name(&self) -> &'static str;
+
+    /// A fresh session for `fixture`, set up with its generation and policy.
+    ///
+    /// # Errors
+    /// A description of why the target cannot start.
+    fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String>;
+}
+
+/// One fixture's run on one target.
+pub trait Session {
+    /// Applies `op` and reports what happened.
+    ///
+    /// # Errors
+    /// A description of a failure of the target itself (not a mismatch).
+    fn apply(&mut self, op: &Op) -> Result<Observation, String>;
+}
+
+/// What a session reports after one op.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    /// The return value, in the fixture's `returns` shape.
+    pub returns: Value,
+    /// The state, with every key of the fixture's `expected` but
+    /// `invalidates`.
+    pub state: Map<String, Value>,
+    /// Which readers the op invalidated, by `invalidates` key.
+    pub invalidated: Map<String, Value>,
+}
+
+/// The fixture's name for a projection in `invalidates`.
+#[must_use]
+pub const fn invalidation_key(projection: Projection) -> &'static str {
+    match projection {
+        Projection::Pending => "pending",
+        Projection::Inflight => "inflight",
+        Projection::AckedThrough => "acked_through",
+        Projection::Retry => "retry",
+        Projection::Parked => "parked",
+        Projection::Exhausted => "exhausted",
+        Projection::Generation => "generation",
+    }
+}
+
+/// The observable state of a core, in the fixture's `expected` shape.
+#[must_use]
+pub fn state_of(core: &EgressCore<Value>) -> Map<String, Value> {
+    let mut state = Map::new();
+    state.insert("generation".into(), json!(core.generation()));
+    state.insert("next_sequence".into(), json!(core.next_sequence()));
+    state.insert("pending".into(), json!(core.pending().collect::<Vec<_>>()));
+    state.insert("inflight".into(), json!(core.inflight().collect::<Vec<_>>()));
+    state.insert("acked_through".into(), json!(core.acked_through()));
+    state.insert("retry".into(), json!(core.retry()));
+    let parked: Vec<Value> = core
+        .parked()
+        .map(|p| json!({"sequence": p.sequence, "attempt": p.attempt, "backoff": p.backoff, "due": p.due}))
+        .collect();
+    state.insert("parked".into(), Value::Array(parked));
+    state.insert("exhausted".into(), json!(core.exhausted().collect::<Vec<_>>()));
+    state
+}
+
+/// Applies a fixture op to a core; returns the fixture-shaped return value
+/// and the change set. Shells reuse the return shapes through
+/// [`returns`].
+pub fn apply_to_core(core: &mut EgressCore<Value>, op: &Op) -> (Value, egress_core::Changes) {
+    match op {
+        Op::Enqueue { payload } => {
+            let t = core.enqueue(payload.clone());
+            (returns::enqueue(t.outcome), t.changes)
+        }
+        Op::Claim { generation } => {
+            let t = core.claim(Generation(*generation));
+            (returns::claim(&t.outcome), t.changes)
+        }
+        Op::Ack { generation, through } => {
+            let t = core.ack(Generation(*generation), Sequence(*through));
+            (returns::ack(&t.outcome), t.changes)
+        }
+        Op::Fail { .. } => {
+            let a = op.fail_args().expect("invariant broken: a fail op has fail arguments");
+            let t = core.fail(a.generation, a.sequence, a.kind, a.now, a.jitter);
+            (returns::fail(&t.outcome), t.changes)
+        }
+        Op::RetryNow { generation, sequence } => {
+            let t = core.retry_now(Generation(*generation), Sequence(*sequence));
+            (returns::schedule("retry_action", &t.outcome), t.changes)
+        }
+        Op::HandleTimeout { now } => {
+            let t = core.handle_timeout(Time(*now));
+            (returns::handle_timeout(&t.outcome), t.changes)
+        }
+        Op::Requeue { generation, sequence } => {
+            let t = core.requeue(Generation(*generation), Sequence(*sequence));
+            (returns::schedule("requeue", &t.outcome), t.changes)
+        }
+        Op::Reconnect { generation } => {
+            let t = core.reconnect(Generation(*generation));
+            (returns::reconnect(&t.outcome), t.changes)
+        }
+    }
+}
+
+/// The fixture shapes of the core's outcomes.
+pub mod returns {
+    use super::{AckOutcome, ClaimOutcome, FailOutcome, ReconnectOutcome, ScheduleOutcome, Sequence, Value, json};
+
+    /// `{"sequence": S}`
+    #[must_use]
+    pub fn enqueue(sequence: Sequence) -> Value {
+        json!({"sequence": sequence})
+    }
+
+    /// The `claim` shapes.
+    #[must_use]
+    pub fn claim(outcome: &ClaimOutcome<'_, Value>) -> Value {
+        match outcome {
+            ClaimOutcome::Claimed(envelope) => json!({"claim": "claimed", "envelope": envelope}),
+            ClaimOutcome::Empty => json!({"claim": "empty"}),
+            ClaimOutcome::WindowFull => json!({"claim": "window_full"}),
+            ClaimOutcome::Blocked { sequence } => json!({"claim": "blocked", "sequence": sequence}),
+            ClaimOutcome::StaleGeneration { current } => json!({"claim": "stale_generation", "current": current}),
+        }
+    }
+
+    /// The `ack` shapes.
+    #[must_use]
+    pub fn ack(outcome: &AckOutcome) -> Value {
+        match outcome {
+            AckOutcome::Advanced { through } => json!({"ack": "advanced", "through": through}),
+            AckOutcome::Unchanged { through } => json!({"ack": "unchanged", "through": through}),
+            AckOutcome::Unassigned { next_sequence, .. } => {
+                json!({"ack": "unassigned", "next_sequence": next_sequence})
+            }
+            AckOutcome::StaleGeneration { current } => json!({"ack": "stale_generation", "current": current}),
+        }
+    }
+
+    /// The `fail` shapes.
+    #[must_use]
+    pub fn fail(outcome: &FailOutcome) -> Value {
+        match outcome {
+            FailOutcome::Retrying(retry) => json!({"failure": "retrying", "retry": retry}),
+            FailOutcome::Exhausted(retry) => json!({"failure": "exhausted", "retry": retry}),
+            FailOutcome::UnknownSequence { .. } => json!({"failure": "unknown_sequence"}),
+            FailOutcome::StaleGeneration { current } => json!({"failure": "stale_generation", "current": current}),
+        }
+    }
+
+    /// The `retry_now` (tag `retry_action`) and `requeue` (tag `requeue`)
+    /// shapes.
+    #[must_use]
+    pub fn schedule(tag: &str, outcome: &ScheduleOutcome) -> Value {
+        match outcome {
+            ScheduleOutcome::Scheduled { sequence } => json!({tag: "scheduled", "sequence": sequence}),
+            ScheduleOutcome::UnknownSequence { .. } => json!({tag: "unknown_sequence"}),
+            ScheduleOutcome::StaleGeneration { current } => json!({tag: "stale_generation", "current": current}),
+        }
+    }
+
+    /// `{"scheduled": [S, ...]}`
+    #[must_use]
+    pub fn handle_timeout(scheduled: &[Sequence]) -> Value {
+        json!({"scheduled": scheduled})
+    }
+
+    /// The `reconnect` shapes.
+    #[must_use]
+    pub fn reconnect(outcome: &ReconnectOutcome) -> Value {
+        match outcome {
+            ReconnectOutcome::Advanced { generation, replayed } => {
+                json!({"reconnect": "advanced", "generation": generation, "replayed": replayed})
+            }
+            ReconnectOutcome::Unchanged => json!({"reconnect": "unchanged"}),
+            ReconnectOutcome::StaleGeneration { current } => {
+                json!({"reconnect": "stale_generation", "current": current})
+            }
+        }
+    }
+}
+
+/// The pure core, with invalidations read off its change sets.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CoreTarget;
+
+struct CoreSession {
+    core: EgressCore<Value>,
+}
+
+impl Target for CoreTarget {
+    fn name(&self) -> &'static str {
+        "core"
+    }
+
+    fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String> {
+        let policy = fixture.policy.to_policy().map_err(|e| e.to_string())?;
+        Ok(Box::new(CoreSession { core: EgressCore::with_generation(policy, Generation(fixture.generation)) }))
+    }
+}
+
+impl Session for CoreSession {
+    fn apply(&mut self, op: &Op) -> Result<Observation, String> {
+        let (returns, changes) = apply_to_core(&mut self.core, op);
+        let invalidated = Projection::ALL
+            .iter()
+            .map(|p| (invalidation_key(*p).to_owned(), Value::Bool(changes.contains(*p))))
+            .collect();
+        Ok(Observation { returns, state: state_of(&self.core), invalidated })
+    }
+}
