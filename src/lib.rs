@@ -16,3 +16,7 @@
 //! ```
 
 pub use egress_core::*;
+
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -67,8 +67,11 @@ impl<T> PendingQueue<T> {
     /// Removes every record at or below `through`; returns whether any left.
     pub(crate) fn remove_through(&mut self, through: Sequence) -> bool {
         let before = self.len();
-        let keep = self.fresh.partition_point(|r| r.sequence <= through);
-        self.fresh.drain(..keep);
+        // Popping (not a binary search) touches only the head: an ack usually
+        // retires records in flight, and finds pending's head above it.
+        while self.fresh.front().is_some_and(|r| r.sequence <= through) {
+            self.fresh.pop_front();
+        }
         if self.returned.first_key_value().is_some_and(|(s, _)| *s <= through) {
             self.returned = match through.0.checked_add(1) {
                 Some(next) => self.returned.split_off(&Sequence(next)),
