@@ -1,0 +1,145 @@
+(** * Theorems about the model of the egress core (Model.v).
+
+    Each theorem is stated in words in formal/README.md beside its name. *)
+
+From Coq Require Import NArith List Bool Lia Permutation Sorting.Sorted.
+From Egress Require Import Model.
+Import ListNotations.
+Open Scope N_scope.
+
+
+(** ** Automation: split every test in the goal, then do arithmetic. *)
+
+Ltac facts :=
+  repeat match goal with
+  | H : (_ <=? _) = false |- _ => apply N.leb_gt in H
+  | H : (_ <=? _) = true |- _ => apply N.leb_le in H
+  | H : (_ <? _) = true |- _ => apply N.ltb_lt in H
+  | H : (_ <? _) = false |- _ => apply N.ltb_ge in H
+  | H : (_ =? _) = true |- _ => apply N.eqb_eq in H
+  | H : (_ =? _) = false |- _ => apply N.eqb_neq in H
+  | H : negb _ = true |- _ => apply negb_true_iff in H
+  | H : negb _ = false |- _ => apply negb_false_iff in H
+  | H : Some _ = Some _ |- _ => injection H as H
+  | H1 : ?x = Some _, H2 : ?x = Some _ |- _ => rewrite H1 in H2
+  end.
+
+(** Destructs the innermost tests first: a scrutinee that holds a test
+    itself is skipped (the [fail] backtracks to the next candidate). *)
+Ltac split_goal :=
+  repeat match goal with
+  | |- context [match ?x with _ => _ end] =>
+      lazymatch x with
+      | context [match _ with _ => _ end] => fail
+      | _ => let E := fresh "E" in destruct x eqn:E
+      end
+  end.
+
+Ltac unfold_ops :=
+  unfold step, enqueue, claim, do_claim, ack, advance, fail, retry_now, timeout, requeue, reconnect,
+    stale, st_of, out_of, ch_of in *.
+
+(** ** 3. A stale generation changes nothing *)
+
+Definition op_generation (o : op) : option N :=
+  match o with
+  | Claim g | Ack g _ | Fail g _ _ _ | RetryNow g _ | Requeue g _ => Some g
+  | _ => None
+  end.
+
+Theorem stale_generation_is_a_noop :
+  forall pol st o g, op_generation o = Some g -> g <> gen st ->
+  step pol st o = (st, OStale (gen st), nochange).
+Proof.
+  intros pol st o g Hg Hne.
+  assert (E : (g =? gen st) = false) by (apply N.eqb_neq; exact Hne).
+  destruct o; simpl in Hg; inversion Hg; subst; simpl;
+    unfold claim, ack, fail, retry_now, requeue; rewrite E; reflexivity.
+Qed.
+
+Theorem stale_reconnect_is_a_noop :
+  forall pol st g, g < gen st -> step pol st (Reconnect g) = (st, OStale (gen st), nochange).
+Proof.
+  intros pol st g H. simpl. unfold reconnect.
+  replace (g <? gen st) with true by (symmetry; apply N.ltb_lt; exact H). reflexivity.
+Qed.
+
+(** ** 4. Reconnect fences and preserves *)
+
+Theorem reconnect_advances :
+  forall pol st g, gen st < g ->
+  let r := step pol st (Reconnect g) in
+  gen (st_of r) = g /\ next (st_of r) = next st /\ acked (st_of r) = acked st /\
+  inflight (st_of r) = [] /\ parked (st_of r) = [] /\ exhausted (st_of r) = exhausted st /\
+  out_of r = OReconnected g (length (inflight st ++ map prec (parked st))).
+Proof.
+  intros pol st g H. simpl. unfold reconnect.
+  replace (g <? gen st) with false by (symmetry; apply N.ltb_ge; lia).
+  replace (g =? gen st) with false by (symmetry; apply N.eqb_neq; lia).
+  simpl. repeat split; reflexivity.
+Qed.
+
+(** ** 10. Without a hint, the backoff never exceeds the ceiling *)
+
+Theorem backoff_within_ceiling : forall pol k, backoff pol k None <= ceiling pol.
+Proof. intros. unfold backoff. lia. Qed.
+
+Theorem fail_backoff_within_ceiling :
+  forall pol st g s kd now r,
+  (forall d, kd <> RetryAfter d) ->
+  (out_of (step pol st (Fail g s kd now)) = ORetrying r \/ out_of (step pol st (Fail g s kd now)) = OExhausted r) ->
+  rbackoff r <= ceiling pol.
+Proof.
+  intros pol st g s kd now r Hk Ho. simpl in Ho. unfold fail, stale in Ho.
+  destruct (negb (g =? gen st)); [simpl in Ho; destruct Ho; discriminate |].
+  destruct (take seq s (inflight st)) as [[x rest] |]; [| simpl in Ho; destruct Ho; discriminate].
+  destruct kd as [ | | d]; [ | | exfalso; exact (Hk d eq_refl)];
+    simpl in Ho; destruct (budget pol <? att x - bstart x); simpl in Ho;
+    destruct Ho as [Ho | Ho]; inversion Ho; subst; simpl; lia.
+Qed.
+
+(** ** 2. The watermark never regresses *)
+
+Definition le_opt (a b : option N) : Prop :=
+  match a, b with
+  | None, _ => True
+  | Some x, Some y => x <= y
+  | Some _, None => False
+  end.
+
+Lemma le_opt_refl : forall a, le_opt a a.
+Proof. destruct a; simpl; lia. Qed.
+
+Theorem acked_monotone : forall pol st o, le_opt (acked st) (acked (st_of (step pol st o))).
+Proof.
+  intros pol st o. destruct (acked st) as [w |] eqn:A; [| exact I].
+  destruct o; unfold_ops; simpl; split_goal; simpl in *; facts; subst; try congruence; try lia.
+Qed.
+
+(** ** 1. Sequence assignment is monotone (first half; the bound on every
+    held sequence is part of the invariant below) *)
+
+Theorem enqueue_assigns_next :
+  forall pol st p,
+  out_of (step pol st (Enqueue p)) = OSeq (next st) /\ next (st_of (step pol st (Enqueue p))) = next st + 1.
+Proof. intros. split; reflexivity. Qed.
+
+Theorem next_monotone : forall pol st o, next st <= next (st_of (step pol st o)).
+Proof. intros pol st o. destruct o; unfold_ops; simpl; split_goal; simpl; lia. Qed.
+
+(** ** 9. A step that reports no change left the state unchanged *)
+
+Lemma filter_none_keeps_rest :
+  forall A (f : A -> bool) l, filter f l = [] -> filter (fun x => negb (f x)) l = l.
+Proof.
+  intros A f l. induction l as [| a l IH]; simpl; auto.
+  destruct (f a); simpl; [discriminate | intro H; f_equal; auto].
+Qed.
+
+Theorem no_change_no_effect :
+  forall pol st o, ch_of (step pol st o) = nochange -> st_of (step pol st o) = st.
+Proof.
+  intros pol st o. destruct o; unfold_ops; simpl; split_goal; simpl; intro H;
+    try discriminate; try reflexivity.
+  all: try (rewrite filter_none_keeps_rest by assumption); destruct st; simpl in *; subst; reflexivity.
+Qed.
