@@ -1,0 +1,95 @@
+//! Bad input from a file gets a clear error and never a panic: corpus
+//! fixtures with random values swapped in at random places, and arbitrary
+//! bytes, are either refused with a `FixtureError` or run to a verdict.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use egress_conformance::{CoreTarget, Fixture, collect_files, run_fixture};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+fn corpus() -> &'static [Value] {
+    static CORPUS: OnceLock<Vec<Value>> = OnceLock::new();
+    CORPUS.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/egress");
+        collect_files(&[dir])
+            .expect("the corpus is readable")
+            .iter()
+            .map(|f| serde_json::from_str(&std::fs::read_to_string(f).expect("readable")).expect("JSON"))
+            .collect()
+    })
+}
+
+/// Values likely to break a careless loader: extremes, wrong types, empties.
+fn hostile_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(json!(null)),
+        Just(json!(-1)),
+        Just(json!(0)),
+        Just(json!(u64::MAX)),
+        Just(json!(1.5)),
+        Just(json!(f64::MAX)),
+        Just(json!("")),
+        Just(json!("claim")),
+        Just(json!("permanent")),
+        Just(json!([])),
+        Just(json!({})),
+        Just(json!({"type": "fail", "generation": 1, "sequence": 0, "jitter_sample": 2.0})),
+        Just(json!({"type": "ack", "generation": u64::MAX, "through": u64::MAX})),
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<u64>().prop_map(|n| json!(n)),
+        "[a-z_]{0,12}".prop_map(|s| json!(s)),
+    ]
+}
+
+/// Replaces the value found by following `path` (indices taken modulo the
+/// number of children) with `replacement`.
+fn mutate(value: &mut Value, path: &[usize], replacement: Value) {
+    let Some((&choice, rest)) = path.split_first() else {
+        *value = replacement;
+        return;
+    };
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            let key = map.keys().nth(choice % map.len()).cloned().expect("index within length");
+            mutate(map.get_mut(&key).expect("key just read"), rest, replacement);
+        }
+        Value::Array(items) if !items.is_empty() => {
+            let len = items.len();
+            mutate(&mut items[choice % len], rest, replacement);
+        }
+        _ => *value = replacement,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mutated_fixtures_are_refused_or_run(
+        which in any::<usize>(),
+        edits in prop::collection::vec((prop::collection::vec(any::<usize>(), 0..6), hostile_value()), 1..4),
+    ) {
+        let corpus = corpus();
+        let mut value = corpus[which % corpus.len()].clone();
+        for (path, replacement) in edits {
+            mutate(&mut value, &path, replacement);
+        }
+        match Fixture::parse(Path::new("mutated.json"), &value.to_string()) {
+            Ok(fixture) => {
+                let _verdict = run_fixture(&fixture, &CoreTarget);
+            }
+            Err(e) => {
+                prop_assert_eq!(e.file.as_path(), Path::new("mutated.json"));
+                prop_assert!(!e.message.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_are_refused(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        let text = String::from_utf8_lossy(&bytes);
+        prop_assert!(Fixture::parse(Path::new("noise.json"), &text).is_err());
+    }
+}
