@@ -9,25 +9,18 @@ Open Scope N_scope.
 
 (** ** Lists: what insert, take, fold and filter do to the elements *)
 
-Lemma insert_perm : forall r l, Permutation (insert r l) (r :: l).
+Lemma insert_by_perm : forall A (key : A -> N) x l, Permutation (insert_by key x l) (x :: l).
 Proof.
-  intros r l. induction l as [| a l IH]; simpl; [auto |].
-  destruct (seq r <? seq a); [auto |].
+  intros A key x l. induction l as [| a l IH]; simpl; [auto |].
+  destruct (key x <? key a); [auto |].
   eapply perm_trans; [apply perm_skip; exact IH | apply perm_swap].
 Qed.
 
-Lemma insert_parked_perm : forall p l, Permutation (insert_parked p l) (p :: l).
+Lemma Forall_insert_by :
+  forall A (P : A -> Prop) key x l, P x -> Forall P l -> Forall P (insert_by key x l).
 Proof.
-  intros p l. induction l as [| a l IH]; simpl; [auto |].
-  destruct (seq (prec p) <? seq (prec a)); [auto |].
-  eapply perm_trans; [apply perm_skip; exact IH | apply perm_swap].
-Qed.
-
-Lemma insert_ex_perm : forall e l, Permutation (insert_ex e l) (e :: l).
-Proof.
-  intros e l. induction l as [| a l IH]; simpl; [auto |].
-  destruct (seq (snd e) <? seq (snd a)); [auto |].
-  eapply perm_trans; [apply perm_skip; exact IH | apply perm_swap].
+  intros A P key x l Hx Hl. apply (Permutation_Forall (Permutation_sym (insert_by_perm _ key x l))).
+  constructor; assumption.
 Qed.
 
 Lemma take_perm :
@@ -46,7 +39,7 @@ Lemma fold_insert_perm :
 Proof.
   induction moved as [| m ms IH]; intros pend; simpl; [auto |].
   eapply perm_trans; [apply IH |].
-  eapply perm_trans; [apply Permutation_app_head; apply insert_perm |].
+  eapply perm_trans; [apply Permutation_app_head; apply insert_by_perm |].
   apply Permutation_sym, Permutation_middle.
 Qed.
 
@@ -56,7 +49,7 @@ Lemma fold_insert_prec_perm :
 Proof.
   induction due as [| m ms IH]; intros pend; simpl; [auto |].
   eapply perm_trans; [apply IH |].
-  eapply perm_trans; [apply Permutation_app_head; apply insert_perm |].
+  eapply perm_trans; [apply Permutation_app_head; apply insert_by_perm |].
   apply Permutation_sym, Permutation_middle.
 Qed.
 
@@ -138,9 +131,7 @@ Ltac use_source Hc :=
       destruct (take_perm _ _ _ _ _ _ H) as [P K]; rewrite (cnt_perm _ _ _ _ _ P) in Hc
   end.
 
-Ltac use_inserts :=
-  rewrite ?(cnt_perm _ _ _ _ _ (insert_ex_perm _ _)), ?(cnt_perm _ _ _ _ _ (insert_parked_perm _ _)),
-    ?(cnt_perm _ _ _ _ _ (insert_perm _ _)).
+Ltac use_inserts := rewrite ?(cnt_perm _ _ _ _ _ (insert_by_perm _ _ _ _)).
 
 Lemma owed_enqueue : forall st x p,
   acked_assigned st ->
@@ -236,12 +227,6 @@ Qed.
 Definition seq_le (a b : record) : Prop := seq a <= seq b.
 Definition sorted_pending (st : state) : Prop := StronglySorted seq_le (pending st).
 
-Lemma Forall_insert : forall (P : record -> Prop) r l, P r -> Forall P l -> Forall P (insert r l).
-Proof.
-  intros P r l Hr Hl. induction Hl as [| a l Ha Hl IH]; simpl; [auto |].
-  destruct (seq r <? seq a); auto.
-Qed.
-
 Lemma insert_sorted : forall r l, StronglySorted seq_le l -> StronglySorted seq_le (insert r l).
 Proof.
   intros r l H. induction H as [| a l Hs IH Hf]; simpl; [repeat constructor |].
@@ -249,7 +234,7 @@ Proof.
   - apply N.ltb_lt in E. constructor; [constructor; assumption |].
     constructor; [unfold seq_le; lia |].
     eapply Forall_impl; [| exact Hf]. unfold seq_le. intros b Hb. lia.
-  - apply N.ltb_ge in E. constructor; [exact IH |]. apply Forall_insert; [unfold seq_le; lia | exact Hf].
+  - apply N.ltb_ge in E. constructor; [exact IH |]. apply Forall_insert_by; [unfold seq_le; lia | exact Hf].
 Qed.
 
 Lemma fold_insert_sorted :
@@ -324,12 +309,7 @@ Proof.
   apply (Permutation_Forall Pm) in H. inversion H; subst. auto.
 Qed.
 
-Lemma Forall_insert_parked :
-  forall (P : parked_rec -> Prop) p l, P p -> Forall P l -> Forall P (insert_parked p l).
-Proof.
-  intros P p l Hp Hl. apply (Permutation_Forall (Permutation_sym (insert_parked_perm p l))).
-  constructor; assumption.
-Qed.
+
 
 (** Always: a record is only parked, that is, scheduled for another
     attempt by a failure, while its failures in the current budget are
@@ -347,10 +327,7 @@ Ltac forall_tac :=
   repeat match goal with
   | |- Forall _ (filter _ _) => apply Forall_filter
   | |- Forall _ (_ ++ _) => apply Forall_app; split
-  | |- Forall _ (insert _ _) => apply Forall_insert
-  | |- Forall _ (insert_parked _ _) => apply Forall_insert_parked
-  | |- Forall _ (insert_ex _ _) =>
-      apply (Permutation_Forall (Permutation_sym (insert_ex_perm _ _))); constructor
+  | |- Forall _ (insert_by _ _ _) => apply Forall_insert_by
   | |- Forall _ [] => constructor
   | |- Forall _ (_ :: _) => constructor
   end.

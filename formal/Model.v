@@ -71,23 +71,16 @@ Definition init (g : N) : state := mkState g 0 [] [] [] [] None None.
 
 (** ** Helpers *)
 
-Fixpoint insert (r : record) (l : list record) : list record :=
+(** Inserts [x] in order of [key], after any element of equal key. *)
+Fixpoint insert_by {A} (key : A -> N) (x : A) (l : list A) : list A :=
   match l with
-  | [] => [r]
-  | x :: t => if seq r <? seq x then r :: x :: t else x :: insert r t
+  | [] => [x]
+  | y :: t => if key x <? key y then x :: y :: t else y :: insert_by key x t
   end.
 
-Fixpoint insert_parked (p : parked_rec) (l : list parked_rec) : list parked_rec :=
-  match l with
-  | [] => [p]
-  | x :: t => if seq (prec p) <? seq (prec x) then p :: x :: t else x :: insert_parked p t
-  end.
-
-Fixpoint insert_ex (e : N * record) (l : list (N * record)) : list (N * record) :=
-  match l with
-  | [] => [e]
-  | x :: t => if seq (snd e) <? seq (snd x) then e :: x :: t else x :: insert_ex e t
-  end.
+Notation insert := (insert_by seq).
+Notation insert_parked := (insert_by (fun p => seq (prec p))).
+Notation insert_ex := (insert_by (fun e : N * record => seq (snd e))).
 
 (** Removes the first element whose sequence is [s]. *)
 Fixpoint take {A} (key : A -> N) (s : N) (l : list A) : option (A * list A) :=
