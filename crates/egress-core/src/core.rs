@@ -500,11 +500,14 @@ impl<T> EgressCore<T> {
             self.pending.put_back(record);
             replayed += 1;
         }
-        let parked: Vec<Parked<T>> = self.parked.drain().collect();
-        for p in parked {
-            retry_cleared |= self.clear_retry_of(p.record.sequence);
+        let retry_sequence = self.retry.map(|r| r.sequence);
+        for p in self.parked.drain() {
+            retry_cleared |= retry_sequence == Some(p.record.sequence);
             self.pending.put_back(p.record);
             replayed += 1;
+        }
+        if retry_cleared {
+            self.retry = None;
         }
         let changes = Changes::NONE
             .with(Projection::Generation)
