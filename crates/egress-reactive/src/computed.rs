@@ -1,0 +1,247 @@
+//! Computeds: lazy, memoized derived values.
+
+use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
+
+use crate::context::Handle;
+use crate::error::{NodeKind, ReadError};
+use crate::flavor::{Flavor, Holds, ValueCell};
+use crate::graph::{Key, NONE, NodeObj, flags::*};
+use crate::run;
+
+/// A derived value: lazy (its function runs only when it is read, or needed
+/// by an effect), memoized (it runs again only after something it read
+/// changed), with dynamic dependencies (what it reads is tracked afresh on
+/// every run) and an equality cut-off (a recomputation equal to the previous
+/// value re-runs nothing downstream).
+///
+/// A panic inside the function is not cached: the reader sees it, the graph
+/// stays consistent, and the next read runs the function again. A computed
+/// that reads itself, directly or through others, is a [`ReadError::Cycle`]
+/// naming the computeds on the cycle.
+///
+/// ```
+/// use egress_reactive::Context;
+///
+/// let cx = Context::new();
+/// let items = cx.signal(vec![3, 1, 2]);
+/// let max = cx.computed({
+///     let items = items.clone();
+///     move || items.with(|v| v.iter().copied().max())
+/// });
+/// assert_eq!(max.get(), Some(3));
+/// items.update(|v| v.push(7));
+/// assert_eq!(max.get(), Some(7));
+/// assert_eq!(max.runs(), 2);
+/// ```
+pub struct Computed<T: 'static, F: Flavor> {
+    handle: Handle<F>,
+    key: Key,
+    slot: F::Ptr<Slot<T, F>>,
+}
+
+/// A computed's cached value.
+#[doc(hidden)]
+pub struct Slot<T: 'static, F: Flavor> {
+    value: F::Cell<Option<T>>,
+    created_at: &'static Location<'static>,
+}
+
+/// What the graph runs for a computed.
+#[doc(hidden)]
+pub struct ComputedObj<T: 'static, C, F: Flavor> {
+    slot: F::Ptr<Slot<T, F>>,
+    f: C,
+    eq: fn(&T, &T) -> bool,
+}
+
+impl<T: 'static, C: Fn() -> T, F: Flavor> NodeObj for ComputedObj<T, C, F> {
+    fn run(&self) -> bool {
+        let new = (self.f)();
+        self.slot.value.with_mut(|slot| match slot {
+            Some(old) if (self.eq)(old, &new) => false,
+            _ => {
+                *slot = Some(new);
+                true
+            }
+        })
+    }
+}
+
+fn never<T>(_: &T, _: &T) -> bool {
+    false
+}
+
+impl<T: 'static, F: Flavor> Clone for Computed<T, F> {
+    fn clone(&self) -> Self {
+        Computed { handle: self.handle.clone(), key: self.key, slot: self.slot.clone() }
+    }
+}
+
+impl<T: 'static, F: Flavor> std::fmt::Debug for Computed<T, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Computed").field("created_at", &self.slot.created_at).finish_non_exhaustive()
+    }
+}
+
+impl<F: Flavor> Handle<F> {
+    /// A computed over `f`, cut off by `PartialEq`. Nothing runs until it is
+    /// read.
+    #[track_caller]
+    pub fn computed<T: PartialEq + 'static, C: Fn() -> T + 'static>(&self, f: C) -> Computed<T, F>
+    where
+        F: Holds<ComputedObj<T, C, F>>,
+    {
+        self.computed_with(T::eq, f)
+    }
+
+    /// A computed whose cut-off is `eq(old, new)`: when it returns true, the
+    /// recomputation changes nothing downstream.
+    #[track_caller]
+    pub fn computed_with<T: 'static, C: Fn() -> T + 'static>(&self, eq: fn(&T, &T) -> bool, f: C) -> Computed<T, F>
+    where
+        F: Holds<ComputedObj<T, C, F>>,
+    {
+        let created_at = Location::caller();
+        let slot = F::ptr(Slot { value: ValueCell::new(None), created_at });
+        let obj = F::erase(F::ptr(ComputedObj { slot: slot.clone(), f, eq }));
+        let key = self.enter(|cell| cell.borrow_mut().alloc(COMPUTED | DIRTY, Some(obj), created_at));
+        Computed { handle: self.clone(), key, slot }
+    }
+
+    /// A computed with no cut-off: every recomputation notifies downstream
+    /// (for values without a meaningful equality, or fresh objects each run).
+    #[track_caller]
+    pub fn computed_unguarded<T: 'static, C: Fn() -> T + 'static>(&self, f: C) -> Computed<T, F>
+    where
+        F: Holds<ComputedObj<T, C, F>>,
+    {
+        self.computed_with(never::<T>, f)
+    }
+}
+
+impl<T: 'static, F: Flavor> Computed<T, F> {
+    /// The value, cloned; tracked. Recomputes first if needed.
+    ///
+    /// # Panics
+    /// If the computed was disposed or its read closes a cycle (the message
+    /// names where the nodes were created), or its function panics.
+    #[track_caller]
+    pub fn get(&self) -> T
+    where
+        T: Clone,
+    {
+        self.with(T::clone)
+    }
+
+    /// The value, cloned; tracked. Disposal and cycles are errors; a panic of
+    /// the function still propagates.
+    pub fn try_get(&self) -> Result<T, ReadError>
+    where
+        T: Clone,
+    {
+        self.try_with(T::clone)
+    }
+
+    /// Calls `f` with a reference to the value; tracked.
+    ///
+    /// # Panics
+    /// As [`Computed::get`].
+    #[track_caller]
+    pub fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        let at = Location::caller();
+        self.handle.enter(|cell| match self.prepare(cell, true) {
+            Ok(()) => self.read(f),
+            Err(e) => {
+                if let ReadError::Cycle(c) = &e {
+                    cell.borrow_mut().cycle = Some(c.clone());
+                }
+                panic!("{e} (read at {at})")
+            }
+        })
+    }
+
+    /// Calls `f` with a reference to the value; tracked. Disposal and cycles
+    /// (here or in any computed this read re-runs) are errors.
+    pub fn try_with<R>(&self, f: impl FnOnce(&T) -> R) -> Result<R, ReadError> {
+        self.handle.enter(|cell| {
+            match catch_unwind(AssertUnwindSafe(|| self.prepare(cell, true))) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(panic) => match cell.borrow_mut().cycle.take() {
+                    Some(cycle) => return Err(ReadError::Cycle(cycle)),
+                    None => resume_unwind(panic),
+                },
+            }
+            Ok(self.read(f))
+        })
+    }
+
+    /// The value, cloned, without tracking. Recomputes first if needed.
+    #[track_caller]
+    pub fn get_untracked(&self) -> T
+    where
+        T: Clone,
+    {
+        let at = Location::caller();
+        self.handle.enter(|cell| match self.prepare(cell, false) {
+            Ok(()) => self.read(T::clone),
+            Err(e) => panic!("{e} (read at {at})"),
+        })
+    }
+
+    /// Brings the value up to date and tracks the read.
+    fn prepare(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
+        if !cell.borrow().alive(self.key) {
+            return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.slot.created_at });
+        }
+        run::refresh(cell, self.key.index)?;
+        let top_level = {
+            let mut g = cell.borrow_mut();
+            let active = g.active;
+            if track && active != NONE {
+                g.link(self.key.index, active);
+            }
+            g.batch_depth == 0
+        };
+        if top_level {
+            if let Err(e) = run::settle_and_flush(cell) {
+                panic!("{e}");
+            }
+        }
+        Ok(())
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        self.slot.value.with(|v| f(v.as_ref().expect("graph invariant: a refreshed computed holds a value")))
+    }
+
+    /// Disposes the computed; reads fail from now on.
+    pub fn dispose(&self) {
+        self.handle.dispose_node(self.key);
+    }
+
+    /// Whether the computed was disposed.
+    pub fn is_disposed(&self) -> bool {
+        self.handle.introspect(self.key, |_| ()).is_none()
+    }
+
+    /// How many times the function has run (0 once disposed).
+    pub fn runs(&self) -> u32 {
+        self.handle.introspect(self.key, |g| g.node(self.key.index).runs).unwrap_or(0)
+    }
+
+    /// How many dependencies its last run read (0 once disposed).
+    pub fn dependency_count(&self) -> usize {
+        self.handle.introspect(self.key, |g| g.dependency_count(self.key.index)).unwrap_or(0)
+    }
+
+    /// How many computations depend on it now (0 once disposed).
+    pub fn subscriber_count(&self) -> usize {
+        self.handle.introspect(self.key, |g| g.subscriber_count(self.key.index)).unwrap_or(0)
+    }
+
+    /// Where the computed was created.
+    pub fn created_at(&self) -> &'static Location<'static> {
+        self.slot.created_at
+    }
+}

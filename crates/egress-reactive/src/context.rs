@@ -1,0 +1,306 @@
+//! Contexts, handles and scopes: where nodes are created and who owns them.
+
+use std::ops::Deref;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
+
+use crate::error::EffectLoopError;
+use crate::flavor::{Flavor, HoldsCleanup, Local, Threaded};
+use crate::graph::{Graph, Key, flags::*};
+use crate::run;
+
+/// The shared state of one graph.
+#[doc(hidden)]
+pub struct Runtime<F: Flavor> {
+    pub(crate) cell: F::GraphCell<Graph<F>>,
+}
+
+/// A reactive graph: the owner of every node created in it.
+///
+/// Dropping the context disposes every node still alive (children before
+/// parents, cleanups run) and breaks every reference cycle between nodes
+/// and the closures they hold. Handles to its nodes outlive it safely:
+/// `try_` reads then return [`ReadError::Disposed`](crate::ReadError).
+///
+/// A context dereferences to [`Handle`], which has all the creation methods
+/// and is cheap to clone into closures.
+///
+/// Use it through its flavours: [`Context`] (one thread), [`ThreadSafeContext`]
+/// (any thread) and `AsyncContext` (tokio).
+pub struct Ctx<F: Flavor> {
+    handle: Handle<F>,
+}
+
+/// The single-threaded graph: no locks, no atomics; `!Send`.
+///
+/// ```
+/// use egress_reactive::Context;
+///
+/// let cx = Context::new();
+/// let count = cx.signal(1);
+/// let double = cx.computed({
+///     let count = count.clone();
+///     move || count.get() * 2
+/// });
+/// let seen = cx.signal(0);
+/// cx.effect({
+///     let (double, seen) = (double.clone(), seen.clone());
+///     move || seen.set(double.get())
+/// });
+/// assert_eq!(seen.get(), 2);
+/// count.set(5);
+/// assert_eq!(seen.get(), 10);
+/// ```
+pub type Context = Ctx<Local>;
+
+/// The thread-safe graph: `Send + Sync` handles, usable from any thread.
+///
+/// One re-entrant lock guards the graph for the whole of each public call,
+/// user code included. So: calls made from user code on the same thread (an
+/// effect that reads or writes, a computed that reads others) never
+/// deadlock; a call from another thread waits until the current call
+/// (including any effects it triggers, and a whole [`Handle::batch`])
+/// finishes. Every reader therefore sees a settled graph, each effect runs
+/// once per settled change however writers race, and `update` never loses
+/// a write. What may block: an effect or computed that waits on another
+/// thread which is itself calling into the same graph deadlocks; do not do
+/// that (send a message instead, or use `AsyncContext`).
+///
+/// ```
+/// use egress_reactive::ThreadSafeContext;
+///
+/// let cx = ThreadSafeContext::new();
+/// let hits = cx.signal(0u64);
+/// std::thread::scope(|s| {
+///     for _ in 0..4 {
+///         let hits = hits.clone();
+///         s.spawn(move || {
+///             for _ in 0..1000 {
+///                 hits.update(|h| *h += 1);
+///             }
+///         });
+///     }
+/// });
+/// assert_eq!(hits.get(), 4000);
+/// ```
+pub type ThreadSafeContext = Ctx<Threaded>;
+
+/// A cloneable handle to a graph, for closures that create nodes.
+///
+/// A handle does not own the graph's nodes: they are disposed with the
+/// [`Ctx`] (or with their owner), whatever handles remain.
+pub struct Handle<F: Flavor> {
+    pub(crate) rt: F::Ptr<Runtime<F>>,
+}
+
+impl<F: Flavor> Clone for Handle<F> {
+    fn clone(&self) -> Self {
+        Handle { rt: self.rt.clone() }
+    }
+}
+
+impl<F: Flavor> Ctx<F> {
+    /// A new, empty graph.
+    #[track_caller]
+    pub fn new() -> Self {
+        Ctx { handle: Handle { rt: F::ptr(Runtime { cell: F::graph_cell(Graph::new()) }) } }
+    }
+
+    /// A cloneable handle to this graph.
+    pub fn handle(&self) -> Handle<F> {
+        self.handle.clone()
+    }
+}
+
+impl<F: Flavor> Default for Ctx<F> {
+    #[track_caller]
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<F: Flavor> Deref for Ctx<F> {
+    type Target = Handle<F>;
+    fn deref(&self) -> &Handle<F> {
+        &self.handle
+    }
+}
+
+impl<F: Flavor> Drop for Ctx<F> {
+    fn drop(&mut self) {
+        let guard = F::enter(&self.handle.rt.cell);
+        let root = {
+            let mut g = guard.borrow_mut();
+            g.closed = true;
+            g.root
+        };
+        run::dispose(&guard, root, false);
+    }
+}
+
+impl<F: Flavor> std::fmt::Debug for Ctx<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.handle.fmt(f)
+    }
+}
+
+impl<F: Flavor> std::fmt::Debug for Handle<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle").field("nodes", &self.node_count()).field("links", &self.link_count()).finish()
+    }
+}
+
+impl<F: Flavor> Handle<F> {
+    /// Runs `f` with the graph entered: `cell` is valid for the call.
+    #[inline]
+    pub(crate) fn enter<R>(&self, f: impl FnOnce(&run::Cell<F>) -> R) -> R {
+        let guard = F::enter(&self.rt.cell);
+        f(&guard)
+    }
+
+    /// Runs `f` as one batch: writes inside it notify once, when it ends;
+    /// reads inside it see the new values. A batch that writes a signal back
+    /// to the value it had when the batch began notifies nothing for it.
+    /// Batches nest; the outermost one notifies.
+    ///
+    /// A panic inside `f` still ends the batch (its writes are applied and
+    /// effects run) before the panic continues.
+    ///
+    /// # Panics
+    /// If the effects it triggers do not settle ([`EffectLoopError`]); use
+    /// [`Handle::try_batch`] to get the error instead.
+    #[track_caller]
+    pub fn batch<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self.try_batch(f) {
+            Ok(r) => r,
+            Err(e) => panic!("{e} (batch at {})", Location::caller()),
+        }
+    }
+
+    /// [`Handle::batch`], returning an effect feedback loop as an error. The
+    /// batch's writes are applied either way.
+    pub fn try_batch<R>(&self, f: impl FnOnce() -> R) -> Result<R, EffectLoopError> {
+        self.enter(|cell| {
+            cell.borrow_mut().batch_depth += 1;
+            let result = catch_unwind(AssertUnwindSafe(f));
+            cell.borrow_mut().batch_depth -= 1;
+            let flushed = run::settle_and_flush(cell);
+            match result {
+                Ok(r) => flushed.map(|()| r),
+                Err(panic) => resume_unwind(panic),
+            }
+        })
+    }
+
+    /// Runs `f` without tracking: what it reads does not become a dependency
+    /// of the computation running now.
+    pub fn untrack<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Restore<'a, F: Flavor>(&'a run::Cell<F>, u32);
+        impl<F: Flavor> Drop for Restore<'_, F> {
+            fn drop(&mut self) {
+                self.0.borrow_mut().active = self.1;
+            }
+        }
+        self.enter(|cell| {
+            let prev = cell.borrow_mut().untrack();
+            let _restore = Restore(cell, prev);
+            f()
+        })
+    }
+
+    /// Registers `f` to run when the current owner is cleaned up: before an
+    /// effect or computed runs again, and when it, its scope or the context
+    /// is disposed. Cleanups of one owner run in registration order, after
+    /// those of its children.
+    pub fn on_cleanup<C: FnOnce() + 'static>(&self, f: C)
+    where
+        F: HoldsCleanup<C>,
+    {
+        self.enter(|cell| {
+            let mut g = cell.borrow_mut();
+            let owner = g.owner;
+            g.add_cleanup(owner, F::erase_cleanup(f));
+        })
+    }
+
+    /// Runs `f` in a new scope, owned by the current owner. Everything `f`
+    /// creates belongs to the scope and is disposed with it: when the
+    /// returned [`Scope`] is dropped or disposed, or with its own owner.
+    #[track_caller]
+    pub fn scope<R>(&self, f: impl FnOnce() -> R) -> (Scope<F>, R) {
+        let at = Location::caller();
+        let key = self.enter(|cell| cell.borrow_mut().alloc(SCOPE, None, at));
+        let result = self.with_owner(key, f);
+        (Scope { handle: self.clone(), key }, result)
+    }
+
+    fn with_owner<R>(&self, key: Key, f: impl FnOnce() -> R) -> R {
+        struct Restore<'a, F: Flavor>(&'a run::Cell<F>, u32);
+        impl<F: Flavor> Drop for Restore<'_, F> {
+            fn drop(&mut self) {
+                self.0.borrow_mut().owner = self.1;
+            }
+        }
+        self.enter(|cell| {
+            let prev = std::mem::replace(&mut cell.borrow_mut().owner, key.index);
+            let _restore = Restore(cell, prev);
+            f()
+        })
+    }
+
+    /// Live nodes in the graph (its root scope included).
+    pub fn node_count(&self) -> usize {
+        self.enter(|cell| cell.borrow().live_nodes())
+    }
+
+    /// Live dependency links in the graph.
+    pub fn link_count(&self) -> usize {
+        self.enter(|cell| cell.borrow().live_links())
+    }
+
+    pub(crate) fn introspect<R>(&self, key: Key, f: impl FnOnce(&Graph<F>) -> R) -> Option<R> {
+        self.enter(|cell| {
+            let g = cell.borrow();
+            g.alive(key).then(|| f(&g))
+        })
+    }
+
+    pub(crate) fn dispose_node(&self, key: Key) {
+        self.enter(|cell| {
+            if cell.borrow().alive(key) {
+                run::dispose(cell, key.index, true);
+            }
+        })
+    }
+}
+
+/// An owner of the nodes created inside [`Handle::scope`]. Dropping it, or
+/// calling [`Scope::dispose`], disposes them: children before parents, later
+/// ones first, cleanups run.
+#[must_use = "dropping a Scope disposes everything created in it"]
+pub struct Scope<F: Flavor> {
+    handle: Handle<F>,
+    key: Key,
+}
+
+impl<F: Flavor> Scope<F> {
+    /// Disposes the scope and everything it owns. Idempotent.
+    pub fn dispose(&self) {
+        self.handle.dispose_node(self.key);
+    }
+
+    /// Runs `f` with this scope as owner: what `f` creates belongs to it.
+    pub fn run<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.handle.with_owner(self.key, f)
+    }
+
+    /// Whether the scope was disposed.
+    pub fn is_disposed(&self) -> bool {
+        self.handle.introspect(self.key, |_| ()).is_none()
+    }
+}
+
+impl<F: Flavor> Drop for Scope<F> {
+    fn drop(&mut self) {
+        self.dispose();
+    }
+}

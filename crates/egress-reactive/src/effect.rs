@@ -1,0 +1,125 @@
+//! Effects: side effects that re-run after every settled change of what
+//! they read.
+
+use std::panic::Location;
+
+use crate::context::Handle;
+use crate::flavor::{Flavor, Holds, ValueCell};
+use crate::graph::{Key, NodeObj, flags::*};
+use crate::run;
+
+/// A side effect.
+///
+/// It runs once when created, then once after every settled change of what
+/// it read (at the end of the write, or of the outermost batch). Before it
+/// runs again, and when it is disposed, the nodes it created are disposed
+/// (later ones first, inner before outer) and the cleanups it registered
+/// with [`Handle::on_cleanup`] run. Writes inside an effect are allowed;
+/// effects they reach run in the next round of the same flush, up to
+/// [`MAX_FLUSH_ROUNDS`](crate::MAX_FLUSH_ROUNDS).
+///
+/// An effect lives until it is disposed: explicitly, with its owner, or with
+/// its context. Dropping the handle does not dispose it.
+///
+/// ```
+/// use egress_reactive::Context;
+/// use std::{cell::RefCell, rc::Rc};
+///
+/// let cx = Context::new();
+/// let n = cx.signal(1);
+/// let log = Rc::new(RefCell::new(Vec::new()));
+/// let effect = cx.effect({
+///     let (n, log, h) = (n.clone(), log.clone(), cx.handle());
+///     move || {
+///         let value = n.get();
+///         log.borrow_mut().push(format!("run {value}"));
+///         let log = log.clone();
+///         h.on_cleanup(move || log.borrow_mut().push(format!("cleanup {value}")));
+///     }
+/// });
+/// n.set(2);
+/// effect.dispose();
+/// assert_eq!(*log.borrow(), ["run 1", "cleanup 1", "run 2", "cleanup 2"]);
+/// ```
+pub struct Effect<F: Flavor> {
+    handle: Handle<F>,
+    key: Key,
+    created_at: &'static Location<'static>,
+}
+
+/// What the graph runs for an effect.
+#[doc(hidden)]
+pub struct EffectObj<C: 'static, F: Flavor> {
+    f: F::Cell<C>,
+}
+
+impl<C: FnMut() + 'static, F: Flavor> NodeObj for EffectObj<C, F> {
+    fn run(&self) -> bool {
+        self.f.with_mut(|f| f());
+        true
+    }
+}
+
+impl<F: Flavor> Clone for Effect<F> {
+    fn clone(&self) -> Self {
+        Effect { handle: self.handle.clone(), key: self.key, created_at: self.created_at }
+    }
+}
+
+impl<F: Flavor> std::fmt::Debug for Effect<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Effect").field("created_at", &self.created_at).finish_non_exhaustive()
+    }
+}
+
+impl<F: Flavor> Handle<F> {
+    /// Creates an effect owned by the current owner and runs it once now.
+    ///
+    /// # Panics
+    /// If its first run panics (the effect stays, and re-runs when what it
+    /// read before the panic changes), or the writes it makes do not settle.
+    #[track_caller]
+    pub fn effect<C: FnMut() + 'static>(&self, f: C) -> Effect<F>
+    where
+        F: Holds<EffectObj<C, F>>,
+    {
+        let created_at = Location::caller();
+        let obj = F::erase(F::ptr(EffectObj { f: ValueCell::new(f) }));
+        self.enter(|cell| {
+            let key = cell.borrow_mut().alloc(EFFECT | DIRTY, Some(obj), created_at);
+            run::update(cell, key.index);
+            if let Err(e) = run::settle_and_flush(cell) {
+                panic!("{e}");
+            }
+            Effect { handle: self.clone(), key, created_at }
+        })
+    }
+}
+
+impl<F: Flavor> Effect<F> {
+    /// Disposes the effect: what it created is disposed, its cleanups run,
+    /// and it never runs again. Idempotent.
+    pub fn dispose(&self) {
+        self.handle.dispose_node(self.key);
+    }
+
+    /// Whether the effect was disposed.
+    pub fn is_disposed(&self) -> bool {
+        self.handle.introspect(self.key, |_| ()).is_none()
+    }
+
+    /// How many times it has run (0 once disposed).
+    pub fn runs(&self) -> u32 {
+        self.handle.introspect(self.key, |g| g.node(self.key.index).runs).unwrap_or(0)
+    }
+
+    /// How many dependencies its last run read (0 once disposed).
+    pub fn dependency_count(&self) -> usize {
+        self.handle.introspect(self.key, |g| g.dependency_count(self.key.index)).unwrap_or(0)
+    }
+
+    /// Where the effect was created.
+    pub fn created_at(&self) -> &'static Location<'static> {
+        self.created_at
+    }
+}

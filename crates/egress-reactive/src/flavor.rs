@@ -1,0 +1,213 @@
+//! The one type parameter that separates the flavours.
+//!
+//! The algorithm in [`crate::graph`] is written once against [`Flavor`]. A
+//! flavour chooses how the graph is shared and locked, and what user code it
+//! may hold:
+//!
+//! | | [`Local`] (`Context`) | [`Threaded`] (`ThreadSafeContext`, `AsyncContext`) |
+//! |---|---|---|
+//! | shared pointer | `Rc` | `Arc` |
+//! | graph | `RefCell` | `parking_lot::ReentrantMutex<RefCell<_>>` |
+//! | node values | `RefCell` | `parking_lot::RwLock` (never contended: taken under the graph lock) |
+//! | closures and values | any `'static` | `Send + Sync + 'static` |
+//!
+//! `Local` pays for no lock and no atomic. `Threaded` holds its re-entrant
+//! graph lock for the whole of one public call, user code included, so calls
+//! from the same thread (an effect that reads or writes) never deadlock, and
+//! calls from other threads wait for it (see `ThreadSafeContext`).
+
+use std::cell::RefCell;
+use std::ops::Deref;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::graph::NodeObj;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// How a graph is shared between handles and threads. Implemented by
+/// [`Local`] and [`Threaded`] only.
+pub trait Flavor: sealed::Sealed + Sized + 'static {
+    /// The shared pointer handles hold (`Rc` or `Arc`).
+    type Ptr<T: ?Sized + 'static>: Clone + Deref<Target = T>;
+    /// A type-erased node object held by the graph.
+    #[doc(hidden)]
+    type Obj: Clone;
+    /// A cleanup callback held by the graph.
+    #[doc(hidden)]
+    type Cleanup;
+    /// A cell holding one node's value.
+    #[doc(hidden)]
+    type Cell<T: 'static>: ValueCell<T>;
+    /// The cell around the whole graph.
+    #[doc(hidden)]
+    type GraphCell<G: 'static>;
+    /// What [`Flavor::enter`] returns: access to the graph's `RefCell` for
+    /// the duration of one public call.
+    #[doc(hidden)]
+    type Guard<'a, G: 'static>: Deref<Target = RefCell<G>>;
+
+    #[doc(hidden)]
+    fn ptr<T: 'static>(value: T) -> Self::Ptr<T>;
+    #[doc(hidden)]
+    fn obj(obj: &Self::Obj) -> &dyn NodeObj;
+    #[doc(hidden)]
+    fn run_cleanup(cleanup: Self::Cleanup);
+    #[doc(hidden)]
+    fn graph_cell<G: 'static>(graph: G) -> Self::GraphCell<G>;
+    #[doc(hidden)]
+    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Self::Guard<'_, G>;
+}
+
+/// A flavour can hold node object `O` (a closure-bearing computed or effect)
+/// when `O` satisfies the flavour's bounds: any `'static` for [`Local`],
+/// `Send + Sync + 'static` for [`Threaded`].
+#[doc(hidden)]
+pub trait Holds<O: NodeObj>: Flavor {
+    fn erase(obj: Self::Ptr<O>) -> Self::Obj;
+}
+
+/// A flavour can hold cleanup `C`.
+#[doc(hidden)]
+pub trait HoldsCleanup<C: FnOnce() + 'static>: Flavor {
+    fn erase_cleanup(cleanup: C) -> Self::Cleanup;
+}
+
+/// A cell for one value, borrowed only for short, non-reentrant moments.
+#[doc(hidden)]
+pub trait ValueCell<T> {
+    fn new(value: T) -> Self;
+    fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R;
+    fn with_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R;
+}
+
+/// The single-threaded flavour: `Rc` and `RefCell`, no locks, no atomics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Local;
+
+/// The thread-safe flavour: `Arc`, a re-entrant graph lock, `Send + Sync`
+/// handles.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Threaded;
+
+impl sealed::Sealed for Local {}
+impl sealed::Sealed for Threaded {}
+
+/// The graph cell of [`Local`]: entering it is free.
+#[doc(hidden)]
+pub struct LocalCell<G>(RefCell<G>);
+
+impl<T> ValueCell<T> for RefCell<T> {
+    #[inline]
+    fn new(value: T) -> Self {
+        RefCell::new(value)
+    }
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        f(&self.borrow())
+    }
+    #[inline]
+    fn with_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        f(&mut self.borrow_mut())
+    }
+}
+
+impl<T> ValueCell<T> for parking_lot::RwLock<T> {
+    #[inline]
+    fn new(value: T) -> Self {
+        parking_lot::RwLock::new(value)
+    }
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        // Recursive: a `with` closure may read the same node again.
+        f(&self.read_recursive())
+    }
+    #[inline]
+    fn with_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        f(&mut self.write())
+    }
+}
+
+impl Flavor for Local {
+    type Ptr<T: ?Sized + 'static> = Rc<T>;
+    type Obj = Rc<dyn NodeObj>;
+    type Cleanup = Box<dyn FnOnce()>;
+    type Cell<T: 'static> = RefCell<T>;
+    type GraphCell<G: 'static> = LocalCell<G>;
+    type Guard<'a, G: 'static> = &'a RefCell<G>;
+
+    #[inline]
+    fn ptr<T: 'static>(value: T) -> Rc<T> {
+        Rc::new(value)
+    }
+    #[inline]
+    fn obj(obj: &Self::Obj) -> &dyn NodeObj {
+        &**obj
+    }
+    fn run_cleanup(cleanup: Self::Cleanup) {
+        cleanup()
+    }
+    fn graph_cell<G: 'static>(graph: G) -> LocalCell<G> {
+        LocalCell(RefCell::new(graph))
+    }
+    #[inline]
+    fn enter<G: 'static>(cell: &LocalCell<G>) -> &RefCell<G> {
+        &cell.0
+    }
+}
+
+impl<O: NodeObj + 'static> Holds<O> for Local {
+    #[inline]
+    fn erase(obj: Rc<O>) -> Self::Obj {
+        obj
+    }
+}
+
+impl<C: FnOnce() + 'static> HoldsCleanup<C> for Local {
+    fn erase_cleanup(cleanup: C) -> Self::Cleanup {
+        Box::new(cleanup)
+    }
+}
+
+impl Flavor for Threaded {
+    type Ptr<T: ?Sized + 'static> = Arc<T>;
+    type Obj = Arc<dyn NodeObj + Send + Sync>;
+    type Cleanup = Box<dyn FnOnce() + Send>;
+    type Cell<T: 'static> = parking_lot::RwLock<T>;
+    type GraphCell<G: 'static> = parking_lot::ReentrantMutex<RefCell<G>>;
+    type Guard<'a, G: 'static> = parking_lot::ReentrantMutexGuard<'a, RefCell<G>>;
+
+    #[inline]
+    fn ptr<T: 'static>(value: T) -> Arc<T> {
+        Arc::new(value)
+    }
+    #[inline]
+    fn obj(obj: &Self::Obj) -> &dyn NodeObj {
+        &**obj
+    }
+    fn run_cleanup(cleanup: Self::Cleanup) {
+        cleanup()
+    }
+    fn graph_cell<G: 'static>(graph: G) -> Self::GraphCell<G> {
+        parking_lot::ReentrantMutex::new(RefCell::new(graph))
+    }
+    #[inline]
+    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Self::Guard<'_, G> {
+        cell.lock()
+    }
+}
+
+impl<O: NodeObj + Send + Sync + 'static> Holds<O> for Threaded {
+    #[inline]
+    fn erase(obj: Arc<O>) -> Self::Obj {
+        obj
+    }
+}
+
+impl<C: FnOnce() + Send + 'static> HoldsCleanup<C> for Threaded {
+    fn erase_cleanup(cleanup: C) -> Self::Cleanup {
+        Box::new(cleanup)
+    }
+}

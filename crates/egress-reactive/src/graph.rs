@@ -1,0 +1,591 @@
+//! The graph: an arena of nodes and an arena of dependency links, and the
+//! transitions on them that run no user code.
+//!
+//! # Algorithm
+//!
+//! Push-dirty, pull-validate (the colouring of Reactively, with the link
+//! structure of alien-signals), written from our own specification:
+//!
+//! - A write to a signal marks its direct subscribers `DIRTY` and everything
+//!   further downstream `PENDING` ([`Graph::propagate`]), iteratively, and
+//!   queues each effect it reaches once. Nothing is recomputed by a write.
+//! - A read of a computed, or a queued effect about to run, re-validates
+//!   pull-wise: a `PENDING` node walks its dependencies in the order it read
+//!   them, recomputing `DIRTY` ones deepest first, and stops at the first whose
+//!   value changed (`crate::run::check_dirty`). A recomputation whose value is
+//!   equal to the old one changes nothing downstream (equality cut-off).
+//!   Because everything a computation reads has been re-validated before it
+//!   runs, no computation observes a mix of old and new values, and the
+//!   native stack never grows with the depth of the graph.
+//! - Dependencies are re-tracked on every run: a link is reused when the
+//!   run reads the same dependency at the same position, created otherwise,
+//!   and the links past the last one read are removed when the run ends.
+//!
+//! Links are doubly linked in two lists at once (the subscriber's
+//! dependencies, the dependency's subscribers), so linking, unlinking and
+//! disposal are O(1) per link.
+
+use std::collections::HashMap;
+use std::panic::Location;
+
+use crate::flavor::Flavor;
+
+/// No node, no link.
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// Node flags.
+pub(crate) mod flags {
+    pub(crate) const SIGNAL: u32 = 1;
+    pub(crate) const COMPUTED: u32 = 1 << 1;
+    pub(crate) const EFFECT: u32 = 1 << 2;
+    pub(crate) const SCOPE: u32 = 1 << 3;
+    /// A dependency changed: must recompute.
+    pub(crate) const DIRTY: u32 = 1 << 4;
+    /// Something upstream may have changed: re-validate before use.
+    pub(crate) const PENDING: u32 = 1 << 5;
+    /// The node's function is running.
+    pub(crate) const RUNNING: u32 = 1 << 6;
+    /// The effect is in the run queue.
+    pub(crate) const QUEUED: u32 = 1 << 7;
+    /// The effect runs on an executor: it is scheduled, not run inline.
+    pub(crate) const ASYNC: u32 = 1 << 8;
+    /// The node has cleanups registered.
+    pub(crate) const HAS_CLEANUP: u32 = 1 << 9;
+    /// The slot holds a live node.
+    pub(crate) const ALIVE: u32 = 1 << 10;
+    /// The signal was written in the current batch.
+    pub(crate) const BATCHED: u32 = 1 << 11;
+}
+use flags::*;
+
+/// A node's identity: its slot and the slot's generation, so a handle to a
+/// disposed node never reaches the node that reuses its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    pub(crate) index: u32,
+    pub(crate) generation: u32,
+}
+
+/// What the graph holds of a node's user-facing part.
+pub trait NodeObj {
+    /// Computed: evaluate, store, and return whether the value changed.
+    /// Effect: run. Signal: not called.
+    fn run(&self) -> bool;
+    /// Signal: the batch that wrote it ends; drop the value it replaced and
+    /// return whether the current value differs from it.
+    fn settle(&self) -> bool {
+        true
+    }
+    /// Async effect: wake the task that runs it.
+    fn schedule(&self) {}
+}
+
+pub(crate) struct Node<F: Flavor> {
+    pub(crate) flags: u32,
+    pub(crate) generation: u32,
+    pub(crate) deps_head: u32,
+    pub(crate) deps_tail: u32,
+    pub(crate) subs_head: u32,
+    pub(crate) subs_tail: u32,
+    pub(crate) owner: u32,
+    pub(crate) last_child: u32,
+    pub(crate) prev_sibling: u32,
+    pub(crate) next_sibling: u32,
+    pub(crate) runs: u32,
+    pub(crate) obj: Option<F::Obj>,
+    pub(crate) created_at: &'static Location<'static>,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct Link {
+    pub(crate) dep: u32,
+    pub(crate) sub: u32,
+    pub(crate) prev_dep: u32,
+    pub(crate) next_dep: u32,
+    pub(crate) prev_sub: u32,
+    pub(crate) next_sub: u32,
+    pub(crate) version: u32,
+}
+
+/// What a run replaces in the graph's context, restored when it ends.
+#[derive(Clone, Copy)]
+pub(crate) struct Saved {
+    active: u32,
+    owner: u32,
+    version: u32,
+}
+
+pub(crate) struct Graph<F: Flavor> {
+    pub(crate) nodes: Vec<Node<F>>,
+    free_nodes: Vec<u32>,
+    pub(crate) links: Vec<Link>,
+    free_link: u32,
+    live_links: usize,
+    /// The computation whose reads are being tracked.
+    pub(crate) active: u32,
+    /// The owner of nodes created now.
+    pub(crate) owner: u32,
+    version: u32,
+    next_version: u32,
+    pub(crate) batch_depth: u32,
+    pub(crate) flushing: bool,
+    /// Effects to run, in the order they were reached.
+    pub(crate) queue: Vec<Key>,
+    /// Signals written in the current batch, settled when it ends.
+    pub(crate) writes: Vec<Key>,
+    pub(crate) cleanups: HashMap<u32, Vec<F::Cleanup>>,
+    /// Computeds running now, outermost first (for cycle reports).
+    pub(crate) running: Vec<u32>,
+    /// Scratch stacks, reused so that a steady-state pass allocates nothing.
+    pub(crate) walk_stack: Vec<(u32, u32)>,
+    propagate_stack: Vec<u32>,
+    pub(crate) root: u32,
+    pub(crate) closed: bool,
+    /// A cycle found by a plain read, for the `try_` read it unwinds to.
+    pub(crate) cycle: Option<crate::error::CycleError>,
+}
+
+impl<F: Flavor> Graph<F> {
+    pub(crate) fn new() -> Self {
+        let mut graph = Graph {
+            nodes: Vec::new(),
+            free_nodes: Vec::new(),
+            links: Vec::new(),
+            free_link: NONE,
+            live_links: 0,
+            active: NONE,
+            owner: NONE,
+            version: 0,
+            next_version: 1,
+            batch_depth: 0,
+            flushing: false,
+            queue: Vec::new(),
+            writes: Vec::new(),
+            cleanups: HashMap::new(),
+            running: Vec::new(),
+            walk_stack: Vec::new(),
+            propagate_stack: Vec::new(),
+            root: NONE,
+            closed: false,
+            cycle: None,
+        };
+        let root = graph.alloc(SCOPE, None, Location::caller());
+        graph.root = root.index;
+        graph.owner = root.index;
+        graph
+    }
+
+    /// Creates a node owned by the current owner.
+    pub(crate) fn alloc(&mut self, kind: u32, obj: Option<F::Obj>, created_at: &'static Location<'static>) -> Key {
+        let owner = self.owner;
+        let node = Node {
+            flags: kind | ALIVE,
+            generation: 0,
+            deps_head: NONE,
+            deps_tail: NONE,
+            subs_head: NONE,
+            subs_tail: NONE,
+            owner,
+            last_child: NONE,
+            prev_sibling: NONE,
+            next_sibling: NONE,
+            runs: 0,
+            obj,
+            created_at,
+        };
+        let index = match self.free_nodes.pop() {
+            Some(index) => {
+                let slot = &mut self.nodes[index as usize];
+                let generation = slot.generation;
+                *slot = Node { generation, ..node };
+                index
+            }
+            None => {
+                let index = u32::try_from(self.nodes.len()).ok().filter(|&i| i != NONE);
+                let index = index.expect("graph invariant: fewer than 2^32 - 1 live nodes");
+                self.nodes.push(node);
+                index
+            }
+        };
+        if owner != NONE {
+            let prev = self.nodes[owner as usize].last_child;
+            self.nodes[index as usize].prev_sibling = prev;
+            if prev != NONE {
+                self.nodes[prev as usize].next_sibling = index;
+            }
+            self.nodes[owner as usize].last_child = index;
+        }
+        Key { index, generation: self.nodes[index as usize].generation }
+    }
+
+    #[inline]
+    pub(crate) fn alive(&self, key: Key) -> bool {
+        let node = &self.nodes[key.index as usize];
+        node.generation == key.generation && node.flags & ALIVE != 0
+    }
+
+    #[inline]
+    pub(crate) fn node(&self, index: u32) -> &Node<F> {
+        &self.nodes[index as usize]
+    }
+
+    #[inline]
+    pub(crate) fn node_mut(&mut self, index: u32) -> &mut Node<F> {
+        &mut self.nodes[index as usize]
+    }
+
+    #[inline]
+    pub(crate) fn link_at(&self, link: u32) -> &Link {
+        &self.links[link as usize]
+    }
+
+    pub(crate) fn key(&self, index: u32) -> Key {
+        Key { index, generation: self.nodes[index as usize].generation }
+    }
+
+    pub(crate) fn live_nodes(&self) -> usize {
+        self.nodes.len() - self.free_nodes.len()
+    }
+
+    pub(crate) fn live_links(&self) -> usize {
+        self.live_links
+    }
+
+    // ---- tracking ----------------------------------------------------
+
+    /// Records that `sub`, now running, read `dep`.
+    #[inline]
+    pub(crate) fn link(&mut self, dep: u32, sub: u32) {
+        let prev = self.nodes[sub as usize].deps_tail;
+        if prev != NONE && self.links[prev as usize].dep == dep {
+            return;
+        }
+        let next = if prev == NONE { self.nodes[sub as usize].deps_head } else { self.links[prev as usize].next_dep };
+        if next != NONE && self.links[next as usize].dep == dep {
+            self.links[next as usize].version = self.version;
+            self.nodes[sub as usize].deps_tail = next;
+            return;
+        }
+        let subs_tail = self.nodes[dep as usize].subs_tail;
+        if subs_tail != NONE {
+            let last = &self.links[subs_tail as usize];
+            if last.sub == sub && last.version == self.version {
+                return;
+            }
+        }
+        let link = Link {
+            dep,
+            sub,
+            prev_dep: prev,
+            next_dep: next,
+            prev_sub: subs_tail,
+            next_sub: NONE,
+            version: self.version,
+        };
+        let l = self.alloc_link(link);
+        if prev == NONE {
+            self.nodes[sub as usize].deps_head = l;
+        } else {
+            self.links[prev as usize].next_dep = l;
+        }
+        if next != NONE {
+            self.links[next as usize].prev_dep = l;
+        }
+        self.nodes[sub as usize].deps_tail = l;
+        if subs_tail == NONE {
+            self.nodes[dep as usize].subs_head = l;
+        } else {
+            self.links[subs_tail as usize].next_sub = l;
+        }
+        self.nodes[dep as usize].subs_tail = l;
+    }
+
+    fn alloc_link(&mut self, link: Link) -> u32 {
+        self.live_links += 1;
+        if self.free_link != NONE {
+            let l = self.free_link;
+            self.free_link = self.links[l as usize].next_dep;
+            self.links[l as usize] = link;
+            l
+        } else {
+            let l = u32::try_from(self.links.len()).ok().filter(|&i| i != NONE);
+            let l = l.expect("graph invariant: fewer than 2^32 - 1 live links");
+            self.links.push(link);
+            l
+        }
+    }
+
+    fn free_link(&mut self, l: u32) {
+        self.live_links -= 1;
+        let link = &mut self.links[l as usize];
+        link.dep = NONE;
+        link.sub = NONE;
+        link.next_dep = self.free_link;
+        self.free_link = l;
+    }
+
+    /// Removes `l` from its dependency's subscriber list.
+    fn unlink_sub_side(&mut self, l: u32) {
+        let Link { dep, prev_sub, next_sub, .. } = self.links[l as usize];
+        if prev_sub == NONE {
+            self.nodes[dep as usize].subs_head = next_sub;
+        } else {
+            self.links[prev_sub as usize].next_sub = next_sub;
+        }
+        if next_sub == NONE {
+            self.nodes[dep as usize].subs_tail = prev_sub;
+        } else {
+            self.links[next_sub as usize].prev_sub = prev_sub;
+        }
+    }
+
+    /// Removes `l` from its subscriber's dependency list.
+    fn unlink_dep_side(&mut self, l: u32) {
+        let Link { sub, prev_dep, next_dep, .. } = self.links[l as usize];
+        let node = &mut self.nodes[sub as usize];
+        if node.deps_tail == l {
+            node.deps_tail = prev_dep;
+        }
+        if prev_dep == NONE {
+            node.deps_head = next_dep;
+        } else {
+            self.links[prev_dep as usize].next_dep = next_dep;
+        }
+        if next_dep != NONE {
+            self.links[next_dep as usize].prev_dep = prev_dep;
+        }
+    }
+
+    /// Starts a tracked run of `index`: clears its marks, makes it the
+    /// active computation and owner, and rewinds its dependency cursor.
+    pub(crate) fn begin(&mut self, index: u32) -> Saved {
+        let saved = Saved { active: self.active, owner: self.owner, version: self.version };
+        let node = &mut self.nodes[index as usize];
+        node.flags = (node.flags & !(DIRTY | PENDING)) | RUNNING;
+        node.deps_tail = NONE;
+        node.runs = node.runs.wrapping_add(1);
+        self.active = index;
+        self.owner = index;
+        self.version = self.next_version;
+        self.next_version = self.next_version.wrapping_add(1).max(1);
+        self.batch_depth += 1;
+        self.running.push(index);
+        saved
+    }
+
+    /// Ends a run started by [`Graph::begin`]: restores the context and drops
+    /// the dependencies this run did not read. On `failed` (the function
+    /// panicked) the node stays dirty so the next read tries again.
+    pub(crate) fn end(&mut self, index: u32, saved: Saved, failed: bool) {
+        self.active = saved.active;
+        self.owner = saved.owner;
+        self.version = saved.version;
+        self.batch_depth -= 1;
+        self.running.pop();
+        if self.nodes[index as usize].flags & ALIVE == 0 {
+            return;
+        }
+        let node = &mut self.nodes[index as usize];
+        node.flags &= !RUNNING;
+        if failed {
+            node.flags |= DIRTY;
+        }
+        let tail = node.deps_tail;
+        let mut l = if tail == NONE { node.deps_head } else { self.links[tail as usize].next_dep };
+        while l != NONE {
+            let next = self.links[l as usize].next_dep;
+            self.unlink_sub_side(l);
+            self.free_link(l);
+            l = next;
+        }
+        if tail == NONE {
+            self.nodes[index as usize].deps_head = NONE;
+        } else {
+            self.links[tail as usize].next_dep = NONE;
+        }
+    }
+
+    /// Starts an untracked stretch: reads inside link to nothing.
+    pub(crate) fn untrack(&mut self) -> u32 {
+        std::mem::replace(&mut self.active, NONE)
+    }
+
+    // ---- propagation -------------------------------------------------
+
+    /// A signal's value changed: mark its subscribers dirty and everything
+    /// downstream pending, queueing each effect reached once. Iterative.
+    pub(crate) fn propagate(&mut self, signal: u32) {
+        let mut stack = std::mem::take(&mut self.propagate_stack);
+        let mut link = self.nodes[signal as usize].subs_head;
+        let mut mark = DIRTY;
+        loop {
+            while link != NONE {
+                let Link { sub, next_sub, .. } = self.links[link as usize];
+                let node = &mut self.nodes[sub as usize];
+                let f = node.flags;
+                if f & (DIRTY | PENDING) == 0 {
+                    node.flags = f | mark;
+                    if f & EFFECT != 0 {
+                        self.enqueue(sub);
+                    } else if node.subs_head != NONE {
+                        stack.push(next_sub);
+                        link = node.subs_head;
+                        mark = PENDING;
+                        continue;
+                    }
+                } else if mark == DIRTY {
+                    node.flags = f | DIRTY;
+                }
+                link = next_sub;
+            }
+            match stack.pop() {
+                Some(next) => {
+                    link = next;
+                    if stack.is_empty() {
+                        mark = DIRTY;
+                    }
+                }
+                None => break,
+            }
+        }
+        self.propagate_stack = stack;
+    }
+
+    /// A computed's value changed on re-validation: its pending subscribers
+    /// are now dirty.
+    pub(crate) fn shallow_propagate(&mut self, index: u32) {
+        let mut link = self.nodes[index as usize].subs_head;
+        while link != NONE {
+            let Link { sub, next_sub, .. } = self.links[link as usize];
+            let node = &mut self.nodes[sub as usize];
+            if node.flags & (PENDING | DIRTY) == PENDING {
+                node.flags |= DIRTY;
+            }
+            link = next_sub;
+        }
+    }
+
+    fn enqueue(&mut self, index: u32) {
+        let node = &mut self.nodes[index as usize];
+        if node.flags & QUEUED == 0 {
+            node.flags |= QUEUED;
+            let generation = node.generation;
+            self.queue.push(Key { index, generation });
+        }
+    }
+
+    // ---- ownership and disposal --------------------------------------
+
+    /// The subtree under `index` in disposal order: children before their
+    /// parent, later siblings before earlier ones. Includes `index` last.
+    pub(crate) fn disposal_order(&self, index: u32) -> Vec<u32> {
+        let mut order = Vec::new();
+        let mut stack = vec![(index, false)];
+        let mut children = Vec::new();
+        while let Some((n, expanded)) = stack.pop() {
+            if expanded {
+                order.push(n);
+                continue;
+            }
+            stack.push((n, true));
+            children.clear();
+            let mut c = self.nodes[n as usize].last_child;
+            while c != NONE {
+                children.push(c);
+                c = self.nodes[c as usize].prev_sibling;
+            }
+            // `children` is last-first; push first-last so the last pops first.
+            stack.extend(children.iter().rev().map(|&c| (c, false)));
+        }
+        order
+    }
+
+    pub(crate) fn has_children(&self, index: u32) -> bool {
+        self.nodes[index as usize].last_child != NONE
+    }
+
+    pub(crate) fn take_cleanups(&mut self, index: u32) -> Vec<F::Cleanup> {
+        let node = &mut self.nodes[index as usize];
+        if node.flags & HAS_CLEANUP == 0 {
+            return Vec::new();
+        }
+        node.flags &= !HAS_CLEANUP;
+        self.cleanups.remove(&index).unwrap_or_default()
+    }
+
+    pub(crate) fn add_cleanup(&mut self, index: u32, cleanup: F::Cleanup) {
+        self.nodes[index as usize].flags |= HAS_CLEANUP;
+        self.cleanups.entry(index).or_default().push(cleanup);
+    }
+
+    /// Frees one node whose children are gone: its links both ways, its place
+    /// among its siblings, its slot. Returns its object, to be dropped by the
+    /// caller outside the graph borrow (dropping it runs user destructors).
+    pub(crate) fn free(&mut self, index: u32) -> Option<F::Obj> {
+        let node = &self.nodes[index as usize];
+        if node.flags & ALIVE == 0 {
+            return None;
+        }
+        debug_assert_eq!(node.last_child, NONE, "graph invariant: children are freed before their owner");
+        let mut l = node.deps_head;
+        while l != NONE {
+            let next = self.links[l as usize].next_dep;
+            self.unlink_sub_side(l);
+            self.free_link(l);
+            l = next;
+        }
+        let mut l = self.nodes[index as usize].subs_head;
+        while l != NONE {
+            let next = self.links[l as usize].next_sub;
+            self.unlink_dep_side(l);
+            self.free_link(l);
+            l = next;
+        }
+        let node = &mut self.nodes[index as usize];
+        let (owner, prev, next) = (node.owner, node.prev_sibling, node.next_sibling);
+        let had_cleanups = node.flags & HAS_CLEANUP != 0;
+        node.flags = 0;
+        node.generation = node.generation.wrapping_add(1);
+        node.deps_head = NONE;
+        node.deps_tail = NONE;
+        node.subs_head = NONE;
+        node.subs_tail = NONE;
+        node.owner = NONE;
+        node.prev_sibling = NONE;
+        node.next_sibling = NONE;
+        let obj = node.obj.take();
+        if prev != NONE {
+            self.nodes[prev as usize].next_sibling = next;
+        }
+        if next != NONE {
+            self.nodes[next as usize].prev_sibling = prev;
+        } else if owner != NONE {
+            self.nodes[owner as usize].last_child = prev;
+        }
+        if had_cleanups {
+            self.cleanups.remove(&index);
+        }
+        self.free_nodes.push(index);
+        obj
+    }
+
+    pub(crate) fn dependency_count(&self, index: u32) -> usize {
+        let mut n = 0;
+        let mut l = self.nodes[index as usize].deps_head;
+        while l != NONE {
+            n += 1;
+            l = self.links[l as usize].next_dep;
+        }
+        n
+    }
+
+    pub(crate) fn subscriber_count(&self, index: u32) -> usize {
+        let mut n = 0;
+        let mut l = self.nodes[index as usize].subs_head;
+        while l != NONE {
+            n += 1;
+            l = self.links[l as usize].next_sub;
+        }
+        n
+    }
+}

@@ -1,0 +1,329 @@
+//! The operations that run user code: re-validation, recomputation, effect
+//! runs, batch settlement, disposal.
+//!
+//! Every function here takes the graph's `RefCell` and borrows it only
+//! between calls into user code, never across one, so user code may read,
+//! write and create nodes freely (re-entrancy is the normal case: a computed
+//! reads other computeds).
+
+use std::cell::RefCell;
+
+use crate::error::{CycleError, EffectLoopError};
+use crate::flavor::Flavor;
+use crate::graph::{Graph, Key, NONE, Saved, flags::*};
+
+pub(crate) type Cell<F> = RefCell<Graph<F>>;
+
+/// A feedback loop among effects stops after this many rounds; see
+/// [`EffectLoopError`].
+pub const MAX_FLUSH_ROUNDS: u32 = 10_000;
+
+/// Nested evaluations deeper than this run on a stack segment grown on
+/// demand, so reading a long chain of never-evaluated computeds cannot
+/// overflow the thread's stack.
+const DEEP: usize = 64;
+
+/// Ends a run on every path, unwinding included.
+struct RunGuard<'a, F: Flavor> {
+    cell: &'a Cell<F>,
+    key: Key,
+    saved: Saved,
+    obj: Option<F::Obj>,
+    failed: bool,
+}
+
+impl<F: Flavor> Drop for RunGuard<'_, F> {
+    fn drop(&mut self) {
+        let obj = self.obj.take();
+        let leftover = {
+            let mut g = self.cell.borrow_mut();
+            g.end(self.key.index, self.saved, self.failed);
+            if g.alive(self.key) {
+                g.node_mut(self.key.index).obj.replace(obj.expect("run guard holds the object"))
+            } else {
+                obj
+            }
+        };
+        drop(leftover);
+    }
+}
+
+/// Runs the function of computed or effect `index`, tracked. Disposes what
+/// its previous run created and runs its cleanups first. Returns whether a
+/// computed's value changed (always true for an effect).
+pub(crate) fn update<F: Flavor>(cell: &Cell<F>, index: u32) -> bool {
+    let needs_dispose = {
+        let g = cell.borrow();
+        g.has_children(index) || g.node(index).flags & HAS_CLEANUP != 0
+    };
+    if needs_dispose {
+        dispose(cell, index, false);
+    }
+    let mut guard = {
+        let mut g = cell.borrow_mut();
+        let key = g.key(index);
+        let saved = g.begin(index);
+        let obj = g.node_mut(index).obj.take();
+        RunGuard { cell, key, saved, obj, failed: true }
+    };
+    let deep = cell.borrow().running.len() > DEEP;
+    let obj = guard.obj.as_ref().expect("graph invariant: a node that runs has an object");
+    let changed =
+        if deep { stacker::maybe_grow(256 * 1024, 4 * 1024 * 1024, || F::obj(obj).run()) } else { F::obj(obj).run() };
+    guard.failed = false;
+    drop(guard);
+    changed
+}
+
+/// Whether `start` (pending) must recompute: walks its dependencies in read
+/// order, re-validating pending computeds deepest first and recomputing dirty
+/// ones, and stops at the first whose value changed. Iterative.
+pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: u32) -> bool {
+    let mut stack = std::mem::take(&mut cell.borrow_mut().walk_stack);
+    let base = stack.len();
+    let mut node = start;
+    let mut link = cell.borrow().node(start).deps_head;
+    let dirty = 'walk: loop {
+        // Scan `node`'s dependencies from `link`.
+        let mut dirty = false;
+        let step = {
+            let g = cell.borrow();
+            let mut step = None;
+            while link != NONE {
+                if g.node(node).flags & DIRTY != 0 {
+                    dirty = true;
+                    break;
+                }
+                let dep = g.link_at(link).dep;
+                let f = g.node(dep).flags;
+                if f & COMPUTED != 0 && f & (DIRTY | PENDING) != 0 {
+                    step = Some((dep, f & DIRTY != 0));
+                    break;
+                }
+                link = g.link_at(link).next_dep;
+            }
+            if link == NONE && g.node(node).flags & DIRTY != 0 {
+                dirty = true;
+            }
+            step
+        };
+        match step {
+            Some((dep, true)) => {
+                if update(cell, dep) {
+                    cell.borrow_mut().shallow_propagate(dep);
+                    dirty = true;
+                } else {
+                    link = cell.borrow().link_at(link).next_dep;
+                    continue 'walk;
+                }
+            }
+            Some((dep, false)) => {
+                stack.push((node, link));
+                node = dep;
+                link = cell.borrow().node(dep).deps_head;
+                continue 'walk;
+            }
+            None => {}
+        }
+        // `node` is settled: dirty (must recompute) or clean.
+        loop {
+            if stack.len() == base {
+                break 'walk dirty;
+            }
+            let (parent, parent_link) = stack.pop().expect("stack above base");
+            if dirty {
+                if update(cell, node) {
+                    cell.borrow_mut().shallow_propagate(node);
+                    node = parent;
+                    continue;
+                }
+            } else {
+                cell.borrow_mut().node_mut(node).flags &= !PENDING;
+            }
+            node = parent;
+            link = cell.borrow().link_at(parent_link).next_dep;
+            continue 'walk;
+        }
+    };
+    let mut g = cell.borrow_mut();
+    stack.truncate(base);
+    if stack.capacity() > g.walk_stack.capacity() {
+        g.walk_stack = stack;
+    }
+    if !dirty {
+        g.node_mut(start).flags &= !PENDING;
+    }
+    dirty
+}
+
+/// Brings computed `index` up to date (the read path). Fails, changing
+/// nothing, when the computed is running: the read closes a cycle.
+pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), CycleError> {
+    let flags = {
+        let g = cell.borrow();
+        if !g.writes.is_empty() {
+            drop(g);
+            settle(cell);
+        }
+        cell.borrow().node(index).flags
+    };
+    if flags & RUNNING != 0 {
+        let g = cell.borrow();
+        let from = g.running.iter().position(|&n| n == index).unwrap_or(0);
+        return Err(CycleError { nodes: g.running[from..].iter().map(|&n| g.node(n).created_at).collect() });
+    }
+    let stale = flags & DIRTY != 0 || (flags & PENDING != 0 && check_dirty(cell, index));
+    if stale && update(cell, index) {
+        cell.borrow_mut().shallow_propagate(index);
+    }
+    Ok(())
+}
+
+/// Applies the writes of an ended batch: each signal whose value differs
+/// from the one the batch replaced propagates; one written back to its old
+/// value notifies nothing.
+pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
+    loop {
+        let writes = std::mem::take(&mut cell.borrow_mut().writes);
+        if writes.is_empty() {
+            return;
+        }
+        for key in writes.iter().copied() {
+            let obj = {
+                let mut g = cell.borrow_mut();
+                if !g.alive(key) {
+                    continue;
+                }
+                g.node_mut(key.index).flags &= !BATCHED;
+                g.node(key.index).obj.clone()
+            };
+            if let Some(obj) = obj {
+                if F::obj(&obj).settle() {
+                    cell.borrow_mut().propagate(key.index);
+                }
+            }
+        }
+        let mut g = cell.borrow_mut();
+        if g.writes.is_empty() {
+            let mut writes = writes;
+            writes.clear();
+            g.writes = writes;
+        }
+    }
+}
+
+/// Settles pending writes and runs queued effects, unless a batch, a
+/// computation or a flush is in progress (that one finishes the job).
+pub(crate) fn settle_and_flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
+    {
+        let g = cell.borrow();
+        if g.batch_depth > 0 || g.flushing || (g.writes.is_empty() && g.queue.is_empty()) {
+            return Ok(());
+        }
+    }
+    settle(cell);
+    flush(cell)
+}
+
+struct FlushGuard<'a, F: Flavor>(&'a Cell<F>);
+
+impl<F: Flavor> Drop for FlushGuard<'_, F> {
+    fn drop(&mut self) {
+        self.0.borrow_mut().flushing = false;
+    }
+}
+
+/// Runs queued effects, round by round, until none is queued.
+pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
+    {
+        let mut g = cell.borrow_mut();
+        if g.flushing || g.batch_depth > 0 || g.queue.is_empty() {
+            return Ok(());
+        }
+        g.flushing = true;
+    }
+    let _guard = FlushGuard(cell);
+    let mut round = Vec::new();
+    let mut rounds = 0;
+    loop {
+        {
+            let mut g = cell.borrow_mut();
+            if g.queue.is_empty() {
+                break;
+            }
+            std::mem::swap(&mut g.queue, &mut round);
+            rounds += 1;
+            if rounds > MAX_FLUSH_ROUNDS {
+                let effect = round.iter().find(|&&k| g.alive(k)).map(|k| g.node(k.index).created_at);
+                for key in round.drain(..).chain(std::mem::take(&mut g.queue)) {
+                    if g.alive(key) {
+                        g.node_mut(key.index).flags &= !QUEUED;
+                    }
+                }
+                let effect = effect.unwrap_or_else(|| g.node(g.root).created_at);
+                return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
+            }
+        }
+        let mut i = 0;
+        while i < round.len() {
+            let key = round[i];
+            i += 1;
+            run_queued(cell, key);
+            if !cell.borrow().writes.is_empty() {
+                settle(cell);
+            }
+        }
+        round.clear();
+    }
+    Ok(())
+}
+
+/// Runs a queued effect if what it read changed.
+fn run_queued<F: Flavor>(cell: &Cell<F>, key: Key) {
+    let flags = {
+        let mut g = cell.borrow_mut();
+        if !g.alive(key) {
+            return;
+        }
+        let node = g.node_mut(key.index);
+        node.flags &= !QUEUED;
+        node.flags
+    };
+    if flags & DIRTY == 0 && !(flags & PENDING != 0 && check_dirty(cell, key.index)) {
+        return;
+    }
+    if flags & ASYNC != 0 {
+        let obj = {
+            let mut g = cell.borrow_mut();
+            let node = g.node_mut(key.index);
+            node.flags |= DIRTY;
+            node.obj.clone()
+        };
+        if let Some(obj) = obj {
+            F::obj(&obj).schedule();
+        }
+    } else {
+        update(cell, key.index);
+    }
+}
+
+/// Disposes the subtree under `index`: children before parents, later
+/// siblings first, each node's cleanups before it is freed. With
+/// `include_self` false, `index` keeps its slot and links but loses its
+/// children and runs its cleanups (what an owner does before it re-runs).
+pub(crate) fn dispose<F: Flavor>(cell: &Cell<F>, index: u32, include_self: bool) {
+    let order = cell.borrow().disposal_order(index);
+    let mut objs = Vec::new();
+    for n in order {
+        let cleanups = cell.borrow_mut().take_cleanups(n);
+        for cleanup in cleanups {
+            F::run_cleanup(cleanup);
+        }
+        if n != index || include_self {
+            if let Some(obj) = cell.borrow_mut().free(n) {
+                objs.push(obj);
+            }
+        }
+    }
+    drop(objs);
+}
