@@ -93,8 +93,8 @@ pub enum WriteError {
 ///
 /// The flush stops after [`MAX_FLUSH_ROUNDS`](crate::MAX_FLUSH_ROUNDS)
 /// rounds (a round runs every effect queued by the previous one). The graph
-/// stays consistent: the effects still queued are left dirty and run at the
-/// next change that reaches them.
+/// stays consistent: the effects still queued are unmarked and run again at
+/// the next change that reaches them.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("effects did not settle after {rounds} rounds; still re-running: effect created at {effect}")]
 pub struct EffectLoopError {

@@ -387,7 +387,9 @@ impl<F: Flavor> Graph<F> {
         }
         let node = &mut self.nodes[index as usize];
         node.flags &= !RUNNING;
-        if failed {
+        if failed && node.flags & COMPUTED != 0 {
+            // Not cached: the next read runs it again. (A failed effect stays
+            // clean, so the next change of what it read queues it again.)
             node.flags |= DIRTY;
         }
         let tail = node.deps_tail;

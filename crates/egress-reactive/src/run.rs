@@ -225,11 +225,24 @@ pub(crate) fn settle_and_flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLo
     flush(cell)
 }
 
-struct FlushGuard<'a, F: Flavor>(&'a Cell<F>);
+/// Ends a flush on every path. If an effect panicked, the effects of the
+/// round that had not run yet go back to the queue (still marked, still
+/// queued), so the next flush runs them.
+struct FlushGuard<'a, F: Flavor> {
+    cell: &'a Cell<F>,
+    round: Vec<Key>,
+    next: usize,
+}
 
 impl<F: Flavor> Drop for FlushGuard<'_, F> {
     fn drop(&mut self) {
-        self.0.borrow_mut().flushing = false;
+        let mut g = self.cell.borrow_mut();
+        g.flushing = false;
+        if self.next < self.round.len() {
+            let mut rest: Vec<Key> = self.round.drain(self.next..).collect();
+            rest.append(&mut g.queue);
+            g.queue = rest;
+        }
     }
 }
 
@@ -242,8 +255,7 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
         }
         g.flushing = true;
     }
-    let _guard = FlushGuard(cell);
-    let mut round = Vec::new();
+    let mut guard = FlushGuard { cell, round: Vec::new(), next: 0 };
     let mut rounds = 0;
     loop {
         {
@@ -251,29 +263,31 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
             if g.queue.is_empty() {
                 break;
             }
-            std::mem::swap(&mut g.queue, &mut round);
+            guard.round.clear();
+            guard.next = 0;
+            std::mem::swap(&mut g.queue, &mut guard.round);
             rounds += 1;
             if rounds > MAX_FLUSH_ROUNDS {
-                let effect = round.iter().find(|&&k| g.alive(k)).map(|k| g.node(k.index).created_at);
-                for key in round.drain(..).chain(std::mem::take(&mut g.queue)) {
+                // Stop the loop: unmark what is still queued, so the next
+                // change that reaches those effects queues them afresh.
+                let effect = guard.round.iter().find(|&&k| g.alive(k)).map(|k| g.node(k.index).created_at);
+                for key in guard.round.drain(..) {
                     if g.alive(key) {
-                        g.node_mut(key.index).flags &= !QUEUED;
+                        g.node_mut(key.index).flags &= !(QUEUED | DIRTY | PENDING);
                     }
                 }
                 let effect = effect.unwrap_or_else(|| g.node(g.root).created_at);
                 return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
             }
         }
-        let mut i = 0;
-        while i < round.len() {
-            let key = round[i];
-            i += 1;
+        while guard.next < guard.round.len() {
+            let key = guard.round[guard.next];
+            guard.next += 1;
             run_queued(cell, key);
             if !cell.borrow().writes.is_empty() {
                 settle(cell);
             }
         }
-        round.clear();
     }
     Ok(())
 }

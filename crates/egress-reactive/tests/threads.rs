@@ -1,0 +1,84 @@
+#![allow(clippy::unwrap_used)]
+//! ThreadSafeContext under contention: 8 threads writing and reading a
+//! shared graph, invariants checked by every reader and every effect run.
+
+use egress_reactive::ThreadSafeContext;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[test]
+fn eight_threads_write_and_read_with_invariants() {
+    const THREADS: u64 = 8;
+    const WRITES: u64 = 2_000;
+    let cx = ThreadSafeContext::new();
+    let cells: Vec<_> = (0..THREADS).map(|_| cx.signal(0u64)).collect();
+    // Invariant: pair.0 == pair.1 at every settled state (written in one batch).
+    let pair = (cx.signal(0u64), cx.signal(0u64));
+    let total = cx.computed({
+        let c = cells.clone();
+        move || c.iter().map(|s| s.get()).sum::<u64>()
+    });
+    let pair_eq = cx.computed({
+        let (a, b) = pair.clone();
+        move || a.get() == b.get()
+    });
+    let effect_violations = Arc::new(AtomicU64::new(0));
+    let last_total = Arc::new(AtomicU64::new(0));
+    let fx = cx.effect({
+        let (total, pair_eq, v, last) = (total.clone(), pair_eq.clone(), effect_violations.clone(), last_total.clone());
+        move || {
+            if !pair_eq.get() {
+                v.fetch_add(1, Ordering::SeqCst);
+            }
+            let t = total.get();
+            // Totals only grow: an effect never sees an older settled state.
+            if t < last.swap(t, Ordering::SeqCst) {
+                v.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    let reader_violations = Arc::new(AtomicU64::new(0));
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (cx, cells, pair, rv) = (cx.handle(), cells.clone(), pair.clone(), reader_violations.clone());
+            let total = total.clone();
+            s.spawn(move || {
+                for i in 0..WRITES {
+                    // Every thread increments its own cell and a shared counter.
+                    cells[t as usize].update(|v| *v += 1);
+                    cx.batch(|| {
+                        pair.0.update(|v| *v += 1);
+                        pair.1.update(|v| *v += 1);
+                    });
+                    if i % 16 == 0 {
+                        let (a, b) = cx.batch(|| (pair.0.get(), pair.1.get()));
+                        if a != b {
+                            rv.fetch_add(1, Ordering::SeqCst);
+                        }
+                        if total.get() < i {
+                            rv.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(total.get(), THREADS * WRITES, "no lost update");
+    assert_eq!(pair.0.get(), THREADS * WRITES);
+    assert_eq!(effect_violations.load(Ordering::SeqCst), 0);
+    assert_eq!(reader_violations.load(Ordering::SeqCst), 0);
+    // One run at creation, then at most one per settled change (3 writes per
+    // iteration: one cell update and one two-write batch).
+    let runs = u64::from(fx.runs());
+    assert!(runs > 1 && runs <= 1 + 2 * THREADS * WRITES, "{runs}");
+}
+
+#[test]
+fn handles_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ThreadSafeContext>();
+    assert_send_sync::<egress_reactive::Signal<String, egress_reactive::Threaded>>();
+    assert_send_sync::<egress_reactive::Computed<String, egress_reactive::Threaded>>();
+    assert_send_sync::<egress_reactive::Effect<egress_reactive::Threaded>>();
+    assert_send_sync::<egress_reactive::Handle<egress_reactive::Threaded>>();
+}
