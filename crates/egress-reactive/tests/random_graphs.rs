@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::needless_range_loop)]
 //! Property: on random DAGs of computeds (with dynamic branches) under random
 //! batched writes, every read equals a from-scratch recomputation, and every
 //! effect observes only consistent values and runs at most once per batch.
