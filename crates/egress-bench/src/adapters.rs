@@ -1,0 +1,437 @@
+//! One adapter per library and flavour, all with the same associated
+//! functions (inherent, not a trait: each library keeps its own closure
+//! bounds, `Send + Sync` or not, and the suite macro is checked against each
+//! concretely).
+//!
+//! | function | meaning |
+//! |---|---|
+//! | `new()` / `run(&cx, f)` / `dispose(cx)` | a fresh graph; run with it as owner; dispose all of it |
+//! | `signal(&cx, v)` | a writable source |
+//! | `computed(&cx, f)` / `computed_unguarded(&cx, f)` | derived value with / without `PartialEq` cut-off |
+//! | `effect(&cx, f)` | an effect, run now and after changes |
+//! | `get(rx, &s)` / `read(rx, &c)` | reads inside a computation (tracked) |
+//! | `peek_signal(&cx, &s)` / `peek(&cx, &c)` | reads outside any computation |
+//! | `set(&cx, &s, v)` | `batch { s = v }` |
+//! | `batch(&cx, f)` / `write(&cx, &s, v)` | several writes in one batch |
+//!
+//! Adapters are written from each library's public documentation.
+#![allow(missing_docs, clippy::new_ret_no_self)]
+
+/// The types the suite needs to name.
+pub trait Types {
+    /// A graph.
+    type Cx;
+    /// A signal of `i64`.
+    type S64: Clone;
+}
+
+impl Types for EgressLocal {
+    type Cx = egress_reactive::Context;
+    type S64 = egress_reactive::Signal<i64, egress_reactive::Local>;
+}
+impl Types for EgressThreadSafe {
+    type Cx = egress_reactive::ThreadSafeContext;
+    type S64 = egress_reactive::Signal<i64, egress_reactive::Threaded>;
+}
+impl Types for LazilyLocal {
+    type Cx = lazily::Context;
+    type S64 = lazily::Source<i64>;
+}
+impl Types for LazilyThreadSafe {
+    type Cx = lazily::ThreadSafeContext;
+    type S64 = lazily::Source<i64>;
+}
+impl Types for Alien {
+    type Cx = AlienCx;
+    type S64 = alien_signals::Signal<i64>;
+}
+impl Types for Sycamore {
+    type Cx = sycamore_reactive::NodeHandle;
+    type S64 = sycamore_reactive::Signal<i64>;
+}
+
+/// Our single-threaded Context.
+pub struct EgressLocal;
+/// Our ThreadSafeContext.
+pub struct EgressThreadSafe;
+/// lazily's Context.
+pub struct LazilyLocal;
+/// lazily's ThreadSafeContext.
+pub struct LazilyThreadSafe;
+/// alien-signals.
+pub struct Alien;
+/// sycamore-reactive.
+pub struct Sycamore;
+
+macro_rules! egress_adapter {
+    ($name:ident, $cx:ty, $flavor:ty, $label:literal, $new:expr) => {
+        impl $name {
+            pub const NAME: &'static str = $label;
+            pub const LAZY: bool = true;
+            pub fn new() -> $cx {
+                $new
+            }
+            pub fn run<R>(_cx: &$cx, f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            pub fn dispose(cx: $cx) {
+                drop(cx)
+            }
+            #[inline]
+            pub fn signal<T: PartialEq + Clone + Send + Sync + 'static>(
+                cx: &$cx,
+                v: T,
+            ) -> egress_reactive::Signal<T, $flavor> {
+                cx.signal(v)
+            }
+            #[inline]
+            pub fn get<T: Clone>(_rx: &(), s: &egress_reactive::Signal<T, $flavor>) -> T {
+                s.get()
+            }
+            #[inline]
+            pub fn read<T: Clone>(_rx: &(), c: &egress_reactive::Computed<T, $flavor>) -> T {
+                c.get()
+            }
+            #[inline]
+            pub fn peek_signal<T: Clone>(_cx: &$cx, s: &egress_reactive::Signal<T, $flavor>) -> T {
+                s.get_untracked()
+            }
+            #[inline]
+            pub fn peek<T: Clone>(_cx: &$cx, c: &egress_reactive::Computed<T, $flavor>) -> T {
+                c.get_untracked()
+            }
+            #[inline]
+            pub fn set<T: PartialEq>(cx: &$cx, s: &egress_reactive::Signal<T, $flavor>, v: T) {
+                cx.batch(|| s.set(v))
+            }
+            #[inline]
+            pub fn write<T: PartialEq>(_cx: &$cx, s: &egress_reactive::Signal<T, $flavor>, v: T) {
+                s.set(v)
+            }
+            #[inline]
+            pub fn batch<R>(cx: &$cx, f: impl FnOnce() -> R) -> R {
+                cx.batch(f)
+            }
+        }
+    };
+}
+
+egress_adapter!(
+    EgressLocal,
+    egress_reactive::Context,
+    egress_reactive::Local,
+    "egress Context",
+    egress_reactive::Context::new()
+);
+egress_adapter!(
+    EgressThreadSafe,
+    egress_reactive::ThreadSafeContext,
+    egress_reactive::Threaded,
+    "egress ThreadSafe",
+    egress_reactive::ThreadSafeContext::new()
+);
+
+impl EgressLocal {
+    pub fn computed<T: PartialEq + 'static>(
+        cx: &egress_reactive::Context,
+        f: impl Fn(&()) -> T + 'static,
+    ) -> egress_reactive::Computed<T, egress_reactive::Local> {
+        cx.computed(move || f(&()))
+    }
+    pub fn computed_unguarded<T: 'static>(
+        cx: &egress_reactive::Context,
+        f: impl Fn(&()) -> T + 'static,
+    ) -> egress_reactive::Computed<T, egress_reactive::Local> {
+        cx.computed_unguarded(move || f(&()))
+    }
+    pub fn effect(cx: &egress_reactive::Context, f: impl Fn(&()) + 'static) {
+        cx.effect(move || f(&()));
+    }
+}
+
+impl EgressThreadSafe {
+    pub fn computed<T: PartialEq + Send + Sync + 'static>(
+        cx: &egress_reactive::ThreadSafeContext,
+        f: impl Fn(&()) -> T + Send + Sync + 'static,
+    ) -> egress_reactive::Computed<T, egress_reactive::Threaded> {
+        cx.computed(move || f(&()))
+    }
+    pub fn computed_unguarded<T: Send + Sync + 'static>(
+        cx: &egress_reactive::ThreadSafeContext,
+        f: impl Fn(&()) -> T + Send + Sync + 'static,
+    ) -> egress_reactive::Computed<T, egress_reactive::Threaded> {
+        cx.computed_unguarded(move || f(&()))
+    }
+    pub fn effect(cx: &egress_reactive::ThreadSafeContext, f: impl Fn(&()) + Send + Sync + 'static) {
+        cx.effect(move || f(&()));
+    }
+}
+
+// ---- lazily ---------------------------------------------------------------
+
+impl LazilyLocal {
+    pub const NAME: &'static str = "lazily Context";
+    pub const LAZY: bool = true;
+    pub fn new() -> lazily::Context {
+        lazily::Context::new()
+    }
+    pub fn run<R>(_cx: &lazily::Context, f: impl FnOnce() -> R) -> R {
+        f()
+    }
+    pub fn dispose(cx: lazily::Context) {
+        drop(cx)
+    }
+    #[inline]
+    pub fn signal<T: PartialEq + Clone + 'static>(cx: &lazily::Context, v: T) -> lazily::Source<T> {
+        cx.source(v)
+    }
+    pub fn computed<T: PartialEq + Clone + 'static>(
+        cx: &lazily::Context,
+        f: impl Fn(&lazily::Compute<'_>) -> T + 'static,
+    ) -> lazily::Computed<T> {
+        cx.computed(f)
+    }
+    pub fn computed_unguarded<T: Clone + 'static>(
+        cx: &lazily::Context,
+        f: impl Fn(&lazily::Compute<'_>) -> T + 'static,
+    ) -> lazily::Computed<T> {
+        cx.slot(f)
+    }
+    pub fn effect(cx: &lazily::Context, f: impl Fn(&lazily::Compute<'_>) + 'static) {
+        cx.effect(f);
+    }
+    #[inline]
+    pub fn get<T: Clone + 'static>(rx: &lazily::Compute<'_>, s: &lazily::Source<T>) -> T {
+        s.get(rx)
+    }
+    #[inline]
+    pub fn read<T: Clone + 'static>(rx: &lazily::Compute<'_>, c: &lazily::Computed<T>) -> T {
+        c.get(rx)
+    }
+    #[inline]
+    pub fn peek_signal<T: Clone + 'static>(cx: &lazily::Context, s: &lazily::Source<T>) -> T {
+        s.get(cx)
+    }
+    #[inline]
+    pub fn peek<T: Clone + 'static>(cx: &lazily::Context, c: &lazily::Computed<T>) -> T {
+        c.get(cx)
+    }
+    #[inline]
+    pub fn set<T: PartialEq + 'static>(cx: &lazily::Context, s: &lazily::Source<T>, v: T) {
+        cx.batch(|cx| s.set(cx, v))
+    }
+    #[inline]
+    pub fn write<T: PartialEq + 'static>(cx: &lazily::Context, s: &lazily::Source<T>, v: T) {
+        s.set(cx, v)
+    }
+    #[inline]
+    pub fn batch<R>(cx: &lazily::Context, f: impl FnOnce() -> R) -> R {
+        cx.batch(|_| f())
+    }
+}
+
+impl LazilyThreadSafe {
+    pub const NAME: &'static str = "lazily ThreadSafe";
+    pub const LAZY: bool = true;
+    pub fn new() -> lazily::ThreadSafeContext {
+        lazily::ThreadSafeContext::new()
+    }
+    pub fn run<R>(_cx: &lazily::ThreadSafeContext, f: impl FnOnce() -> R) -> R {
+        f()
+    }
+    pub fn dispose(cx: lazily::ThreadSafeContext) {
+        drop(cx)
+    }
+    #[inline]
+    pub fn signal<T: PartialEq + Clone + Send + Sync + 'static>(
+        cx: &lazily::ThreadSafeContext,
+        v: T,
+    ) -> lazily::Source<T> {
+        cx.source(v)
+    }
+    pub fn computed<T: PartialEq + Clone + Send + Sync + 'static>(
+        cx: &lazily::ThreadSafeContext,
+        f: impl Fn(&lazily::ThreadSafeContext) -> T + Send + Sync + 'static,
+    ) -> lazily::Computed<T> {
+        cx.computed(f)
+    }
+    pub fn computed_unguarded<T: Clone + Send + Sync + 'static>(
+        cx: &lazily::ThreadSafeContext,
+        f: impl Fn(&lazily::ThreadSafeContext) -> T + Send + Sync + 'static,
+    ) -> lazily::Computed<T> {
+        cx.slot(f)
+    }
+    pub fn effect(cx: &lazily::ThreadSafeContext, f: impl Fn(&lazily::ThreadSafeContext) + Send + Sync + 'static) {
+        cx.effect(f);
+    }
+    #[inline]
+    pub fn get<T: Clone + Send + Sync + 'static>(rx: &lazily::ThreadSafeContext, s: &lazily::Source<T>) -> T {
+        rx.get(s)
+    }
+    #[inline]
+    pub fn read<T: Clone + Send + Sync + 'static>(rx: &lazily::ThreadSafeContext, c: &lazily::Computed<T>) -> T {
+        rx.get(c)
+    }
+    #[inline]
+    pub fn peek_signal<T: Clone + Send + Sync + 'static>(cx: &lazily::ThreadSafeContext, s: &lazily::Source<T>) -> T {
+        cx.get(s)
+    }
+    #[inline]
+    pub fn peek<T: Clone + Send + Sync + 'static>(cx: &lazily::ThreadSafeContext, c: &lazily::Computed<T>) -> T {
+        cx.get(c)
+    }
+    #[inline]
+    pub fn set<T: PartialEq + Send + Sync + 'static>(cx: &lazily::ThreadSafeContext, s: &lazily::Source<T>, v: T) {
+        cx.batch(|cx| cx.set(s, v))
+    }
+    #[inline]
+    pub fn write<T: PartialEq + Send + Sync + 'static>(cx: &lazily::ThreadSafeContext, s: &lazily::Source<T>, v: T) {
+        cx.set(s, v)
+    }
+    #[inline]
+    pub fn batch<R>(cx: &lazily::ThreadSafeContext, f: impl FnOnce() -> R) -> R {
+        cx.batch(|_| f())
+    }
+}
+
+// ---- alien-signals ----------------------------------------------------------
+
+/// alien-signals keeps every node in one process-wide arena that is never
+/// freed; "disposal" here disposes the effects, which is all it offers.
+pub struct AlienCx(std::cell::RefCell<Vec<alien_signals::Effect>>);
+
+impl Alien {
+    pub const NAME: &'static str = "alien-signals";
+    pub const LAZY: bool = true;
+    pub fn new() -> AlienCx {
+        AlienCx(std::cell::RefCell::new(Vec::new()))
+    }
+    pub fn run<R>(_cx: &AlienCx, f: impl FnOnce() -> R) -> R {
+        f()
+    }
+    pub fn dispose(cx: AlienCx) {
+        for e in cx.0.into_inner() {
+            e.dispose();
+        }
+    }
+    #[inline]
+    pub fn signal<T: PartialEq + Clone + 'static>(_cx: &AlienCx, v: T) -> alien_signals::Signal<T> {
+        alien_signals::signal(v)
+    }
+    pub fn computed<T: PartialEq + Clone + 'static>(
+        _cx: &AlienCx,
+        f: impl Fn(&()) -> T + 'static,
+    ) -> alien_signals::Computed<T> {
+        alien_signals::computed(move |_| f(&()))
+    }
+    pub fn computed_unguarded<T: Clone + 'static>(
+        _cx: &AlienCx,
+        f: impl Fn(&()) -> T + 'static,
+    ) -> alien_signals::Computed<T> {
+        alien_signals::Computed::new_with_eq(move |_| f(&()), |_, _| false)
+    }
+    pub fn effect(cx: &AlienCx, f: impl Fn(&()) + 'static) {
+        cx.0.borrow_mut().push(alien_signals::effect(move || f(&())));
+    }
+    #[inline]
+    pub fn get<T: Clone + 'static>(_rx: &(), s: &alien_signals::Signal<T>) -> T {
+        s.get()
+    }
+    #[inline]
+    pub fn read<T: Clone + 'static>(_rx: &(), c: &alien_signals::Computed<T>) -> T {
+        c.get()
+    }
+    #[inline]
+    pub fn peek_signal<T: Clone + 'static>(_cx: &AlienCx, s: &alien_signals::Signal<T>) -> T {
+        s.get()
+    }
+    #[inline]
+    pub fn peek<T: Clone + 'static>(_cx: &AlienCx, c: &alien_signals::Computed<T>) -> T {
+        c.get()
+    }
+    #[inline]
+    pub fn set<T: Clone + 'static>(cx: &AlienCx, s: &alien_signals::Signal<T>, v: T) {
+        Self::batch(cx, || s.set(v))
+    }
+    #[inline]
+    pub fn write<T: Clone + 'static>(_cx: &AlienCx, s: &alien_signals::Signal<T>, v: T) {
+        s.set(v)
+    }
+    #[inline]
+    pub fn batch<R>(_cx: &AlienCx, f: impl FnOnce() -> R) -> R {
+        alien_signals::start_batch();
+        let r = f();
+        alien_signals::end_batch();
+        r
+    }
+}
+
+// ---- sycamore-reactive ------------------------------------------------------
+
+thread_local! {
+    /// sycamore leaks every root it creates: make one per process and a child
+    /// scope per graph.
+    static SYCAMORE_ROOT: sycamore_reactive::RootHandle = sycamore_reactive::create_root(|| {});
+}
+
+impl Sycamore {
+    pub const NAME: &'static str = "sycamore";
+    /// Its memos are eager: they run on every change, read or not.
+    pub const LAZY: bool = false;
+    pub fn new() -> sycamore_reactive::NodeHandle {
+        SYCAMORE_ROOT.with(|root| root.run_in(|| sycamore_reactive::create_child_scope(|| {})))
+    }
+    pub fn run<R>(cx: &sycamore_reactive::NodeHandle, f: impl FnOnce() -> R) -> R {
+        SYCAMORE_ROOT.with(|root| root.run_in(|| cx.run_in(f)))
+    }
+    pub fn dispose(cx: sycamore_reactive::NodeHandle) {
+        SYCAMORE_ROOT.with(|root| root.run_in(|| cx.dispose()))
+    }
+    #[inline]
+    pub fn signal<T: 'static>(_cx: &sycamore_reactive::NodeHandle, v: T) -> sycamore_reactive::Signal<T> {
+        sycamore_reactive::create_signal(v)
+    }
+    pub fn computed<T: PartialEq + 'static>(
+        _cx: &sycamore_reactive::NodeHandle,
+        f: impl Fn(&()) -> T + 'static,
+    ) -> sycamore_reactive::ReadSignal<T> {
+        sycamore_reactive::create_selector(move || f(&()))
+    }
+    pub fn computed_unguarded<T: 'static>(
+        _cx: &sycamore_reactive::NodeHandle,
+        f: impl Fn(&()) -> T + 'static,
+    ) -> sycamore_reactive::ReadSignal<T> {
+        sycamore_reactive::create_memo(move || f(&()))
+    }
+    pub fn effect(_cx: &sycamore_reactive::NodeHandle, f: impl Fn(&()) + 'static) {
+        sycamore_reactive::create_effect(move || f(&()));
+    }
+    #[inline]
+    pub fn get<T: Clone + 'static>(_rx: &(), s: &sycamore_reactive::Signal<T>) -> T {
+        s.get_clone()
+    }
+    #[inline]
+    pub fn read<T: Clone + 'static>(_rx: &(), c: &sycamore_reactive::ReadSignal<T>) -> T {
+        c.get_clone()
+    }
+    #[inline]
+    pub fn peek_signal<T: Clone + 'static>(_cx: &sycamore_reactive::NodeHandle, s: &sycamore_reactive::Signal<T>) -> T {
+        s.get_clone_untracked()
+    }
+    #[inline]
+    pub fn peek<T: Clone + 'static>(_cx: &sycamore_reactive::NodeHandle, c: &sycamore_reactive::ReadSignal<T>) -> T {
+        c.get_clone_untracked()
+    }
+    #[inline]
+    pub fn set<T: 'static>(_cx: &sycamore_reactive::NodeHandle, s: &sycamore_reactive::Signal<T>, v: T) {
+        sycamore_reactive::batch(|| s.set(v))
+    }
+    #[inline]
+    pub fn write<T: 'static>(_cx: &sycamore_reactive::NodeHandle, s: &sycamore_reactive::Signal<T>, v: T) {
+        s.set(v)
+    }
+    #[inline]
+    pub fn batch<R>(_cx: &sycamore_reactive::NodeHandle, f: impl FnOnce() -> R) -> R {
+        sycamore_reactive::batch(f)
+    }
+}

@@ -1,0 +1,246 @@
+//! Side-by-side benchmarks of egress against peer signal libraries.
+//!
+//! `cargo run --release -p egress-bench -- reactivity` runs the reactivity
+//! suite (`shared/benchmarks/reactivity-suite.md`) against our three
+//! flavours and the peers, one child process per (library, test) with a
+//! time limit, and prints a markdown table. `--quick` runs every assertion
+//! at reduced sizes (what CI runs). See `--help`.
+
+mod adapters;
+mod alloc;
+mod prng;
+mod suite;
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+#[global_allocator]
+static GLOBAL: alloc::Counting = alloc::Counting;
+
+suite::suite!(egress_context, crate::adapters::EgressLocal);
+suite::suite!(egress_thread_safe, crate::adapters::EgressThreadSafe);
+suite::suite!(lazily_context, crate::adapters::LazilyLocal);
+suite::suite!(lazily_thread_safe, crate::adapters::LazilyThreadSafe);
+suite::suite!(alien, crate::adapters::Alien);
+suite::suite!(sycamore, crate::adapters::Sycamore);
+
+type Runner = fn(&str, &suite::Opts) -> Result<suite::Score, String>;
+
+/// Libraries in column order: ours first.
+const LIBS: &[(&str, &str, Runner)] = &[
+    ("egress", egress_context::NAME, egress_context::run),
+    ("egress-ts", egress_thread_safe::NAME, egress_thread_safe::run),
+    ("lazily", lazily_context::NAME, lazily_context::run),
+    ("lazily-ts", lazily_thread_safe::NAME, lazily_thread_safe::run),
+    ("alien", alien::NAME, alien::run),
+    ("sycamore", sycamore::NAME, sycamore::run),
+];
+
+const HELP: &str = "\
+egress-bench: side-by-side benchmarks
+
+USAGE:
+  egress-bench reactivity [--quick] [--tests A,B] [--libs X,Y] [--timeout SECS]
+  egress-bench child LIB TEST [--quick]     (one measurement; used by `reactivity`)
+
+  --quick     assertions at reduced sizes, one repetition (what CI runs)
+  --tests     comma-separated test names or prefixes (default: all)
+  --libs      comma-separated library keys (default: all): egress, egress-ts,
+              lazily, lazily-ts, alien, sycamore
+  --timeout   seconds per (library, test) before it is reported TIMEOUT (default 60)
+";
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("reactivity") => reactivity(&args[1..]),
+        Some("child") => child(&args[1..]),
+        Some("--help") | Some("-h") | None => {
+            print!("{HELP}");
+            Ok(())
+        }
+        Some(other) => bail!("unknown command {other:?}\n\n{HELP}"),
+    }
+}
+
+/// Runs one test of one library in this process and prints `OK best median`
+/// or `FAIL reason` on stdout.
+fn child(args: &[String]) -> anyhow::Result<()> {
+    let [lib, test, rest @ ..] = args else { bail!("usage: child LIB TEST [--quick]") };
+    let opts = suite::Opts { quick: rest.iter().any(|a| a == "--quick") };
+    let (_, _, run) = LIBS.iter().find(|(k, _, _)| k == lib).with_context(|| format!("unknown library {lib:?}"))?;
+    std::panic::set_hook(Box::new(|_| {}));
+    let outcome = std::panic::catch_unwind(|| run(test, &opts));
+    let line = match outcome {
+        Ok(Ok(s)) => format!("OK {} {}", s.best.as_nanos(), s.median.map_or(0, |m| m.as_nanos())),
+        Ok(Err(e)) => format!("FAIL {e}"),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panicked".into());
+            format!("FAIL {}", msg.replace('\n', " "))
+        }
+    };
+    println!("{line}");
+    Ok(())
+}
+
+enum Cell {
+    Time(Duration, Option<Duration>),
+    Fail(String),
+    Timeout,
+}
+
+fn reactivity(args: &[String]) -> anyhow::Result<()> {
+    let mut quick = false;
+    let mut tests: Vec<String> = Vec::new();
+    let mut libs: Vec<String> = Vec::new();
+    let mut timeout = Duration::from_secs(60);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--tests" => tests = it.next().context("--tests needs a value")?.split(',').map(str::to_owned).collect(),
+            "--libs" => libs = it.next().context("--libs needs a value")?.split(',').map(str::to_owned).collect(),
+            "--timeout" => timeout = Duration::from_secs(it.next().context("--timeout needs a value")?.parse()?),
+            other => bail!("unknown option {other:?}\n\n{HELP}"),
+        }
+    }
+    let selected_tests: Vec<&str> = suite::TESTS
+        .iter()
+        .copied()
+        .filter(|t| tests.is_empty() || tests.iter().any(|p| t.starts_with(p.as_str())))
+        .collect();
+    let selected_libs: Vec<_> =
+        LIBS.iter().filter(|(k, _, _)| libs.is_empty() || libs.iter().any(|l| l == k)).collect();
+    if selected_tests.is_empty() || selected_libs.is_empty() {
+        bail!("nothing selected");
+    }
+    let exe = std::env::current_exe()?;
+    let started = Instant::now();
+    let mut table: Vec<Vec<Cell>> = Vec::new();
+    let mut failures = 0;
+    for test in &selected_tests {
+        let mut row = Vec::new();
+        for (key, _, _) in &selected_libs {
+            eprint!("{test} / {key} ... ");
+            let _ = std::io::stderr().flush();
+            let cell = run_child(&exe, key, test, quick, timeout)?;
+            match &cell {
+                Cell::Time(t, _) => eprintln!("{:.3} ms", ms(*t)),
+                Cell::Fail(e) => eprintln!("FAIL {e}"),
+                Cell::Timeout => eprintln!("TIMEOUT"),
+            }
+            if key.starts_with("egress") && !matches!(cell, Cell::Time(..)) {
+                failures += 1;
+            }
+            row.push(cell);
+        }
+        table.push(row);
+    }
+    print_table(&selected_tests, &selected_libs, &table);
+    println!(
+        "\nRun of {} in {:.0} s{}.",
+        date(),
+        started.elapsed().as_secs_f64(),
+        if quick { " (--quick)" } else { "" }
+    );
+    if failures > 0 {
+        bail!("{failures} egress measurement(s) failed");
+    }
+    Ok(())
+}
+
+fn run_child(exe: &std::path::Path, lib: &str, test: &str, quick: bool, timeout: Duration) -> anyhow::Result<Cell> {
+    let mut cmd = Command::new(exe);
+    cmd.args(["child", lib, test]).stdout(Stdio::piped()).stderr(Stdio::null());
+    if quick {
+        cmd.arg("--quick");
+    }
+    let mut child = cmd.spawn()?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let mut out = String::new();
+            std::io::Read::read_to_string(&mut child.stdout.take().context("stdout")?, &mut out)?;
+            let line = out.lines().last().unwrap_or("");
+            return Ok(if let Some(rest) = line.strip_prefix("OK ") {
+                let mut nums = rest.split(' ').map(|n| n.parse::<u64>().unwrap_or(0));
+                let best = Duration::from_nanos(nums.next().unwrap_or(0));
+                let median = nums.next().filter(|&m| m > 0).map(Duration::from_nanos);
+                Cell::Time(best, median)
+            } else if let Some(reason) = line.strip_prefix("FAIL ") {
+                Cell::Fail(reason.chars().take(120).collect())
+            } else {
+                Cell::Fail(format!("crashed ({status})"))
+            });
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(Cell::Timeout);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn print_table(tests: &[&str], libs: &[&(&str, &str, Runner)], table: &[Vec<Cell>]) {
+    print!("| test |");
+    for (_, name, _) in libs {
+        print!(" {name} |");
+    }
+    println!(" egress / best peer |");
+    print!("|---|");
+    for _ in libs {
+        print!("---:|");
+    }
+    println!("---:|");
+    for (test, row) in tests.iter().zip(table) {
+        let bytes = test.starts_with("bytes/");
+        print!("| {test} |");
+        for cell in row {
+            match cell {
+                Cell::Time(t, _) if bytes => print!(" {} B |", t.as_nanos()),
+                Cell::Time(t, Some(m)) => print!(" {:.2} (med {:.2}) |", ms(*t), ms(*m)),
+                Cell::Time(t, None) => print!(" {:.2} |", ms(*t)),
+                Cell::Fail(e) => print!(" FAIL: {} |", e.replace('|', "/")),
+                Cell::Timeout => print!(" TIMEOUT |"),
+            }
+        }
+        let ours = libs.iter().zip(row).find(|((k, _, _), _)| *k == "egress").and_then(|(_, c)| time(c));
+        let best_peer =
+            libs.iter().zip(row).filter(|((k, _, _), _)| !k.starts_with("egress")).filter_map(|(_, c)| time(c)).min();
+        match (ours, best_peer) {
+            (Some(o), Some(p)) if !p.is_zero() => println!(" {:.2}x |", o.as_secs_f64() / p.as_secs_f64()),
+            _ => println!(" - |"),
+        }
+    }
+    println!(
+        "\nTimes in ms (kairo: fastest of 10 x 500 iterations, with the median; cellx and create/update: as the suite defines); bytes rows: bytes per node. Lower is better; a ratio below 1.00x means egress Context is faster than every peer."
+    );
+}
+
+fn time(c: &Cell) -> Option<Duration> {
+    match c {
+        Cell::Time(t, _) => Some(*t),
+        _ => None,
+    }
+}
+
+fn date() -> String {
+    Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map_or_else(|| "unknown date".into(), |s| s.trim().to_owned())
+}
