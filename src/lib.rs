@@ -1,10 +1,10 @@
 //! egress: reactive signals whose egress cells make send-side delivery state
 //! observable.
 //!
-//! This facade re-exports the workspace's crates. Today that is the pure
-//! delivery state machine, [`egress_core`], re-exported at the root; the
-//! reactive graphs and cells, and the WebSocket transport, join it as they
-//! land.
+//! This facade re-exports the workspace's crates: the pure delivery state
+//! machine, [`egress_core`], at the root, and the reactive graph,
+//! [`egress_reactive`], as [`reactive`] (its main types also at the root).
+//! The egress cells and the WebSocket transport join them as they land.
 //!
 //! ```
 //! use egress::{EgressCore, Policy};
@@ -16,6 +16,13 @@
 //! ```
 
 pub use egress_core::*;
+
+/// The reactive graph in three flavours: see [`egress_reactive`].
+pub mod reactive {
+    pub use egress_reactive::*;
+}
+
+pub use egress_reactive::{AsyncContext, Computed, Context, Effect, Scope, Signal, ThreadSafeContext};
 
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

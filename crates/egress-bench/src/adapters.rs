@@ -33,6 +33,10 @@ impl Types for EgressThreadSafe {
     type Cx = egress_reactive::ThreadSafeContext;
     type S64 = egress_reactive::Signal<i64, egress_reactive::Threaded>;
 }
+impl Types for EgressAsync {
+    type Cx = egress_reactive::AsyncContext;
+    type S64 = egress_reactive::Signal<i64, egress_reactive::Threaded>;
+}
 impl Types for LazilyLocal {
     type Cx = lazily::Context;
     type S64 = lazily::Source<i64>;
@@ -54,6 +58,9 @@ impl Types for Sycamore {
 pub struct EgressLocal;
 /// Our ThreadSafeContext.
 pub struct EgressThreadSafe;
+/// Our AsyncContext: its synchronous computeds and effects (the suite's
+/// effects are synchronous by definition), on the same graph as ThreadSafe.
+pub struct EgressAsync;
 /// lazily's Context.
 pub struct LazilyLocal;
 /// lazily's ThreadSafeContext.
@@ -130,6 +137,32 @@ egress_adapter!(
     "egress ThreadSafe",
     egress_reactive::ThreadSafeContext::new()
 );
+
+egress_adapter!(
+    EgressAsync,
+    egress_reactive::AsyncContext,
+    egress_reactive::Threaded,
+    "egress Async",
+    egress_reactive::AsyncContext::new()
+);
+
+impl EgressAsync {
+    pub fn computed<T: PartialEq + Send + Sync + 'static>(
+        cx: &egress_reactive::AsyncContext,
+        f: impl Fn(&()) -> T + Send + Sync + 'static,
+    ) -> egress_reactive::Computed<T, egress_reactive::Threaded> {
+        cx.computed(move || f(&()))
+    }
+    pub fn computed_unguarded<T: Send + Sync + 'static>(
+        cx: &egress_reactive::AsyncContext,
+        f: impl Fn(&()) -> T + Send + Sync + 'static,
+    ) -> egress_reactive::Computed<T, egress_reactive::Threaded> {
+        cx.computed_unguarded(move || f(&()))
+    }
+    pub fn effect(cx: &egress_reactive::AsyncContext, f: impl Fn(&()) + Send + Sync + 'static) {
+        cx.effect(move || f(&()));
+    }
+}
 
 impl EgressLocal {
     pub fn computed<T: PartialEq + 'static>(

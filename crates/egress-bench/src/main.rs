@@ -22,6 +22,7 @@ static GLOBAL: alloc::Counting = alloc::Counting;
 
 suite::suite!(egress_context, crate::adapters::EgressLocal);
 suite::suite!(egress_thread_safe, crate::adapters::EgressThreadSafe);
+suite::suite!(egress_async, crate::adapters::EgressAsync);
 suite::suite!(lazily_context, crate::adapters::LazilyLocal);
 suite::suite!(lazily_thread_safe, crate::adapters::LazilyThreadSafe);
 suite::suite!(alien, crate::adapters::Alien);
@@ -33,6 +34,7 @@ type Runner = fn(&str, &suite::Opts) -> Result<suite::Score, String>;
 const LIBS: &[(&str, &str, Runner)] = &[
     ("egress", egress_context::NAME, egress_context::run),
     ("egress-ts", egress_thread_safe::NAME, egress_thread_safe::run),
+    ("egress-async", egress_async::NAME, egress_async::run),
     ("lazily", lazily_context::NAME, lazily_context::run),
     ("lazily-ts", lazily_thread_safe::NAME, lazily_thread_safe::run),
     ("alien", alien::NAME, alien::run),
@@ -49,7 +51,7 @@ USAGE:
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
   --libs      comma-separated library keys (default: all): egress, egress-ts,
-              lazily, lazily-ts, alien, sycamore
+              egress-async, lazily, lazily-ts, alien, sycamore
   --timeout   seconds per (library, test) before it is reported TIMEOUT (default 60)
 ";
 

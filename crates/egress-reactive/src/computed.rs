@@ -189,6 +189,19 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
         })
     }
 
+    /// Reads for an explicit observer (an async effect's run).
+    #[cfg(feature = "async")]
+    pub(crate) fn read_observed(&self, observer: u32) -> Result<T, ReadError>
+    where
+        T: Clone,
+    {
+        self.handle.enter(|cell| {
+            self.prepare(cell, false)?;
+            cell.borrow_mut().link(self.key.index, observer);
+            Ok(self.read(T::clone))
+        })
+    }
+
     /// Brings the value up to date and tracks the read.
     fn prepare(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
         if !cell.borrow().alive(self.key) {

@@ -392,8 +392,29 @@ impl<F: Flavor> Graph<F> {
             // clean, so the next change of what it read queues it again.)
             node.flags |= DIRTY;
         }
-        let tail = node.deps_tail;
-        let mut l = if tail == NONE { node.deps_head } else { self.links[tail as usize].next_dep };
+        self.trim(index);
+    }
+
+    /// Starts a run tracked through an explicit handle (an async effect):
+    /// like [`Graph::begin`] for the node, leaving the context untouched.
+    pub(crate) fn begin_detached(&mut self, index: u32) {
+        let node = &mut self.nodes[index as usize];
+        node.flags &= !(DIRTY | PENDING);
+        node.deps_tail = NONE;
+        node.runs = node.runs.wrapping_add(1);
+    }
+
+    /// Ends a run started by [`Graph::begin_detached`]: drops the
+    /// dependencies it did not read.
+    pub(crate) fn end_detached(&mut self, index: u32) {
+        self.trim(index);
+    }
+
+    /// Drops the dependencies of `index` past its dependency cursor.
+    fn trim(&mut self, index: u32) {
+        let tail = self.nodes[index as usize].deps_tail;
+        let mut l =
+            if tail == NONE { self.nodes[index as usize].deps_head } else { self.links[tail as usize].next_dep };
         while l != NONE {
             let next = self.links[l as usize].next_dep;
             self.unlink_sub_side(l);

@@ -51,6 +51,8 @@
 //! assert_eq!(runs.runs(), 2);      // once at creation, once per settled change
 //! ```
 
+#[cfg(feature = "async")]
+mod asynchronous;
 mod computed;
 mod context;
 mod effect;
@@ -60,6 +62,8 @@ mod graph;
 mod run;
 mod signal;
 
+#[cfg(feature = "async")]
+pub use asynchronous::{AsyncContext, AsyncEffect, EffectCx, Readable, Watch};
 pub use computed::{Computed, ComputedObj, Slot};
 pub use context::{Context, Ctx, Handle, Runtime, Scope, ThreadSafeContext};
 pub use effect::{Effect, EffectObj};

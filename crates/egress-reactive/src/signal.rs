@@ -143,6 +143,24 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
         })
     }
 
+    /// Reads for an explicit observer (an async effect's run).
+    #[cfg(feature = "async")]
+    pub(crate) fn read_observed(&self, observer: u32) -> Result<T, ReadError>
+    where
+        T: Clone,
+    {
+        self.handle.enter(|cell| {
+            {
+                let mut g = cell.borrow_mut();
+                if !g.alive(self.key) {
+                    return Err(self.disposed());
+                }
+                g.link(self.key.index, observer);
+            }
+            Ok(self.inner.state.with(|s| s.value.clone()))
+        })
+    }
+
     /// The value, cloned, without tracking (a peek).
     #[track_caller]
     pub fn get_untracked(&self) -> T

@@ -1,0 +1,337 @@
+//! `AsyncContext`: the thread-safe graph for tokio, with async effects and
+//! watch streams.
+
+use std::future::Future;
+use std::ops::Deref;
+use std::panic::Location;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context as TaskContext, Poll};
+
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+
+use crate::computed::Computed;
+use crate::context::{Ctx, Handle};
+use crate::effect::Effect;
+use crate::error::ReadError;
+use crate::flavor::{HoldsCleanup, Threaded};
+use crate::graph::{Key, NodeObj, flags::*};
+use crate::run;
+use crate::signal::Signal;
+
+/// The graph for async code on tokio: synchronous signals, computeds and
+/// effects exactly as in [`ThreadSafeContext`](crate::ThreadSafeContext),
+/// plus async effects ([`AsyncContext::effect_async`]) and streams of a
+/// computed's latest value ([`AsyncContext::watch`]).
+///
+/// Time, where the graph needs it, is `tokio::time`, so tests can pause it.
+/// Works on the current-thread and the multi-thread runtime.
+///
+/// ```
+/// use egress_reactive::AsyncContext;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let cx = AsyncContext::new();
+/// let query = cx.signal(String::from("ru"));
+/// let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+/// let search = cx.effect_async({
+///     let query = query.clone();
+///     move |ecx| {
+///         let (query, tx) = (query.clone(), tx.clone());
+///         async move {
+///             let q = ecx.get(&query); // tracked, at any point of the run
+///             tokio::task::yield_now().await;
+///             tx.send(format!("results for {q}")).unwrap();
+///         }
+///     }
+/// });
+/// assert_eq!(rx.recv().await.unwrap(), "results for ru");
+/// query.set("rust".into());
+/// assert_eq!(rx.recv().await.unwrap(), "results for rust");
+/// search.dispose();
+/// # }
+/// ```
+pub struct AsyncContext {
+    inner: Ctx<Threaded>,
+}
+
+impl AsyncContext {
+    /// A new, empty graph.
+    #[track_caller]
+    pub fn new() -> Self {
+        AsyncContext { inner: Ctx::new() }
+    }
+
+    /// The current time of tokio's clock (paused in tests that pause it).
+    pub fn now(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now()
+    }
+}
+
+impl Default for AsyncContext {
+    #[track_caller]
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Deref for AsyncContext {
+    type Target = Handle<Threaded>;
+    fn deref(&self) -> &Handle<Threaded> {
+        &self.inner
+    }
+}
+
+impl std::fmt::Debug for AsyncContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AsyncContext").field(&*self.inner).finish()
+    }
+}
+
+/// The handle an async effect reads through: every read through it, at any
+/// point of a run (before or after an `.await`), is a dependency of the
+/// effect.
+#[derive(Clone)]
+pub struct EffectCx {
+    handle: Handle<Threaded>,
+    key: Key,
+}
+
+/// What an [`EffectCx`] can read: signals and computeds.
+pub trait Readable<T> {
+    /// Reads the value, recording `observer` as a subscriber.
+    #[doc(hidden)]
+    fn read_for(&self, observer: u32) -> Result<T, ReadError>;
+}
+
+impl<T: Clone + Send + Sync + 'static> Readable<T> for Signal<T, Threaded> {
+    fn read_for(&self, observer: u32) -> Result<T, ReadError> {
+        self.read_observed(observer)
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Readable<T> for Computed<T, Threaded> {
+    fn read_for(&self, observer: u32) -> Result<T, ReadError> {
+        self.read_observed(observer)
+    }
+}
+
+impl EffectCx {
+    /// Reads `node` (a signal or a computed), tracked.
+    ///
+    /// # Panics
+    /// If the node was disposed or closes a cycle; see [`EffectCx::try_get`].
+    #[track_caller]
+    pub fn get<T>(&self, node: &impl Readable<T>) -> T {
+        match self.try_get(node) {
+            Ok(v) => v,
+            Err(e) => panic!("{e} (read at {})", Location::caller()),
+        }
+    }
+
+    /// Reads `node`, tracked; disposal and cycles are errors.
+    pub fn try_get<T>(&self, node: &impl Readable<T>) -> Result<T, ReadError> {
+        node.read_for(self.key.index)
+    }
+
+    /// Registers `f` to run before this effect's next run and when it is
+    /// disposed (also when disposal cancels a run in progress).
+    pub fn on_cleanup<C: FnOnce() + Send + 'static>(&self, f: C)
+    where
+        Threaded: HoldsCleanup<C>,
+    {
+        let cleanup = Box::new(f);
+        self.handle.enter(|cell| {
+            let mut g = cell.borrow_mut();
+            if g.alive(self.key) {
+                g.add_cleanup(self.key.index, cleanup);
+            }
+        });
+    }
+}
+
+/// What the graph holds of an async effect: the bell of its task.
+struct AsyncEffectObj {
+    bell: Arc<Notify>,
+    task: OnceLock<AbortHandle>,
+}
+
+impl NodeObj for AsyncEffectObj {
+    fn run(&self) -> bool {
+        true
+    }
+
+    fn schedule(&self) {
+        // One stored permit: however many changes arrive during a run, they
+        // cause exactly one more run after it.
+        self.bell.notify_one();
+    }
+}
+
+impl Drop for AsyncEffectObj {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.get() {
+            task.abort();
+        }
+    }
+}
+
+/// A running async effect. Dropping the handle does not stop it; dispose it
+/// (or its owner, or the context).
+#[derive(Clone)]
+pub struct AsyncEffect {
+    handle: Handle<Threaded>,
+    key: Key,
+}
+
+impl std::fmt::Debug for AsyncEffect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncEffect").field("runs", &self.runs()).finish()
+    }
+}
+
+impl AsyncEffect {
+    /// Cancels the effect: a run in progress is aborted at its next `.await`
+    /// and never resumed, its cleanups run, and it never runs again.
+    pub fn dispose(&self) {
+        self.handle.dispose_node(self.key);
+    }
+
+    /// Whether it was disposed.
+    pub fn is_disposed(&self) -> bool {
+        self.handle.introspect(self.key, |_| ()).is_none()
+    }
+
+    /// How many runs have started (0 once disposed).
+    pub fn runs(&self) -> u32 {
+        self.handle.introspect(self.key, |g| g.node(self.key.index).runs).unwrap_or(0)
+    }
+
+    /// How many dependencies its latest run has read so far.
+    pub fn dependency_count(&self) -> usize {
+        self.handle.introspect(self.key, |g| g.dependency_count(self.key.index)).unwrap_or(0)
+    }
+}
+
+impl AsyncContext {
+    /// Spawns an async effect on the current tokio runtime. It runs once now,
+    /// then once after every settled change of what it read through its
+    /// [`EffectCx`]. Runs are serialized (never two at once) and coalesced:
+    /// changes that arrive during a run cause exactly one more run after it.
+    /// A re-run never aborts a run in progress; disposal does.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    #[track_caller]
+    pub fn effect_async<C, Fut>(&self, f: C) -> AsyncEffect
+    where
+        C: Fn(EffectCx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let created_at = Location::caller();
+        let bell = Arc::new(Notify::new());
+        let obj = Arc::new(AsyncEffectObj { bell: bell.clone(), task: OnceLock::new() });
+        let handle = self.inner.handle();
+        let key = handle.enter(|cell| {
+            let erased: <Threaded as crate::Flavor>::Obj = obj.clone();
+            cell.borrow_mut().alloc(EFFECT | ASYNC | DIRTY, Some(erased), created_at)
+        });
+        let cx = EffectCx { handle: handle.clone(), key };
+        let task = tokio::spawn(async move {
+            loop {
+                if !begin_run(&cx) {
+                    return;
+                }
+                f(cx.clone()).await;
+                end_run(&cx);
+                bell.notified().await;
+            }
+        });
+        // The object is alive (the graph holds it) unless disposed already,
+        // in which case aborting now is what disposal wants.
+        if obj.task.set(task.abort_handle()).is_err() {
+            task.abort();
+        }
+        if self.inner.introspect(key, |_| ()).is_none() {
+            task.abort();
+        }
+        AsyncEffect { handle, key }
+    }
+
+    /// A stream of `computed`'s latest value: the current value first, then
+    /// each settled change (intermediate values a slow consumer missed are
+    /// skipped). The stream owns an effect, disposed when it is dropped.
+    #[track_caller]
+    pub fn watch<T>(&self, computed: &Computed<T, Threaded>) -> Watch<T>
+    where
+        T: Clone + PartialEq + Send + Sync + 'static,
+    {
+        let (tx, rx) = tokio::sync::watch::channel(computed.get_untracked());
+        let source = computed.clone();
+        let effect = self.inner.effect(move || {
+            let v = source.get();
+            tx.send_if_modified(|cur| {
+                if *cur == v {
+                    false
+                } else {
+                    *cur = v;
+                    true
+                }
+            });
+        });
+        Watch { stream: tokio_stream::wrappers::WatchStream::new(rx), effect }
+    }
+}
+
+/// Starts one run: cleans up after the previous one and rewinds tracking.
+/// Returns false if the effect was disposed.
+fn begin_run(cx: &EffectCx) -> bool {
+    cx.handle.enter(|cell| {
+        if !cell.borrow().alive(cx.key) {
+            return false;
+        }
+        run::dispose(cell, cx.key.index, false);
+        let mut g = cell.borrow_mut();
+        if !g.alive(cx.key) {
+            return false;
+        }
+        g.begin_detached(cx.key.index);
+        true
+    })
+}
+
+fn end_run(cx: &EffectCx) {
+    cx.handle.enter(|cell| {
+        let mut g = cell.borrow_mut();
+        if g.alive(cx.key) {
+            g.end_detached(cx.key.index);
+        }
+    });
+}
+
+/// A stream of a computed's latest values; see [`AsyncContext::watch`].
+pub struct Watch<T> {
+    stream: tokio_stream::wrappers::WatchStream<T>,
+    effect: Effect<Threaded>,
+}
+
+impl<T: Clone + Send + Sync + 'static> futures_core::Stream for Watch<T> {
+    type Item = T;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<T>> {
+        Pin::new(&mut self.stream).poll_next(cx)
+    }
+}
+
+impl<T> Drop for Watch<T> {
+    fn drop(&mut self) {
+        self.effect.dispose();
+    }
+}
+
+impl<T> std::fmt::Debug for Watch<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch").finish_non_exhaustive()
+    }
+}
