@@ -203,9 +203,21 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     }
 
     /// Brings the value up to date and tracks the read.
+    #[inline]
     fn prepare(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
-        if !cell.borrow().alive(self.key) {
-            return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.slot.created_at });
+        {
+            let mut g = cell.borrow_mut();
+            if !g.alive(self.key) {
+                return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.slot.created_at });
+            }
+            // Fast path: up to date, nothing batched to settle first.
+            if g.node(self.key.index).flags & (DIRTY | PENDING | RUNNING) == 0 && g.writes.is_empty() {
+                let active = g.active;
+                if track && active != NONE {
+                    g.link(self.key.index, active);
+                }
+                return Ok(());
+            }
         }
         run::refresh(cell, self.key.index)?;
         let top_level = {

@@ -357,42 +357,54 @@ impl<F: Flavor> Graph<F> {
     }
 
     /// Starts a tracked run of `index`: clears its marks, makes it the
-    /// active computation and owner, and rewinds its dependency cursor.
-    pub(crate) fn begin(&mut self, index: u32) -> Saved {
+    /// active computation and owner, rewinds its dependency cursor, and
+    /// lends out its object (returned by [`Graph::end`]).
+    #[inline]
+    pub(crate) fn begin(&mut self, index: u32) -> (Saved, Option<F::Obj>) {
         let saved = Saved { active: self.active, owner: self.owner, version: self.version };
         let node = &mut self.nodes[index as usize];
         node.flags = (node.flags & !(DIRTY | PENDING)) | RUNNING;
         node.deps_tail = NONE;
         node.runs = node.runs.wrapping_add(1);
+        let obj = node.obj.take();
         self.active = index;
         self.owner = index;
         self.version = self.next_version;
         self.next_version = self.next_version.wrapping_add(1).max(1);
         self.batch_depth += 1;
         self.running.push(index);
-        saved
+        (saved, obj)
     }
 
-    /// Ends a run started by [`Graph::begin`]: restores the context and drops
-    /// the dependencies this run did not read. On `failed` (the function
-    /// panicked) the node stays dirty so the next read tries again.
-    pub(crate) fn end(&mut self, index: u32, saved: Saved, failed: bool) {
+    /// Ends a run started by [`Graph::begin`]: restores the context, takes
+    /// the object back, and drops the dependencies this run did not read.
+    /// On `failed` (the function panicked) a computed stays dirty so the next
+    /// read tries again. Returns the object if the node was disposed during
+    /// its run (the caller drops it outside the borrow).
+    #[inline]
+    pub(crate) fn end(&mut self, key: Key, saved: Saved, obj: Option<F::Obj>, failed: bool) -> Option<F::Obj> {
         self.active = saved.active;
         self.owner = saved.owner;
         self.version = saved.version;
         self.batch_depth -= 1;
         self.running.pop();
-        if self.nodes[index as usize].flags & ALIVE == 0 {
-            return;
+        let node = &mut self.nodes[key.index as usize];
+        if node.generation != key.generation || node.flags & ALIVE == 0 {
+            return obj;
         }
-        let node = &mut self.nodes[index as usize];
+        node.obj = obj;
         node.flags &= !RUNNING;
         if failed && node.flags & COMPUTED != 0 {
             // Not cached: the next read runs it again. (A failed effect stays
             // clean, so the next change of what it read queues it again.)
             node.flags |= DIRTY;
         }
-        self.trim(index);
+        let tail = node.deps_tail;
+        let stale = if tail == NONE { node.deps_head } else { self.links[tail as usize].next_dep };
+        if stale != NONE {
+            self.trim(key.index);
+        }
+        None
     }
 
     /// Starts a run tracked through an explicit handle (an async effect):
@@ -521,10 +533,6 @@ impl<F: Flavor> Graph<F> {
             stack.extend(children.iter().rev().map(|&c| (c, false)));
         }
         order
-    }
-
-    pub(crate) fn has_children(&self, index: u32) -> bool {
-        self.nodes[index as usize].last_child != NONE
     }
 
     pub(crate) fn take_cleanups(&mut self, index: u32) -> Vec<F::Cleanup> {

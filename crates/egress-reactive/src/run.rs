@@ -23,27 +23,17 @@ pub const MAX_FLUSH_ROUNDS: u32 = 10_000;
 /// overflow the thread's stack.
 const DEEP: usize = 64;
 
-/// Ends a run on every path, unwinding included.
-struct RunGuard<'a, F: Flavor> {
+/// Ends a run if its function unwinds.
+struct Unwind<'a, F: Flavor> {
     cell: &'a Cell<F>,
     key: Key,
     saved: Saved,
     obj: Option<F::Obj>,
-    failed: bool,
 }
 
-impl<F: Flavor> Drop for RunGuard<'_, F> {
+impl<F: Flavor> Drop for Unwind<'_, F> {
     fn drop(&mut self) {
-        let obj = self.obj.take();
-        let leftover = {
-            let mut g = self.cell.borrow_mut();
-            g.end(self.key.index, self.saved, self.failed);
-            if g.alive(self.key) {
-                g.node_mut(self.key.index).obj.replace(obj.expect("run guard holds the object"))
-            } else {
-                obj
-            }
-        };
+        let leftover = self.cell.borrow_mut().end(self.key, self.saved, self.obj.take(), true);
         drop(leftover);
     }
 }
@@ -52,26 +42,28 @@ impl<F: Flavor> Drop for RunGuard<'_, F> {
 /// its previous run created and runs its cleanups first. Returns whether a
 /// computed's value changed (always true for an effect).
 pub(crate) fn update<F: Flavor>(cell: &Cell<F>, index: u32) -> bool {
-    let needs_dispose = {
-        let g = cell.borrow();
-        g.has_children(index) || g.node(index).flags & HAS_CLEANUP != 0
-    };
-    if needs_dispose {
+    let mut g = cell.borrow_mut();
+    let node = g.node(index);
+    if node.last_child != NONE || node.flags & HAS_CLEANUP != 0 {
+        drop(g);
         dispose(cell, index, false);
+        g = cell.borrow_mut();
     }
-    let mut guard = {
-        let mut g = cell.borrow_mut();
-        let key = g.key(index);
-        let saved = g.begin(index);
-        let obj = g.node_mut(index).obj.take();
-        RunGuard { cell, key, saved, obj, failed: true }
-    };
-    let deep = cell.borrow().running.len() > DEEP;
+    let key = g.key(index);
+    let (saved, obj) = g.begin(index);
+    let deep = g.running.len() > DEEP;
+    drop(g);
+    let guard = Unwind { cell, key, saved, obj };
     let obj = guard.obj.as_ref().expect("graph invariant: a node that runs has an object");
-    let changed =
-        if deep { stacker::maybe_grow(256 * 1024, 4 * 1024 * 1024, || F::obj(obj).run()) } else { F::obj(obj).run() };
-    guard.failed = false;
-    drop(guard);
+    let changed = if deep {
+        stacker::maybe_grow(256 * 1024, 4 * 1024 * 1024, || F::obj(obj).run())
+    } else {
+        F::obj(obj).run()
+    };
+    let mut guard = std::mem::ManuallyDrop::new(guard);
+    let obj = guard.obj.take();
+    let leftover = cell.borrow_mut().end(key, saved, obj, false);
+    drop(leftover);
     changed
 }
 
