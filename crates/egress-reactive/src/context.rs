@@ -151,7 +151,7 @@ impl<F: Flavor> std::fmt::Debug for Handle<F> {
 
 impl<F: Flavor> Handle<F> {
     /// Runs `f` with the graph entered: `cell` is valid for the call.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn enter<R>(&self, f: impl FnOnce(&run::Cell<F>) -> R) -> R {
         let guard = F::enter(&self.rt.cell);
         f(&guard)

@@ -448,39 +448,49 @@ impl<F: Flavor> Graph<F> {
     // ---- propagation -------------------------------------------------
 
     /// A signal's value changed: mark its subscribers dirty and everything
-    /// downstream pending, queueing each effect reached once. Iterative.
+    /// downstream pending, queueing each effect reached once. Iterative; a
+    /// resume point is kept only where a sibling remains.
     pub(crate) fn propagate(&mut self, signal: u32) {
         let mut stack = std::mem::take(&mut self.propagate_stack);
         let mut link = self.nodes[signal as usize].subs_head;
-        let mut mark = DIRTY;
-        loop {
-            while link != NONE {
-                let Link { sub, next_sub, .. } = self.links[link as usize];
-                let node = &mut self.nodes[sub as usize];
-                let f = node.flags;
-                if f & (DIRTY | PENDING) == 0 {
-                    node.flags = f | mark;
-                    if f & EFFECT != 0 {
-                        self.enqueue(sub);
-                    } else if node.subs_head != NONE {
-                        stack.push(next_sub);
-                        link = node.subs_head;
-                        mark = PENDING;
-                        continue;
-                    }
-                } else if mark == DIRTY {
-                    node.flags = f | DIRTY;
-                }
-                link = next_sub;
+        while link != NONE {
+            let Link { sub, next_sub, .. } = self.links[link as usize];
+            link = next_sub;
+            let node = &mut self.nodes[sub as usize];
+            let f = node.flags;
+            node.flags = f | DIRTY;
+            if f & (DIRTY | PENDING) != 0 {
+                continue;
             }
-            match stack.pop() {
-                Some(next) => {
-                    link = next;
-                    if stack.is_empty() {
-                        mark = DIRTY;
+            if f & EFFECT != 0 {
+                self.enqueue(sub);
+                continue;
+            }
+            // A computed newly dirty: everything below it is pending.
+            let mut down = node.subs_head;
+            loop {
+                while down != NONE {
+                    let Link { sub, next_sub, .. } = self.links[down as usize];
+                    let node = &mut self.nodes[sub as usize];
+                    let f = node.flags;
+                    if f & (DIRTY | PENDING) == 0 {
+                        node.flags = f | PENDING;
+                        if f & EFFECT != 0 {
+                            self.enqueue(sub);
+                        } else if node.subs_head != NONE {
+                            if next_sub != NONE {
+                                stack.push(next_sub);
+                            }
+                            down = node.subs_head;
+                            continue;
+                        }
                     }
+                    down = next_sub;
                 }
-                None => break,
+                match stack.pop() {
+                    Some(next) => down = next,
+                    None => break,
+                }
             }
         }
         self.propagate_stack = stack;

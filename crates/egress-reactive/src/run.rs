@@ -69,79 +69,82 @@ pub(crate) fn update<F: Flavor>(cell: &Cell<F>, index: u32) -> bool {
 
 /// Whether `start` (pending) must recompute: walks its dependencies in read
 /// order, re-validating pending computeds deepest first and recomputing dirty
-/// ones, and stops at the first whose value changed. Iterative.
+/// ones, and stops at the first whose value changed. Iterative: its frames
+/// live on the graph's walk stack, above the frames of any walk that is
+/// running user code further out.
 pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: u32) -> bool {
-    let mut stack = std::mem::take(&mut cell.borrow_mut().walk_stack);
-    let base = stack.len();
+    let mut g = cell.borrow_mut();
+    let base = g.walk_stack.len();
     let mut node = start;
-    let mut link = cell.borrow().node(start).deps_head;
+    let mut link = g.node(start).deps_head;
     let dirty = 'walk: loop {
-        // Scan `node`'s dependencies from `link`.
+        // Scan `node`'s dependencies from `link` for one to re-validate.
         let mut dirty = false;
-        let step = {
-            let g = cell.borrow();
-            let mut step = None;
-            while link != NONE {
-                if g.node(node).flags & DIRTY != 0 {
-                    dirty = true;
-                    break;
-                }
-                let dep = g.link_at(link).dep;
-                let f = g.node(dep).flags;
-                if f & COMPUTED != 0 && f & (DIRTY | PENDING) != 0 {
-                    step = Some((dep, f & DIRTY != 0));
-                    break;
-                }
-                link = g.link_at(link).next_dep;
-            }
-            if link == NONE && g.node(node).flags & DIRTY != 0 {
+        let mut step = None;
+        while link != NONE {
+            if g.node(node).flags & DIRTY != 0 {
                 dirty = true;
+                break;
             }
-            step
-        };
+            let dep = g.link_at(link).dep;
+            let f = g.node(dep).flags;
+            if f & COMPUTED != 0 && f & (DIRTY | PENDING) != 0 {
+                step = Some((dep, f & DIRTY != 0));
+                break;
+            }
+            link = g.link_at(link).next_dep;
+        }
+        if link == NONE && g.node(node).flags & DIRTY != 0 {
+            dirty = true;
+        }
         match step {
             Some((dep, true)) => {
-                if update(cell, dep) {
-                    cell.borrow_mut().shallow_propagate(dep);
+                let depth = g.walk_stack.len();
+                drop(g);
+                let changed = update(cell, dep);
+                g = cell.borrow_mut();
+                g.walk_stack.truncate(depth);
+                if changed {
+                    g.shallow_propagate(dep);
                     dirty = true;
                 } else {
-                    link = cell.borrow().link_at(link).next_dep;
+                    link = g.link_at(link).next_dep;
                     continue 'walk;
                 }
             }
             Some((dep, false)) => {
-                stack.push((node, link));
+                g.walk_stack.push((node, link));
                 node = dep;
-                link = cell.borrow().node(dep).deps_head;
+                link = g.node(dep).deps_head;
                 continue 'walk;
             }
             None => {}
         }
         // `node` is settled: dirty (must recompute) or clean.
         loop {
-            if stack.len() == base {
+            if g.walk_stack.len() == base {
                 break 'walk dirty;
             }
-            let (parent, parent_link) = stack.pop().expect("stack above base");
+            let (parent, parent_link) = g.walk_stack.pop().expect("stack above base");
             if dirty {
-                if update(cell, node) {
-                    cell.borrow_mut().shallow_propagate(node);
+                let depth = g.walk_stack.len();
+                drop(g);
+                let changed = update(cell, node);
+                g = cell.borrow_mut();
+                g.walk_stack.truncate(depth);
+                if changed {
+                    g.shallow_propagate(node);
                     node = parent;
                     continue;
                 }
             } else {
-                cell.borrow_mut().node_mut(node).flags &= !PENDING;
+                g.node_mut(node).flags &= !PENDING;
             }
             node = parent;
-            link = cell.borrow().link_at(parent_link).next_dep;
+            link = g.link_at(parent_link).next_dep;
             continue 'walk;
         }
     };
-    let mut g = cell.borrow_mut();
-    stack.truncate(base);
-    if stack.capacity() > g.walk_stack.capacity() {
-        g.walk_stack = stack;
-    }
     if !dirty {
         g.node_mut(start).flags &= !PENDING;
     }
