@@ -179,10 +179,15 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
 /// value notifies nothing.
 pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
     loop {
-        let writes = std::mem::take(&mut cell.borrow_mut().writes);
-        if writes.is_empty() {
-            return;
-        }
+        let writes = {
+            let mut g = cell.borrow_mut();
+            if g.writes.is_empty() {
+                return;
+            }
+            // Swap in the spare buffer, so neither is ever freed.
+            let spare = std::mem::take(&mut g.spare_writes);
+            std::mem::replace(&mut g.writes, spare)
+        };
         for key in writes.iter().copied() {
             let obj = {
                 let mut g = cell.borrow_mut();
@@ -198,12 +203,9 @@ pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
                 }
             }
         }
-        let mut g = cell.borrow_mut();
-        if g.writes.is_empty() {
-            let mut writes = writes;
-            writes.clear();
-            g.writes = writes;
-        }
+        let mut writes = writes;
+        writes.clear();
+        cell.borrow_mut().spare_writes = writes;
     }
 }
 
@@ -238,6 +240,8 @@ impl<F: Flavor> Drop for FlushGuard<'_, F> {
             rest.append(&mut g.queue);
             g.queue = rest;
         }
+        self.round.clear();
+        g.round = std::mem::take(&mut self.round);
     }
 }
 
@@ -250,7 +254,8 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
         }
         g.flushing = true;
     }
-    let mut guard = FlushGuard { cell, round: Vec::new(), next: 0 };
+    let round = std::mem::take(&mut cell.borrow_mut().round);
+    let mut guard = FlushGuard { cell, round, next: 0 };
     let mut rounds = 0;
     loop {
         {
