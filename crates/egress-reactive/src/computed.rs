@@ -48,27 +48,61 @@ pub struct Slot<T: 'static, F: Flavor> {
 
 /// What the graph runs for a computed.
 #[doc(hidden)]
-pub struct ComputedObj<T: 'static, C, F: Flavor> {
+pub struct ComputedObj<T: 'static, C, E, F: Flavor> {
     slot: F::Ptr<Slot<T, F>>,
     f: C,
-    eq: fn(&T, &T) -> bool,
+    cutoff: E,
 }
 
-impl<T: 'static, C: Fn() -> T, F: Flavor> NodeObj for ComputedObj<T, C, F> {
+/// When a recomputed value counts as unchanged. The two common cases are
+/// zero-sized, so they cost a computed no memory.
+#[doc(hidden)]
+pub trait Cutoff<T>: 'static {
+    fn same(&self, old: &T, new: &T) -> bool;
+}
+
+/// Cut off by `PartialEq`.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct ByEq;
+
+/// Never cut off.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct Never;
+
+impl<T: PartialEq> Cutoff<T> for ByEq {
+    #[inline]
+    fn same(&self, old: &T, new: &T) -> bool {
+        old == new
+    }
+}
+
+impl<T> Cutoff<T> for Never {
+    #[inline]
+    fn same(&self, _: &T, _: &T) -> bool {
+        false
+    }
+}
+
+impl<T: 'static> Cutoff<T> for fn(&T, &T) -> bool {
+    #[inline]
+    fn same(&self, old: &T, new: &T) -> bool {
+        self(old, new)
+    }
+}
+
+impl<T: 'static, C: Fn() -> T, E: Cutoff<T>, F: Flavor> NodeObj for ComputedObj<T, C, E, F> {
     fn run(&self) -> bool {
         let new = (self.f)();
         self.slot.value.with_mut(|slot| match slot {
-            Some(old) if (self.eq)(old, &new) => false,
+            Some(old) if self.cutoff.same(old, &new) => false,
             _ => {
                 *slot = Some(new);
                 true
             }
         })
     }
-}
-
-fn never<T>(_: &T, _: &T) -> bool {
-    false
 }
 
 impl<T: 'static, F: Flavor> Clone for Computed<T, F> {
@@ -89,9 +123,9 @@ impl<F: Flavor> Handle<F> {
     #[track_caller]
     pub fn computed<T: PartialEq + 'static, C: Fn() -> T + 'static>(&self, f: C) -> Computed<T, F>
     where
-        F: Holds<ComputedObj<T, C, F>>,
+        F: Holds<ComputedObj<T, C, ByEq, F>>,
     {
-        self.computed_with(T::eq, f)
+        self.make_computed(ByEq, f, Location::caller())
     }
 
     /// A computed whose cut-off is `eq(old, new)`: when it returns true, the
@@ -99,13 +133,9 @@ impl<F: Flavor> Handle<F> {
     #[track_caller]
     pub fn computed_with<T: 'static, C: Fn() -> T + 'static>(&self, eq: fn(&T, &T) -> bool, f: C) -> Computed<T, F>
     where
-        F: Holds<ComputedObj<T, C, F>>,
+        F: Holds<ComputedObj<T, C, fn(&T, &T) -> bool, F>>,
     {
-        let created_at = Location::caller();
-        let slot = F::ptr(Slot { value: ValueCell::new(None), created_at });
-        let obj = F::erase(F::ptr(ComputedObj { slot: slot.clone(), f, eq }));
-        let key = self.enter(|cell| cell.borrow_mut().alloc(COMPUTED | DIRTY, Some(obj), created_at));
-        Computed { handle: self.clone(), key, slot }
+        self.make_computed(eq, f, Location::caller())
     }
 
     /// A computed with no cut-off: every recomputation notifies downstream
@@ -113,9 +143,24 @@ impl<F: Flavor> Handle<F> {
     #[track_caller]
     pub fn computed_unguarded<T: 'static, C: Fn() -> T + 'static>(&self, f: C) -> Computed<T, F>
     where
-        F: Holds<ComputedObj<T, C, F>>,
+        F: Holds<ComputedObj<T, C, Never, F>>,
     {
-        self.computed_with(never::<T>, f)
+        self.make_computed(Never, f, Location::caller())
+    }
+
+    fn make_computed<T: 'static, C: Fn() -> T + 'static, E: Cutoff<T>>(
+        &self,
+        cutoff: E,
+        f: C,
+        created_at: &'static Location<'static>,
+    ) -> Computed<T, F>
+    where
+        F: Holds<ComputedObj<T, C, E, F>>,
+    {
+        let slot = F::ptr(Slot { value: ValueCell::new(None), created_at });
+        let obj = F::erase(F::ptr(ComputedObj { slot: slot.clone(), f, cutoff }));
+        let key = self.enter(|cell| cell.borrow_mut().alloc(COMPUTED | DIRTY, Some(obj), created_at));
+        Computed { handle: self.clone(), key, slot }
     }
 }
 

@@ -526,30 +526,6 @@ impl<F: Flavor> Graph<F> {
 
     // ---- ownership and disposal --------------------------------------
 
-    /// The subtree under `index` in disposal order: children before their
-    /// parent, later siblings before earlier ones. Includes `index` last.
-    pub(crate) fn disposal_order(&self, index: u32) -> Vec<u32> {
-        let mut order = Vec::new();
-        let mut stack = vec![(index, false)];
-        let mut children = Vec::new();
-        while let Some((n, expanded)) = stack.pop() {
-            if expanded {
-                order.push(n);
-                continue;
-            }
-            stack.push((n, true));
-            children.clear();
-            let mut c = self.nodes[n as usize].last_child;
-            while c != NONE {
-                children.push(c);
-                c = self.nodes[c as usize].prev_sibling;
-            }
-            // `children` is last-first; push first-last so the last pops first.
-            stack.extend(children.iter().rev().map(|&c| (c, false)));
-        }
-        order
-    }
-
     pub(crate) fn take_cleanups(&mut self, index: u32) -> Vec<F::Cleanup> {
         let node = &mut self.nodes[index as usize];
         if node.flags & HAS_CLEANUP == 0 {

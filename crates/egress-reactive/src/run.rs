@@ -55,11 +55,8 @@ pub(crate) fn update<F: Flavor>(cell: &Cell<F>, index: u32) -> bool {
     drop(g);
     let guard = Unwind { cell, key, saved, obj };
     let obj = guard.obj.as_ref().expect("graph invariant: a node that runs has an object");
-    let changed = if deep {
-        stacker::maybe_grow(256 * 1024, 4 * 1024 * 1024, || F::obj(obj).run())
-    } else {
-        F::obj(obj).run()
-    };
+    let changed =
+        if deep { stacker::maybe_grow(256 * 1024, 4 * 1024 * 1024, || F::obj(obj).run()) } else { F::obj(obj).run() };
     let mut guard = std::mem::ManuallyDrop::new(guard);
     let obj = guard.obj.take();
     let leftover = cell.borrow_mut().end(key, saved, obj, false);
@@ -325,19 +322,56 @@ fn run_queued<F: Flavor>(cell: &Cell<F>, key: Key) {
 /// siblings first, each node's cleanups before it is freed. With
 /// `include_self` false, `index` keeps its slot and links but loses its
 /// children and runs its cleanups (what an owner does before it re-runs).
+///
+/// An iterative post-order walk over the ownership links, allocating
+/// nothing: descend to the last child until a leaf, free it (its owner's
+/// last child becomes its previous sibling), go back up. The graph is
+/// released only to run cleanups and to drop user objects (in chunks).
 pub(crate) fn dispose<F: Flavor>(cell: &Cell<F>, index: u32, include_self: bool) {
-    let order = cell.borrow().disposal_order(index);
-    let mut objs = Vec::new();
-    for n in order {
-        let cleanups = cell.borrow_mut().take_cleanups(n);
-        for cleanup in cleanups {
-            F::run_cleanup(cleanup);
+    const CHUNK: usize = 256;
+    let mut objs: Vec<F::Obj> = Vec::new();
+    let mut g = cell.borrow_mut();
+    let root_key = g.key(index);
+    let mut cur = index;
+    loop {
+        let last = g.node(cur).last_child;
+        if last != NONE {
+            cur = last;
+            continue;
         }
-        if n != index || include_self {
-            if let Some(obj) = cell.borrow_mut().free(n) {
-                objs.push(obj);
+        // `cur` has no children left: run its cleanups, then free it.
+        if g.node(cur).flags & HAS_CLEANUP != 0 {
+            let cleanups = g.take_cleanups(cur);
+            drop(g);
+            for cleanup in cleanups {
+                F::run_cleanup(cleanup);
+            }
+            g = cell.borrow_mut();
+            if !g.alive(root_key) {
+                break;
+            }
+            if g.node(cur).last_child != NONE {
+                continue; // a cleanup created something here: dispose it too
             }
         }
+        if cur == index {
+            if include_self {
+                objs.extend(g.free(cur));
+            }
+            break;
+        }
+        let owner = g.node(cur).owner;
+        objs.extend(g.free(cur));
+        if objs.len() >= CHUNK {
+            drop(g);
+            objs.clear();
+            g = cell.borrow_mut();
+        }
+        if owner == NONE || g.node(owner).flags & ALIVE == 0 {
+            break;
+        }
+        cur = owner;
     }
+    drop(g);
     drop(objs);
 }
