@@ -159,7 +159,7 @@ struct AsyncEffectObj {
 }
 
 impl NodeObj for AsyncEffectObj {
-    fn run(&self) -> bool {
+    fn run(&self, _: &crate::flavor::Entered) -> bool {
         true
     }
 

@@ -4,7 +4,7 @@ use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 
 use crate::context::Handle;
 use crate::error::{NodeKind, ReadError};
-use crate::flavor::{Flavor, Holds, ValueCell};
+use crate::flavor::{Entered, Flavor, Holds, ValueCell};
 use crate::graph::{Key, NONE, NodeObj, flags::*};
 use crate::run;
 
@@ -93,9 +93,9 @@ impl<T: 'static> Cutoff<T> for fn(&T, &T) -> bool {
 }
 
 impl<T: 'static, C: Fn() -> T, E: Cutoff<T>, F: Flavor> NodeObj for ComputedObj<T, C, E, F> {
-    fn run(&self) -> bool {
+    fn run(&self, entered: &Entered) -> bool {
         let new = (self.f)();
-        self.slot.value.with_mut(|slot| match slot {
+        self.slot.value.with_mut(entered, |slot| match slot {
             Some(old) if self.cutoff.same(old, &new) => false,
             _ => {
                 *slot = Some(new);
@@ -195,7 +195,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     pub fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
         let at = Location::caller();
         self.handle.enter(|cell| match self.prepare(cell, true) {
-            Ok(()) => self.read(f),
+            Ok(()) => self.read(cell, f),
             Err(e) => {
                 if let ReadError::Cycle(c) = &e {
                     cell.borrow_mut().cycle = Some(c.clone());
@@ -217,7 +217,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
                     None => resume_unwind(panic),
                 },
             }
-            Ok(self.read(f))
+            Ok(self.read(cell, f))
         })
     }
 
@@ -229,7 +229,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     {
         let at = Location::caller();
         self.handle.enter(|cell| match self.prepare(cell, false) {
-            Ok(()) => self.read(T::clone),
+            Ok(()) => self.read(cell, T::clone),
             Err(e) => panic!("{e} (read at {at})"),
         })
     }
@@ -243,7 +243,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
         self.handle.enter(|cell| {
             self.prepare(cell, false)?;
             cell.borrow_mut().link(self.key.index, observer);
-            Ok(self.read(T::clone))
+            Ok(self.read(cell, T::clone))
         })
     }
 
@@ -281,8 +281,9 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
         Ok(())
     }
 
-    fn read<R>(&self, f: impl FnOnce(&T) -> R) -> R {
-        self.slot.value.with(|v| f(v.as_ref().expect("graph invariant: a refreshed computed holds a value")))
+    fn read<R>(&self, cell: &run::Cell<F>, f: impl FnOnce(&T) -> R) -> R {
+        let v = |v: &Option<T>| f(v.as_ref().expect("graph invariant: a refreshed computed holds a value"));
+        self.slot.value.with(&Entered::by(cell), v)
     }
 
     /// Disposes the computed; reads fail from now on.

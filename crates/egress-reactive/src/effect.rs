@@ -4,7 +4,7 @@
 use std::panic::Location;
 
 use crate::context::Handle;
-use crate::flavor::{Flavor, Holds, ValueCell};
+use crate::flavor::{Entered, Flavor, Holds, ValueCell};
 use crate::graph::{Key, NodeObj, flags::*};
 use crate::run;
 
@@ -54,8 +54,8 @@ pub struct EffectObj<C: 'static, F: Flavor> {
 }
 
 impl<C: FnMut() + 'static, F: Flavor> NodeObj for EffectObj<C, F> {
-    fn run(&self) -> bool {
-        self.f.with_mut(|f| f());
+    fn run(&self, entered: &Entered) -> bool {
+        self.f.with_mut(entered, |f| f());
         true
     }
 }

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | shared pointer | `Rc` | `Arc` |
 //! | graph | `RefCell` | `parking_lot::ReentrantMutex<RefCell<_>>` |
-//! | node values | `RefCell` | `parking_lot::RwLock` (never contended: taken under the graph lock) |
+//! | node values | `RefCell` | [`Guarded`]: a `RefCell` made `Sync` by the graph lock |
 //! | closures and values | any `'static` | `Send + Sync + 'static` |
 //!
 //! `Local` pays for no lock and no atomic. `Threaded` holds its re-entrant
@@ -75,12 +75,26 @@ pub trait HoldsCleanup<C: FnOnce() + 'static>: Flavor {
     fn erase_cleanup(cleanup: C) -> Self::Cleanup;
 }
 
-/// A cell for one value, borrowed only for short, non-reentrant moments.
+/// Proof that the current thread has entered a graph (holds its lock, for
+/// [`Threaded`]). Only code holding the graph's `RefCell`, which only
+/// [`Flavor::enter`] hands out, can make one; value cells ask for it.
+#[doc(hidden)]
+pub struct Entered(());
+
+impl Entered {
+    /// The proof, from the entered graph's cell.
+    #[inline(always)]
+    pub(crate) fn by<G>(_cell: &RefCell<G>) -> Self {
+        Entered(())
+    }
+}
+
+/// A cell for one node's value, touched only while its graph is entered.
 #[doc(hidden)]
 pub trait ValueCell<T> {
     fn new(value: T) -> Self;
-    fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R;
-    fn with_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R;
+    fn with<R>(&self, entered: &Entered, f: impl FnOnce(&T) -> R) -> R;
+    fn with_mut<R>(&self, entered: &Entered, f: impl FnOnce(&mut T) -> R) -> R;
 }
 
 /// The single-threaded flavour: `Rc` and `RefCell`, no locks, no atomics.
@@ -105,28 +119,53 @@ impl<T> ValueCell<T> for RefCell<T> {
         RefCell::new(value)
     }
     #[inline]
-    fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+    fn with<R>(&self, _: &Entered, f: impl FnOnce(&T) -> R) -> R {
         f(&self.borrow())
     }
     #[inline]
-    fn with_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+    fn with_mut<R>(&self, _: &Entered, f: impl FnOnce(&mut T) -> R) -> R {
         f(&mut self.borrow_mut())
     }
 }
 
-impl<T> ValueCell<T> for parking_lot::RwLock<T> {
+/// The value cell of [`Threaded`]: a `RefCell` that may be shared between
+/// threads because its graph's lock serializes every access to it.
+///
+/// Reads of a value happen on every read of every node, so a lock or an
+/// atomic per value would double the cost of a `ThreadSafeContext` read (the
+/// reactivity suite measured 3.1x `Context` on `repeatedObservers` with a
+/// `parking_lot::RwLock` here; see docs/benchmarks.md). The graph lock is
+/// already held for each of those accesses, so this cell relies on it.
+#[doc(hidden)]
+pub struct Guarded<T>(RefCell<T>);
+
+// SAFETY: `Guarded` is only reached through `ValueCell::with` and
+// `ValueCell::with_mut` (its field is private to this module), both of which
+// take an `Entered` proof. `Entered` is made only from the graph's `RefCell`,
+// which `Threaded::enter` hands out while the calling thread holds that
+// graph's `ReentrantMutex`, and every `Guarded` belongs to the one graph
+// whose code touches it (a node's value cell is reached only through that
+// node's own graph). So at any time at most one thread, the lock holder,
+// touches the inner `RefCell`, whose non-atomic borrow flag then needs no
+// synchronization, and whose borrow checks still catch re-entrant misuse on
+// that thread. The value moves between threads over time, hence `T: Send`
+// (as for `Mutex<T>: Sync`). Exercised by `tests/threads.rs`, which writes
+// and reads one graph from 8 threads under invariants.
+#[allow(unsafe_code)]
+unsafe impl<T: Send> Sync for Guarded<T> {}
+
+impl<T> ValueCell<T> for Guarded<T> {
     #[inline]
     fn new(value: T) -> Self {
-        parking_lot::RwLock::new(value)
+        Guarded(RefCell::new(value))
     }
     #[inline]
-    fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
-        // Recursive: a `with` closure may read the same node again.
-        f(&self.read_recursive())
+    fn with<R>(&self, _: &Entered, f: impl FnOnce(&T) -> R) -> R {
+        f(&self.0.borrow())
     }
     #[inline]
-    fn with_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-        f(&mut self.write())
+    fn with_mut<R>(&self, _: &Entered, f: impl FnOnce(&mut T) -> R) -> R {
+        f(&mut self.0.borrow_mut())
     }
 }
 
@@ -175,7 +214,7 @@ impl Flavor for Threaded {
     type Ptr<T: ?Sized + 'static> = Arc<T>;
     type Obj = Arc<dyn NodeObj + Send + Sync>;
     type Cleanup = Box<dyn FnOnce() + Send>;
-    type Cell<T: 'static> = parking_lot::RwLock<T>;
+    type Cell<T: 'static> = Guarded<T>;
     type GraphCell<G: 'static> = parking_lot::ReentrantMutex<RefCell<G>>;
     type Guard<'a, G: 'static> = parking_lot::ReentrantMutexGuard<'a, RefCell<G>>;
 

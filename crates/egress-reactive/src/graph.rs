@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 use std::panic::Location;
 
-use crate::flavor::Flavor;
+use crate::flavor::{Entered, Flavor};
 
 /// No node, no link.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -70,10 +70,10 @@ pub(crate) struct Key {
 pub trait NodeObj {
     /// Computed: evaluate, store, and return whether the value changed.
     /// Effect: run. Signal: not called.
-    fn run(&self) -> bool;
+    fn run(&self, entered: &Entered) -> bool;
     /// Signal: the batch that wrote it ends; drop the value it replaced and
     /// return whether the current value differs from it.
-    fn settle(&self) -> bool {
+    fn settle(&self, _entered: &Entered) -> bool {
         true
     }
     /// Async effect: wake the task that runs it.

@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 
 use crate::error::{CycleError, EffectLoopError};
-use crate::flavor::Flavor;
+use crate::flavor::{Entered, Flavor};
 use crate::graph::{Graph, Key, NONE, Saved, flags::*};
 
 pub(crate) type Cell<F> = RefCell<Graph<F>>;
@@ -55,8 +55,12 @@ pub(crate) fn update<F: Flavor>(cell: &Cell<F>, index: u32) -> bool {
     drop(g);
     let guard = Unwind { cell, key, saved, obj };
     let obj = guard.obj.as_ref().expect("graph invariant: a node that runs has an object");
-    let changed =
-        if deep { stacker::maybe_grow(256 * 1024, 4 * 1024 * 1024, || F::obj(obj).run()) } else { F::obj(obj).run() };
+    let entered = Entered::by(cell);
+    let changed = if deep {
+        stacker::maybe_grow(256 * 1024, 4 * 1024 * 1024, || F::obj(obj).run(&entered))
+    } else {
+        F::obj(obj).run(&entered)
+    };
     let mut guard = std::mem::ManuallyDrop::new(guard);
     let obj = guard.obj.take();
     let leftover = cell.borrow_mut().end(key, saved, obj, false);
@@ -195,7 +199,7 @@ pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
                 g.node(key.index).obj.clone()
             };
             if let Some(obj) = obj {
-                if F::obj(&obj).settle() {
+                if F::obj(&obj).settle(&Entered::by(cell)) {
                     cell.borrow_mut().propagate(key.index);
                 }
             }

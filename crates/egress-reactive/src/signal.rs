@@ -4,7 +4,7 @@ use std::panic::Location;
 
 use crate::context::Handle;
 use crate::error::{NodeKind, ReadError, WriteError};
-use crate::flavor::{Flavor, Holds, ValueCell};
+use crate::flavor::{Entered, Flavor, Holds, ValueCell};
 use crate::graph::{Key, NONE, NodeObj, flags::*};
 use crate::run;
 
@@ -49,12 +49,12 @@ struct SignalState<T> {
 }
 
 impl<T: 'static, F: Flavor> NodeObj for SignalInner<T, F> {
-    fn run(&self) -> bool {
+    fn run(&self, _: &Entered) -> bool {
         false
     }
 
-    fn settle(&self) -> bool {
-        self.state.with_mut(|s| {
+    fn settle(&self, entered: &Entered) -> bool {
+        self.state.with_mut(entered, |s| {
             let forced = std::mem::take(&mut s.forced);
             match s.replaced.take() {
                 Some((old, eq)) => forced || !eq(&old, &s.value),
@@ -139,7 +139,7 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
                     g.link(self.key.index, active);
                 }
             }
-            Ok(self.inner.state.with(|s| f(&s.value)))
+            Ok(self.inner.state.with(&Entered::by(cell), |s| f(&s.value)))
         })
     }
 
@@ -157,7 +157,7 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
                 }
                 g.link(self.key.index, observer);
             }
-            Ok(self.inner.state.with(|s| s.value.clone()))
+            Ok(self.inner.state.with(&Entered::by(cell), |s| s.value.clone()))
         })
     }
 
@@ -173,11 +173,13 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
     /// Calls `f` with a reference to the value, without tracking.
     #[track_caller]
     pub fn with_untracked<R>(&self, f: impl FnOnce(&T) -> R) -> R {
-        let alive = self.handle.enter(|cell| cell.borrow().alive(self.key));
-        if !alive {
-            panic!("{} (read at {})", self.disposed(), Location::caller());
-        }
-        self.inner.state.with(|s| f(&s.value))
+        let at = Location::caller();
+        self.handle.enter(|cell| {
+            if !cell.borrow().alive(self.key) {
+                panic!("{} (read at {at})", self.disposed());
+            }
+            self.inner.state.with(&Entered::by(cell), |s| f(&s.value))
+        })
     }
 
     /// Sets the value. A value equal to the current one notifies nothing
@@ -251,7 +253,7 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
                 }
                 g.batch_depth > 0
             };
-            if !self.inner.state.with_mut(|s| f(s, batching)) {
+            if !self.inner.state.with_mut(&Entered::by(cell), |s| f(s, batching)) {
                 return Ok(());
             }
             {
