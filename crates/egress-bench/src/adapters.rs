@@ -49,6 +49,10 @@ impl Types for Alien {
     type Cx = AlienCx;
     type S64 = alien_signals::Signal<i64>;
 }
+impl Types for Leptos {
+    type Cx = reactive_graph::owner::Owner;
+    type S64 = reactive_graph::signal::RwSignal<i64>;
+}
 impl Types for Sycamore {
     type Cx = sycamore_reactive::NodeHandle;
     type S64 = sycamore_reactive::Signal<i64>;
@@ -69,6 +73,9 @@ pub struct LazilyThreadSafe;
 pub struct Alien;
 /// sycamore-reactive.
 pub struct Sycamore;
+/// leptos reactive_graph, with its glitch-free (async) effects ticked after
+/// every write.
+pub struct Leptos;
 
 macro_rules! egress_adapter {
     ($name:ident, $cx:ty, $flavor:ty, $label:literal, $new:expr) => {
@@ -466,5 +473,128 @@ impl Sycamore {
     #[inline]
     pub fn batch<R>(_cx: &sycamore_reactive::NodeHandle, f: impl FnOnce() -> R) -> R {
         sycamore_reactive::batch(f)
+    }
+}
+
+// ---- leptos reactive_graph --------------------------------------------------
+
+thread_local! {
+    /// The local executor its effects run on: ticked after every write.
+    static POOL: std::cell::RefCell<futures::executor::LocalPool> =
+        std::cell::RefCell::new(futures::executor::LocalPool::new());
+}
+
+/// any_spawner's hook into [`POOL`].
+struct LocalTicker;
+
+impl any_spawner::CustomExecutor for LocalTicker {
+    fn spawn(&self, fut: any_spawner::PinnedFuture<()>) {
+        self.spawn_local(fut);
+    }
+    fn spawn_local(&self, fut: any_spawner::PinnedLocalFuture<()>) {
+        use futures::task::LocalSpawnExt;
+        POOL.with(|p| p.borrow().spawner().spawn_local(fut).expect("local pool accepts tasks"));
+    }
+    fn poll_local(&self) {
+        tick();
+    }
+}
+
+/// Runs every ready effect until none is.
+fn tick() {
+    POOL.with(|p| {
+        if let Ok(mut pool) = p.try_borrow_mut() {
+            pool.run_until_stalled();
+        }
+    });
+}
+
+impl Leptos {
+    pub const NAME: &'static str = "reactive_graph";
+    pub const LAZY: bool = true;
+    pub fn new() -> reactive_graph::owner::Owner {
+        let _ = any_spawner::Executor::init_local_custom_executor(LocalTicker);
+        reactive_graph::owner::Owner::new()
+    }
+    pub fn run<R>(cx: &reactive_graph::owner::Owner, f: impl FnOnce() -> R) -> R {
+        cx.with(f)
+    }
+    pub fn dispose(cx: reactive_graph::owner::Owner) {
+        cx.cleanup();
+        tick();
+    }
+    #[inline]
+    pub fn signal<T: Send + Sync + 'static>(
+        _cx: &reactive_graph::owner::Owner,
+        v: T,
+    ) -> reactive_graph::signal::RwSignal<T> {
+        reactive_graph::signal::RwSignal::new(v)
+    }
+    pub fn computed<T: PartialEq + Send + Sync + 'static>(
+        _cx: &reactive_graph::owner::Owner,
+        f: impl Fn(&()) -> T + Send + Sync + 'static,
+    ) -> reactive_graph::computed::Memo<T> {
+        reactive_graph::computed::Memo::new(move |_| f(&()))
+    }
+    pub fn computed_unguarded<T: Send + Sync + 'static>(
+        _cx: &reactive_graph::owner::Owner,
+        f: impl Fn(&()) -> T + Send + Sync + 'static,
+    ) -> reactive_graph::computed::Memo<T> {
+        reactive_graph::computed::Memo::new_with_compare(move |_| f(&()), |_, _| true)
+    }
+    pub fn effect(_cx: &reactive_graph::owner::Owner, f: impl Fn(&()) + 'static) {
+        reactive_graph::effect::Effect::new(move |_| f(&()));
+        tick();
+    }
+    #[inline]
+    pub fn get<T: Clone + Send + Sync + 'static>(_rx: &(), s: &reactive_graph::signal::RwSignal<T>) -> T {
+        use reactive_graph::traits::Get;
+        s.get()
+    }
+    #[inline]
+    pub fn read<T: Clone + Send + Sync + 'static>(_rx: &(), c: &reactive_graph::computed::Memo<T>) -> T {
+        use reactive_graph::traits::Get;
+        c.get()
+    }
+    #[inline]
+    pub fn peek_signal<T: Clone + Send + Sync + 'static>(
+        _cx: &reactive_graph::owner::Owner,
+        s: &reactive_graph::signal::RwSignal<T>,
+    ) -> T {
+        use reactive_graph::traits::GetUntracked;
+        s.get_untracked()
+    }
+    #[inline]
+    pub fn peek<T: Clone + Send + Sync + 'static>(
+        _cx: &reactive_graph::owner::Owner,
+        c: &reactive_graph::computed::Memo<T>,
+    ) -> T {
+        use reactive_graph::traits::GetUntracked;
+        c.get_untracked()
+    }
+    #[inline]
+    pub fn set<T: Send + Sync + 'static>(
+        _cx: &reactive_graph::owner::Owner,
+        s: &reactive_graph::signal::RwSignal<T>,
+        v: T,
+    ) {
+        use reactive_graph::traits::Set;
+        s.set(v);
+        tick();
+    }
+    #[inline]
+    pub fn write<T: Send + Sync + 'static>(
+        _cx: &reactive_graph::owner::Owner,
+        s: &reactive_graph::signal::RwSignal<T>,
+        v: T,
+    ) {
+        use reactive_graph::traits::Set;
+        s.set(v)
+    }
+    #[inline]
+    pub fn batch<R>(_cx: &reactive_graph::owner::Owner, f: impl FnOnce() -> R) -> R {
+        let r = f();
+        tick();
+        r
     }
 }

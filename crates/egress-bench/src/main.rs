@@ -27,6 +27,7 @@ suite::suite!(lazily_context, crate::adapters::LazilyLocal);
 suite::suite!(lazily_thread_safe, crate::adapters::LazilyThreadSafe);
 suite::suite!(alien, crate::adapters::Alien);
 suite::suite!(sycamore, crate::adapters::Sycamore);
+suite::suite!(leptos, crate::adapters::Leptos);
 
 type Runner = fn(&str, &suite::Opts) -> Result<suite::Score, String>;
 
@@ -39,6 +40,7 @@ const LIBS: &[(&str, &str, Runner)] = &[
     ("lazily-ts", lazily_thread_safe::NAME, lazily_thread_safe::run),
     ("alien", alien::NAME, alien::run),
     ("sycamore", sycamore::NAME, sycamore::run),
+    ("leptos", leptos::NAME, leptos::run),
 ];
 
 const HELP: &str = "\
@@ -51,8 +53,8 @@ USAGE:
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
   --libs      comma-separated library keys (default: all): egress, egress-ts,
-              egress-async, lazily, lazily-ts, alien, sycamore
-  --timeout   seconds per (library, test) before it is reported TIMEOUT (default 60)
+              egress-async, lazily, lazily-ts, alien, sycamore, leptos
+  --timeout   seconds per (library, test) before it is reported TIMEOUT (default 30)
 ";
 
 fn main() -> anyhow::Result<()> {
@@ -102,7 +104,7 @@ fn reactivity(args: &[String]) -> anyhow::Result<()> {
     let mut quick = false;
     let mut tests: Vec<String> = Vec::new();
     let mut libs: Vec<String> = Vec::new();
-    let mut timeout = Duration::from_secs(60);
+    let mut timeout = Duration::from_secs(30);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
