@@ -187,6 +187,16 @@ pub(crate) fn odd(x: f64) -> bool {
     x % 2.0 == 1.0
 }
 
+/// Repetitions stop early once a test has spent this long measuring (the
+/// fastest of those completed counts, at least one): it keeps a run of the
+/// whole suite under 10 minutes when a library needs seconds per repetition.
+pub(crate) const BUDGET: Duration = Duration::from_secs(3);
+
+/// Whether another repetition fits: always the first, then within [`BUDGET`].
+pub(crate) fn within_budget(done: usize, started: Instant) -> bool {
+    done == 0 || started.elapsed() < BUDGET
+}
+
 pub(crate) fn score(mut times: Vec<Duration>, median: bool) -> Score {
     times.sort();
     Score { best: times[0], median: median.then(|| times[times.len() / 2]) }
@@ -230,7 +240,11 @@ pub(crate) fn kairo<C, It: FnMut(&C)>(
     });
     let mut it = it.expect("built");
     let mut times = Vec::new();
+    let started = Instant::now();
     for _ in 0..runs {
+        if !within_budget(times.len(), started) {
+            break;
+        }
         enter(&cx, &mut || {
             let t = Instant::now();
             for _ in 0..calls {
@@ -878,7 +892,11 @@ macro_rules! suite {
                     run(100);
                 }
                 let scale = if opts.quick { 100 } else { 1 };
-                score((0..if opts.quick { 1 } else { 10 }).map(|_| run(scale)).collect(), false)
+                let (mut times, started) = (Vec::new(), Instant::now());
+                while times.len() < if opts.quick { 1 } else { 10 } && within_budget(times.len(), started) {
+                    times.push(run(scale));
+                }
+                score(times, false)
             }
 
             fn create_computations(opts: &Opts) -> Score {
@@ -996,8 +1014,8 @@ macro_rules! suite {
                     for _ in 0..3 {
                         run_graph();
                     }
-                    let mut times = Vec::new();
-                    for _ in 0..5 {
+                    let (mut times, started) = (Vec::new(), Instant::now());
+                    while times.len() < 5 && within_budget(times.len(), started) {
                         reset(&COUNT);
                         let t = Instant::now();
                         let sum = run_graph();

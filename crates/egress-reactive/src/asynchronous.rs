@@ -64,6 +64,11 @@ impl AsyncContext {
         AsyncContext { inner: Ctx::new() }
     }
 
+    /// A cloneable handle to this graph, for closures that create nodes.
+    pub fn handle(&self) -> Handle<Threaded> {
+        self.inner.handle()
+    }
+
     /// The current time of tokio's clock (paused in tests that pause it).
     pub fn now(&self) -> tokio::time::Instant {
         tokio::time::Instant::now()

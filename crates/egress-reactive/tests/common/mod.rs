@@ -40,7 +40,8 @@ impl Log {
 }
 
 /// `each_flavour! { fn name(cx) { body } ... }`: one `#[test]` per body and
-/// per synchronous flavour, in modules `local` and `thread_safe`.
+/// per flavour, in modules `local`, `thread_safe` and `async_context` (the
+/// synchronous API of `AsyncContext`; its async effects have their own file).
 #[macro_export]
 macro_rules! each_flavour {
     ($( $(#[$meta:meta])* fn $name:ident($cx:ident) $body:block )*) => {
@@ -53,6 +54,11 @@ macro_rules! each_flavour {
             #[allow(unused_imports)]
             use super::*;
             $( $(#[$meta])* #[test] fn $name() { let $cx = egress_reactive::ThreadSafeContext::new(); $body } )*
+        }
+        mod async_context {
+            #[allow(unused_imports)]
+            use super::*;
+            $( $(#[$meta])* #[test] fn $name() { let $cx = egress_reactive::AsyncContext::new(); $body } )*
         }
     };
 }
