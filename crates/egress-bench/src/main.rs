@@ -142,12 +142,11 @@ fn reactivity(args: &[String]) -> anyhow::Result<()> {
             let _ = std::io::stderr().flush();
             let mut cell = run_child(&exe, key, test, quick, timeout)?;
             for _ in 1..best_of {
-                if let (Cell::Time(best, _), Cell::Time(again, m)) =
-                    (&cell, run_child(&exe, key, test, quick, timeout)?)
+                let again = run_child(&exe, key, test, quick, timeout)?;
+                if let (Cell::Time(best, _), Cell::Time(t, _)) = (&cell, &again)
+                    && t < best
                 {
-                    if again < *best {
-                        cell = Cell::Time(again, m);
-                    }
+                    cell = again;
                 }
             }
             match &cell {
