@@ -131,11 +131,8 @@ pub(crate) struct Graph<F: Flavor> {
     pub(crate) flushing: bool,
     /// Effects to run, in the order they were reached.
     pub(crate) queue: Vec<Key>,
-    /// The round being run (its buffer is kept between flushes).
-    pub(crate) round: Vec<Key>,
     /// Signals written in the current batch, settled when it ends.
     pub(crate) writes: Vec<Key>,
-    pub(crate) spare_writes: Vec<Key>,
     pub(crate) cleanups: HashMap<u32, Vec<F::Cleanup>>,
     /// Computeds running now, outermost first (for cycle reports).
     pub(crate) running: Vec<u32>,
@@ -163,9 +160,7 @@ impl<F: Flavor> Graph<F> {
             batch_depth: 0,
             flushing: false,
             queue: Vec::new(),
-            round: Vec::new(),
             writes: Vec::new(),
-            spare_writes: Vec::new(),
             cleanups: HashMap::new(),
             running: Vec::new(),
             walk_stack: Vec::new(),

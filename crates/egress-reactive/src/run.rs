@@ -177,36 +177,29 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
 
 /// Applies the writes of an ended batch: each signal whose value differs
 /// from the one the batch replaced propagates; one written back to its old
-/// value notifies nothing.
+/// value notifies nothing. Walks the write list in place.
 pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
+    let mut next = 0;
     loop {
-        let writes = {
+        let (key, obj) = {
             let mut g = cell.borrow_mut();
-            if g.writes.is_empty() {
+            let Some(&key) = g.writes.get(next) else {
+                g.writes.clear();
                 return;
-            }
-            // Swap in the spare buffer, so neither is ever freed.
-            let spare = std::mem::take(&mut g.spare_writes);
-            std::mem::replace(&mut g.writes, spare)
-        };
-        for key in writes.iter().copied() {
-            let obj = {
-                let mut g = cell.borrow_mut();
-                if !g.alive(key) {
-                    continue;
-                }
-                g.node_mut(key.index).flags &= !BATCHED;
-                g.node(key.index).obj.clone()
             };
-            if let Some(obj) = obj {
-                if F::obj(&obj).settle(&Entered::by(cell)) {
-                    cell.borrow_mut().propagate(key.index);
-                }
+            next += 1;
+            if !g.alive(key) {
+                continue;
+            }
+            let node = g.node_mut(key.index);
+            node.flags &= !BATCHED;
+            (key, node.obj.clone())
+        };
+        if let Some(obj) = obj {
+            if F::obj(&obj).settle(&Entered::by(cell)) {
+                cell.borrow_mut().propagate(key.index);
             }
         }
-        let mut writes = writes;
-        writes.clear();
-        cell.borrow_mut().spare_writes = writes;
     }
 }
 
@@ -223,12 +216,11 @@ pub(crate) fn settle_and_flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLo
     flush(cell)
 }
 
-/// Ends a flush on every path. If an effect panicked, the effects of the
-/// round that had not run yet go back to the queue (still marked, still
-/// queued), so the next flush runs them.
+/// Ends a flush on every path: the queue loses what has run (if an effect
+/// panicked, the ones not yet run stay queued, still marked, and the next
+/// flush runs them).
 struct FlushGuard<'a, F: Flavor> {
     cell: &'a Cell<F>,
-    round: Vec<Key>,
     next: usize,
 }
 
@@ -236,17 +228,13 @@ impl<F: Flavor> Drop for FlushGuard<'_, F> {
     fn drop(&mut self) {
         let mut g = self.cell.borrow_mut();
         g.flushing = false;
-        if self.next < self.round.len() {
-            let mut rest: Vec<Key> = self.round.drain(self.next..).collect();
-            rest.append(&mut g.queue);
-            g.queue = rest;
-        }
-        self.round.clear();
-        g.round = std::mem::take(&mut self.round);
+        let done = self.next.min(g.queue.len());
+        g.queue.drain(..done);
     }
 }
 
-/// Runs queued effects, round by round, until none is queued.
+/// Runs queued effects, round by round (a round is what the previous one
+/// queued), until none is queued. Walks the queue in place.
 pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
     {
         let mut g = cell.borrow_mut();
@@ -255,39 +243,37 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
         }
         g.flushing = true;
     }
-    let round = std::mem::take(&mut cell.borrow_mut().round);
-    let mut guard = FlushGuard { cell, round, next: 0 };
-    let mut rounds = 0;
+    let mut guard = FlushGuard { cell, next: 0 };
+    let (mut round_end, mut rounds) = (0, 0);
     loop {
-        {
+        let key = {
             let mut g = cell.borrow_mut();
-            if g.queue.is_empty() {
-                break;
-            }
-            guard.round.clear();
-            guard.next = 0;
-            std::mem::swap(&mut g.queue, &mut guard.round);
-            rounds += 1;
-            if rounds > MAX_FLUSH_ROUNDS {
-                // Stop the loop: unmark what is still queued, so the next
-                // change that reaches those effects queues them afresh.
-                let effect = guard.round.iter().find(|&&k| g.alive(k)).map(|k| g.node(k.index).created_at);
-                for key in guard.round.drain(..) {
-                    if g.alive(key) {
-                        g.node_mut(key.index).flags &= !(QUEUED | DIRTY | PENDING);
-                    }
+            if guard.next == round_end {
+                if round_end == g.queue.len() {
+                    break;
                 }
-                let effect = effect.unwrap_or_else(|| g.node(g.root).created_at);
-                return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
+                round_end = g.queue.len();
+                rounds += 1;
+                if rounds > MAX_FLUSH_ROUNDS {
+                    // Stop the loop: unmark what is still queued, so the next
+                    // change that reaches those effects queues them afresh.
+                    let stuck: Vec<Key> = g.queue.drain(guard.next..).collect();
+                    let effect = stuck.iter().find(|&&k| g.alive(k)).map(|k| g.node(k.index).created_at);
+                    for key in stuck {
+                        if g.alive(key) {
+                            g.node_mut(key.index).flags &= !(QUEUED | DIRTY | PENDING);
+                        }
+                    }
+                    let effect = effect.unwrap_or_else(|| g.node(g.root).created_at);
+                    return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
+                }
             }
-        }
-        while guard.next < guard.round.len() {
-            let key = guard.round[guard.next];
-            guard.next += 1;
-            run_queued(cell, key);
-            if !cell.borrow().writes.is_empty() {
-                settle(cell);
-            }
+            g.queue[guard.next]
+        };
+        guard.next += 1;
+        run_queued(cell, key);
+        if !cell.borrow().writes.is_empty() {
+            settle(cell);
         }
     }
     Ok(())
