@@ -54,7 +54,7 @@ USAGE:
   --tests     comma-separated test names or prefixes (default: all)
   --libs      comma-separated library keys (default: all): egress, egress-ts,
               egress-async, lazily, lazily-ts, alien, sycamore, leptos
-  --timeout   seconds per (library, test) before it is reported TIMEOUT (default 20)
+  --timeout   seconds per (library, test) before it is reported TIMEOUT (default 10)
   --best-of   run each (library, test) N times, keep the best (damps a noisy host; default 1)
 
 Repetitions within a test stop after a 3 s budget (the fastest of those
@@ -108,7 +108,7 @@ fn reactivity(args: &[String]) -> anyhow::Result<()> {
     let mut quick = false;
     let mut tests: Vec<String> = Vec::new();
     let mut libs: Vec<String> = Vec::new();
-    let mut timeout = Duration::from_secs(20);
+    let mut timeout = Duration::from_secs(10);
     let mut best_of = 1;
     let mut it = args.iter();
     while let Some(a) = it.next() {
