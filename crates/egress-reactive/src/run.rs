@@ -100,13 +100,9 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: u32) -> bool {
         }
         match step {
             Some((dep, true)) => {
-                let depth = g.walk_stack.len();
-                drop(g);
-                let changed = update(cell, dep);
-                g = cell.borrow_mut();
-                g.walk_stack.truncate(depth);
+                let changed;
+                (g, changed) = recompute_in_walk(cell, g, dep);
                 if changed {
-                    g.shallow_propagate(dep);
                     dirty = true;
                 } else {
                     link = g.link_at(link).next_dep;
@@ -128,13 +124,9 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: u32) -> bool {
             }
             let (parent, parent_link) = g.walk_stack.pop().expect("stack above base");
             if dirty {
-                let depth = g.walk_stack.len();
-                drop(g);
-                let changed = update(cell, node);
-                g = cell.borrow_mut();
-                g.walk_stack.truncate(depth);
+                let changed;
+                (g, changed) = recompute_in_walk(cell, g, node);
                 if changed {
-                    g.shallow_propagate(node);
                     node = parent;
                     continue;
                 }
@@ -150,6 +142,25 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: u32) -> bool {
         g.node_mut(start).flags &= !PENDING;
     }
     dirty
+}
+
+/// Recomputes `node` in the middle of a [`check_dirty`] walk: releases the
+/// graph for the user code, drops any frames an unwound inner walk left
+/// above ours, and marks the subscribers dirty if the value changed.
+fn recompute_in_walk<'a, F: Flavor>(
+    cell: &'a Cell<F>,
+    g: std::cell::RefMut<'a, Graph<F>>,
+    node: u32,
+) -> (std::cell::RefMut<'a, Graph<F>>, bool) {
+    let depth = g.walk_stack.len();
+    drop(g);
+    let changed = update(cell, node);
+    let mut g = cell.borrow_mut();
+    g.walk_stack.truncate(depth);
+    if changed {
+        g.shallow_propagate(node);
+    }
+    (g, changed)
 }
 
 /// Brings computed `index` up to date (the read path). Fails, changing
