@@ -147,6 +147,7 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: u32) -> bool {
 /// Recomputes `node` in the middle of a [`check_dirty`] walk: releases the
 /// graph for the user code, drops any frames an unwound inner walk left
 /// above ours, and marks the subscribers dirty if the value changed.
+#[inline(always)]
 fn recompute_in_walk<'a, F: Flavor>(
     cell: &'a Cell<F>,
     g: std::cell::RefMut<'a, Graph<F>>,
