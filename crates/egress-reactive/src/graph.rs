@@ -253,19 +253,32 @@ impl<F: Flavor> Graph<F> {
 
     // ---- tracking ----------------------------------------------------
 
-    /// Records that `sub`, now running, read `dep`.
-    #[inline]
+    /// Records that `sub`, now running, read `dep`. The common case, a run
+    /// reading what the previous run read in the same order, only moves the
+    /// cursor (inlined); the rest is out of line.
+    #[inline(always)]
     pub(crate) fn link(&mut self, dep: u32, sub: u32) {
-        let prev = self.nodes[sub as usize].deps_tail;
-        if prev != NONE && self.links[prev as usize].dep == dep {
-            return;
-        }
-        let next = if prev == NONE { self.nodes[sub as usize].deps_head } else { self.links[prev as usize].next_dep };
+        let node = &self.nodes[sub as usize];
+        let prev = node.deps_tail;
+        let next = if prev == NONE {
+            node.deps_head
+        } else {
+            let prev_link = &self.links[prev as usize];
+            if prev_link.dep == dep {
+                return;
+            }
+            prev_link.next_dep
+        };
         if next != NONE && self.links[next as usize].dep == dep {
             self.links[next as usize].version = self.version;
             self.nodes[sub as usize].deps_tail = next;
             return;
         }
+        self.link_slow(dep, sub, prev, next);
+    }
+
+    #[inline(never)]
+    fn link_slow(&mut self, dep: u32, sub: u32, prev: u32, next: u32) {
         let subs_tail = self.nodes[dep as usize].subs_tail;
         if subs_tail != NONE {
             let last = &self.links[subs_tail as usize];
@@ -381,7 +394,7 @@ impl<F: Flavor> Graph<F> {
     /// On `failed` (the function panicked) a computed stays dirty so the next
     /// read tries again. Returns the object if the node was disposed during
     /// its run (the caller drops it outside the borrow).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn end(&mut self, key: Key, saved: Saved, obj: Option<F::Obj>, failed: bool) -> Option<F::Obj> {
         self.active = saved.active;
         self.owner = saved.owner;
