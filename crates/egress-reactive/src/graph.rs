@@ -92,6 +92,9 @@ pub(crate) struct Node<F: Flavor> {
     pub(crate) prev_sibling: u32,
     pub(crate) next_sibling: u32,
     pub(crate) runs: u32,
+    /// While running: the computation that was running when it started (the
+    /// chain a cycle report follows). Fits in what was padding.
+    pub(crate) caller: u32,
     pub(crate) obj: Option<F::Obj>,
     pub(crate) created_at: &'static Location<'static>,
 }
@@ -134,8 +137,8 @@ pub(crate) struct Graph<F: Flavor> {
     /// Signals written in the current batch, settled when it ends.
     pub(crate) writes: Vec<Key>,
     pub(crate) cleanups: HashMap<u32, Vec<F::Cleanup>>,
-    /// Computeds running now, outermost first (for cycle reports).
-    pub(crate) running: Vec<u32>,
+    /// How many runs are nested now (the native stack grows with it).
+    pub(crate) depth: u32,
     /// Scratch stacks, reused so that a steady-state pass allocates nothing.
     pub(crate) walk_stack: Vec<(u32, u32)>,
     propagate_stack: Vec<u32>,
@@ -162,7 +165,7 @@ impl<F: Flavor> Graph<F> {
             queue: Vec::new(),
             writes: Vec::new(),
             cleanups: HashMap::new(),
-            running: Vec::new(),
+            depth: 0,
             walk_stack: Vec::new(),
             propagate_stack: Vec::new(),
             root: NONE,
@@ -190,6 +193,7 @@ impl<F: Flavor> Graph<F> {
             prev_sibling: NONE,
             next_sibling: NONE,
             runs: 0,
+            caller: NONE,
             obj,
             created_at,
         };
@@ -380,12 +384,13 @@ impl<F: Flavor> Graph<F> {
         node.deps_tail = NONE;
         node.runs = node.runs.wrapping_add(1);
         let obj = node.obj.take();
-        self.active = index;
         self.owner = index;
         self.version = self.next_version;
         self.next_version = self.next_version.wrapping_add(1).max(1);
         self.batch_depth += 1;
-        self.running.push(index);
+        node.caller = self.active;
+        self.active = index;
+        self.depth += 1;
         (saved, obj)
     }
 
@@ -400,7 +405,7 @@ impl<F: Flavor> Graph<F> {
         self.owner = saved.owner;
         self.version = saved.version;
         self.batch_depth -= 1;
-        self.running.pop();
+        self.depth -= 1;
         let node = &mut self.nodes[key.index as usize];
         if node.generation != key.generation || node.flags & ALIVE == 0 {
             return obj;

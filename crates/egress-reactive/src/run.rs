@@ -51,7 +51,7 @@ pub(crate) fn update<F: Flavor>(cell: &Cell<F>, index: u32) -> bool {
     }
     let key = g.key(index);
     let (saved, obj) = g.begin(index);
-    let deep = g.running.len() > DEEP;
+    let deep = g.depth as usize > DEEP;
     drop(g);
     let guard = Unwind { cell, key, saved, obj };
     let obj = guard.obj.as_ref().expect("graph invariant: a node that runs has an object");
@@ -177,8 +177,17 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
     };
     if flags & RUNNING != 0 {
         let g = cell.borrow();
-        let from = g.running.iter().position(|&n| n == index).unwrap_or(0);
-        return Err(CycleError { nodes: g.running[from..].iter().map(|&n| g.node(n).created_at).collect() });
+        // Follow the callers from the computation running now back to
+        // `index`: that is the cycle, innermost first; report it from `index`.
+        let mut nodes = Vec::new();
+        let mut at = g.active;
+        while at != NONE && at != index {
+            nodes.push(g.node(at).created_at);
+            at = g.node(at).caller;
+        }
+        nodes.push(g.node(index).created_at);
+        nodes.reverse();
+        return Err(CycleError { nodes });
     }
     let stale = flags & DIRTY != 0 || (flags & PENDING != 0 && check_dirty(cell, index));
     if stale && update(cell, index) {
