@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::computed::Computed;
-use crate::context::{Ctx, Handle};
+use crate::context::{Ctx, Handle, NodeRef};
 use crate::effect::Effect;
 use crate::error::ReadError;
 use crate::flavor::{HoldsCleanup, Threaded};
@@ -187,8 +187,14 @@ impl Drop for AsyncEffectObj {
 /// (or its owner, or the context).
 #[derive(Clone)]
 pub struct AsyncEffect {
-    handle: Handle<Threaded>,
-    key: Key,
+    node: NodeRef<Threaded>,
+}
+
+impl Deref for AsyncEffect {
+    type Target = NodeRef<Threaded>;
+    fn deref(&self) -> &NodeRef<Threaded> {
+        &self.node
+    }
 }
 
 impl std::fmt::Debug for AsyncEffect {
@@ -200,23 +206,9 @@ impl std::fmt::Debug for AsyncEffect {
 impl AsyncEffect {
     /// Cancels the effect: a run in progress is aborted at its next `.await`
     /// and never resumed, its cleanups run, and it never runs again.
+    /// (The same as [`NodeRef::dispose`], said for async effects.)
     pub fn dispose(&self) {
-        self.handle.dispose_node(self.key);
-    }
-
-    /// Whether it was disposed.
-    pub fn is_disposed(&self) -> bool {
-        self.handle.introspect(self.key, |_| ()).is_none()
-    }
-
-    /// How many runs have started (0 once disposed).
-    pub fn runs(&self) -> u32 {
-        self.handle.introspect(self.key, |g| g.node(self.key.index).runs).unwrap_or(0)
-    }
-
-    /// How many dependencies its latest run has read so far.
-    pub fn dependency_count(&self) -> usize {
-        self.handle.introspect(self.key, |g| g.dependency_count(self.key.index)).unwrap_or(0)
+        self.node.dispose();
     }
 }
 
@@ -262,7 +254,7 @@ impl AsyncContext {
         if self.inner.introspect(key, |_| ()).is_none() {
             task.abort();
         }
-        AsyncEffect { handle, key }
+        AsyncEffect { node: NodeRef { handle, key } }
     }
 
     /// A stream of `computed`'s latest value: the current value first, then

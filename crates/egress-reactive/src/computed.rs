@@ -2,10 +2,10 @@
 
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 
-use crate::context::Handle;
+use crate::context::{Handle, NodeRef};
 use crate::error::{NodeKind, ReadError};
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};
-use crate::graph::{Key, NONE, NodeObj, flags::*};
+use crate::graph::{NONE, NodeObj, flags::*};
 use crate::run;
 
 /// A derived value: lazy (its function runs only when it is read, or needed
@@ -34,9 +34,15 @@ use crate::run;
 /// assert_eq!(max.runs(), 2);
 /// ```
 pub struct Computed<T: 'static, F: Flavor> {
-    handle: Handle<F>,
-    key: Key,
+    node: NodeRef<F>,
     slot: F::Ptr<Slot<T, F>>,
+}
+
+impl<T: 'static, F: Flavor> std::ops::Deref for Computed<T, F> {
+    type Target = NodeRef<F>;
+    fn deref(&self) -> &NodeRef<F> {
+        &self.node
+    }
 }
 
 /// A computed's cached value.
@@ -107,7 +113,7 @@ impl<T: 'static, C: Fn() -> T, E: Cutoff<T>, F: Flavor> NodeObj for ComputedObj<
 
 impl<T: 'static, F: Flavor> Clone for Computed<T, F> {
     fn clone(&self) -> Self {
-        Computed { handle: self.handle.clone(), key: self.key, slot: self.slot.clone() }
+        Computed { node: self.node.clone(), slot: self.slot.clone() }
     }
 }
 
@@ -160,7 +166,7 @@ impl<F: Flavor> Handle<F> {
         let slot = F::ptr(Slot { value: ValueCell::new(None), created_at });
         let obj = F::erase(F::ptr(ComputedObj { slot: slot.clone(), f, cutoff }));
         let key = self.enter(|cell| cell.borrow_mut().alloc(COMPUTED | DIRTY, Some(obj), created_at));
-        Computed { handle: self.clone(), key, slot }
+        Computed { node: NodeRef { handle: self.clone(), key }, slot }
     }
 }
 
@@ -284,31 +290,6 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     fn read<R>(&self, cell: &run::Cell<F>, f: impl FnOnce(&T) -> R) -> R {
         let v = |v: &Option<T>| f(v.as_ref().expect("graph invariant: a refreshed computed holds a value"));
         self.slot.value.with(&Entered::by(cell), v)
-    }
-
-    /// Disposes the computed; reads fail from now on.
-    pub fn dispose(&self) {
-        self.handle.dispose_node(self.key);
-    }
-
-    /// Whether the computed was disposed.
-    pub fn is_disposed(&self) -> bool {
-        self.handle.introspect(self.key, |_| ()).is_none()
-    }
-
-    /// How many times the function has run (0 once disposed).
-    pub fn runs(&self) -> u32 {
-        self.handle.introspect(self.key, |g| g.node(self.key.index).runs).unwrap_or(0)
-    }
-
-    /// How many dependencies its last run read (0 once disposed).
-    pub fn dependency_count(&self) -> usize {
-        self.handle.introspect(self.key, |g| g.dependency_count(self.key.index)).unwrap_or(0)
-    }
-
-    /// How many computations depend on it now (0 once disposed).
-    pub fn subscriber_count(&self) -> usize {
-        self.handle.introspect(self.key, |g| g.subscriber_count(self.key.index)).unwrap_or(0)
     }
 
     /// Where the computed was created.

@@ -273,6 +273,50 @@ impl<F: Flavor> Handle<F> {
     }
 }
 
+/// What every node handle shares, and reaches through `Deref`: its graph,
+/// its identity, and the disposal and introspection every kind of node has.
+pub struct NodeRef<F: Flavor> {
+    pub(crate) handle: Handle<F>,
+    pub(crate) key: Key,
+}
+
+impl<F: Flavor> Clone for NodeRef<F> {
+    fn clone(&self) -> Self {
+        NodeRef { handle: self.handle.clone(), key: self.key }
+    }
+}
+
+impl<F: Flavor> NodeRef<F> {
+    /// Disposes the node: what it owns is disposed first (later ones first),
+    /// its cleanups run, its links go, and reads fail from now on.
+    /// Idempotent.
+    pub fn dispose(&self) {
+        self.handle.dispose_node(self.key);
+    }
+
+    /// Whether the node was disposed.
+    pub fn is_disposed(&self) -> bool {
+        self.handle.introspect(self.key, |_| ()).is_none()
+    }
+
+    /// How many times its function has run (0 for a signal, and once
+    /// disposed).
+    pub fn runs(&self) -> u32 {
+        self.handle.introspect(self.key, |g| g.node(self.key.index).runs).unwrap_or(0)
+    }
+
+    /// How many dependencies its last run read (0 for a signal, and once
+    /// disposed).
+    pub fn dependency_count(&self) -> usize {
+        self.handle.introspect(self.key, |g| g.dependency_count(self.key.index)).unwrap_or(0)
+    }
+
+    /// How many computations depend on it now (0 once disposed).
+    pub fn subscriber_count(&self) -> usize {
+        self.handle.introspect(self.key, |g| g.subscriber_count(self.key.index)).unwrap_or(0)
+    }
+}
+
 /// An owner of the nodes created inside [`Handle::scope`]. Dropping it, or
 /// calling [`Scope::dispose`], disposes them: children before parents, later
 /// ones first, cleanups run.

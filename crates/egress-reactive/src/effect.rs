@@ -3,9 +3,9 @@
 
 use std::panic::Location;
 
-use crate::context::Handle;
+use crate::context::{Handle, NodeRef};
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};
-use crate::graph::{Key, NodeObj, flags::*};
+use crate::graph::{NodeObj, flags::*};
 use crate::run;
 
 /// A side effect.
@@ -42,9 +42,15 @@ use crate::run;
 /// assert_eq!(*log.borrow(), ["run 1", "cleanup 1", "run 2", "cleanup 2"]);
 /// ```
 pub struct Effect<F: Flavor> {
-    handle: Handle<F>,
-    key: Key,
+    node: NodeRef<F>,
     created_at: &'static Location<'static>,
+}
+
+impl<F: Flavor> std::ops::Deref for Effect<F> {
+    type Target = NodeRef<F>;
+    fn deref(&self) -> &NodeRef<F> {
+        &self.node
+    }
 }
 
 /// What the graph runs for an effect.
@@ -62,7 +68,7 @@ impl<C: FnMut() + 'static, F: Flavor> NodeObj for EffectObj<C, F> {
 
 impl<F: Flavor> Clone for Effect<F> {
     fn clone(&self) -> Self {
-        Effect { handle: self.handle.clone(), key: self.key, created_at: self.created_at }
+        Effect { node: self.node.clone(), created_at: self.created_at }
     }
 }
 
@@ -91,33 +97,12 @@ impl<F: Flavor> Handle<F> {
             if let Err(e) = run::settle_and_flush(cell) {
                 panic!("{e}");
             }
-            Effect { handle: self.clone(), key, created_at }
+            Effect { node: NodeRef { handle: self.clone(), key }, created_at }
         })
     }
 }
 
 impl<F: Flavor> Effect<F> {
-    /// Disposes the effect: what it created is disposed, its cleanups run,
-    /// and it never runs again. Idempotent.
-    pub fn dispose(&self) {
-        self.handle.dispose_node(self.key);
-    }
-
-    /// Whether the effect was disposed.
-    pub fn is_disposed(&self) -> bool {
-        self.handle.introspect(self.key, |_| ()).is_none()
-    }
-
-    /// How many times it has run (0 once disposed).
-    pub fn runs(&self) -> u32 {
-        self.handle.introspect(self.key, |g| g.node(self.key.index).runs).unwrap_or(0)
-    }
-
-    /// How many dependencies its last run read (0 once disposed).
-    pub fn dependency_count(&self) -> usize {
-        self.handle.introspect(self.key, |g| g.dependency_count(self.key.index)).unwrap_or(0)
-    }
-
     /// Where the effect was created.
     pub fn created_at(&self) -> &'static Location<'static> {
         self.created_at

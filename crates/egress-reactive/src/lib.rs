@@ -65,7 +65,7 @@ mod signal;
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncContext, AsyncEffect, EffectCx, Readable, Watch};
 pub use computed::{ByEq, Computed, ComputedObj, Cutoff, Never, Slot};
-pub use context::{Context, Ctx, Handle, Runtime, Scope, ThreadSafeContext};
+pub use context::{Context, Ctx, Handle, NodeRef, Runtime, Scope, ThreadSafeContext};
 pub use effect::{Effect, EffectObj};
 pub use error::{CycleError, EffectLoopError, NodeKind, ReadError, WriteError};
 pub use flavor::{Flavor, Holds, HoldsCleanup, Local, Threaded, ValueCell};

@@ -2,10 +2,10 @@
 
 use std::panic::Location;
 
-use crate::context::Handle;
+use crate::context::{Handle, NodeRef};
 use crate::error::{NodeKind, ReadError, WriteError};
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};
-use crate::graph::{Key, NONE, NodeObj, flags::*};
+use crate::graph::{NONE, NodeObj, flags::*};
 use crate::run;
 
 /// A writable source of the graph.
@@ -24,9 +24,15 @@ use crate::run;
 /// name.with(|n| assert_eq!(n.len(), 3));
 /// ```
 pub struct Signal<T: 'static, F: Flavor> {
-    handle: Handle<F>,
-    key: Key,
+    node: NodeRef<F>,
     inner: F::Ptr<SignalInner<T, F>>,
+}
+
+impl<T: 'static, F: Flavor> std::ops::Deref for Signal<T, F> {
+    type Target = NodeRef<F>;
+    fn deref(&self) -> &NodeRef<F> {
+        &self.node
+    }
 }
 
 /// The value of a signal, and what a batch replaced.
@@ -66,7 +72,7 @@ impl<T: 'static, F: Flavor> NodeObj for SignalInner<T, F> {
 
 impl<T: 'static, F: Flavor> Clone for Signal<T, F> {
     fn clone(&self) -> Self {
-        Signal { handle: self.handle.clone(), key: self.key, inner: self.inner.clone() }
+        Signal { node: self.node.clone(), inner: self.inner.clone() }
     }
 }
 
@@ -88,7 +94,7 @@ impl<F: Flavor> Handle<F> {
         let inner = F::ptr(SignalInner { state: ValueCell::new(state), created_at });
         let obj = F::erase(inner.clone());
         let key = self.enter(|cell| cell.borrow_mut().alloc(SIGNAL, Some(obj), created_at));
-        Signal { handle: self.clone(), key, inner }
+        Signal { node: NodeRef { handle: self.clone(), key }, inner }
     }
 }
 
@@ -270,22 +276,6 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
             }
             run::flush(cell).map_err(WriteError::from)
         })
-    }
-
-    /// Disposes the signal: readers that depended on it stop depending on
-    /// it; reads fail from now on.
-    pub fn dispose(&self) {
-        self.handle.dispose_node(self.key);
-    }
-
-    /// Whether the signal was disposed.
-    pub fn is_disposed(&self) -> bool {
-        self.handle.introspect(self.key, |_| ()).is_none()
-    }
-
-    /// How many computations depend on this signal now (0 once disposed).
-    pub fn subscriber_count(&self) -> usize {
-        self.handle.introspect(self.key, |g| g.subscriber_count(self.key.index)).unwrap_or(0)
     }
 
     /// Where the signal was created.
