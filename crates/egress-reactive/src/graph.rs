@@ -141,6 +141,8 @@ pub(crate) struct Graph<F: Flavor> {
     pub(crate) depth: u32,
     /// Scratch stacks, reused so that a steady-state pass allocates nothing.
     pub(crate) walk_stack: Vec<(u32, u32)>,
+    /// Computeds that just lost their last subscriber (scratch).
+    unwatched: Vec<u32>,
     propagate_stack: Vec<u32>,
     pub(crate) root: u32,
     pub(crate) closed: bool,
@@ -167,6 +169,7 @@ impl<F: Flavor> Graph<F> {
             cleanups: HashMap::new(),
             depth: 0,
             walk_stack: Vec::new(),
+            unwatched: Vec::new(),
             propagate_stack: Vec::new(),
             root: NONE,
             closed: false,
@@ -341,7 +344,8 @@ impl<F: Flavor> Graph<F> {
         self.free_link = l;
     }
 
-    /// Removes `l` from its dependency's subscriber list.
+    /// Removes `l` from its dependency's subscriber list. A computed left
+    /// with no subscriber is noted, for [`Graph::release_unwatched`].
     fn unlink_sub_side(&mut self, l: u32) {
         let Link { dep, prev_sub, next_sub, .. } = self.links[l as usize];
         if prev_sub == NONE {
@@ -353,6 +357,34 @@ impl<F: Flavor> Graph<F> {
             self.nodes[dep as usize].subs_tail = prev_sub;
         } else {
             self.links[next_sub as usize].prev_sub = prev_sub;
+        }
+        let node = &self.nodes[dep as usize];
+        if node.subs_head == NONE && node.flags & COMPUTED != 0 {
+            self.unwatched.push(dep);
+        }
+    }
+
+    /// Computeds that lost their last subscriber let go of their own
+    /// dependencies (cascading upstream) and become dirty: nothing observes
+    /// them, so they keep no links alive and cost writes nothing; the next
+    /// read recomputes and re-subscribes. A running computed keeps its
+    /// dependencies (its run is tracking them).
+    fn release_unwatched(&mut self) {
+        while let Some(index) = self.unwatched.pop() {
+            let node = &mut self.nodes[index as usize];
+            if node.flags & (ALIVE | COMPUTED | RUNNING) != ALIVE | COMPUTED || node.subs_head != NONE {
+                continue;
+            }
+            let mut l = node.deps_head;
+            node.deps_head = NONE;
+            node.deps_tail = NONE;
+            node.flags = (node.flags & !PENDING) | DIRTY;
+            while l != NONE {
+                let next = self.links[l as usize].next_dep;
+                self.unlink_sub_side(l);
+                self.free_link(l);
+                l = next;
+            }
         }
     }
 
@@ -456,6 +488,7 @@ impl<F: Flavor> Graph<F> {
         } else {
             self.links[tail as usize].next_dep = NONE;
         }
+        self.release_unwatched();
     }
 
     /// Starts an untracked stretch: reads inside link to nothing.
@@ -569,6 +602,8 @@ impl<F: Flavor> Graph<F> {
             self.free_link(l);
             l = next;
         }
+        self.nodes[index as usize].flags &= !COMPUTED; // not itself released below
+        self.release_unwatched();
         let mut l = self.nodes[index as usize].subs_head;
         while l != NONE {
             let next = self.links[l as usize].next_sub;

@@ -76,4 +76,35 @@ each_flavour! {
         drop(scope);
         assert_eq!(cx.node_count(), n - 1);
     }
+
+    fn links_are_freed_when_the_last_subscriber_goes(cx) {
+        let s = cx.signal(1);
+        let a = cx.computed({ let s = s.clone(); move || s.get() * 2 });
+        let b = cx.computed({ let a = a.clone(); move || a.get() + 1 });
+        let fx = cx.effect({ let b = b.clone(); move || { b.get(); } });
+        let links = cx.link_count();
+        assert_eq!((s.subscriber_count(), a.dependency_count(), b.dependency_count()), (1, 1, 1));
+        fx.dispose();
+        assert_eq!(cx.link_count(), links - 3, "b and a, unobserved now, let go of theirs too");
+        assert_eq!((s.subscriber_count(), a.subscriber_count(), b.dependency_count()), (0, 0, 0));
+        let runs = a.runs();
+        s.set(5);
+        assert_eq!(a.runs(), runs, "an unobserved computed costs a write nothing");
+        assert_eq!(b.get(), 11, "read again: recomputed");
+        assert_eq!((s.subscriber_count(), a.subscriber_count()), (1, 1), "and re-subscribed");
+        s.set(6);
+        assert_eq!(b.get(), 13);
+    }
+
+    fn a_computed_still_observed_keeps_its_links(cx) {
+        let s = cx.signal(1);
+        let c = cx.computed({ let s = s.clone(); move || s.get() * 2 });
+        let one = cx.effect({ let c = c.clone(); move || { c.get(); } });
+        let _two = cx.effect({ let c = c.clone(); move || { c.get(); } });
+        one.dispose();
+        assert_eq!((s.subscriber_count(), c.subscriber_count()), (1, 1));
+        let runs = c.runs();
+        assert_eq!(c.get(), 2);
+        assert_eq!(c.runs(), runs, "still memoized");
+    }
 }
