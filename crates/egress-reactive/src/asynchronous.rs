@@ -141,6 +141,16 @@ impl EffectCx {
         node.read_for(self.key.index)
     }
 
+    /// Makes trigger `trigger` a dependency of this effect.
+    pub(crate) fn track(&self, trigger: Key) {
+        self.handle.enter(|cell| {
+            let mut g = cell.borrow_mut();
+            if g.alive(self.key) && g.alive(trigger) {
+                g.link(trigger.index, self.key.index);
+            }
+        });
+    }
+
     /// Registers `f` to run before this effect's next run and when it is
     /// disposed (also when disposal cancels a run in progress).
     pub fn on_cleanup<C: FnOnce() + Send + 'static>(&self, f: C)
@@ -227,34 +237,7 @@ impl AsyncContext {
         C: Fn(EffectCx) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let created_at = Location::caller();
-        let bell = Arc::new(Notify::new());
-        let obj = Arc::new(AsyncEffectObj { bell: bell.clone(), task: OnceLock::new() });
-        let handle = self.inner.handle();
-        let key = handle.enter(|cell| {
-            let erased: <Threaded as crate::Flavor>::Obj = obj.clone();
-            cell.borrow_mut().alloc(EFFECT | ASYNC | DIRTY, Some(erased), created_at)
-        });
-        let cx = EffectCx { handle: handle.clone(), key };
-        let task = tokio::spawn(async move {
-            loop {
-                if !begin_run(&cx) {
-                    return;
-                }
-                f(cx.clone()).await;
-                end_run(&cx);
-                bell.notified().await;
-            }
-        });
-        // The object is alive (the graph holds it) unless disposed already,
-        // in which case aborting now is what disposal wants.
-        if obj.task.set(task.abort_handle()).is_err() {
-            task.abort();
-        }
-        if self.inner.introspect(key, |_| ()).is_none() {
-            task.abort();
-        }
-        AsyncEffect { node: NodeRef { handle, key } }
+        self.inner.spawn_effect_async(f, Location::caller())
     }
 
     /// A stream of `computed`'s latest value: the current value first, then
@@ -330,5 +313,43 @@ impl<T> Drop for Watch<T> {
 impl<T> std::fmt::Debug for Watch<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watch").finish_non_exhaustive()
+    }
+}
+
+impl Handle<Threaded> {
+    /// [`AsyncContext::effect_async`], owned by the current owner (the egress
+    /// cells spawn their attachments with it).
+    pub(crate) fn spawn_effect_async<C, Fut>(&self, f: C, created_at: &'static Location<'static>) -> AsyncEffect
+    where
+        C: Fn(EffectCx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let bell = Arc::new(Notify::new());
+        let obj = Arc::new(AsyncEffectObj { bell: bell.clone(), task: OnceLock::new() });
+        let handle = self.clone();
+        let key = handle.enter(|cell| {
+            let erased: <Threaded as crate::Flavor>::Obj = obj.clone();
+            cell.borrow_mut().alloc(EFFECT | ASYNC | DIRTY, Some(erased), created_at)
+        });
+        let cx = EffectCx { handle: handle.clone(), key };
+        let task = tokio::spawn(async move {
+            loop {
+                if !begin_run(&cx) {
+                    return;
+                }
+                f(cx.clone()).await;
+                end_run(&cx);
+                bell.notified().await;
+            }
+        });
+        // The object is alive (the graph holds it) unless disposed already,
+        // in which case aborting now is what disposal wants.
+        if obj.task.set(task.abort_handle()).is_err() {
+            task.abort();
+        }
+        if handle.introspect(key, |_| ()).is_none() {
+            task.abort();
+        }
+        AsyncEffect { node: NodeRef { handle, key } }
     }
 }

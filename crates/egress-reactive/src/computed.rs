@@ -98,9 +98,24 @@ impl<T: 'static> Cutoff<T> for fn(&T, &T) -> bool {
     }
 }
 
-impl<T: 'static, C: Fn() -> T, E: Cutoff<T>, F: Flavor> NodeObj for ComputedObj<T, C, E, F> {
+/// What a computed runs: any `Fn() -> T`, or a crate type that names its
+/// function (so that generic code, like the egress cells, can state the
+/// flavour bounds of the computeds it makes).
+#[doc(hidden)]
+pub trait Compute<T>: 'static {
+    fn compute(&self) -> T;
+}
+
+impl<T, C: Fn() -> T + 'static> Compute<T> for C {
+    #[inline(always)]
+    fn compute(&self) -> T {
+        self()
+    }
+}
+
+impl<T: 'static, C: Compute<T>, E: Cutoff<T>, F: Flavor> NodeObj for ComputedObj<T, C, E, F> {
     fn run(&self, entered: &Entered) -> bool {
-        let new = (self.f)();
+        let new = self.f.compute();
         self.slot.value.with_mut(entered, |slot| match slot {
             Some(old) if self.cutoff.same(old, &new) => false,
             _ => {
@@ -154,7 +169,7 @@ impl<F: Flavor> Handle<F> {
         self.make_computed(Never, f, Location::caller())
     }
 
-    fn make_computed<T: 'static, C: Fn() -> T + 'static, E: Cutoff<T>>(
+    pub(crate) fn make_computed<T: 'static, C: Compute<T>, E: Cutoff<T>>(
         &self,
         cutoff: E,
         f: C,

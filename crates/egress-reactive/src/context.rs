@@ -5,7 +5,7 @@ use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 
 use crate::error::EffectLoopError;
 use crate::flavor::{Flavor, HoldsCleanup, Local, Threaded};
-use crate::graph::{Graph, Key, flags::*};
+use crate::graph::{Graph, Key, NONE, flags::*};
 use crate::run;
 
 /// The shared state of one graph.
@@ -245,6 +245,24 @@ impl<F: Flavor> Handle<F> {
             let _restore = Restore(cell, prev);
             f()
         })
+    }
+
+    /// A trigger: a source node without a value, owned by the current
+    /// owner. Computations that [`track`](Self::track) it re-run when it is
+    /// [`notify`](run::notify)-ed. The egress cells invalidate their readers
+    /// through triggers.
+    pub(crate) fn trigger(&self, created_at: &'static Location<'static>) -> Key {
+        self.enter(|cell| cell.borrow_mut().alloc(SIGNAL, None, created_at))
+    }
+
+    /// Makes the running computation depend on trigger `key`.
+    #[inline]
+    pub(crate) fn track(cell: &run::Cell<F>, key: Key) {
+        let mut g = cell.borrow_mut();
+        let active = g.active;
+        if active != NONE && g.alive(key) {
+            g.link(key.index, active);
+        }
     }
 
     /// Live nodes in the graph (its root scope included).

@@ -59,9 +59,23 @@ pub struct EffectObj<C: 'static, F: Flavor> {
     f: F::Cell<C>,
 }
 
-impl<C: FnMut() + 'static, F: Flavor> NodeObj for EffectObj<C, F> {
+/// What an effect runs: any `FnMut()`, or a crate type that names its
+/// function (an egress cell's attachment).
+#[doc(hidden)]
+pub trait RunEffect: 'static {
+    fn run_effect(&mut self);
+}
+
+impl<C: FnMut() + 'static> RunEffect for C {
+    #[inline(always)]
+    fn run_effect(&mut self) {
+        self()
+    }
+}
+
+impl<C: RunEffect, F: Flavor> NodeObj for EffectObj<C, F> {
     fn run(&self, entered: &Entered) -> bool {
-        self.f.with_mut(entered, |f| f());
+        self.f.with_mut(entered, RunEffect::run_effect);
         true
     }
 }
@@ -89,7 +103,13 @@ impl<F: Flavor> Handle<F> {
     where
         F: Holds<EffectObj<C, F>>,
     {
-        let created_at = Location::caller();
+        self.make_effect(f, Location::caller())
+    }
+
+    pub(crate) fn make_effect<C: RunEffect>(&self, f: C, created_at: &'static Location<'static>) -> Effect<F>
+    where
+        F: Holds<EffectObj<C, F>>,
+    {
         let obj = F::erase(F::ptr(EffectObj { f: ValueCell::new(f) }));
         self.enter(|cell| {
             let key = cell.borrow_mut().alloc(EFFECT | DIRTY, Some(obj), created_at);

@@ -53,6 +53,7 @@
 
 #[cfg(feature = "async")]
 mod asynchronous;
+mod cells;
 mod computed;
 mod context;
 mod effect;
@@ -64,9 +65,16 @@ mod signal;
 
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncContext, AsyncEffect, EffectCx, Readable, Watch};
-pub use computed::{ByEq, Computed, ComputedObj, Cutoff, Never, Slot};
+#[cfg(feature = "async")]
+pub use cells::{AsyncEgressCell, TokioClock};
+pub use cells::{
+    AsyncTransport, AttachRun, Attachment, CellFlavor, CellOptions, Clock, EgressCell, EgressCellOf, Inner,
+    ManualClock, MonotonicClock, ParkedRecord, Project, SendError, Snapshot, State, ThreadSafeEgressCell, Transport,
+    delay,
+};
+pub use computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never, Slot};
 pub use context::{Context, Ctx, Handle, NodeRef, Runtime, Scope, ThreadSafeContext};
-pub use effect::{Effect, EffectObj};
+pub use effect::{Effect, EffectObj, RunEffect};
 pub use error::{CycleError, EffectLoopError, NodeKind, ReadError, WriteError};
 pub use flavor::{Flavor, Holds, HoldsCleanup, Local, Threaded, ValueCell};
 pub use graph::NodeObj;

@@ -216,12 +216,41 @@ pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
             node.flags &= !BATCHED;
             (key, node.obj.clone())
         };
-        if let Some(obj) = obj {
-            if F::obj(&obj).settle(&Entered::by(cell)) {
-                cell.borrow_mut().propagate(key.index);
-            }
+        // A source without an object is a trigger: written means changed.
+        let changed = obj.is_none_or(|obj| F::obj(&obj).settle(&Entered::by(cell)));
+        if changed {
+            cell.borrow_mut().propagate(key.index);
         }
     }
+}
+
+/// Notifies the subscribers of each live trigger in `triggers` (sources
+/// without a value: see [`Handle::trigger`](crate::Handle)), as one write:
+/// inside a batch they are deferred to its end like signal writes;
+/// otherwise they propagate and queued effects run once, after all of them.
+pub(crate) fn notify<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> Result<(), EffectLoopError> {
+    {
+        let mut g = cell.borrow_mut();
+        let batching = g.batch_depth > 0;
+        for &key in triggers {
+            if !g.alive(key) {
+                continue;
+            }
+            if batching {
+                let node = g.node_mut(key.index);
+                if node.flags & BATCHED == 0 {
+                    node.flags |= BATCHED;
+                    g.writes.push(key);
+                }
+            } else {
+                g.propagate(key.index);
+            }
+        }
+        if batching {
+            return Ok(());
+        }
+    }
+    flush(cell)
 }
 
 /// Settles pending writes and runs queued effects, unless a batch, a

@@ -1,0 +1,890 @@
+//! [`EgressCellOf`]: an [`EgressCore`] projected into a graph. One
+//! implementation for every flavour; the async cell wraps it.
+
+use std::hash::BuildHasher;
+use std::ops::Range;
+use std::panic::Location;
+use std::sync::Arc;
+use std::time::Duration;
+
+use egress_core::{
+    AckOutcome, Changes, ClaimOutcome, EgressCore, Envelope, FailOutcome, FailureKind, Generation, JitterSample,
+    Policy, Projection, ReconnectOutcome, Retry, ScheduleOutcome, Sequence, Time,
+};
+
+use super::clock::{Clock, MonotonicClock};
+use super::transport::Transport;
+use crate::computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never};
+use crate::context::{Handle, NodeRef, Scope};
+use crate::effect::{EffectObj, RunEffect};
+use crate::flavor::{Entered, Flavor, Holds, Local, Threaded, ValueCell};
+use crate::graph::Key;
+use crate::run;
+
+/// A list reader's value: an immutable snapshot, cheap to clone (one
+/// reference count). Built only when a list reader is read after a change;
+/// no write path copies a list.
+pub type Snapshot<E> = Arc<[E]>;
+
+/// A parked record, as the [`parked`](EgressCellOf::parked) reader shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ParkedRecord<T> {
+    /// The record.
+    pub sequence: Sequence,
+    /// Attempts so far.
+    pub attempt: egress_core::Attempt,
+    /// The backoff it waits.
+    pub backoff: egress_core::Delay,
+    /// When it becomes due.
+    pub due: Time,
+    /// Its payload.
+    pub payload: T,
+}
+
+/// How to build a cell, beyond its policy: the generation it starts at, its
+/// clock, and the seed of its jitter.
+///
+/// ```
+/// use egress_core::{Generation, Policy, Time};
+/// use egress_reactive::{CellOptions, Context, EgressCell, ManualClock};
+///
+/// let cx = Context::new();
+/// let clock = ManualClock::new();
+/// let options = CellOptions::new().generation(Generation(7)).clock(clock.clone()).jitter_seed(42);
+/// let cell: EgressCell<&str> = EgressCell::with_options(&cx, Policy::default(), options);
+/// assert_eq!(cell.generation().get(), Generation(7));
+/// clock.set(Time(1_000));
+/// assert_eq!(cell.now(), Time(1_000));
+/// ```
+#[derive(Clone, Default)]
+pub struct CellOptions {
+    generation: Generation,
+    clock: Option<Arc<dyn Clock>>,
+    jitter_seed: Option<u64>,
+}
+
+impl CellOptions {
+    /// The defaults: generation 0, the flavour's default clock, a random
+    /// jitter seed.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The generation the cell starts at (a producer that restarts picks one
+    /// above any it used before).
+    #[must_use]
+    pub fn generation(mut self, generation: Generation) -> Self {
+        self.generation = generation;
+        self
+    }
+
+    /// The clock the cell reads `now` from.
+    #[must_use]
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The seed of the generator that draws each failure's jitter sample, for
+    /// reproducible runs.
+    #[must_use]
+    pub fn jitter_seed(mut self, seed: u64) -> Self {
+        self.jitter_seed = Some(seed);
+        self
+    }
+
+    pub(crate) fn take_clock(&mut self, default: impl FnOnce() -> Arc<dyn Clock>) -> Arc<dyn Clock> {
+        self.clock.take().unwrap_or_else(default)
+    }
+}
+
+impl std::fmt::Debug for CellOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CellOptions")
+            .field("generation", &self.generation)
+            .field("clock", &self.clock.as_ref().map(|_| "custom"))
+            .field("jitter_seed", &self.jitter_seed)
+            .finish()
+    }
+}
+
+/// The core and the generator of jitter samples, touched only with the
+/// graph entered.
+#[doc(hidden)]
+pub struct State<T> {
+    core: EgressCore<T>,
+    rng: u64,
+}
+
+impl<T> State<T> {
+    /// The next jitter sample (splitmix64).
+    fn jitter(&mut self) -> JitterSample {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        #[allow(clippy::cast_possible_truncation)]
+        JitterSample::from_u32((z >> 32) as u32)
+    }
+}
+
+/// What every part of a cell needs to apply a transition and invalidate its
+/// readers: the graph, the core, the triggers, the clock. Cloned into each
+/// attachment, so an attachment does not keep the cell (or its readers)
+/// alive.
+#[doc(hidden)]
+pub struct Inner<T: 'static, F: Flavor> {
+    pub(crate) handle: Handle<F>,
+    state: F::Ptr<F::Cell<State<T>>>,
+    /// One trigger per [`Projection`], in declaration order.
+    triggers: [Key; 7],
+    /// Notified when a transition not made by an attachment makes a claim
+    /// possible: what attachments track.
+    pub(crate) wake: Key,
+    clock: Arc<dyn Clock>,
+}
+
+impl<T: 'static, F: Flavor> Clone for Inner<T, F> {
+    fn clone(&self) -> Self {
+        Inner {
+            handle: self.handle.clone(),
+            state: self.state.clone(),
+            triggers: self.triggers,
+            wake: self.wake,
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+/// Who made a transition: attachments' own claims and failures must not wake
+/// attachments (one run per sending pass).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum By {
+    Caller,
+    Attachment,
+}
+
+impl<T: 'static, F: Flavor> Inner<T, F> {
+    /// Applies `op` to the core with the graph entered, then invalidates
+    /// exactly the readers of the projections it changed (and wakes the
+    /// attachments if a caller's transition made a claim possible), as one
+    /// write. `op` must not call into the cell.
+    pub(crate) fn apply<R>(&self, by: By, op: impl FnOnce(&mut State<T>) -> (R, Changes)) -> R {
+        self.handle.enter(|cell| {
+            let (outcome, changes, claimable) = self.state.with_mut(&Entered::by(cell), |s| {
+                let (outcome, changes) = op(s);
+                (outcome, changes, s.core.pending_len() > 0 && s.core.window_room() > 0)
+            });
+            let wake = by == By::Caller
+                && claimable
+                && (changes.contains(Projection::Pending) || changes.contains(Projection::Inflight));
+            self.invalidate(cell, changes, wake);
+            outcome
+        })
+    }
+
+    fn invalidate(&self, cell: &run::Cell<F>, changes: Changes, wake: bool) {
+        let mut keys = [self.wake; 8];
+        let mut n = 0;
+        for p in changes.iter() {
+            keys[n] = self.triggers[p as usize];
+            n += 1;
+        }
+        if wake {
+            keys[n] = self.wake;
+            n += 1;
+        }
+        if n == 0 {
+            return;
+        }
+        if let Err(e) = run::notify(cell, &keys[..n]) {
+            panic!("{e}");
+        }
+    }
+
+    /// Reads the core, untracked.
+    pub(crate) fn with_core<R>(&self, f: impl FnOnce(&EgressCore<T>) -> R) -> R {
+        self.handle.enter(|cell| self.state.with(&Entered::by(cell), |s| f(&s.core)))
+    }
+
+    pub(crate) fn now(&self) -> Time {
+        self.clock.now()
+    }
+
+    pub(crate) fn fail(
+        &self,
+        by: By,
+        generation: Generation,
+        sequence: Sequence,
+        kind: FailureKind,
+        jitter: Option<JitterSample>,
+    ) -> FailOutcome {
+        let now = self.clock.now();
+        self.apply(by, |s| {
+            let jitter = jitter.unwrap_or_else(|| s.jitter());
+            let t = s.core.fail(generation, sequence, kind, now, jitter);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// Claims the next record for an attachment of `generation`: a copy of
+    /// it, or `None` when the core allows no claim (or the attachment is
+    /// fenced).
+    pub(crate) fn claim_for(&self, generation: Generation) -> Option<Envelope<T>>
+    where
+        T: Clone,
+    {
+        self.apply(By::Attachment, |s| {
+            let t = s.core.claim(generation);
+            match t.outcome {
+                ClaimOutcome::Claimed(envelope) => (Some(envelope.cloned()), t.changes),
+                _ => (None, t.changes),
+            }
+        })
+    }
+
+    /// Makes the running computation depend on the wake trigger.
+    pub(crate) fn track_wake(&self) {
+        self.handle.enter(|cell| Handle::track(cell, self.wake));
+    }
+}
+
+/// What a reader computes: one projection of the core, after tracking the
+/// projection's trigger.
+#[doc(hidden)]
+pub struct Project<T: 'static, P, F: Flavor> {
+    inner: Inner<T, F>,
+    trigger: Key,
+    project: fn(&EgressCore<T>) -> P,
+}
+
+impl<T: 'static, P: 'static, F: Flavor> Compute<P> for Project<T, P, F> {
+    fn compute(&self) -> P {
+        let inner = &self.inner;
+        inner.handle.enter(|cell| {
+            Handle::track(cell, self.trigger);
+            inner.state.with(&Entered::by(cell), |s| (self.project)(&s.core))
+        })
+    }
+}
+
+type Reader<T, P, E, F> = ComputedObj<P, Project<T, P, F>, E, F>;
+
+/// The flavours that can hold a cell of `T`: [`Local`] for any `T: Clone`,
+/// [`Threaded`] for `T: Clone + Send + Sync`. (It names the node types a
+/// cell creates, so that one generic implementation serves both.)
+#[doc(hidden)]
+pub trait CellFlavor<T: Clone + 'static>:
+    Flavor
+    + Holds<Reader<T, usize, ByEq, Self>>
+    + Holds<Reader<T, Option<Sequence>, ByEq, Self>>
+    + Holds<Reader<T, Option<Retry>, ByEq, Self>>
+    + Holds<Reader<T, Generation, ByEq, Self>>
+    + Holds<Reader<T, Snapshot<Envelope<T>>, Never, Self>>
+    + Holds<Reader<T, Snapshot<ParkedRecord<T>>, Never, Self>>
+{
+    /// The clock of a cell built without one.
+    fn default_clock() -> Arc<dyn Clock> {
+        Arc::new(MonotonicClock::new())
+    }
+}
+
+impl<T: Clone + 'static> CellFlavor<T> for Local {}
+impl<T: Clone + Send + Sync + 'static> CellFlavor<T> for Threaded {}
+
+/// The readers of a cell, one computed per projection and count.
+struct Readers<T: 'static, F: Flavor> {
+    pending: Computed<Snapshot<Envelope<T>>, F>,
+    inflight: Computed<Snapshot<Envelope<T>>, F>,
+    parked: Computed<Snapshot<ParkedRecord<T>>, F>,
+    exhausted: Computed<Snapshot<Envelope<T>>, F>,
+    acked_through: Computed<Option<Sequence>, F>,
+    retry: Computed<Option<Retry>, F>,
+    generation: Computed<Generation, F>,
+    pending_len: Computed<usize, F>,
+    inflight_len: Computed<usize, F>,
+    window_room: Computed<usize, F>,
+    parked_len: Computed<usize, F>,
+    exhausted_len: Computed<usize, F>,
+}
+
+/// What the clones of a cell share.
+struct Shared<T: 'static, F: Flavor> {
+    inner: Inner<T, F>,
+    readers: Readers<T, F>,
+    /// The live attachments, by the generation each captured.
+    attachments: F::Cell<Vec<(Generation, Key)>>,
+    /// Owns every node of the cell: its triggers, readers and attachments.
+    scope: Scope<F>,
+}
+
+/// An egress cell on a graph of flavour `F`: delivery state as signals.
+/// Use it as [`EgressCell`] (on [`Context`](crate::Context)),
+/// [`ThreadSafeEgressCell`] (on [`ThreadSafeContext`](crate::ThreadSafeContext))
+/// or through [`AsyncEgressCell`](crate::AsyncEgressCell).
+///
+/// The cell owns an [`EgressCore`] and projects it into the graph:
+///
+/// - **Readers** are computeds: [`pending`](Self::pending),
+///   [`inflight`](Self::inflight), [`parked`](Self::parked),
+///   [`exhausted`](Self::exhausted) (snapshots), [`acked_through`](Self::acked_through),
+///   [`retry`](Self::retry), [`generation`](Self::generation), and the counts
+///   [`pending_len`](Self::pending_len), [`inflight_len`](Self::inflight_len),
+///   [`window_room`](Self::window_room), [`parked_len`](Self::parked_len),
+///   [`exhausted_len`](Self::exhausted_len). They are lazy: a reader nobody
+///   reads costs nothing, a count costs O(1) per change, a list is built
+///   only when read after a change.
+/// - **Mutators** ([`enqueue`](Self::enqueue), [`ack`](Self::ack),
+///   [`fail`](Self::fail), ...) return the core's outcome and invalidate
+///   exactly the readers of the projections the transition changed, as one
+///   write (effects run once). A refused or no-op call invalidates nothing.
+///   Scalar and count readers cut off by equality, so an effect over "is
+///   anything pending?" re-runs only when the answer changes.
+/// - **Attachments** ([`attach`](Self::attach)) wire a transport as one
+///   effect per connection; see [`Attachment`].
+///
+/// Time comes from the cell's [`Clock`] (milliseconds; see
+/// [`CellOptions`]). The synchronous cells do not own a timer: the
+/// application's loop asks [`poll_timeout`](Self::poll_timeout) (or
+/// [`timeout_in`](Self::timeout_in)) when the next parked record is due and
+/// calls [`handle_timeout`](Self::handle_timeout) then.
+///
+/// Mutators and readers must not be called from inside `claim_with`'s
+/// closure; everywhere else (effects, transports, other threads for the
+/// thread-safe flavour) they may.
+///
+/// ```
+/// use egress_core::{Delay, Envelope, Policy, Sequence};
+/// use egress_reactive::{Context, EgressCell, SendError, Transport};
+/// use std::{cell::RefCell, rc::Rc};
+///
+/// struct Wire(Rc<RefCell<Vec<Envelope<String>>>>);
+/// impl Transport<String> for Wire {
+///     fn send(&mut self, envelope: Envelope<String>) -> Result<(), SendError> {
+///         self.0.borrow_mut().push(envelope);
+///         Ok(())
+///     }
+/// }
+///
+/// let cx = Context::new();
+/// let cell = EgressCell::new(&cx, Policy::builder().inflight_limit(2).build()?);
+/// let status = cx.computed({
+///     let (pending, inflight) = (cell.pending_len().clone(), cell.inflight_len().clone());
+///     move || format!("{} waiting, {} sending", pending.get(), inflight.get())
+/// });
+///
+/// let wire = Rc::new(RefCell::new(Vec::new()));
+/// let link = cell.attach(Wire(wire.clone()));
+/// for text in ["hi", "how are you", "bye"] {
+///     cell.enqueue(text.to_string());
+/// }
+/// assert_eq!(wire.borrow().len(), 2); // the window holds two
+/// assert_eq!(status.get(), "1 waiting, 2 sending");
+///
+/// link.ack(Sequence(1)); // the peer has 0 and 1: the window reopens
+/// assert_eq!(wire.borrow().len(), 3);
+/// assert_eq!(status.get(), "0 waiting, 1 sending");
+/// # Ok::<(), egress_core::PolicyError>(())
+/// ```
+pub struct EgressCellOf<T: 'static, F: Flavor> {
+    shared: F::Ptr<Shared<T, F>>,
+}
+
+/// An egress cell on a [`Context`](crate::Context) (one thread).
+pub type EgressCell<T> = EgressCellOf<T, Local>;
+
+/// An egress cell on a [`ThreadSafeContext`](crate::ThreadSafeContext):
+/// `Send + Sync`, mutators and readers usable from any thread.
+///
+/// The graph's lock is held for each call, including the attachment's
+/// sends that a call triggers, so a slow synchronous transport holds up
+/// the other threads' calls; use [`AsyncEgressCell`](crate::AsyncEgressCell)
+/// for transports that wait.
+pub type ThreadSafeEgressCell<T> = EgressCellOf<T, Threaded>;
+
+impl<T: 'static, F: Flavor> Clone for EgressCellOf<T, F> {
+    fn clone(&self) -> Self {
+        EgressCellOf { shared: self.shared.clone() }
+    }
+}
+
+impl<T: 'static, F: Flavor> std::fmt::Debug for EgressCellOf<T, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = &self.shared.inner;
+        inner.with_core(|core| {
+            f.debug_struct("EgressCell")
+                .field("generation", &core.generation())
+                .field("next_sequence", &core.next_sequence())
+                .field("pending", &core.pending_len())
+                .field("inflight", &core.inflight_len())
+                .field("parked", &core.parked_len())
+                .field("exhausted", &core.exhausted_len())
+                .field("acked_through", &core.acked_through())
+                .finish()
+        })
+    }
+}
+
+fn list<'a, T: Clone + 'a>(items: impl Iterator<Item = Envelope<&'a T>>) -> Snapshot<Envelope<T>> {
+    items.map(Envelope::cloned).collect()
+}
+
+impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
+    /// A cell with `policy`, at generation 0, owned by the current owner of
+    /// `cx` (disposed with it, or when the last clone of the cell drops).
+    #[track_caller]
+    pub fn new(cx: &Handle<F>, policy: Policy) -> Self {
+        Self::with_options(cx, policy, CellOptions::new())
+    }
+
+    /// A cell with `policy` and `options`.
+    #[track_caller]
+    pub fn with_options(cx: &Handle<F>, policy: Policy, mut options: CellOptions) -> Self {
+        let clock = options.take_clock(F::default_clock);
+        Self::build(cx, policy, options, clock, Location::caller())
+    }
+
+    pub(crate) fn build(
+        cx: &Handle<F>,
+        policy: Policy,
+        options: CellOptions,
+        clock: Arc<dyn Clock>,
+        at: &'static Location<'static>,
+    ) -> Self {
+        let seed = options.jitter_seed.unwrap_or_else(|| std::collections::hash_map::RandomState::new().hash_one(0u64));
+        let core = EgressCore::with_generation(policy, options.generation);
+        let state = F::ptr(ValueCell::new(State { core, rng: seed }));
+        let (scope, (inner, readers)) = cx.scope(|| {
+            let triggers = Projection::ALL.map(|_| cx.trigger(at));
+            let inner = Inner { handle: cx.clone(), state, triggers, wake: cx.trigger(at), clock };
+            let readers = Readers {
+                pending: reader(&inner, Projection::Pending, Never, |c| list(c.pending()), at),
+                inflight: reader(&inner, Projection::Inflight, Never, |c| list(c.inflight()), at),
+                parked: reader(
+                    &inner,
+                    Projection::Parked,
+                    Never,
+                    |c| {
+                        c.parked()
+                            .map(|p| ParkedRecord {
+                                sequence: p.sequence,
+                                attempt: p.attempt,
+                                backoff: p.backoff,
+                                due: p.due,
+                                payload: p.payload.clone(),
+                            })
+                            .collect()
+                    },
+                    at,
+                ),
+                exhausted: reader(&inner, Projection::Exhausted, Never, |c| list(c.exhausted()), at),
+                acked_through: reader(&inner, Projection::AckedThrough, ByEq, EgressCore::acked_through, at),
+                retry: reader(&inner, Projection::Retry, ByEq, EgressCore::retry, at),
+                generation: reader(&inner, Projection::Generation, ByEq, EgressCore::generation, at),
+                pending_len: reader(&inner, Projection::Pending, ByEq, EgressCore::pending_len, at),
+                inflight_len: reader(&inner, Projection::Inflight, ByEq, EgressCore::inflight_len, at),
+                window_room: reader(&inner, Projection::Inflight, ByEq, EgressCore::window_room, at),
+                parked_len: reader(&inner, Projection::Parked, ByEq, EgressCore::parked_len, at),
+                exhausted_len: reader(&inner, Projection::Exhausted, ByEq, EgressCore::exhausted_len, at),
+            };
+            (inner, readers)
+        });
+        let shared = Shared { inner, readers, attachments: ValueCell::new(Vec::new()), scope };
+        EgressCellOf { shared: F::ptr(shared) }
+    }
+
+    // ----- readers ---------------------------------------------------
+
+    /// The records waiting to be claimed, in sequence order.
+    pub fn pending(&self) -> &Computed<Snapshot<Envelope<T>>, F> {
+        &self.shared.readers.pending
+    }
+
+    /// The records in flight, in claim order.
+    pub fn inflight(&self) -> &Computed<Snapshot<Envelope<T>>, F> {
+        &self.shared.readers.inflight
+    }
+
+    /// The failed records waiting for their backoff, in sequence order.
+    pub fn parked(&self) -> &Computed<Snapshot<ParkedRecord<T>>, F> {
+        &self.shared.readers.parked
+    }
+
+    /// The dead letters (budget spent, or a permanent failure), in sequence
+    /// order, each with the generation it failed under.
+    pub fn exhausted(&self) -> &Computed<Snapshot<Envelope<T>>, F> {
+        &self.shared.readers.exhausted
+    }
+
+    /// The cumulative acknowledgement watermark (`None` until the first ack).
+    pub fn acked_through(&self) -> &Computed<Option<Sequence>, F> {
+        &self.shared.readers.acked_through
+    }
+
+    /// The most recent failure, while its record is parked or exhausted:
+    /// what a UI shows as "retrying in 4 s" or "failed".
+    pub fn retry(&self) -> &Computed<Option<Retry>, F> {
+        &self.shared.readers.retry
+    }
+
+    /// The current generation.
+    pub fn generation(&self) -> &Computed<Generation, F> {
+        &self.shared.readers.generation
+    }
+
+    /// How many records are pending.
+    pub fn pending_len(&self) -> &Computed<usize, F> {
+        &self.shared.readers.pending_len
+    }
+
+    /// How many records are in flight.
+    pub fn inflight_len(&self) -> &Computed<usize, F> {
+        &self.shared.readers.inflight_len
+    }
+
+    /// How many more records the window admits.
+    pub fn window_room(&self) -> &Computed<usize, F> {
+        &self.shared.readers.window_room
+    }
+
+    /// How many records are parked.
+    pub fn parked_len(&self) -> &Computed<usize, F> {
+        &self.shared.readers.parked_len
+    }
+
+    /// How many records are exhausted.
+    pub fn exhausted_len(&self) -> &Computed<usize, F> {
+        &self.shared.readers.exhausted_len
+    }
+
+    /// Reads the core directly, untracked (for what no reader projects, such
+    /// as the policy). `f` must not call into the cell.
+    pub fn with_core<R>(&self, f: impl FnOnce(&EgressCore<T>) -> R) -> R {
+        self.shared.inner.with_core(f)
+    }
+
+    /// The sequence the next enqueue will assign (untracked).
+    pub fn next_sequence(&self) -> Sequence {
+        self.with_core(EgressCore::next_sequence)
+    }
+
+    /// The cell's clock, read now.
+    pub fn now(&self) -> Time {
+        self.shared.inner.now()
+    }
+
+    // ----- mutators --------------------------------------------------
+
+    /// Queues `payload` and returns its sequence. Wakes the attachment when
+    /// the window has room.
+    pub fn enqueue(&self, payload: T) -> Sequence {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.enqueue(payload);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// Queues every payload in order: one transition, one invalidation, one
+    /// attachment run for all of them. Returns the sequences assigned.
+    pub fn enqueue_all(&self, payloads: impl IntoIterator<Item = T>) -> Range<Sequence> {
+        // Collected first: the iterator is user code, which must not run
+        // while the core is borrowed.
+        let payloads: Vec<T> = payloads.into_iter().collect();
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.enqueue_all(payloads);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// Claims the next record under `generation` by hand (attachments do
+    /// this for you) and passes the outcome to `f`, which must not call into
+    /// the cell. The readers are invalidated after `f` returns.
+    pub fn claim_with<R>(&self, generation: Generation, f: impl FnOnce(ClaimOutcome<'_, T>) -> R) -> R {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.claim(generation);
+            let changes = t.changes;
+            (f(t.outcome), changes)
+        })
+    }
+
+    /// A cumulative acknowledgement from the peer of `generation`: every
+    /// sequence at or below `through` was delivered. See
+    /// [`EgressCore::ack`]; an [`Attachment`] knows its generation.
+    pub fn ack(&self, generation: Generation, through: Sequence) -> AckOutcome {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.ack(generation, through);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// Reports a failed send of `sequence`, now (by the cell's clock), with a
+    /// jitter sample from the cell's generator. See [`EgressCore::fail`].
+    pub fn fail(&self, generation: Generation, sequence: Sequence, kind: FailureKind) -> FailOutcome {
+        self.shared.inner.fail(By::Caller, generation, sequence, kind, None)
+    }
+
+    /// [`fail`](Self::fail) with a given jitter sample.
+    pub fn fail_with(
+        &self,
+        generation: Generation,
+        sequence: Sequence,
+        kind: FailureKind,
+        jitter: JitterSample,
+    ) -> FailOutcome {
+        self.shared.inner.fail(By::Caller, generation, sequence, kind, Some(jitter))
+    }
+
+    /// Makes the parked record `sequence` pending again now ("tap to
+    /// retry"). See [`EgressCore::retry_now`].
+    pub fn retry_now(&self, generation: Generation, sequence: Sequence) -> ScheduleOutcome {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.retry_now(generation, sequence);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// Gives the dead letter `sequence` a fresh budget and makes it pending.
+    /// See [`EgressCore::requeue`].
+    pub fn requeue(&self, generation: Generation, sequence: Sequence) -> ScheduleOutcome {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.requeue(generation, sequence);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// Fences the current connection: moves to `generation` and returns
+    /// everything in flight or parked to pending. Every attachment of an
+    /// older generation is disposed first: it never sends again and no
+    /// change re-runs it. Attach the new connection's transport to replay.
+    /// See [`EgressCore::reconnect`].
+    pub fn reconnect(&self, generation: Generation) -> ReconnectOutcome {
+        let inner = &self.shared.inner;
+        inner.handle.enter(|cell| {
+            let (outcome, changes) = inner.state.with_mut(&Entered::by(cell), |s| {
+                let t = s.core.reconnect(generation);
+                (t.outcome, t.changes)
+            });
+            if matches!(outcome, ReconnectOutcome::Advanced { .. }) {
+                let fenced: Vec<Key> = self.shared.attachments.with_mut(&Entered::by(cell), |list| {
+                    let (old, kept) = list.drain(..).partition(|(g, _)| *g < generation);
+                    *list = kept;
+                    old.into_iter().map(|(_, key)| key).collect()
+                });
+                for key in fenced {
+                    inner.handle.dispose_node(key);
+                }
+            }
+            inner.invalidate(cell, changes, false);
+            outcome
+        })
+    }
+
+    /// When the earliest parked record is due (`None` when nothing is
+    /// parked): call [`handle_timeout`](Self::handle_timeout) then.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.with_core(EgressCore::poll_timeout)
+    }
+
+    /// How long from now (by the cell's clock) until
+    /// [`poll_timeout`](Self::poll_timeout); zero when already due.
+    ///
+    /// The loop of a synchronous cell, with the transport's receive as the
+    /// other input:
+    ///
+    /// ```no_run
+    /// # use egress_core::{Generation, Policy, Sequence};
+    /// # use egress_reactive::{Context, EgressCell};
+    /// # use std::time::Duration;
+    /// # let cx = Context::new();
+    /// # let cell: EgressCell<String> = EgressCell::new(&cx, Policy::default());
+    /// # let acks = std::sync::mpsc::channel::<(Generation, Sequence)>().1;
+    /// loop {
+    ///     let wait = cell.timeout_in().unwrap_or(Duration::from_secs(3600));
+    ///     match acks.recv_timeout(wait) {
+    ///         Ok((generation, through)) => { cell.ack(generation, through); }
+    ///         Err(_) => { cell.handle_timeout(cell.now()); }
+    ///     }
+    /// }
+    /// ```
+    pub fn timeout_in(&self) -> Option<Duration> {
+        let due = self.poll_timeout()?;
+        Some(Duration::from_millis(due.0.saturating_sub(self.now().0)))
+    }
+
+    /// Makes every parked record due at `now` pending again, in sequence
+    /// order, and returns their sequences. See [`EgressCore::handle_timeout`].
+    pub fn handle_timeout(&self, now: Time) -> Vec<Sequence> {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.handle_timeout(now);
+            (t.outcome, t.changes)
+        })
+    }
+
+    // ----- attachments -----------------------------------------------
+
+    /// Attaches `transport` under the current generation: creates the one
+    /// effect of this connection, which runs now and again whenever a
+    /// transition by anyone but itself makes a claim possible. Each run
+    /// claims while the core allows (window room, ordering) and sends each
+    /// claimed envelope; see [`Attachment`] for failures and fencing.
+    #[track_caller]
+    pub fn attach<Tr: Transport<T>>(&self, transport: Tr) -> Attachment<T, F>
+    where
+        F: Holds<EffectObj<AttachRun<T, Tr, F>, F>>,
+    {
+        let at = Location::caller();
+        let inner = self.shared.inner.clone();
+        let generation = self.generation().get_untracked();
+        let run = AttachRun { inner, transport, generation };
+        let effect = self.shared.scope.run(|| self.shared.inner.handle.make_effect(run, at));
+        self.register(generation, effect.key);
+        Attachment { node: (*effect).clone(), generation, cell: self.clone() }
+    }
+
+    /// Records a new attachment (and forgets disposed ones).
+    pub(crate) fn register(&self, generation: Generation, key: Key) {
+        let inner = &self.shared.inner;
+        inner.handle.enter(|cell| {
+            let live: Vec<bool> = self.shared.attachments.with(&Entered::by(cell), |list| {
+                let g = cell.borrow();
+                list.iter().map(|(_, k)| g.alive(*k)).collect()
+            });
+            self.shared.attachments.with_mut(&Entered::by(cell), |list| {
+                let mut live = live.into_iter();
+                list.retain(|_| live.next().unwrap_or(false));
+                if cell.borrow().alive(key) {
+                    list.push((generation, key));
+                }
+            });
+        });
+    }
+
+    pub(crate) fn inner(&self) -> &Inner<T, F> {
+        &self.shared.inner
+    }
+
+    pub(crate) fn scope(&self) -> &Scope<F> {
+        &self.shared.scope
+    }
+}
+
+fn reader<T: Clone + 'static, P: 'static, E: Cutoff<P>, F>(
+    inner: &Inner<T, F>,
+    projection: Projection,
+    cutoff: E,
+    project: fn(&EgressCore<T>) -> P,
+    at: &'static Location<'static>,
+) -> Computed<P, F>
+where
+    F: Holds<Reader<T, P, E, F>>,
+{
+    let f = Project { inner: inner.clone(), trigger: inner.triggers[projection as usize], project };
+    inner.handle.make_computed(cutoff, f, at)
+}
+
+/// The run of a synchronous attachment: claim, send, repeat.
+#[doc(hidden)]
+pub struct AttachRun<T: 'static, Tr, F: Flavor> {
+    inner: Inner<T, F>,
+    transport: Tr,
+    generation: Generation,
+}
+
+impl<T: Clone + 'static, Tr: Transport<T>, F: Flavor> RunEffect for AttachRun<T, Tr, F> {
+    fn run_effect(&mut self) {
+        self.inner.track_wake();
+        while let Some(envelope) = self.inner.claim_for(self.generation) {
+            let sequence = envelope.sequence;
+            if let Err(error) = self.transport.send(envelope) {
+                let kind = error.kind();
+                let _ = self.inner.fail(By::Attachment, self.generation, sequence, kind, None);
+                // A permanent failure is the payload's; the connection may
+                // go on. Otherwise stop this pass: the record's timer, or
+                // the next ack or enqueue, starts the next one.
+                if kind != FailureKind::Permanent {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// One connection's transport, wired to a cell as one effect.
+///
+/// The effect captured the cell's generation when it was attached. Each
+/// run claims while the core allows and sends each claimed envelope; its
+/// own claims and failures do not wake it again (one run per sending pass),
+/// while a caller's enqueue, ack, timeout, retry or requeue that makes a
+/// claim possible does.
+///
+/// A send error becomes [`fail`](EgressCellOf::fail) with the error's kind
+/// and the cell's clock as `now`. After a transient or retry-after failure
+/// the pass stops (the connection is suspect; the record's backoff, an ack
+/// or an enqueue starts the next pass); after a permanent one (the payload
+/// was refused) it goes on with the next record.
+///
+/// [`reconnect`](EgressCellOf::reconnect) to a newer generation fences the
+/// attachment: its effect is disposed, it never sends again and costs
+/// nothing. Attach the new connection's transport; its first run replays
+/// the records that were in flight or parked, under the new generation.
+///
+/// Dropping the attachment (or calling [`detach`](Self::detach)) disposes
+/// its effect and drops the transport. What it had sent stays in flight
+/// until acknowledged, failed, or replayed after a reconnect.
+#[must_use = "dropping an Attachment detaches its transport"]
+pub struct Attachment<T: 'static, F: Flavor> {
+    pub(crate) node: NodeRef<F>,
+    pub(crate) generation: Generation,
+    pub(crate) cell: EgressCellOf<T, F>,
+}
+
+impl<T: Clone + 'static, F: CellFlavor<T>> Attachment<T, F> {
+    /// The generation this attachment sends under.
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// An acknowledgement received on this connection.
+    pub fn ack(&self, through: Sequence) -> AckOutcome {
+        self.cell.ack(self.generation, through)
+    }
+
+    /// A failure reported on this connection (for transports that learn of
+    /// failures after `send` returned).
+    pub fn fail(&self, sequence: Sequence, kind: FailureKind) -> FailOutcome {
+        self.cell.fail(self.generation, sequence, kind)
+    }
+
+    /// Whether a reconnect has fenced this attachment (or it was detached).
+    pub fn is_fenced(&self) -> bool {
+        self.node.is_disposed() || self.cell.with_core(|c| c.generation() != self.generation)
+    }
+
+    /// How many times the attachment's effect has run (0 once fenced or
+    /// detached).
+    pub fn runs(&self) -> u32 {
+        self.node.runs()
+    }
+
+    /// The cell it is attached to.
+    pub fn cell(&self) -> &EgressCellOf<T, F> {
+        &self.cell
+    }
+
+    /// Disposes the effect and drops the transport (as dropping does).
+    pub fn detach(self) {}
+}
+
+impl<T: 'static, F: Flavor> Drop for Attachment<T, F> {
+    fn drop(&mut self) {
+        self.node.dispose();
+    }
+}
+
+impl<T: 'static, F: Flavor> std::fmt::Debug for Attachment<T, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attachment").field("generation", &self.generation).finish_non_exhaustive()
+    }
+}

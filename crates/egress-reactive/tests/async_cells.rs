@@ -1,0 +1,224 @@
+#![allow(clippy::unwrap_used)]
+//! AsyncEgressCell: async transports (serialized runs, cancellation keeps
+//! the envelope in flight), its own retry timer on paused tokio time, the
+//! multi-thread runtime, and what its drop releases.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use egress_core::{Delay, Envelope, FailureKind, Generation, Policy, Sequence};
+use egress_reactive::{AsyncContext, AsyncEgressCell, AsyncTransport, SendError};
+use tokio::sync::{Semaphore, mpsc};
+
+/// Sends into a channel after an optional delay; fails as scripted.
+struct Channel {
+    tx: mpsc::UnboundedSender<Envelope<u32>>,
+    delay: Duration,
+    fail: Vec<Option<FailureKind>>,
+    active: Arc<AtomicUsize>,
+    max_active: Arc<AtomicUsize>,
+}
+
+impl Channel {
+    fn new(tx: mpsc::UnboundedSender<Envelope<u32>>) -> Self {
+        Channel { tx, delay: Duration::ZERO, fail: Vec::new(), active: Arc::default(), max_active: Arc::default() }
+    }
+}
+
+impl AsyncTransport<u32> for Channel {
+    async fn send(&mut self, envelope: Envelope<u32>) -> Result<(), SendError> {
+        let now = self.active.fetch_add(1, SeqCst) + 1;
+        self.max_active.fetch_max(now, SeqCst);
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.active.fetch_sub(1, SeqCst);
+        if let Some(Some(kind)) = (!self.fail.is_empty()).then(|| self.fail.remove(0)) {
+            return Err(SendError::new(kind, "scripted"));
+        }
+        self.tx.send(envelope).map_err(|_| SendError::transient("receiver gone"))
+    }
+}
+
+fn policy(window: usize) -> Policy {
+    Policy::builder()
+        .inflight_limit(window)
+        .retry_budget(5)
+        .retry_base(Delay(100))
+        .retry_ceiling(Delay(800))
+        .build()
+        .unwrap()
+}
+
+async fn drain(rx: &mut mpsc::UnboundedReceiver<Envelope<u32>>) -> Vec<(u64, u32)> {
+    let mut out = Vec::new();
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    while let Ok(e) = rx.try_recv() {
+        out.push((e.sequence.0, e.attempt.0));
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_timer_resends_a_failed_record_when_its_backoff_ends() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy(4));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut transport = Channel::new(tx);
+    transport.fail = vec![Some(FailureKind::Transient)];
+    let link = cell.attach(transport);
+    cell.enqueue(7);
+    assert_eq!(drain(&mut rx).await, []);
+    assert_eq!(cell.parked_len().get(), 1);
+    let due = cell.poll_timeout().unwrap();
+    tokio::time::sleep(Duration::from_millis(99)).await;
+    assert_eq!(drain(&mut rx).await, [], "not before its due time");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(drain(&mut rx).await, [(0, 2)], "resent at {due:?} by the timer");
+    assert_eq!(cell.parked_len().get(), 0);
+    link.ack(Sequence(0));
+    assert_eq!(cell.acked_through().get(), Some(Sequence(0)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_earlier_failure_re_arms_the_timer() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy(4));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let link = cell.attach(Channel::new(tx));
+    cell.enqueue_all([1, 2]);
+    assert_eq!(drain(&mut rx).await, [(0, 1), (1, 1)]);
+    // 0 waits 800 ms (a hint), then 1 fails with the 100 ms base.
+    link.fail(Sequence(0), FailureKind::RetryAfter(Delay(800)));
+    link.fail(Sequence(1), FailureKind::Transient);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(drain(&mut rx).await, [(1, 2)]);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(drain(&mut rx).await, [(0, 2)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn runs_are_serialized_and_a_change_during_a_send_does_not_abort_it() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy(8));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut transport = Channel::new(tx);
+    transport.delay = Duration::from_millis(10);
+    let max_active = transport.max_active.clone();
+    let link = cell.attach(transport);
+    cell.enqueue(0);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // Mid-send: more work arrives; the send in progress completes.
+    cell.enqueue_all([1, 2]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(drain(&mut rx).await, [(0, 1), (1, 1), (2, 1)]);
+    assert_eq!(max_active.load(SeqCst), 1, "never two sends at once");
+    assert!(link.runs() <= 3, "one run at attach, at most one per wake: {}", link.runs());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attachment_dropped_mid_send_leaves_the_envelope_in_flight_for_the_replay() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy(8));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut slow = Channel::new(tx.clone());
+    slow.delay = Duration::from_secs(60);
+    let link = cell.attach(slow);
+    cell.enqueue(42);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(cell.inflight_len().get(), 1);
+    drop(link);
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(drain(&mut rx).await, [], "the cancelled send never completed");
+    assert_eq!(cell.inflight_len().get(), 1, "still in flight");
+    cell.reconnect(Generation(1));
+    let fresh = cell.attach(Channel::new(tx));
+    let replayed = drain(&mut rx).await;
+    assert_eq!(replayed, [(0, 2)]);
+    fresh.ack(Sequence(0));
+    assert_eq!(cell.inflight_len().get() + cell.pending_len().get(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flaky_peer_on_the_multi_thread_runtime_loses_nothing() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(
+        &cx,
+        Policy::builder()
+            .inflight_limit(32)
+            .retry_base(Delay(1))
+            .retry_ceiling(Delay(4))
+            .retry_budget(50)
+            .build()
+            .unwrap(),
+    );
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut transport = Channel::new(tx);
+    // Every seventh send fails.
+    transport.fail = (0..2_000).map(|i| (i % 7 == 3).then_some(FailureKind::Transient)).collect();
+    let link = cell.attach(transport);
+    let producers: Vec<_> = (0..4u32)
+        .map(|p| {
+            let cell = cell.clone();
+            tokio::spawn(async move {
+                for i in 0..250 {
+                    cell.enqueue(p * 1_000 + i);
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    for p in producers {
+        p.await.unwrap();
+    }
+    // The receiving side: acknowledge the contiguous prefix received.
+    let mut received = std::collections::BTreeMap::new();
+    let mut next = 0u64;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while next < 1_000 {
+        let e = tokio::time::timeout_at(deadline, rx.recv()).await.expect("everything arrives").unwrap();
+        received.entry(e.sequence.0).or_insert(e.payload);
+        while received.contains_key(&next) {
+            next += 1;
+        }
+        if next > 0 {
+            link.ack(Sequence(next - 1));
+        }
+    }
+    let mut payloads: Vec<u32> = received.into_values().collect();
+    payloads.sort_unstable();
+    let mut expected: Vec<u32> = (0..4).flat_map(|p| (0..250).map(move |i| p * 1_000 + i)).collect();
+    expected.sort_unstable();
+    assert_eq!(payloads, expected);
+    assert_eq!(cell.pending_len().get() + cell.inflight_len().get() + cell.parked_len().get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_cell_stops_its_timer_and_frees_its_nodes() {
+    let cx = AsyncContext::new();
+    let base = cx.node_count();
+    let cell = AsyncEgressCell::new(&cx, policy(4));
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let sem = Arc::new(Semaphore::new(0));
+    let watch = Arc::downgrade(&sem);
+    struct Held(Channel, #[allow(dead_code)] Arc<Semaphore>);
+    impl AsyncTransport<u32> for Held {
+        async fn send(&mut self, e: Envelope<u32>) -> Result<(), SendError> {
+            self.0.send(e).await
+        }
+    }
+    let link = cell.attach(Held(Channel::new(tx), sem));
+    cell.enqueue(1);
+    link.fail(Sequence(0), FailureKind::Transient);
+    assert!(cx.node_count() > base);
+    drop(link);
+    drop(cell);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(watch.upgrade().is_none(), "the transport is gone");
+    assert_eq!(cx.node_count(), base, "the timer task released the cell");
+}

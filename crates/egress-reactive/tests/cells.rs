@@ -1,0 +1,392 @@
+//! Egress cells on every flavour: readers, exact invalidation, attachments,
+//! failures, fencing and lifetimes. Each body runs on `EgressCell`
+//! (Context), `ThreadSafeEgressCell` (ThreadSafeContext) and the
+//! synchronous cell on an `AsyncContext`.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, Weak};
+
+use common::Counter;
+use egress_core::{
+    AckOutcome, Attempt, ClaimOutcome, Delay, Envelope, FailOutcome, FailureKind, Generation, JitterSample, Ordering,
+    Policy, ReconnectOutcome, Sequence, Time,
+};
+use egress_reactive::{CellOptions, EgressCellOf, ManualClock, SendError, Transport};
+
+/// A transport that records what it sends, fails as scripted (one entry per
+/// send: `None` succeeds), and lets tests watch when it is dropped.
+#[derive(Clone, Default)]
+struct Wire {
+    sent: Arc<Mutex<Vec<Envelope<u32>>>>,
+    script: Arc<Mutex<VecDeque<Option<FailureKind>>>>,
+}
+
+impl Wire {
+    fn sent(&self) -> Vec<(u64, u64, u32)> {
+        self.sent.lock().expect("wire").iter().map(|e| (e.generation.0, e.sequence.0, e.attempt.0)).collect()
+    }
+    fn sequences(&self) -> Vec<u64> {
+        self.sent.lock().expect("wire").iter().map(|e| e.sequence.0).collect()
+    }
+    fn fail_next(&self, kinds: impl IntoIterator<Item = Option<FailureKind>>) {
+        self.script.lock().expect("script").extend(kinds);
+    }
+    fn watch(&self) -> Weak<Mutex<Vec<Envelope<u32>>>> {
+        Arc::downgrade(&self.sent)
+    }
+}
+
+impl Transport<u32> for Wire {
+    fn send(&mut self, envelope: Envelope<u32>) -> Result<(), SendError> {
+        if let Some(Some(kind)) = self.script.lock().expect("script").pop_front() {
+            return Err(SendError::new(kind, "scripted failure"));
+        }
+        self.sent.lock().expect("wire").push(envelope);
+        Ok(())
+    }
+}
+
+fn policy(window: usize) -> Policy {
+    Policy::builder()
+        .inflight_limit(window)
+        .retry_budget(3)
+        .retry_base(Delay(100))
+        .retry_ceiling(Delay(1_000))
+        .build()
+        .expect("valid policy")
+}
+
+fn options(clock: &ManualClock) -> CellOptions {
+    CellOptions::new().generation(Generation(1)).clock(clock.clone()).jitter_seed(7)
+}
+
+/// One counting effect per reader: how many times each re-ran.
+macro_rules! counters {
+    ($cx:ident, $cell:ident: $($reader:ident),*) => {{
+        let mut out = Vec::new();
+        $(
+            let hits = Counter::new();
+            let _ = $cx.effect({
+                let (r, hits) = ($cell.$reader().clone(), hits.clone());
+                move || {
+                    r.with(|_| ());
+                    hits.hit();
+                }
+            });
+            hits.reset();
+            out.push((stringify!($reader), hits));
+        )*
+        out
+    }};
+}
+
+fn fired(counters: &[(&'static str, Counter)]) -> Vec<&'static str> {
+    let names = counters.iter().filter(|(_, c)| c.get() > 0).map(|(n, _)| *n).collect();
+    for (_, c) in counters {
+        c.reset();
+    }
+    names
+}
+
+each_flavour! {
+    fn readers_project_the_core(cx) {
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(2), options(&clock));
+        let seqs = cell.enqueue_all([10, 11, 12]);
+        assert_eq!(seqs, Sequence(0)..Sequence(3));
+        let g = Generation(1);
+        let claimed = cell.claim_with(g, |o| match o {
+            ClaimOutcome::Claimed(e) => Some((e.sequence, *e.payload)),
+            _ => None,
+        });
+        assert_eq!(claimed, Some((Sequence(0), 10)));
+        let pending: Vec<u32> = cell.pending().get().iter().map(|e| e.payload).collect();
+        assert_eq!(pending, [11, 12]);
+        assert_eq!(cell.inflight().get()[0].attempt, Attempt(1));
+        assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.window_room().get()), (2, 1, 1));
+        assert_eq!(cell.generation().get(), g);
+        assert_eq!(cell.next_sequence(), Sequence(3));
+        assert_eq!(cell.ack(g, Sequence(0)), AckOutcome::Advanced { through: Sequence(0) });
+        assert_eq!(cell.acked_through().get(), Some(Sequence(0)));
+        assert_eq!(cell.inflight_len().get(), 0);
+    }
+
+    fn transitions_invalidate_exactly_their_readers(cx) {
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(4), options(&clock));
+        let c = counters!(cx, cell: pending, inflight, parked, exhausted, acked_through, retry, generation,
+            pending_len, inflight_len, window_room, parked_len, exhausted_len);
+        let g = Generation(1);
+        cell.enqueue(1);
+        assert_eq!(fired(&c), ["pending", "pending_len"]);
+        cell.claim_with(g, |_| ());
+        assert_eq!(fired(&c), ["pending", "inflight", "pending_len", "inflight_len", "window_room"]);
+        // Refusals and no-ops invalidate nothing.
+        assert!(matches!(cell.ack(Generation(0), Sequence(0)), AckOutcome::StaleGeneration { .. }));
+        assert!(matches!(cell.ack(g, Sequence(9)), AckOutcome::Unassigned { .. }));
+        assert!(cell.claim_with(Generation(5), |o| o.refusal().is_some()));
+        assert_eq!(cell.reconnect(g), ReconnectOutcome::Unchanged);
+        assert!(fired(&c).is_empty());
+        clock.set(Time(50));
+        let failed = cell.fail_with(g, Sequence(0), FailureKind::Transient, JitterSample::ZERO);
+        assert!(matches!(failed, FailOutcome::Retrying(r) if r.backoff == Delay(100)));
+        assert_eq!(fired(&c), ["inflight", "parked", "retry", "inflight_len", "window_room", "parked_len"]);
+        assert_eq!(cell.parked().get()[0].due, Time(150));
+        assert!(cell.handle_timeout(Time(149)).is_empty());
+        assert!(fired(&c).is_empty());
+        assert_eq!(cell.handle_timeout(Time(150)), [Sequence(0)]);
+        assert_eq!(fired(&c), ["pending", "parked", "retry", "pending_len", "parked_len"]);
+        assert!(matches!(cell.reconnect(Generation(2)), ReconnectOutcome::Advanced { replayed: 0, .. }));
+        // Every pending envelope now carries the new generation.
+        assert_eq!(fired(&c), ["pending", "generation"]);
+        assert_eq!(cell.pending().get()[0].generation, Generation(2));
+    }
+
+    fn equality_cut_off_reaches_effects(cx) {
+        let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(4));
+        let busy = cx.computed({
+            let n = cell.pending_len().clone();
+            move || n.get() > 0
+        });
+        let runs = Counter::new();
+        let _ = cx.effect({
+            let (busy, runs) = (busy.clone(), runs.clone());
+            move || {
+                busy.get();
+                runs.hit();
+            }
+        });
+        for i in 0..5 {
+            cell.enqueue(i);
+        }
+        assert_eq!(runs.get(), 2, "false at creation, true once");
+        // One invalidation for a batch of records.
+        let len_runs = Counter::new();
+        let _ = cx.effect({
+            let (n, hits) = (cell.pending_len().clone(), len_runs.clone());
+            move || {
+                n.get();
+                hits.hit();
+            }
+        });
+        cell.enqueue_all(0..100);
+        assert_eq!(len_runs.get(), 2);
+        assert_eq!(cell.pending_len().get(), 105);
+    }
+
+    fn an_attachment_sends_within_the_window_once_per_pass(cx) {
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(4), options(&clock));
+        cell.enqueue_all(0..10);
+        let wire = Wire::default();
+        let link = cell.attach(wire.clone());
+        assert_eq!(wire.sequences(), [0, 1, 2, 3]);
+        assert_eq!(link.runs(), 1, "its own claims do not re-run it");
+        assert_eq!((cell.pending_len().get(), cell.inflight_len().get()), (6, 4));
+        cell.enqueue(10);
+        assert_eq!(link.runs(), 1, "an enqueue into a full window does not wake it");
+        assert_eq!(link.ack(Sequence(1)), AckOutcome::Advanced { through: Sequence(1) });
+        assert_eq!(wire.sequences(), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(link.runs(), 2);
+        link.ack(Sequence(5));
+        assert_eq!(wire.sequences(), (0..10).collect::<Vec<u64>>());
+        assert_eq!(link.runs(), 3);
+        link.ack(Sequence(9));
+        assert_eq!(wire.sequences().len(), 11);
+        assert_eq!(link.runs(), 4);
+        link.ack(Sequence(10));
+        assert_eq!(link.runs(), 4, "nothing left to claim: not woken");
+        assert_eq!((cell.pending_len().get(), cell.inflight_len().get()), (0, 0));
+        cell.enqueue(11);
+        assert_eq!(link.runs(), 5);
+        assert_eq!(wire.sent().last(), Some(&(1, 11, 1)));
+    }
+
+    fn send_failures_become_fails_with_their_kind_and_the_clock(cx) {
+        let clock = ManualClock::new();
+        clock.set(Time(1_000));
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let wire = Wire::default();
+        wire.fail_next([Some(FailureKind::Transient)]);
+        let link = cell.attach(wire.clone());
+        cell.enqueue_all(0..3);
+        // The transient failure of 0 parks it and ends the pass.
+        assert!(wire.sequences().is_empty());
+        let parked = cell.parked().get();
+        assert_eq!((parked[0].sequence, parked[0].due), (Sequence(0), Time(1_100)));
+        assert_eq!(cell.retry().get().map(|r| r.sequence), Some(Sequence(0)));
+        assert_eq!(cell.pending_len().get(), 2);
+        assert_eq!(cell.timeout_in(), Some(std::time::Duration::from_millis(100)));
+        // At the due time it is pending again, and the attachment resumes.
+        clock.set(Time(1_100));
+        cell.handle_timeout(cell.now());
+        assert_eq!(wire.sent(), [(1, 0, 2), (1, 1, 1), (1, 2, 1)]);
+        assert_eq!(cell.retry().get(), None);
+        // A permanent failure makes a dead letter and the pass goes on.
+        wire.fail_next([Some(FailureKind::Permanent), None]);
+        cell.enqueue_all([3, 4]);
+        assert_eq!(cell.exhausted().get()[0].sequence, Sequence(3));
+        assert_eq!(wire.sequences().last(), Some(&4));
+        // A retry-after hint floors the backoff.
+        wire.fail_next([Some(FailureKind::RetryAfter(Delay(5_000)))]);
+        cell.enqueue(5);
+        assert_eq!(cell.parked().get()[0].backoff, Delay(5_000));
+        assert_eq!(cell.poll_timeout(), Some(Time(6_100)));
+        // Requeue the dead letter: it goes out again.
+        assert!(cell.requeue(link.generation(), Sequence(3)).refusal().is_none());
+        assert_eq!(wire.sent().last(), Some(&(1, 3, 2)));
+    }
+
+    fn reconnect_fences_the_old_attachment_and_the_new_one_replays(cx) {
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(
+            &cx.handle(), policy(3), CellOptions::new().generation(Generation(1)));
+        let old_wire = Wire::default();
+        let old = cell.attach(old_wire.clone());
+        cell.enqueue_all(0..5);
+        assert_eq!(old_wire.sequences(), [0, 1, 2]);
+        old.ack(Sequence(0));
+        assert_eq!(old_wire.sequences(), [0, 1, 2, 3]);
+        let links = cx.link_count();
+        assert!(matches!(cell.reconnect(Generation(2)), ReconnectOutcome::Advanced { replayed: 3, .. }));
+        assert!(old.is_fenced());
+        assert!(cx.link_count() < links, "the fenced effect left the graph");
+        // Later changes neither wake nor reach it; its acks are refused.
+        cell.enqueue(5);
+        assert!(matches!(old.ack(Sequence(4)), AckOutcome::StaleGeneration { .. }));
+        assert_eq!(old_wire.sequences(), [0, 1, 2, 3]);
+        assert_eq!(old.runs(), 0);
+        let new_wire = Wire::default();
+        let new = cell.attach(new_wire.clone());
+        assert_eq!(new.generation(), Generation(2));
+        // The replay: what was in flight, in sequence order, attempt 2.
+        assert_eq!(new_wire.sent(), [(2, 1, 2), (2, 2, 2), (2, 3, 2)]);
+        new.ack(Sequence(3));
+        assert_eq!(new_wire.sequences(), [1, 2, 3, 4, 5]);
+        new.ack(Sequence(5));
+        assert_eq!(cell.acked_through().get(), Some(Sequence(5)));
+        assert_eq!(cell.inflight_len().get(), 0);
+    }
+
+    fn strict_ordering_holds_the_attachment_back(cx) {
+        let strict = Policy::builder().inflight_limit(4).retry_budget(2).retry_base(Delay(10))
+            .retry_ceiling(Delay(10)).ordering(Ordering::Strict).build().expect("policy");
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), strict, options(&clock));
+        let wire = Wire::default();
+        wire.fail_next([None, Some(FailureKind::Transient)]);
+        let link = cell.attach(wire.clone());
+        cell.enqueue_all(0..4);
+        // 0 sent, 1 parked: 2 and 3 wait behind it.
+        assert_eq!(wire.sequences(), [0]);
+        link.ack(Sequence(0));
+        assert_eq!(wire.sequences(), [0]);
+        clock.set(Time(10));
+        cell.handle_timeout(cell.now());
+        assert_eq!(wire.sequences(), [0, 1, 2, 3]);
+    }
+
+    fn a_transport_may_acknowledge_from_inside_send(cx) {
+        struct Echo<F: egress_reactive::Flavor> {
+            cell: EgressCellOf<u32, F>,
+            seen: Arc<Mutex<Vec<u64>>>,
+        }
+        impl<F: egress_reactive::CellFlavor<u32>> Transport<u32> for Echo<F> {
+            fn send(&mut self, envelope: Envelope<u32>) -> Result<(), SendError> {
+                self.seen.lock().expect("seen").push(envelope.sequence.0);
+                self.cell.ack(envelope.generation, envelope.sequence);
+                Ok(())
+            }
+        }
+        let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let link = cell.attach(Echo { cell: cell.clone(), seen: seen.clone() });
+        cell.enqueue_all(0..6);
+        assert_eq!(*seen.lock().expect("seen"), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(cell.acked_through().get(), Some(Sequence(5)));
+        drop(link);
+        // The transport (and its clone of the cell) went with the attachment.
+        assert_eq!(Arc::strong_count(&seen), 1);
+    }
+
+    fn dropping_attachments_and_cells_frees_their_nodes(cx) {
+        let base = cx.node_count();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));
+        let _ = cell.pending().get();
+        let wire = Wire::default();
+        let watch = wire.watch();
+        let link = cell.attach(wire);
+        cell.enqueue(1);
+        assert!(cx.node_count() > base);
+        let with_link = cx.node_count();
+        drop(link);
+        assert_eq!(cx.node_count(), with_link - 1);
+        assert!(watch.upgrade().is_none(), "the transport is dropped with its attachment");
+        let reader = cell.pending_len().clone();
+        drop(cell);
+        assert_eq!(cx.node_count(), base);
+        assert_eq!(cx.link_count(), 0);
+        assert!(reader.try_get().is_err(), "a reader outliving its cell reads as disposed");
+    }
+
+    fn dropping_the_context_drops_transports(cx) {
+        let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));
+        let wire = Wire::default();
+        let watch = wire.watch();
+        let _link = cell.attach(wire);
+        drop(cx);
+        assert!(watch.upgrade().is_none());
+        drop(cell);
+    }
+
+    fn the_jitter_generator_is_seeded(cx) {
+        let jittery = Policy::builder().retry_base(Delay(1_000)).retry_ceiling(Delay(1_000)).jitter(0.5)
+            .build().expect("policy");
+        let backoffs = |seed: u64| {
+            let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(
+                &cx.handle(), jittery, CellOptions::new().jitter_seed(seed));
+            (0..4).map(|i| {
+                cell.enqueue(i);
+                cell.claim_with(Generation(0), |_| ());
+                match cell.fail(Generation(0), Sequence(u64::from(i)), FailureKind::Transient) {
+                    FailOutcome::Retrying(r) => r.backoff.0,
+                    other => panic!("unexpected {other:?}"),
+                }
+            }).collect::<Vec<_>>()
+        };
+        let a = backoffs(1);
+        assert_eq!(a, backoffs(1));
+        assert_ne!(a, backoffs(2));
+        assert!(a.iter().all(|b| (1_000..=1_500).contains(b)), "{a:?}");
+    }
+}
+
+#[test]
+fn producers_on_eight_threads_lose_nothing() {
+    let cx = egress_reactive::ThreadSafeContext::new();
+    let cell: egress_reactive::ThreadSafeEgressCell<u32> = EgressCellOf::new(&cx.handle(), policy(16));
+    let wire = Wire::default();
+    let link = cell.attach(wire.clone());
+    std::thread::scope(|s| {
+        for t in 0..8u32 {
+            let cell = cell.clone();
+            s.spawn(move || {
+                for i in 0..500 {
+                    cell.enqueue(t * 1_000 + i);
+                }
+            });
+        }
+    });
+    while cell.pending_len().get() + cell.inflight_len().get() > 0 {
+        let last = wire.sent.lock().expect("wire").last().map(|e| e.sequence);
+        link.ack(last.expect("something was sent"));
+    }
+    let sent = wire.sequences();
+    assert_eq!(sent, (0..4_000).collect::<Vec<u64>>(), "each sequence once, in order");
+    let mut payloads: Vec<u32> = wire.sent.lock().expect("wire").iter().map(|e| e.payload).collect();
+    payloads.sort_unstable();
+    let mut expected: Vec<u32> = (0..8).flat_map(|t| (0..500).map(move |i| t * 1_000 + i)).collect();
+    expected.sort_unstable();
+    assert_eq!(payloads, expected);
+}
