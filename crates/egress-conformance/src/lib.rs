@@ -1,5 +1,7 @@
 //! Runs the egress fixture corpus (`conformance/egress/*.json`, schema in
-//! `conformance/README.md`) against the core and, as they land, every shell.
+//! `conformance/README.md`) against the core (`core`) and every shell: the
+//! egress cells on a `Context` (`context`), a `ThreadSafeContext`
+//! (`thread-safe`) and an `AsyncContext` (`async`).
 //!
 //! ```text
 //!  fixture.json ──load──▶ Fixture ──run_fixture──▶ Target ─start─▶ Session
@@ -26,14 +28,16 @@
 
 pub mod fixture;
 pub mod runner;
+pub mod shell;
 pub mod target;
 
 pub use fixture::{Fixture, FixtureError, Op};
 pub use runner::{Mismatch, Report, Verdict, collect_files, run_files, run_fixture};
+pub use shell::{AsyncTarget, ContextTarget, ThreadSafeTarget};
 pub use target::{CoreTarget, Observation, Session, Target};
 
 /// Every target this build knows, by name.
 #[must_use]
 pub fn targets() -> Vec<&'static dyn Target> {
-    vec![&CoreTarget]
+    vec![&CoreTarget, &ContextTarget, &ThreadSafeTarget, &AsyncTarget]
 }

@@ -69,6 +69,29 @@ fn a_wrong_invalidation_is_reported() {
 }
 
 #[test]
+fn every_shell_target_observes_invalidations_through_its_readers() {
+    // Each direction of a wrong flag fails on every shell: a reader that was
+    // dirtied when the fixture says not, and one left clean when it says so.
+    let mut too_many = load_value("window_reopening.json");
+    too_many["steps"][5]["expected"]["invalidates"]["inflight"] = json!(true);
+    let mut too_few = load_value("retry_after_hint.json");
+    too_few["steps"][2]["expected"]["invalidates"]["parked"] = json!(false);
+    for target in targets() {
+        for (v, step, field) in [(&too_many, 5, "inflight"), (&too_few, 2, "parked")] {
+            let fixture = Fixture::parse(Path::new("mutated.json"), &v.to_string()).expect("still well formed");
+            match run_fixture(&fixture, target) {
+                Verdict::Mismatch(m) => {
+                    assert_eq!((m.step, m.field), (step, format!("expected.invalidates.{field}")), "{}", target.name());
+                }
+                other => panic!("{}: expected a mismatch, got {other:?}", target.name()),
+            }
+        }
+    }
+    let names: Vec<&str> = targets().iter().map(|t| t.name()).collect();
+    assert_eq!(names, ["core", "context", "thread-safe", "async"]);
+}
+
+#[test]
 fn absent_expected_keys_are_not_asserted() {
     let mut v = load_value("bounded_retry.json");
     for step in v["steps"].as_array_mut().expect("steps") {

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use egress_core::{Delay, Time};
 
-/// A source of [`Time`], in milliseconds since some fixed start. Must never
-/// go backwards.
+/// A source of [`Time`], in milliseconds since some fixed start. The real
+/// clocks never go backwards.
 pub trait Clock: Send + Sync + 'static {
     /// The current time.
     fn now(&self) -> Time;
@@ -70,10 +70,11 @@ impl ManualClock {
         Self::default()
     }
 
-    /// Moves the clock to `time`, if that is not in its past (a clock never
-    /// goes backwards; an earlier time is ignored).
+    /// Sets the clock to `time`, exactly. Nothing stops it from going
+    /// backwards, which a replay of recorded inputs may need; the core takes
+    /// whatever `now` it is given.
     pub fn set(&self, time: Time) {
-        self.now.fetch_max(time.0, Ordering::SeqCst);
+        self.now.store(time.0, Ordering::SeqCst);
     }
 
     /// Moves the clock forward by `delay` (saturating).
