@@ -8,6 +8,7 @@
 
 mod adapters;
 mod alloc;
+mod cells;
 mod prng;
 mod suite;
 
@@ -49,6 +50,8 @@ egress-bench: side-by-side benchmarks
 USAGE:
   egress-bench reactivity [--quick] [--tests A,B] [--libs X,Y] [--timeout SECS] [--best-of N]
   egress-bench child LIB TEST [--quick]     (one measurement; used by `reactivity`)
+  egress-bench cells [--sizes N,M] [--libs X,Y] [--timeout SECS]
+  egress-bench cells-child LIB N [RUNS]      (one measurement; used by `cells`)
 
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
@@ -56,6 +59,11 @@ USAGE:
               egress-async, lazily, lazily-ts, alien, sycamore, leptos
   --timeout   seconds per (library, test) before it is reported TIMEOUT (default 10)
   --best-of   run each (library, test) N times, keep the best (damps a noisy host; default 1)
+
+cells: ns per envelope through each egress cell (enqueue, attached effect
+sends, ack every 32, one UI effect on the pending count) at each size
+(default 1000,1000000); libraries: core, egress, egress-ts, egress-async,
+lazily, lazily-ts, lazily-async; --timeout defaults to 60 s.
 
 Repetitions within a test stop after a 3 s budget (the fastest of those
 completed counts), so slow libraries do not stretch the run.
@@ -66,6 +74,8 @@ fn main() -> anyhow::Result<()> {
     match args.first().map(String::as_str) {
         Some("reactivity") => reactivity(&args[1..]),
         Some("child") => child(&args[1..]),
+        Some("cells") => cells_table(&args[1..]),
+        Some("cells-child") => cells_child(&args[1..]),
         Some("--help") | Some("-h") | None => {
             print!("{HELP}");
             Ok(())
@@ -180,6 +190,12 @@ fn run_child(exe: &std::path::Path, lib: &str, test: &str, quick: bool, timeout:
     if quick {
         cmd.arg("--quick");
     }
+    wait_child(cmd, timeout)
+}
+
+/// Runs a child to completion or `timeout`; parses its last line (`OK best
+/// [median]` in ns, or `FAIL reason`).
+fn wait_child(mut cmd: Command, timeout: Duration) -> anyhow::Result<Cell> {
     let mut child = cmd.spawn()?;
     let deadline = Instant::now() + timeout;
     loop {
@@ -261,4 +277,124 @@ fn date() -> String {
         .ok()
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map_or_else(|| "unknown date".into(), |s| s.trim().to_owned())
+}
+
+/// `cells-child LIB N`: one cell measurement, printed as `OK nanos-per-envelope`.
+fn cells_child(args: &[String]) -> anyhow::Result<()> {
+    let [lib, n, rest @ ..] = args else { bail!("usage: cells-child LIB N [RUNS]") };
+    // A fixed number of runs (for instruction counts under valgrind).
+    let runs: Option<usize> = rest.first().map(|r| r.parse()).transpose().context("RUNS must be a number")?;
+    let n: usize = n.parse().context("N must be a number")?;
+    let (_, _, run) =
+        cells::LIBS.iter().find(|(k, _, _)| k == lib).with_context(|| format!("unknown library {lib:?}"))?;
+    std::panic::set_hook(Box::new(|_| {}));
+    let budget = Duration::from_secs(if n >= 100_000 { 4 } else { 1 });
+    let measured = std::panic::catch_unwind(|| match runs {
+        Some(k) => (0..k.max(1)).map(|_| run(n)).min().unwrap_or_default(),
+        None => cells::measure(*run, n, budget),
+    });
+    let line = match measured {
+        Ok(t) => format!("OK {}", t.as_nanos() / n.max(1) as u128),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panicked".into());
+            format!("FAIL {}", msg.replace('\n', " "))
+        }
+    };
+    println!("{line}");
+    Ok(())
+}
+
+/// `cells`: the cell benchmark table, one child process per (size, library).
+fn cells_table(args: &[String]) -> anyhow::Result<()> {
+    let mut sizes = vec![1_000usize, 1_000_000];
+    let mut libs: Vec<String> = Vec::new();
+    let mut timeout = Duration::from_secs(60);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--sizes" => {
+                sizes = it
+                    .next()
+                    .context("--sizes needs a value")?
+                    .split(',')
+                    .map(|s| s.parse().context("sizes are numbers"))
+                    .collect::<anyhow::Result<_>>()?
+            }
+            "--libs" => libs = it.next().context("--libs needs a value")?.split(',').map(str::to_owned).collect(),
+            "--timeout" => timeout = Duration::from_secs(it.next().context("--timeout needs a value")?.parse()?),
+            other => bail!("unknown option {other:?}\n\n{HELP}"),
+        }
+    }
+    let selected: Vec<_> =
+        cells::LIBS.iter().filter(|(k, _, _)| libs.is_empty() || libs.iter().any(|l| l == k)).collect();
+    if selected.is_empty() {
+        bail!("no library selected");
+    }
+    let exe = std::env::current_exe()?;
+    let started = Instant::now();
+    let mut failures = 0;
+    print!("| queued |");
+    for (_, name, _) in &selected {
+        print!(" {name} |");
+    }
+    println!(" lazily / egress | egress-ts / egress |");
+    print!("|---:|");
+    for _ in &selected {
+        print!("---:|");
+    }
+    println!("---:|---:|");
+    for n in &sizes {
+        let mut row: Vec<(&str, Cell)> = Vec::new();
+        for (key, _, _) in &selected {
+            eprint!("cells {n} / {key} ... ");
+            let _ = std::io::stderr().flush();
+            let cell = run_cells_child(&exe, key, *n, timeout)?;
+            match &cell {
+                Cell::Time(t, _) => eprintln!("{} ns/envelope", t.as_nanos()),
+                Cell::Fail(e) => eprintln!("FAIL {e}"),
+                Cell::Timeout => eprintln!("TIMEOUT"),
+            }
+            if key.starts_with("egress") && !matches!(cell, Cell::Time(..)) {
+                failures += 1;
+            }
+            row.push((key, cell));
+        }
+        print!("| {n} |");
+        for (_, cell) in &row {
+            match cell {
+                Cell::Time(t, _) => print!(" {} |", t.as_nanos()),
+                Cell::Fail(e) => print!(" FAIL: {} |", e.replace('|', "/")),
+                Cell::Timeout => print!(" TIMEOUT |"),
+            }
+        }
+        let get = |k: &str| row.iter().find(|(key, _)| *key == k).and_then(|(_, c)| time(c));
+        let ratio = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+            (Some(a), Some(b)) if !b.is_zero() => format!("{:.1}x", a.as_secs_f64() / b.as_secs_f64()),
+            (None, Some(_)) => "> timeout".into(),
+            _ => "-".into(),
+        };
+        println!(" {} | {} |", ratio(get("lazily"), get("egress")), ratio(get("egress-ts"), get("egress")));
+    }
+    println!(
+        "\nns per envelope (best of repeated runs); window {}, ack every {}. Run of {} in {:.0} s; TIMEOUT: over {} s.",
+        cells::WINDOW,
+        cells::ACK_EVERY,
+        date(),
+        started.elapsed().as_secs_f64(),
+        timeout.as_secs()
+    );
+    if failures > 0 {
+        bail!("{failures} egress measurement(s) failed");
+    }
+    Ok(())
+}
+
+fn run_cells_child(exe: &std::path::Path, lib: &str, n: usize, timeout: Duration) -> anyhow::Result<Cell> {
+    let mut cmd = Command::new(exe);
+    cmd.args(["cells-child", lib, &n.to_string()]).stdout(Stdio::piped()).stderr(Stdio::null());
+    wait_child(cmd, timeout)
 }

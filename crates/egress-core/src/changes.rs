@@ -63,6 +63,12 @@ impl Changes {
         self.0 == 0
     }
 
+    /// The set as a bit mask: bit `i` stands for `Projection::ALL[i]`.
+    #[must_use]
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+
     /// Whether `projection` changed.
     #[must_use]
     pub const fn contains(self, projection: Projection) -> bool {

@@ -185,6 +185,32 @@ impl<F: Flavor> Handle<F> {
     }
 }
 
+impl<F: Flavor> Handle<F> {
+    /// A computed whose value its owner pushes with [`Computed::push`]
+    /// instead of a function: a source node with a slot. It never runs;
+    /// readers track it like any computed. (The egress cells' counts.)
+    pub(crate) fn pushed<T: 'static>(&self, value: T, created_at: &'static Location<'static>) -> Computed<T, F> {
+        let slot = F::ptr(Slot { value: ValueCell::new(Some(value)), created_at });
+        let key = self.trigger(created_at);
+        Computed { node: NodeRef { handle: self.clone(), key }, slot }
+    }
+}
+
+impl<T: PartialEq + 'static, F: Flavor> Computed<T, F> {
+    /// Stores `value` in a [pushed](Handle::pushed) computed; returns whether
+    /// it differed from the value held (the caller then notifies its key).
+    pub(crate) fn push(&self, entered: &Entered, value: T) -> bool {
+        self.slot.value.with_mut(entered, |held| {
+            if held.as_ref() == Some(&value) {
+                false
+            } else {
+                *held = Some(value);
+                true
+            }
+        })
+    }
+}
+
 impl<T: 'static, F: Flavor> Computed<T, F> {
     /// The value, cloned; tracked. Recomputes first if needed.
     ///

@@ -229,6 +229,13 @@ pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
 /// inside a batch they are deferred to its end like signal writes;
 /// otherwise they propagate and queued effects run once, after all of them.
 pub(crate) fn notify<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> Result<(), EffectLoopError> {
+    if mark(cell, triggers) { Ok(()) } else { flush(cell) }
+}
+
+/// [`notify`] without running the effects it queues: for code running
+/// inside an effect, whose flush (or creation) runs them next. Returns
+/// whether a batch deferred the triggers.
+pub(crate) fn mark<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> bool {
     {
         let mut g = cell.borrow_mut();
         let batching = g.batch_depth > 0;
@@ -246,11 +253,8 @@ pub(crate) fn notify<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> Result<(), 
                 g.propagate(key.index);
             }
         }
-        if batching {
-            return Ok(());
-        }
+        batching
     }
-    flush(cell)
 }
 
 /// Settles pending writes and runs queued effects, unless a batch, a

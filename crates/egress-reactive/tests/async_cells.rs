@@ -145,16 +145,20 @@ async fn an_attachment_dropped_mid_send_leaves_the_envelope_in_flight_for_the_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flaky_peer_on_the_multi_thread_runtime_loses_nothing() {
     let cx = AsyncContext::new();
-    let cell = AsyncEgressCell::new(
-        &cx,
-        Policy::builder()
-            .inflight_limit(32)
-            .retry_base(Delay(1))
-            .retry_ceiling(Delay(4))
-            .retry_budget(50)
-            .build()
-            .unwrap(),
-    );
+    // Strict ordering: with pipelined ordering, a record retried after its
+    // backoff can find the window full of later records that this receiver
+    // (which acknowledges only a contiguous prefix) will not acknowledge
+    // until the retried one arrives; only a reconnect's replay resolves
+    // that (see docs/cells.md).
+    let policy = Policy::builder()
+        .inflight_limit(32)
+        .retry_base(Delay(1))
+        .retry_ceiling(Delay(4))
+        .retry_budget(50)
+        .ordering(egress_core::Ordering::Strict)
+        .build()
+        .unwrap();
+    let cell = AsyncEgressCell::new(&cx, policy);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut transport = Channel::new(tx);
     // Every seventh send fails.
@@ -179,7 +183,18 @@ async fn a_flaky_peer_on_the_multi_thread_runtime_loses_nothing() {
     let mut next = 0u64;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while next < 1_000 {
-        let e = tokio::time::timeout_at(deadline, rx.recv()).await.expect("everything arrives").unwrap();
+        let e = match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(e) => e.unwrap(),
+            Err(_) => panic!(
+                "stalled at {next}: pending head {:?} inflight {:?} parked {:?} timeout {:?} now {:?} runs {}",
+                cell.pending().get().first().map(|e| e.sequence.0),
+                cell.inflight().get().iter().map(|e| e.sequence.0).collect::<Vec<_>>(),
+                cell.parked().get().iter().map(|p| (p.sequence.0, p.due)).collect::<Vec<_>>(),
+                cell.poll_timeout(),
+                cell.now(),
+                link.runs()
+            ),
+        };
         received.entry(e.sequence.0).or_insert(e.payload);
         while received.contains_key(&next) {
             next += 1;

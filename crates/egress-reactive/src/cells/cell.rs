@@ -143,8 +143,30 @@ pub struct Inner<T: 'static, F: Flavor> {
     /// Notified when a transition not made by an attachment makes a claim
     /// possible: what attachments track.
     pub(crate) wake: Key,
+    /// The count readers, kept up to date eagerly (O(1) per transition).
+    counts: [Count<T, F>; 5],
     clock: Arc<dyn Clock>,
 }
+
+/// A count reader: a pushed computed, recounted when its projection changes.
+struct Count<T: 'static, F: Flavor> {
+    projection: Projection,
+    reader: Computed<usize, F>,
+    count: fn(&EgressCore<T>) -> usize,
+}
+
+impl<T: 'static, F: Flavor> Clone for Count<T, F> {
+    fn clone(&self) -> Self {
+        Count { projection: self.projection, reader: self.reader.clone(), count: self.count }
+    }
+}
+
+/// The order of [`Inner::counts`].
+const PENDING_LEN: usize = 0;
+const INFLIGHT_LEN: usize = 1;
+const WINDOW_ROOM: usize = 2;
+const PARKED_LEN: usize = 3;
+const EXHAUSTED_LEN: usize = 4;
 
 impl<T: 'static, F: Flavor> Clone for Inner<T, F> {
     fn clone(&self) -> Self {
@@ -153,6 +175,7 @@ impl<T: 'static, F: Flavor> Clone for Inner<T, F> {
             state: self.state.clone(),
             triggers: self.triggers,
             wake: self.wake,
+            counts: self.counts.clone(),
             clock: self.clock.clone(),
         }
     }
@@ -186,22 +209,52 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     }
 
     fn invalidate(&self, cell: &run::Cell<F>, changes: Changes, wake: bool) {
-        let mut keys = [self.wake; 8];
+        let (keys, n) = self.keys(cell, changes, wake);
+        if n > 0
+            && let Err(e) = run::notify(cell, &keys[..n])
+        {
+            panic!("{e}");
+        }
+    }
+
+    /// What to notify for `changes`: the triggers of the lazy readers, the
+    /// counts whose value changed (recounted here), and the wake trigger.
+    fn keys(&self, cell: &run::Cell<F>, changes: Changes, wake: bool) -> ([Key; 13], usize) {
+        let mut keys = [self.wake; 13];
         let mut n = 0;
-        for p in changes.iter() {
-            keys[n] = self.triggers[p as usize];
+        let mut bits = changes.bits();
+        while bits != 0 {
+            keys[n] = self.triggers[bits.trailing_zeros() as usize];
             n += 1;
+            bits &= bits - 1;
+        }
+        if !changes.is_empty() {
+            let entered = Entered::by(cell);
+            self.state.with(&entered, |s| {
+                for c in &self.counts {
+                    if changes.contains(c.projection) && c.reader.push(&entered, (c.count)(&s.core)) {
+                        keys[n] = c.reader.key;
+                        n += 1;
+                    }
+                }
+            });
         }
         if wake {
             keys[n] = self.wake;
             n += 1;
         }
-        if n == 0 {
-            return;
-        }
-        if let Err(e) = run::notify(cell, &keys[..n]) {
-            panic!("{e}");
-        }
+        (keys, n)
+    }
+
+    /// Marks the readers of `changes` dirty without running effects: for an
+    /// attachment's run, whose flush runs them when the run ends.
+    fn mark(&self, changes: Changes) {
+        self.handle.enter(|cell| {
+            let (keys, n) = self.keys(cell, changes, false);
+            if n > 0 {
+                run::mark(cell, &keys[..n]);
+            }
+        });
     }
 
     /// Reads the core, untracked.
@@ -236,13 +289,31 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     where
         T: Clone,
     {
-        self.apply(By::Attachment, |s| {
-            let t = s.core.claim(generation);
-            match t.outcome {
-                ClaimOutcome::Claimed(envelope) => (Some(envelope.cloned()), t.changes),
-                _ => (None, t.changes),
-            }
-        })
+        self.apply(By::Attachment, |s| Self::claim_in(s, generation))
+    }
+
+    fn claim_in(s: &mut State<T>, generation: Generation) -> (Option<Envelope<T>>, Changes)
+    where
+        T: Clone,
+    {
+        let t = s.core.claim(generation);
+        match t.outcome {
+            ClaimOutcome::Claimed(envelope) => (Some(envelope.cloned()), t.changes),
+            _ => (None, t.changes),
+        }
+    }
+
+    /// [`claim_for`](Self::claim_for) inside the attachment's own effect run:
+    /// the readers are marked with the run's other claims, when it ends (see
+    /// [`Marks`]).
+    fn claim_quiet(&self, generation: Generation, marks: &mut Marks<'_, T, F>) -> Option<Envelope<T>>
+    where
+        T: Clone,
+    {
+        let (envelope, changes) =
+            self.handle.enter(|cell| self.state.with_mut(&Entered::by(cell), |s| Self::claim_in(s, generation)));
+        marks.changes = marks.changes.union(changes);
+        envelope
     }
 
     /// Makes the running computation depend on the wake trigger.
@@ -278,7 +349,6 @@ type Reader<T, P, E, F> = ComputedObj<P, Project<T, P, F>, E, F>;
 #[doc(hidden)]
 pub trait CellFlavor<T: Clone + 'static>:
     Flavor
-    + Holds<Reader<T, usize, ByEq, Self>>
     + Holds<Reader<T, Option<Sequence>, ByEq, Self>>
     + Holds<Reader<T, Option<Retry>, ByEq, Self>>
     + Holds<Reader<T, Generation, ByEq, Self>>
@@ -303,11 +373,6 @@ struct Readers<T: 'static, F: Flavor> {
     acked_through: Computed<Option<Sequence>, F>,
     retry: Computed<Option<Retry>, F>,
     generation: Computed<Generation, F>,
-    pending_len: Computed<usize, F>,
-    inflight_len: Computed<usize, F>,
-    window_room: Computed<usize, F>,
-    parked_len: Computed<usize, F>,
-    exhausted_len: Computed<usize, F>,
 }
 
 /// What the clones of a cell share.
@@ -333,9 +398,11 @@ struct Shared<T: 'static, F: Flavor> {
 ///   [`retry`](Self::retry), [`generation`](Self::generation), and the counts
 ///   [`pending_len`](Self::pending_len), [`inflight_len`](Self::inflight_len),
 ///   [`window_room`](Self::window_room), [`parked_len`](Self::parked_len),
-///   [`exhausted_len`](Self::exhausted_len). They are lazy: a reader nobody
-///   reads costs nothing, a count costs O(1) per change, a list is built
-///   only when read after a change.
+///   [`exhausted_len`](Self::exhausted_len). The projections are lazy: one
+///   nobody reads costs nothing, and a list is built only when read after a
+///   change. The counts are kept eagerly, O(1) per transition that changes
+///   their projection, and notify only when their value changes (they
+///   never run: their `runs()` stays 0).
 /// - **Mutators** ([`enqueue`](Self::enqueue), [`ack`](Self::ack),
 ///   [`fail`](Self::fail), ...) return the core's outcome and invalidate
 ///   exactly the readers of the projections the transition changed, as one
@@ -455,10 +522,21 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     ) -> Self {
         let seed = options.jitter_seed.unwrap_or_else(|| std::collections::hash_map::RandomState::new().hash_one(0u64));
         let core = EgressCore::with_generation(policy, options.generation);
-        let state = F::ptr(ValueCell::new(State { core, rng: seed }));
         let (scope, (inner, readers)) = cx.scope(|| {
             let triggers = Projection::ALL.map(|_| cx.trigger(at));
-            let inner = Inner { handle: cx.clone(), state, triggers, wake: cx.trigger(at), clock };
+            let count = |projection, count: fn(&EgressCore<T>) -> usize| {
+                let reader = cx.pushed(count(&core), at);
+                Count { projection, reader, count }
+            };
+            let counts = [
+                count(Projection::Pending, EgressCore::pending_len),
+                count(Projection::Inflight, EgressCore::inflight_len),
+                count(Projection::Inflight, EgressCore::window_room),
+                count(Projection::Parked, EgressCore::parked_len),
+                count(Projection::Exhausted, EgressCore::exhausted_len),
+            ];
+            let state = F::ptr(ValueCell::new(State { core, rng: seed }));
+            let inner = Inner { handle: cx.clone(), state, triggers, wake: cx.trigger(at), counts, clock };
             let readers = Readers {
                 pending: reader(&inner, Projection::Pending, Never, |c| list(c.pending()), at),
                 inflight: reader(&inner, Projection::Inflight, Never, |c| list(c.inflight()), at),
@@ -483,11 +561,6 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
                 acked_through: reader(&inner, Projection::AckedThrough, ByEq, EgressCore::acked_through, at),
                 retry: reader(&inner, Projection::Retry, ByEq, EgressCore::retry, at),
                 generation: reader(&inner, Projection::Generation, ByEq, EgressCore::generation, at),
-                pending_len: reader(&inner, Projection::Pending, ByEq, EgressCore::pending_len, at),
-                inflight_len: reader(&inner, Projection::Inflight, ByEq, EgressCore::inflight_len, at),
-                window_room: reader(&inner, Projection::Inflight, ByEq, EgressCore::window_room, at),
-                parked_len: reader(&inner, Projection::Parked, ByEq, EgressCore::parked_len, at),
-                exhausted_len: reader(&inner, Projection::Exhausted, ByEq, EgressCore::exhausted_len, at),
             };
             (inner, readers)
         });
@@ -536,27 +609,27 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
 
     /// How many records are pending.
     pub fn pending_len(&self) -> &Computed<usize, F> {
-        &self.shared.readers.pending_len
+        &self.shared.inner.counts[PENDING_LEN].reader
     }
 
     /// How many records are in flight.
     pub fn inflight_len(&self) -> &Computed<usize, F> {
-        &self.shared.readers.inflight_len
+        &self.shared.inner.counts[INFLIGHT_LEN].reader
     }
 
     /// How many more records the window admits.
     pub fn window_room(&self) -> &Computed<usize, F> {
-        &self.shared.readers.window_room
+        &self.shared.inner.counts[WINDOW_ROOM].reader
     }
 
     /// How many records are parked.
     pub fn parked_len(&self) -> &Computed<usize, F> {
-        &self.shared.readers.parked_len
+        &self.shared.inner.counts[PARKED_LEN].reader
     }
 
     /// How many records are exhausted.
     pub fn exhausted_len(&self) -> &Computed<usize, F> {
-        &self.shared.readers.exhausted_len
+        &self.shared.inner.counts[EXHAUSTED_LEN].reader
     }
 
     /// Reads the core directly, untracked (for what no reader projects, such
@@ -792,10 +865,25 @@ pub struct AttachRun<T: 'static, Tr, F: Flavor> {
     generation: Generation,
 }
 
+/// The changes of an attachment run's claims, marked once when the run
+/// ends (or unwinds): the run happens inside a flush or an effect's
+/// creation, which then runs the effects the marks queued.
+struct Marks<'a, T: 'static, F: Flavor> {
+    inner: &'a Inner<T, F>,
+    changes: Changes,
+}
+
+impl<T: 'static, F: Flavor> Drop for Marks<'_, T, F> {
+    fn drop(&mut self) {
+        self.inner.mark(self.changes);
+    }
+}
+
 impl<T: Clone + 'static, Tr: Transport<T>, F: Flavor> RunEffect for AttachRun<T, Tr, F> {
     fn run_effect(&mut self) {
         self.inner.track_wake();
-        while let Some(envelope) = self.inner.claim_for(self.generation) {
+        let mut marks = Marks { inner: &self.inner, changes: Changes::NONE };
+        while let Some(envelope) = self.inner.claim_quiet(self.generation, &mut marks) {
             let sequence = envelope.sequence;
             if let Err(error) = self.transport.send(envelope) {
                 let kind = error.kind();

@@ -1,0 +1,310 @@
+//! The egress cell benchmark: ns per envelope through a cell, side by side.
+//!
+//! Workload, the same for every library: a window of 64; one UI effect reads
+//! the pending count; a transport appends each envelope's sequence to an
+//! in-memory list. Timed: enqueue `n` messages one by one (the attachment
+//! sends the first 64 at once, the rest queue up: `n` queued), then
+//! acknowledge every 32 sent until all `n` are acknowledged (each ack
+//! reopens the window and the attachment sends the next 32). Checked after:
+//! every sequence was sent exactly once, in order, and nothing is left.
+//! The async cells are driven on a current-thread runtime, yielding until
+//! the attachment's task has sent what the next ack covers.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use egress_core::{ClaimOutcome, Delay, EgressCore, Envelope, Policy, Sequence};
+use egress_reactive::{
+    AsyncContext, AsyncEgressCell, AsyncTransport, Context, EgressCell, SendError, ThreadSafeContext,
+    ThreadSafeEgressCell, Transport,
+};
+
+pub const WINDOW: usize = 64;
+pub const ACK_EVERY: usize = 32;
+
+/// One timed run of the workload with `n` messages.
+pub type Workload = fn(usize) -> Duration;
+
+/// The libraries, in column order: key, column title, workload.
+pub const LIBS: &[(&str, &str, Workload)] = &[
+    ("core", "EgressCore (no graph)", bare_core),
+    ("egress", "egress EgressCell", egress_local),
+    ("egress-ts", "egress ThreadSafeEgressCell", egress_thread_safe),
+    ("egress-async", "egress AsyncEgressCell", egress_async),
+    ("lazily", "lazily EgressCell", lazily_local),
+    ("lazily-ts", "lazily ThreadSafeEgressCell", lazily_thread_safe),
+    ("lazily-async", "lazily AsyncEgressCell", lazily_async),
+];
+
+fn policy() -> Policy {
+    Policy::builder()
+        .inflight_limit(WINDOW)
+        .retry_budget(3)
+        .retry_base(Delay(10))
+        .retry_ceiling(Delay(1_000))
+        .build()
+        .expect("a valid policy")
+}
+
+fn lazily_policy() -> lazily::EgressPolicy {
+    lazily::EgressPolicy { inflight_limit: WINDOW, retry_budget: 3, retry_base: 10, retry_ceiling: 1_000 }
+}
+
+/// The acks of the drain phase: through the last of each group of 32.
+fn ack_points(n: usize) -> impl Iterator<Item = usize> {
+    (0..n).step_by(ACK_EVERY).map(move |a| (a + ACK_EVERY).min(n))
+}
+
+fn check(sent: &[u64], n: usize, left: usize) {
+    assert!(sent.iter().copied().eq(0..n as u64), "every sequence once, in order ({} sent of {n})", sent.len());
+    assert_eq!(left, 0, "nothing left pending or in flight");
+}
+
+// ---- the bare core -------------------------------------------------------
+
+fn bare_core(n: usize) -> Duration {
+    let mut core = EgressCore::new(policy());
+    let g = core.generation();
+    let mut sent: Vec<u64> = Vec::with_capacity(n);
+    let mut ui = 0usize;
+    let t = Instant::now();
+    let mut pump = |core: &mut EgressCore<u64>, sent: &mut Vec<u64>| {
+        while let ClaimOutcome::Claimed(e) = core.claim(g).outcome {
+            sent.push(e.sequence.0);
+        }
+        ui = ui.wrapping_add(core.pending_len());
+    };
+    for i in 0..n as u64 {
+        let _ = core.enqueue(i);
+        pump(&mut core, &mut sent);
+    }
+    for upto in ack_points(n) {
+        assert!(sent.len() >= upto);
+        let _ = core.ack(g, Sequence(upto as u64 - 1));
+        pump(&mut core, &mut sent);
+    }
+    let elapsed = t.elapsed();
+    std::hint::black_box(ui);
+    check(&sent, n, core.pending_len() + core.inflight_len());
+    elapsed
+}
+
+// ---- egress ----------------------------------------------------------------
+
+struct LocalSink(Rc<RefCell<Vec<u64>>>);
+impl Transport<u64> for LocalSink {
+    fn send(&mut self, envelope: Envelope<u64>) -> Result<(), SendError> {
+        self.0.borrow_mut().push(envelope.sequence.0);
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+struct SharedSink(Arc<Mutex<Vec<u64>>>);
+impl Transport<u64> for SharedSink {
+    fn send(&mut self, envelope: Envelope<u64>) -> Result<(), SendError> {
+        self.0.lock().expect("sink").push(envelope.sequence.0);
+        Ok(())
+    }
+}
+impl AsyncTransport<u64> for SharedSink {
+    async fn send(&mut self, envelope: Envelope<u64>) -> Result<(), SendError> {
+        self.0.lock().expect("sink").push(envelope.sequence.0);
+        Ok(())
+    }
+}
+impl SharedSink {
+    fn new(n: usize) -> Self {
+        SharedSink(Arc::new(Mutex::new(Vec::with_capacity(n))))
+    }
+    fn len(&self) -> usize {
+        self.0.lock().expect("sink").len()
+    }
+}
+
+fn egress_local(n: usize) -> Duration {
+    let cx = Context::new();
+    let cell: EgressCell<u64> = EgressCell::new(&cx, policy());
+    let ui = Rc::new(std::cell::Cell::new(0usize));
+    let _ui = cx.effect({
+        let (count, ui) = (cell.pending_len().clone(), ui.clone());
+        move || ui.set(ui.get().wrapping_add(count.get()))
+    });
+    let sent = Rc::new(RefCell::new(Vec::with_capacity(n)));
+    let link = cell.attach(LocalSink(sent.clone()));
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        cell.enqueue(i);
+    }
+    for upto in ack_points(n) {
+        assert!(sent.borrow().len() >= upto);
+        link.ack(Sequence(upto as u64 - 1));
+    }
+    let elapsed = t.elapsed();
+    check(&sent.borrow(), n, cell.pending_len().get() + cell.inflight_len().get());
+    elapsed
+}
+
+fn egress_thread_safe(n: usize) -> Duration {
+    let cx = ThreadSafeContext::new();
+    let cell: ThreadSafeEgressCell<u64> = ThreadSafeEgressCell::new(&cx, policy());
+    let ui = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _ui = cx.effect({
+        let (count, ui) = (cell.pending_len().clone(), ui.clone());
+        move || {
+            ui.fetch_add(count.get(), std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let sent = SharedSink::new(n);
+    let link = cell.attach(sent.clone());
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        cell.enqueue(i);
+    }
+    for upto in ack_points(n) {
+        assert!(sent.len() >= upto);
+        link.ack(Sequence(upto as u64 - 1));
+    }
+    let elapsed = t.elapsed();
+    check(&sent.0.lock().expect("sink"), n, cell.pending_len().get() + cell.inflight_len().get());
+    elapsed
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a tokio runtime")
+}
+
+/// Yields to the runtime until `done`.
+async fn until(done: impl Fn() -> bool) {
+    while !done() {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn egress_async(n: usize) -> Duration {
+    runtime().block_on(async {
+        let cx = AsyncContext::new();
+        let cell: AsyncEgressCell<u64> = AsyncEgressCell::new(&cx, policy());
+        let ui = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let _ui = cx.effect({
+            let (count, ui) = (cell.pending_len().clone(), ui.clone());
+            move || {
+                ui.fetch_add(count.get(), std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let sent = SharedSink::new(n);
+        let link = cell.attach(sent.clone());
+        let t = Instant::now();
+        for i in 0..n as u64 {
+            cell.enqueue(i);
+        }
+        for upto in ack_points(n) {
+            until(|| sent.len() >= upto).await;
+            link.ack(Sequence(upto as u64 - 1));
+        }
+        let elapsed = t.elapsed();
+        check(&sent.0.lock().expect("sink"), n, cell.pending_len().get() + cell.inflight_len().get());
+        elapsed
+    })
+}
+
+// ---- lazily ----------------------------------------------------------------
+
+struct LazilyLocalSink(Vec<u64>);
+impl lazily::EgressTransport<u64> for LazilyLocalSink {
+    fn send(&mut self, envelope: &lazily::EgressEnvelope<u64>) -> bool {
+        self.0.push(envelope.sequence);
+        true
+    }
+}
+
+fn lazily_local(n: usize) -> Duration {
+    let ctx = Rc::new(lazily::Context::new());
+    let cell = lazily::EgressCell::new(&ctx, 0, lazily_policy()).expect("a valid policy");
+    let ui = Rc::new(std::cell::Cell::new(0usize));
+    let _ui = ctx.effect({
+        let (pending, ui) = (cell.pending_handle(), ui.clone());
+        move |compute| ui.set(ui.get().wrapping_add(pending.get(compute).len()))
+    });
+    let sent = Rc::new(RefCell::new(LazilyLocalSink(Vec::with_capacity(n))));
+    let _link = cell.attach_transport(ctx.clone(), sent.clone());
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        cell.enqueue(&ctx, i);
+    }
+    for upto in ack_points(n) {
+        assert!(sent.borrow().0.len() >= upto);
+        cell.ack(&ctx, 0, upto as u64 - 1);
+    }
+    let elapsed = t.elapsed();
+    check(&sent.borrow().0, n, cell.pending(&ctx).len() + cell.inflight(&ctx).len());
+    elapsed
+}
+
+fn lazily_thread_safe(n: usize) -> Duration {
+    let ctx = lazily::ThreadSafeContext::new();
+    let cell = lazily::ThreadSafeEgressCell::new(&ctx, 0, lazily_policy()).expect("a valid policy");
+    let ui = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _ui = ctx.effect({
+        let (pending, ui) = (cell.pending_handle(), ui.clone());
+        move |ctx: &lazily::ThreadSafeContext| {
+            ui.fetch_add(ctx.get(&pending).len(), std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let sent = Arc::new(Mutex::new(LazilyLocalSink(Vec::with_capacity(n))));
+    let _link = cell.attach_transport(&ctx, sent.clone());
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        cell.enqueue(&ctx, i);
+    }
+    for upto in ack_points(n) {
+        assert!(sent.lock().expect("sink").0.len() >= upto);
+        cell.ack(&ctx, 0, upto as u64 - 1);
+    }
+    let elapsed = t.elapsed();
+    check(&sent.lock().expect("sink").0, n, cell.pending(&ctx).len() + cell.inflight(&ctx).len());
+    elapsed
+}
+
+fn lazily_async(n: usize) -> Duration {
+    runtime().block_on(async {
+        let ctx = lazily::AsyncContext::new();
+        let cell = lazily::AsyncEgressCell::new(&ctx, 0, lazily_policy()).expect("a valid policy");
+        let ui = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let _ui = ctx.effect_async({
+            let (pending, ui) = (cell.pending_handle(), ui.clone());
+            move |compute| {
+                let len = compute.get(&pending).map_or(0, |p| p.len());
+                ui.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+                async move { None::<fn()> }
+            }
+        });
+        let sent = Arc::new(Mutex::new(LazilyLocalSink(Vec::with_capacity(n))));
+        let _link = cell.attach_transport(&ctx, sent.clone());
+        let t = Instant::now();
+        for i in 0..n as u64 {
+            cell.enqueue(&ctx, i);
+        }
+        for upto in ack_points(n) {
+            until(|| sent.lock().expect("sink").0.len() >= upto).await;
+            cell.ack(&ctx, 0, upto as u64 - 1);
+        }
+        let elapsed = t.elapsed();
+        check(&sent.lock().expect("sink").0, n, cell.pending(&ctx).len() + cell.inflight(&ctx).len());
+        elapsed
+    })
+}
+
+/// Best of repeated runs of `n` within a budget (at least one run).
+pub fn measure(run: Workload, n: usize, budget: Duration) -> Duration {
+    let started = Instant::now();
+    let mut best = run(n);
+    let mut runs = 1;
+    while started.elapsed() < budget && runs < 50 {
+        best = best.min(run(n));
+        runs += 1;
+    }
+    best
+}
