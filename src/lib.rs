@@ -3,8 +3,9 @@
 //!
 //! This facade re-exports the workspace's crates: the pure delivery state
 //! machine, [`egress_core`], at the root, and the reactive graph,
-//! [`egress_reactive`], as [`reactive`] (its main types also at the root).
-//! The egress cells and the WebSocket transport join them as they land.
+//! [`egress_reactive`], as [`reactive`] (its main types also at the root,
+//! with the egress cells: [`EgressCell`], [`ThreadSafeEgressCell`],
+//! [`AsyncEgressCell`]). The WebSocket transport joins them as it lands.
 //!
 //! ```
 //! use egress::{EgressCore, Policy};
@@ -22,7 +23,11 @@ pub mod reactive {
     pub use egress_reactive::*;
 }
 
-pub use egress_reactive::{AsyncContext, Computed, Context, Effect, Scope, Signal, ThreadSafeContext};
+pub use egress_reactive::{
+    AsyncContext, AsyncEgressCell, AsyncTransport, Attachment, CellOptions, Clock, Computed, Context, Effect,
+    EgressCell, ManualClock, MonotonicClock, ParkedRecord, Scope, SendError, Signal, Snapshot, ThreadSafeContext,
+    ThreadSafeEgressCell, TokioClock, Transport,
+};
 
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
