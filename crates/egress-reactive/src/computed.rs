@@ -199,6 +199,7 @@ impl<F: Flavor> Handle<F> {
 impl<T: PartialEq + 'static, F: Flavor> Computed<T, F> {
     /// Stores `value` in a [pushed](Handle::pushed) computed; returns whether
     /// it differed from the value held (the caller then notifies its key).
+    #[inline]
     pub(crate) fn push(&self, entered: &Entered, value: T) -> bool {
         self.slot.value.with_mut(entered, |held| {
             if held.as_ref() == Some(&value) {

@@ -240,7 +240,8 @@ pub(crate) fn mark<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> bool {
         let mut g = cell.borrow_mut();
         let batching = g.batch_depth > 0;
         for &key in triggers {
-            if !g.alive(key) {
+            // Nobody to notify: a later subscriber reads the fresh value.
+            if !g.alive(key) || g.node(key.index).subs_head == NONE {
                 continue;
             }
             if batching {

@@ -143,30 +143,33 @@ pub struct Inner<T: 'static, F: Flavor> {
     /// Notified when a transition not made by an attachment makes a claim
     /// possible: what attachments track.
     pub(crate) wake: Key,
-    /// The count readers, kept up to date eagerly (O(1) per transition).
-    counts: [Count<T, F>; 5],
+    /// The count readers, pushed computeds kept up to date eagerly (O(1)
+    /// per transition), in the order of [`COUNTED`].
+    counts: [Computed<usize, F>; 5],
     clock: Arc<dyn Clock>,
 }
 
-/// A count reader: a pushed computed, recounted when its projection changes.
-struct Count<T: 'static, F: Flavor> {
-    projection: Projection,
-    reader: Computed<usize, F>,
-    count: fn(&EgressCore<T>) -> usize,
-}
-
-impl<T: 'static, F: Flavor> Clone for Count<T, F> {
-    fn clone(&self) -> Self {
-        Count { projection: self.projection, reader: self.reader.clone(), count: self.count }
-    }
-}
-
-/// The order of [`Inner::counts`].
+/// The order of [`Inner::counts`], and how each is counted.
 const PENDING_LEN: usize = 0;
 const INFLIGHT_LEN: usize = 1;
 const WINDOW_ROOM: usize = 2;
 const PARKED_LEN: usize = 3;
 const EXHAUSTED_LEN: usize = 4;
+
+/// The projection each count follows, in [`Inner::counts`] order.
+const COUNTED: [Projection; 5] =
+    [Projection::Pending, Projection::Inflight, Projection::Inflight, Projection::Parked, Projection::Exhausted];
+
+#[inline]
+fn count<T>(core: &EgressCore<T>, which: usize) -> usize {
+    match which {
+        PENDING_LEN => core.pending_len(),
+        INFLIGHT_LEN => core.inflight_len(),
+        WINDOW_ROOM => core.window_room(),
+        PARKED_LEN => core.parked_len(),
+        _ => core.exhausted_len(),
+    }
+}
 
 impl<T: 'static, F: Flavor> Clone for Inner<T, F> {
     fn clone(&self) -> Self {
@@ -196,48 +199,46 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// write. `op` must not call into the cell.
     pub(crate) fn apply<R>(&self, by: By, op: impl FnOnce(&mut State<T>) -> (R, Changes)) -> R {
         self.handle.enter(|cell| {
-            let (outcome, changes, claimable) = self.state.with_mut(&Entered::by(cell), |s| {
+            let entered = Entered::by(cell);
+            let (outcome, (keys, n)) = self.state.with_mut(&entered, |s| {
                 let (outcome, changes) = op(s);
-                (outcome, changes, s.core.pending_len() > 0 && s.core.window_room() > 0)
+                let wake = by == By::Caller
+                    && (changes.contains(Projection::Pending) || changes.contains(Projection::Inflight))
+                    && s.core.pending_len() > 0
+                    && s.core.window_room() > 0;
+                (outcome, self.keys(&entered, &s.core, changes, wake))
             });
-            let wake = by == By::Caller
-                && claimable
-                && (changes.contains(Projection::Pending) || changes.contains(Projection::Inflight));
-            self.invalidate(cell, changes, wake);
+            self.notify(cell, &keys[..n]);
             outcome
         })
     }
 
-    fn invalidate(&self, cell: &run::Cell<F>, changes: Changes, wake: bool) {
-        let (keys, n) = self.keys(cell, changes, wake);
-        if n > 0
-            && let Err(e) = run::notify(cell, &keys[..n])
+    fn notify(&self, cell: &run::Cell<F>, keys: &[Key]) {
+        if !keys.is_empty()
+            && let Err(e) = run::notify(cell, keys)
         {
             panic!("{e}");
         }
     }
 
     /// What to notify for `changes`: the triggers of the lazy readers, the
-    /// counts whose value changed (recounted here), and the wake trigger.
-    fn keys(&self, cell: &run::Cell<F>, changes: Changes, wake: bool) -> ([Key; 13], usize) {
+    /// counts whose value changed (recounted here, from `core`), and the
+    /// wake trigger.
+    fn keys(&self, entered: &Entered, core: &EgressCore<T>, changes: Changes, wake: bool) -> ([Key; 13], usize) {
         let mut keys = [self.wake; 13];
         let mut n = 0;
-        let mut bits = changes.bits();
-        while bits != 0 {
-            keys[n] = self.triggers[bits.trailing_zeros() as usize];
-            n += 1;
-            bits &= bits - 1;
+        let bits = changes.bits();
+        for (i, trigger) in self.triggers.iter().enumerate() {
+            if bits >> i & 1 != 0 {
+                keys[n] = *trigger;
+                n += 1;
+            }
         }
-        if !changes.is_empty() {
-            let entered = Entered::by(cell);
-            self.state.with(&entered, |s| {
-                for c in &self.counts {
-                    if changes.contains(c.projection) && c.reader.push(&entered, (c.count)(&s.core)) {
-                        keys[n] = c.reader.key;
-                        n += 1;
-                    }
-                }
-            });
+        for (which, reader) in self.counts.iter().enumerate() {
+            if changes.contains(COUNTED[which]) && reader.push(entered, count(core, which)) {
+                keys[n] = reader.key;
+                n += 1;
+            }
         }
         if wake {
             keys[n] = self.wake;
@@ -249,11 +250,13 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// Marks the readers of `changes` dirty without running effects: for an
     /// attachment's run, whose flush runs them when the run ends.
     fn mark(&self, changes: Changes) {
+        if changes.is_empty() {
+            return;
+        }
         self.handle.enter(|cell| {
-            let (keys, n) = self.keys(cell, changes, false);
-            if n > 0 {
-                run::mark(cell, &keys[..n]);
-            }
+            let entered = Entered::by(cell);
+            let (keys, n) = self.state.with(&entered, |s| self.keys(&entered, &s.core, changes, false));
+            run::mark(cell, &keys[..n]);
         });
     }
 
@@ -524,17 +527,8 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         let core = EgressCore::with_generation(policy, options.generation);
         let (scope, (inner, readers)) = cx.scope(|| {
             let triggers = Projection::ALL.map(|_| cx.trigger(at));
-            let count = |projection, count: fn(&EgressCore<T>) -> usize| {
-                let reader = cx.pushed(count(&core), at);
-                Count { projection, reader, count }
-            };
-            let counts = [
-                count(Projection::Pending, EgressCore::pending_len),
-                count(Projection::Inflight, EgressCore::inflight_len),
-                count(Projection::Inflight, EgressCore::window_room),
-                count(Projection::Parked, EgressCore::parked_len),
-                count(Projection::Exhausted, EgressCore::exhausted_len),
-            ];
+            let counts = [PENDING_LEN, INFLIGHT_LEN, WINDOW_ROOM, PARKED_LEN, EXHAUSTED_LEN]
+                .map(|which| cx.pushed(count(&core, which), at));
             let state = F::ptr(ValueCell::new(State { core, rng: seed }));
             let inner = Inner { handle: cx.clone(), state, triggers, wake: cx.trigger(at), counts, clock };
             let readers = Readers {
@@ -609,27 +603,27 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
 
     /// How many records are pending.
     pub fn pending_len(&self) -> &Computed<usize, F> {
-        &self.shared.inner.counts[PENDING_LEN].reader
+        &self.shared.inner.counts[PENDING_LEN]
     }
 
     /// How many records are in flight.
     pub fn inflight_len(&self) -> &Computed<usize, F> {
-        &self.shared.inner.counts[INFLIGHT_LEN].reader
+        &self.shared.inner.counts[INFLIGHT_LEN]
     }
 
     /// How many more records the window admits.
     pub fn window_room(&self) -> &Computed<usize, F> {
-        &self.shared.inner.counts[WINDOW_ROOM].reader
+        &self.shared.inner.counts[WINDOW_ROOM]
     }
 
     /// How many records are parked.
     pub fn parked_len(&self) -> &Computed<usize, F> {
-        &self.shared.inner.counts[PARKED_LEN].reader
+        &self.shared.inner.counts[PARKED_LEN]
     }
 
     /// How many records are exhausted.
     pub fn exhausted_len(&self) -> &Computed<usize, F> {
-        &self.shared.inner.counts[EXHAUSTED_LEN].reader
+        &self.shared.inner.counts[EXHAUSTED_LEN]
     }
 
     /// Reads the core directly, untracked (for what no reader projects, such
@@ -735,9 +729,10 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     pub fn reconnect(&self, generation: Generation) -> ReconnectOutcome {
         let inner = &self.shared.inner;
         inner.handle.enter(|cell| {
-            let (outcome, changes) = inner.state.with_mut(&Entered::by(cell), |s| {
+            let entered = Entered::by(cell);
+            let (outcome, (keys, n)) = inner.state.with_mut(&entered, |s| {
                 let t = s.core.reconnect(generation);
-                (t.outcome, t.changes)
+                (t.outcome, inner.keys(&entered, &s.core, t.changes, false))
             });
             if matches!(outcome, ReconnectOutcome::Advanced { .. }) {
                 let fenced: Vec<Key> = self.shared.attachments.with_mut(&Entered::by(cell), |list| {
@@ -749,7 +744,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
                     inner.handle.dispose_node(key);
                 }
             }
-            inner.invalidate(cell, changes, false);
+            inner.notify(cell, &keys[..n]);
             outcome
         })
     }
