@@ -330,6 +330,23 @@ each_flavour! {
         assert!(reader.try_get().is_err(), "a reader outliving its cell reads as disposed");
     }
 
+    fn disposing_a_cell_frees_its_nodes_and_keeps_its_records(cx) {
+        let base = cx.node_count();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));
+        let wire = Wire::default();
+        let watch = wire.watch();
+        let link = cell.attach(wire);
+        cell.enqueue_all(0..3);
+        cell.dispose();
+        assert!(cell.is_disposed() && link.is_fenced());
+        assert_eq!(cx.node_count(), base);
+        assert!(watch.upgrade().is_none());
+        assert!(cell.pending_len().try_get().is_err());
+        // The records are still there, and transitions still apply.
+        assert_eq!(cell.enqueue(3), Sequence(3));
+        assert_eq!(cell.with_core(|c| c.pending_len() + c.inflight_len()), 4);
+    }
+
     fn dropping_the_context_drops_transports(cx) {
         let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));
         let wire = Wire::default();

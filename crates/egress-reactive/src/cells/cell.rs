@@ -626,6 +626,20 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         &self.shared.inner.counts[EXHAUSTED_LEN]
     }
 
+    /// Disposes every node the cell created: its readers (reads of them fail
+    /// with [`ReadError::Disposed`](crate::ReadError)), its triggers and its
+    /// attachments (their transports are dropped). The core and its records
+    /// stay: mutators still apply transitions, and notify nothing.
+    /// Dropping the cell's last clone does the same. Idempotent.
+    pub fn dispose(&self) {
+        self.shared.scope.dispose();
+    }
+
+    /// Whether the cell was disposed (or its owner, or its context).
+    pub fn is_disposed(&self) -> bool {
+        self.shared.scope.is_disposed()
+    }
+
     /// Reads the core directly, untracked (for what no reader projects, such
     /// as the policy). `f` must not call into the cell.
     pub fn with_core<R>(&self, f: impl FnOnce(&EgressCore<T>) -> R) -> R {
