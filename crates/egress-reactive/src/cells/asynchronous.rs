@@ -160,6 +160,8 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
                         }
                     }
                 }
+                // A failed flush leaves the records in flight for the replay.
+                let _ = transport.flush().await;
             }
         };
         let handle = self.cell.inner().handle.clone();

@@ -97,9 +97,20 @@ impl<T, Tr: Transport<T> + ?Sized> Transport<T> for Box<Tr> {
 /// }
 /// ```
 pub trait AsyncTransport<T>: Send + 'static {
-    /// Sends one envelope.
+    /// Sends one envelope (it may only queue it: see [`flush`](Self::flush)).
     ///
     /// # Errors
     /// A [`SendError`] whose kind decides what the core does with the record.
     fn send(&mut self, envelope: Envelope<T>) -> impl Future<Output = Result<(), SendError>> + Send;
+
+    /// Pushes out what `send` queued; called once at the end of each sending
+    /// pass. The default does nothing. A failed flush leaves the pass's
+    /// records in flight: the connection's supervisor reconnects and the
+    /// next attachment replays them.
+    ///
+    /// # Errors
+    /// The transport's failure, logged and otherwise ignored by the cell.
+    fn flush(&mut self) -> impl Future<Output = Result<(), SendError>> + Send {
+        std::future::ready(Ok(()))
+    }
 }

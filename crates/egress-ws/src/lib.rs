@@ -1,0 +1,41 @@
+//! egress over WebSocket: the wire protocol ([`protocol`], specified in
+//! docs/protocol.md), a [`Sender`] that keeps an
+//! [`AsyncEgressCell`](egress_reactive::AsyncEgressCell) connected through
+//! disconnects, the reference [`Receiver`], and a [`ChaosProxy`] that kills
+//! connections at random moments.
+//!
+//! ```text
+//!  AsyncEgressCell ──attachment──▶ WsTransport ──Data──▶ ┌──────────┐ ──▶ application
+//!        ▲                                               │ Receiver │     (each sequence once,
+//!        └────── Attachment::ack ◀── Sender ◀──Ack──────  └──────────┘      in order)
+//!                 (reconnect under a new generation on any failure; the replay fills the gaps)
+//! ```
+//!
+//! ```no_run
+//! use bytes::Bytes;
+//! use egress_core::Policy;
+//! use egress_reactive::{AsyncContext, AsyncEgressCell};
+//! use egress_ws::{Receiver, ReceiverConfig, Sender, SenderConfig};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> std::io::Result<()> {
+//! let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await?;
+//! let cx = AsyncContext::new();
+//! let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::new(&cx, Policy::default());
+//! let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), SenderConfig::new("uplink"));
+//! cell.enqueue(Bytes::from_static(b"hello"));
+//! let delivery = receiver.recv().await.expect("delivered");
+//! assert_eq!((&*delivery.producer, delivery.sequence), ("uplink", 0));
+//! sender.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod protocol;
+mod proxy;
+mod receiver;
+mod sender;
+
+pub use proxy::{Chaos, ChaosProxy};
+pub use receiver::{AckFaults, Delivery, Receiver, ReceiverConfig, ReceiverStats};
+pub use sender::{Sender, SenderConfig, SenderStats, WsTransport};

@@ -1,0 +1,419 @@
+//! The wire protocol: one frame per binary WebSocket message, strictly
+//! decoded. The byte layout is specified in docs/protocol.md; this module is
+//! its reference implementation.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// The protocol version this crate speaks.
+pub const VERSION: u16 = 1;
+
+/// The four bytes every handshake starts with.
+pub const MAGIC: [u8; 4] = *b"EGRS";
+
+/// The longest producer id, in bytes of UTF-8.
+pub const MAX_PRODUCER_ID: usize = 255;
+
+/// The longest close reason, in bytes of UTF-8.
+pub const MAX_REASON: usize = 1024;
+
+/// The default limit on a data frame's payload.
+pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
+
+const HANDSHAKE: u8 = 0x01;
+const WELCOME: u8 = 0x02;
+const DATA: u8 = 0x03;
+const ACK: u8 = 0x04;
+const CLOSE: u8 = 0x05;
+
+/// One frame of the protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// Producer to receiver, first on every connection.
+    Handshake {
+        /// Who is sending: the key of the receiver's per-producer state.
+        producer: String,
+        /// The connection's generation; strictly higher than any earlier
+        /// connection of this producer.
+        generation: u64,
+        /// The lowest sequence the producer still holds: everything below
+        /// was acknowledged. A receiver with no memory of the producer
+        /// resumes its stream here.
+        resume_from: u64,
+    },
+    /// Receiver to producer, the answer to a handshake.
+    Welcome {
+        /// The generation accepted.
+        generation: u64,
+        /// The next sequence the receiver will deliver: everything below it
+        /// was delivered (the producer may treat it as an acknowledgement).
+        next: u64,
+    },
+    /// Producer to receiver: one envelope.
+    Data {
+        /// The generation of the connection it is sent on.
+        generation: u64,
+        /// Its place in the producer's stream.
+        sequence: u64,
+        /// How many times it has been sent, this time included.
+        attempt: u32,
+        /// The application's bytes.
+        payload: Bytes,
+    },
+    /// Receiver to producer: every sequence at or below `through` was
+    /// delivered.
+    Ack {
+        /// The generation of the connection.
+        generation: u64,
+        /// The cumulative watermark.
+        through: u64,
+    },
+    /// Either side: why the connection ends.
+    Close {
+        /// What went wrong (see [`CloseCode`]).
+        code: CloseCode,
+        /// Words for a log.
+        reason: String,
+    },
+}
+
+/// Why a connection is closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CloseCode {
+    /// An orderly end.
+    Normal,
+    /// The peer sent something this side cannot decode or does not expect.
+    Protocol,
+    /// The peer speaks another version.
+    Version,
+    /// A newer connection of the same producer replaced this one.
+    Fenced,
+    /// The connection's generation is not above the producer's latest.
+    StaleGeneration,
+    /// Another code, kept as received.
+    Other(u16),
+}
+
+impl CloseCode {
+    fn to_u16(self) -> u16 {
+        match self {
+            CloseCode::Normal => 0,
+            CloseCode::Protocol => 1,
+            CloseCode::Version => 2,
+            CloseCode::Fenced => 3,
+            CloseCode::StaleGeneration => 4,
+            CloseCode::Other(c) => c,
+        }
+    }
+
+    fn from_u16(c: u16) -> Self {
+        match c {
+            0 => CloseCode::Normal,
+            1 => CloseCode::Protocol,
+            2 => CloseCode::Version,
+            3 => CloseCode::Fenced,
+            4 => CloseCode::StaleGeneration,
+            c => CloseCode::Other(c),
+        }
+    }
+}
+
+/// Why bytes are not a frame. Decoding never panics and never allocates
+/// more than the limits allow.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// No bytes at all.
+    #[error("empty frame")]
+    Empty,
+    /// The first byte names no frame type.
+    #[error("unknown frame type 0x{0:02x}")]
+    UnknownType(u8),
+    /// The frame ends before its fields do.
+    #[error("truncated {frame} frame: {needed} more bytes needed")]
+    Truncated {
+        /// The frame type.
+        frame: &'static str,
+        /// How many bytes are missing.
+        needed: usize,
+    },
+    /// Bytes follow the last field.
+    #[error("{count} trailing bytes after a {frame} frame")]
+    Trailing {
+        /// The frame type.
+        frame: &'static str,
+        /// How many.
+        count: usize,
+    },
+    /// A length field exceeds its limit.
+    #[error("{field} of {len} bytes exceeds the limit of {limit}")]
+    TooLong {
+        /// Which field.
+        field: &'static str,
+        /// Its declared length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A handshake that does not start with [`MAGIC`].
+    #[error("not an egress handshake (bad magic)")]
+    BadMagic,
+    /// A handshake or welcome of another version.
+    #[error("unsupported protocol version {0} (this side speaks {VERSION})")]
+    Version(u16),
+    /// A text field that is not UTF-8.
+    #[error("{0} is not valid UTF-8")]
+    Utf8(&'static str),
+}
+
+/// Limits applied when decoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest payload accepted in a data frame.
+    pub max_payload: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_payload: DEFAULT_MAX_PAYLOAD }
+    }
+}
+
+impl Frame {
+    /// The frame's bytes.
+    #[must_use]
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::new();
+        match self {
+            Frame::Handshake { producer, generation, resume_from } => {
+                b.put_u8(HANDSHAKE);
+                b.put_slice(&MAGIC);
+                b.put_u16(VERSION);
+                let id = truncate_utf8(producer, MAX_PRODUCER_ID);
+                b.put_u8(u8::try_from(id.len()).unwrap_or(u8::MAX));
+                b.put_slice(id.as_bytes());
+                b.put_u64(*generation);
+                b.put_u64(*resume_from);
+            }
+            Frame::Welcome { generation, next } => {
+                b.put_u8(WELCOME);
+                b.put_u16(VERSION);
+                b.put_u64(*generation);
+                b.put_u64(*next);
+            }
+            Frame::Data { generation, sequence, attempt, payload } => {
+                b.reserve(25 + payload.len());
+                b.put_u8(DATA);
+                b.put_u64(*generation);
+                b.put_u64(*sequence);
+                b.put_u32(*attempt);
+                b.put_u32(u32::try_from(payload.len()).unwrap_or(u32::MAX));
+                b.put_slice(payload);
+            }
+            Frame::Ack { generation, through } => {
+                b.put_u8(ACK);
+                b.put_u64(*generation);
+                b.put_u64(*through);
+            }
+            Frame::Close { code, reason } => {
+                b.put_u8(CLOSE);
+                b.put_u16(code.to_u16());
+                let reason = truncate_utf8(reason, MAX_REASON);
+                b.put_u16(u16::try_from(reason.len()).unwrap_or(u16::MAX));
+                b.put_slice(reason.as_bytes());
+            }
+        }
+        b.freeze()
+    }
+
+    /// Decodes one frame, strictly: every field present, nothing after the
+    /// last, lengths within `limits`, text in UTF-8.
+    ///
+    /// # Errors
+    /// A [`DecodeError`] saying what is wrong.
+    pub fn decode(bytes: &Bytes, limits: Limits) -> Result<Frame, DecodeError> {
+        let Some(&kind) = bytes.first() else { return Err(DecodeError::Empty) };
+        let name = match kind {
+            HANDSHAKE => "handshake",
+            WELCOME => "welcome",
+            DATA => "data",
+            ACK => "ack",
+            CLOSE => "close",
+            other => return Err(DecodeError::UnknownType(other)),
+        };
+        let mut r = Reader { bytes, at: 1, frame: name };
+        let frame = match kind {
+            HANDSHAKE => {
+                if r.take(4)? != MAGIC {
+                    return Err(DecodeError::BadMagic);
+                }
+                let version = r.u16()?;
+                if version != VERSION {
+                    return Err(DecodeError::Version(version));
+                }
+                let len = usize::from(r.u8()?);
+                let producer = r.text(len, "producer id")?;
+                Frame::Handshake { producer, generation: r.u64()?, resume_from: r.u64()? }
+            }
+            WELCOME => {
+                let version = r.u16()?;
+                if version != VERSION {
+                    return Err(DecodeError::Version(version));
+                }
+                Frame::Welcome { generation: r.u64()?, next: r.u64()? }
+            }
+            DATA => {
+                let generation = r.u64()?;
+                let sequence = r.u64()?;
+                let attempt = r.u32()?;
+                let len = r.u32()? as usize;
+                if len > limits.max_payload {
+                    return Err(DecodeError::TooLong { field: "payload", len, limit: limits.max_payload });
+                }
+                let start = r.at;
+                r.take(len)?;
+                Frame::Data { generation, sequence, attempt, payload: bytes.slice(start..start + len) }
+            }
+            ACK => Frame::Ack { generation: r.u64()?, through: r.u64()? },
+            _ => {
+                let code = CloseCode::from_u16(r.u16()?);
+                let len = usize::from(r.u16()?);
+                if len > MAX_REASON {
+                    return Err(DecodeError::TooLong { field: "reason", len, limit: MAX_REASON });
+                }
+                Frame::Close { code, reason: r.text(len, "reason")? }
+            }
+        };
+        let rest = bytes.len() - r.at;
+        if rest > 0 {
+            return Err(DecodeError::Trailing { frame: name, count: rest });
+        }
+        Ok(frame)
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a char
+/// boundary.
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    frame: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            return Err(DecodeError::Truncated { frame: self.frame, needed: self.at + n - self.bytes.len() });
+        };
+        let slice = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(slice)
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        let b = self.take(2)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_be_bytes(a))
+    }
+
+    fn text(&mut self, len: usize, field: &'static str) -> Result<String, DecodeError> {
+        let b = self.take(len)?;
+        std::str::from_utf8(b).map(str::to_owned).map_err(|_| DecodeError::Utf8(field))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn frames() -> impl Strategy<Value = Frame> {
+        prop_oneof![
+            ("[a-z0-9é-]{0,40}", any::<u64>(), any::<u64>())
+                .prop_map(|(producer, generation, resume_from)| Frame::Handshake { producer, generation, resume_from }),
+            (any::<u64>(), any::<u64>()).prop_map(|(generation, next)| Frame::Welcome { generation, next }),
+            (any::<u64>(), any::<u64>(), any::<u32>(), proptest::collection::vec(any::<u8>(), 0..64)).prop_map(
+                |(generation, sequence, attempt, p)| Frame::Data { generation, sequence, attempt, payload: p.into() }
+            ),
+            (any::<u64>(), any::<u64>()).prop_map(|(generation, through)| Frame::Ack { generation, through }),
+            (0u16..8, ".{0,30}").prop_map(|(c, reason)| Frame::Close { code: CloseCode::from_u16(c), reason }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn frames_round_trip(frame in frames()) {
+            prop_assert_eq!(Frame::decode(&frame.encode(), Limits::default()), Ok(frame));
+        }
+
+        #[test]
+        fn arbitrary_bytes_decode_or_fail_cleanly(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let bytes = Bytes::from(bytes);
+            if let Ok(frame) = Frame::decode(&bytes, Limits::default()) {
+                // Whatever decodes re-encodes to the same bytes: one
+                // encoding per frame.
+                prop_assert_eq!(frame.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn every_truncation_and_extension_is_refused(frame in frames(), cut in any::<prop::sample::Index>(), extra in 1u8..) {
+            let bytes = frame.encode();
+            let at = cut.index(bytes.len());
+            prop_assert!(Frame::decode(&bytes.slice(..at), Limits::default()).is_err());
+            let mut longer = bytes.to_vec();
+            longer.push(extra);
+            let trailing = matches!(Frame::decode(&longer.into(), Limits::default()), Err(DecodeError::Trailing { .. }));
+            prop_assert!(trailing);
+        }
+    }
+
+    #[test]
+    fn limits_and_bad_fields_are_typed_errors() {
+        let data = Frame::Data { generation: 1, sequence: 2, attempt: 1, payload: Bytes::from(vec![0; 100]) }.encode();
+        assert_eq!(
+            Frame::decode(&data, Limits { max_payload: 99 }),
+            Err(DecodeError::TooLong { field: "payload", len: 100, limit: 99 })
+        );
+        let mut hs = Frame::Handshake { producer: "p".into(), generation: 1, resume_from: 0 }.encode().to_vec();
+        hs[1] = b'X';
+        assert_eq!(Frame::decode(&hs.clone().into(), Limits::default()), Err(DecodeError::BadMagic));
+        hs[1] = b'E';
+        hs[6] = 9;
+        assert_eq!(Frame::decode(&hs.into(), Limits::default()), Err(DecodeError::Version(9)));
+        let bad_utf8 = Bytes::from(vec![CLOSE, 0, 1, 0, 2, 0xff, 0xfe]);
+        assert_eq!(Frame::decode(&bad_utf8, Limits::default()), Err(DecodeError::Utf8("reason")));
+        assert_eq!(Frame::decode(&Bytes::new(), Limits::default()), Err(DecodeError::Empty));
+        assert_eq!(Frame::decode(&Bytes::from_static(&[0x7f]), Limits::default()), Err(DecodeError::UnknownType(0x7f)));
+        // A huge declared payload is refused before anything is allocated.
+        let huge = Bytes::from(vec![DATA, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff]);
+        assert!(matches!(Frame::decode(&huge, Limits::default()), Err(DecodeError::TooLong { .. })));
+    }
+}
