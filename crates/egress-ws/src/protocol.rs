@@ -396,6 +396,12 @@ mod tests {
     }
 
     #[test]
+    fn the_example_in_docs_protocol_md_holds() {
+        let bytes = Frame::Ack { generation: 3, through: 41 }.encode();
+        assert_eq!(&bytes[..], &[4, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0x29]);
+    }
+
+    #[test]
     fn limits_and_bad_fields_are_typed_errors() {
         let data = Frame::Data { generation: 1, sequence: 2, attempt: 1, payload: Bytes::from(vec![0; 100]) }.encode();
         assert_eq!(
@@ -413,7 +419,8 @@ mod tests {
         assert_eq!(Frame::decode(&Bytes::new(), Limits::default()), Err(DecodeError::Empty));
         assert_eq!(Frame::decode(&Bytes::from_static(&[0x7f]), Limits::default()), Err(DecodeError::UnknownType(0x7f)));
         // A huge declared payload is refused before anything is allocated.
-        let huge = Bytes::from(vec![DATA, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff]);
+        let huge =
+            Bytes::from(vec![DATA, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff]);
         assert!(matches!(Frame::decode(&huge, Limits::default()), Err(DecodeError::TooLong { .. })));
     }
 }

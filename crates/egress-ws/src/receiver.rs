@@ -94,7 +94,8 @@ pub struct ReceiverStats {
     /// Connections closed because a newer generation of their producer
     /// arrived.
     pub fenced: u64,
-    /// Connections closed for a protocol error (logged through `tracing`).
+    /// Connections refused or closed for a protocol error (a close frame
+    /// says why; logged through `tracing`).
     pub rejected: u64,
 }
 
@@ -236,7 +237,6 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 let shared = shared.clone();
                 tokio::spawn(async move {
                     if let Err(e) = serve(stream, &shared).await {
-                        shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(%peer, error = %e, "egress receiver closed a connection");
                     }
                 });
@@ -260,7 +260,12 @@ enum ServeError {
 
 type Ws = tokio_tungstenite::WebSocketStream<TcpStream>;
 
-async fn close(ws: &mut Ws, code: CloseCode, reason: impl Into<String>) {
+/// Sends a close frame and closes. A refusal (anything but a normal end or a
+/// fence) is counted before the peer can see it.
+async fn close(ws: &mut Ws, counters: &Counters, code: CloseCode, reason: impl Into<String>) {
+    if !matches!(code, CloseCode::Normal | CloseCode::Fenced) {
+        counters.rejected.fetch_add(1, Ordering::Relaxed);
+    }
     let frame = Frame::Close { code, reason: reason.into() };
     let _ = ws.send(Message::Binary(frame.encode())).await;
     let _ = ws.close(None).await;
@@ -294,16 +299,16 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
         Ok(Ok(Some(frame))) => frame,
         Ok(Ok(None)) => return Ok(()),
         Ok(Err(e)) => {
-            close(&mut ws, CloseCode::Protocol, e.to_string()).await;
+            close(&mut ws, &shared.counters, CloseCode::Protocol, e.to_string()).await;
             return Err(e);
         }
         Err(_) => {
-            close(&mut ws, CloseCode::Protocol, "no handshake in time").await;
+            close(&mut ws, &shared.counters, CloseCode::Protocol, "no handshake in time").await;
             return Err(ServeError::Protocol("no handshake in time".into()));
         }
     };
     let Frame::Handshake { producer, generation, resume_from } = first else {
-        close(&mut ws, CloseCode::Protocol, "expected a handshake").await;
+        close(&mut ws, &shared.counters, CloseCode::Protocol, "expected a handshake").await;
         return Err(ServeError::Protocol(format!("expected a handshake, got {first:?}")));
     };
     let producer: Arc<str> = producer.into();
@@ -337,7 +342,7 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
         Ok(ok) => ok,
         Err(latest) => {
             let reason = format!("generation {generation} is not above {latest}");
-            close(&mut ws, CloseCode::StaleGeneration, reason.clone()).await;
+            close(&mut ws, &shared.counters, CloseCode::StaleGeneration, reason.clone()).await;
             return Err(ServeError::Protocol(reason));
         }
     };
@@ -353,7 +358,7 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
                     Ok(Some(frame)) => frame,
                     Ok(None) => return Ok(()),
                     Err(e) => {
-                        close(&mut ws, CloseCode::Protocol, e.to_string()).await;
+                        close(&mut ws, &shared.counters, CloseCode::Protocol, e.to_string()).await;
                         return Err(e);
                     }
                 };
@@ -363,7 +368,7 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
                             Some(through) => acks.received(through),
                             None => {
                                 shared.counters.fenced.fetch_add(1, Ordering::Relaxed);
-                                close(&mut ws, CloseCode::Fenced, "a newer connection replaced this one").await;
+                                close(&mut ws, &shared.counters, CloseCode::Fenced, "a newer connection replaced this one").await;
                                 return Ok(());
                             }
                         }
@@ -374,7 +379,7 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
                     }
                     other => {
                         let reason = format!("unexpected frame {other:?}");
-                        close(&mut ws, CloseCode::Protocol, reason.clone()).await;
+                        close(&mut ws, &shared.counters, CloseCode::Protocol, reason.clone()).await;
                         return Err(ServeError::Protocol(reason));
                     }
                 }
@@ -382,7 +387,7 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
             _ = fenced.changed() => {
                 if *fenced.borrow() != generation {
                     shared.counters.fenced.fetch_add(1, Ordering::Relaxed);
-                    close(&mut ws, CloseCode::Fenced, "a newer connection replaced this one").await;
+                    close(&mut ws, &shared.counters, CloseCode::Fenced, "a newer connection replaced this one").await;
                     return Ok(());
                 }
             }

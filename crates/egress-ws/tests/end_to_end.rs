@@ -19,7 +19,13 @@ use tokio_tungstenite::tungstenite::Message;
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn policy() -> Policy {
-    Policy::builder().inflight_limit(64).retry_budget(1_000).retry_base(Delay(5)).retry_ceiling(Delay(50)).build().unwrap()
+    Policy::builder()
+        .inflight_limit(64)
+        .retry_budget(1_000)
+        .retry_base(Delay(5))
+        .retry_ceiling(Delay(50))
+        .build()
+        .unwrap()
 }
 
 fn sender_config(seed: u64) -> SenderConfig {
@@ -51,7 +57,11 @@ async fn receive_in_order(receiver: &mut Receiver, from: u64, n: u64) {
 async fn drained(cell: &AsyncEgressCell<Bytes>, n: u64) {
     let deadline = tokio::time::Instant::now() + LIMIT;
     while cell.acked_through().get_untracked() != Some(Sequence(n - 1)) {
-        assert!(tokio::time::Instant::now() < deadline, "acknowledged through {:?}", cell.acked_through().get_untracked());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acknowledged through {:?}",
+            cell.acked_through().get_untracked()
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(cell.pending_len().get() + cell.inflight_len().get() + cell.parked_len().get(), 0);
@@ -90,13 +100,8 @@ async fn random_kills_lose_and_duplicate_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_dropped_duplicated_and_delayed_change_nothing() {
-    let faults = AckFaults {
-        drop: 0.3,
-        duplicate: 0.3,
-        delay_probability: 0.3,
-        delay: Duration::from_millis(20),
-        seed: 9,
-    };
+    let faults =
+        AckFaults { drop: 0.3, duplicate: 0.3, delay_probability: 0.3, delay: Duration::from_millis(20), seed: 9 };
     run_through_chaos(4, 3_000, faults).await;
 }
 
@@ -129,9 +134,10 @@ async fn a_receiver_that_restarts_without_memory_does_not_wedge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_restarted_on_the_same_cell_continues_the_stream() {
     let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
-    let proxy = ChaosProxy::start(receiver.local_addr(), Some(Chaos { seed: 6, mean_interval: Duration::from_millis(50) }))
-        .await
-        .unwrap();
+    let proxy =
+        ChaosProxy::start(receiver.local_addr(), Some(Chaos { seed: 6, mean_interval: Duration::from_millis(50) }))
+            .await
+            .unwrap();
     let url = format!("ws://{}", proxy.local_addr());
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
@@ -175,22 +181,38 @@ async fn hostile_input_closes_that_connection_and_nothing_else() {
         ("garbage", vec![Message::Binary(Bytes::from_static(b"\x00\xff garbage"))]),
         ("truncated handshake", vec![Message::Binary(hello(1).encode().slice(..7))]),
         ("text", vec![Message::text("hello")]),
-        ("data before the handshake", vec![Message::Binary(
-            Frame::Data { generation: 1, sequence: 0, attempt: 1, payload: payload(0) }.encode(),
-        )]),
-        ("oversized payload", vec![
-            Message::Binary(hello(1).encode()),
-            Message::Binary(Frame::Data { generation: 1, sequence: 0, attempt: 1, payload: Bytes::from(vec![7; 2_000]) }.encode()),
-        ]),
-        ("a data frame of another generation", vec![
-            Message::Binary(hello(2).encode()),
-            Message::Binary(Frame::Data { generation: 1, sequence: 0, attempt: 1, payload: payload(0) }.encode()),
-        ]),
-        ("an ack from a producer", vec![
-            Message::Binary(hello(3).encode()),
-            Message::Binary(Frame::Ack { generation: 3, through: 99 }.encode()),
-        ]),
-        ("unknown frame type", vec![Message::Binary(hello(4).encode()), Message::Binary(Bytes::from_static(&[0x42, 1, 2]))]),
+        (
+            "data before the handshake",
+            vec![Message::Binary(Frame::Data { generation: 1, sequence: 0, attempt: 1, payload: payload(0) }.encode())],
+        ),
+        (
+            "oversized payload",
+            vec![
+                Message::Binary(hello(1).encode()),
+                Message::Binary(
+                    Frame::Data { generation: 1, sequence: 0, attempt: 1, payload: Bytes::from(vec![7; 2_000]) }
+                        .encode(),
+                ),
+            ],
+        ),
+        (
+            "a data frame of another generation",
+            vec![
+                Message::Binary(hello(2).encode()),
+                Message::Binary(Frame::Data { generation: 1, sequence: 0, attempt: 1, payload: payload(0) }.encode()),
+            ],
+        ),
+        (
+            "an ack from a producer",
+            vec![
+                Message::Binary(hello(3).encode()),
+                Message::Binary(Frame::Ack { generation: 3, through: 99 }.encode()),
+            ],
+        ),
+        (
+            "unknown frame type",
+            vec![Message::Binary(hello(4).encode()), Message::Binary(Bytes::from_static(&[0x42, 1, 2]))],
+        ),
     ];
     for (what, messages) in bad {
         let mut ws = raw_client(&receiver).await;
