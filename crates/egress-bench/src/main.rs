@@ -11,6 +11,7 @@ mod alloc;
 mod cells;
 mod prng;
 mod suite;
+mod ws;
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -52,6 +53,7 @@ USAGE:
   egress-bench child LIB TEST [--quick]     (one measurement; used by `reactivity`)
   egress-bench cells [--sizes N,M] [--libs X,Y] [--timeout SECS]
   egress-bench cells-child LIB N [RUNS]      (one measurement; used by `cells`)
+  egress-bench ws [--messages N] [--runs K]
 
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
@@ -65,6 +67,12 @@ sends, ack every 32, one UI effect on the pending count) at each size
 (default 1000,1000000); libraries: core, egress, egress-ts, egress-async,
 lazily, lazily-ts, lazily-async; --timeout defaults to 60 s.
 
+ws: messages per second over loopback WebSocket (window 256): the egress
+cell path (AsyncEgressCell + Sender) against a plain tokio-tungstenite loop
+sending the same frames and reading the same acks, alternating, best of K
+runs (default 5) of N messages (default 200000); and the time from a killed
+connection to the first replayed frame acknowledged (median of K).
+
 Repetitions within a test stop after a 3 s budget (the fastest of those
 completed counts), so slow libraries do not stretch the run.
 ";
@@ -76,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         Some("child") => child(&args[1..]),
         Some("cells") => cells_table(&args[1..]),
         Some("cells-child") => cells_child(&args[1..]),
+        Some("ws") => ws_table(&args[1..]),
         Some("--help") | Some("-h") | None => {
             print!("{HELP}");
             Ok(())
@@ -397,4 +406,50 @@ fn run_cells_child(exe: &std::path::Path, lib: &str, n: usize, timeout: Duration
     let mut cmd = Command::new(exe);
     cmd.args(["cells-child", lib, &n.to_string()]).stdout(Stdio::piped()).stderr(Stdio::null());
     wait_child(cmd, timeout)
+}
+
+/// `ws`: the WebSocket benchmark table.
+fn ws_table(args: &[String]) -> anyhow::Result<()> {
+    let mut n = 200_000u64;
+    let mut runs = 5usize;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--messages" => n = it.next().context("--messages needs a value")?.parse()?,
+            "--runs" => runs = it.next().context("--runs needs a value")?.parse::<usize>()?.max(1),
+            other => bail!("unknown option {other:?}\n\n{HELP}"),
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (mut egress, mut plain, mut recovery) = (Duration::MAX, Duration::MAX, Vec::new());
+    for run in 0..runs {
+        let p = rt.block_on(ws::plain(n));
+        let e = rt.block_on(ws::egress(n));
+        let r = rt.block_on(ws::recovery());
+        eprintln!("run {run}: plain {:.0} msg/s, egress {:.0} msg/s, recovery {:.2} ms", rate(n, p), rate(n, e), ms(r));
+        plain = plain.min(p);
+        egress = egress.min(e);
+        recovery.push(r);
+    }
+    recovery.sort();
+    println!("| path | messages/s (best of {runs}) | ratio to plain |");
+    println!("|---|---:|---:|");
+    println!("| plain tokio-tungstenite loop | {:.0} | 1.00x |", rate(n, plain));
+    println!(
+        "| egress AsyncEgressCell + Sender | {:.0} | {:.2}x |",
+        rate(n, egress),
+        plain.as_secs_f64() / egress.as_secs_f64()
+    );
+    println!(
+        "\nKilled connection to the first replayed frame acknowledged: median {:.2} ms (min {:.2}, max {:.2}) over {runs} kills.",
+        ms(recovery[recovery.len() / 2]),
+        ms(recovery[0]),
+        ms(recovery[recovery.len() - 1])
+    );
+    println!("{n} messages of 32 bytes, window {}, loopback; run of {}.", ws::WINDOW, date());
+    Ok(())
+}
+
+fn rate(n: u64, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
 }
