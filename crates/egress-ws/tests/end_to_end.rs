@@ -280,3 +280,26 @@ async fn a_sender_refuses_an_ack_from_the_future_and_loses_nothing() {
     let stats = sender.shutdown().await;
     assert!(stats.protocol_errors >= 1, "{stats:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_generation_fences_the_older_connection() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let hello = |generation| Frame::Handshake { producer: "producer-1".into(), generation, resume_from: 0 };
+    let data = |generation, sequence| Frame::Data { generation, sequence, attempt: 1, payload: payload(sequence) };
+    let mut old = raw_client(&receiver).await;
+    old.send(Message::Binary(hello(1).encode())).await.unwrap();
+    old.send(Message::Binary(data(1, 0).encode())).await.unwrap();
+    assert_eq!(receiver.recv().await.unwrap().sequence, 0);
+    let mut new = raw_client(&receiver).await;
+    new.send(Message::Binary(hello(2).encode())).await.unwrap();
+    // The old connection is told it was replaced, and closed.
+    assert_eq!(close_code(&mut old).await, Some(CloseCode::Fenced));
+    // The new one was welcomed where the stream stands, and goes on.
+    let Some(Ok(Message::Binary(b))) = new.next().await else { panic!("no welcome") };
+    assert_eq!(Frame::decode(&b, Limits::default()), Ok(Frame::Welcome { generation: 2, next: 1 }));
+    new.send(Message::Binary(data(2, 0).encode())).await.unwrap();
+    new.send(Message::Binary(data(2, 1).encode())).await.unwrap();
+    assert_eq!(receiver.recv().await.unwrap().sequence, 1);
+    assert_eq!(receiver.stats().duplicates, 1);
+    assert_eq!(receiver.stats().fenced, 1);
+}
