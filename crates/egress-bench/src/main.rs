@@ -104,14 +104,7 @@ fn child(args: &[String]) -> anyhow::Result<()> {
     let line = match outcome {
         Ok(Ok(s)) => format!("OK {} {}", s.best.as_nanos(), s.median.map_or(0, |m| m.as_nanos())),
         Ok(Err(e)) => format!("FAIL {e}"),
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panicked".into());
-            format!("FAIL {}", msg.replace('\n', " "))
-        }
+        Err(panic) => format!("FAIL {}", panic_message(&*panic)),
     };
     println!("{line}");
     Ok(())
@@ -304,14 +297,7 @@ fn cells_child(args: &[String]) -> anyhow::Result<()> {
     });
     let line = match measured {
         Ok(t) => format!("OK {}", t.as_nanos() / n.max(1) as u128),
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panicked".into());
-            format!("FAIL {}", msg.replace('\n', " "))
-        }
+        Err(panic) => format!("FAIL {}", panic_message(&*panic)),
     };
     println!("{line}");
     Ok(())
@@ -452,4 +438,14 @@ fn ws_table(args: &[String]) -> anyhow::Result<()> {
 
 fn rate(n: u64, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
+}
+
+/// A caught panic's message, on one line.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let msg = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panicked".into());
+    msg.replace('\n', " ")
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use egress_core::{AckOutcome, Envelope, Generation, Sequence};
 use egress_reactive::{AsyncEgressCell, AsyncTransport, SendError};
-use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, watch};
@@ -290,7 +290,7 @@ async fn connection(
     loop {
         let check = tokio::time::sleep(stall.min(Duration::from_secs(3600)) / 4);
         tokio::select! {
-            frame = read_stream(&mut stream, config.limits) => match frame {
+            frame = read_frame(&mut stream, config.limits) => match frame {
                 Ok(Frame::Ack { generation: g, through }) if g == generation.get() => {
                     if let AckOutcome::Unassigned { .. } = link.ack(Sequence(through)) {
                         return End::Protocol(format!("ack through {through}: never sent"));
@@ -315,21 +315,11 @@ async fn connection(
     }
 }
 
-async fn read_frame(ws: &mut Ws, limits: Limits) -> Result<Frame, End> {
-    loop {
-        match ws.next().await {
-            Some(Ok(Message::Binary(bytes))) => {
-                return Frame::decode(&bytes, limits).map_err(|e| End::Protocol(e.to_string()));
-            }
-            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-            Some(Ok(Message::Text(_))) => return Err(End::Protocol("a text message".into())),
-            Some(Ok(Message::Close(_))) | None => return Err(End::Lost("connection closed".into())),
-            Some(Err(e)) => return Err(End::Lost(e.to_string())),
-        }
-    }
-}
-
-async fn read_stream(stream: &mut SplitStream<Ws>, limits: Limits) -> Result<Frame, End> {
+/// The next frame from the receiver, skipping pings and pongs.
+async fn read_frame<S>(stream: &mut S, limits: Limits) -> Result<Frame, End>
+where
+    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
     loop {
         match stream.next().await {
             Some(Ok(Message::Binary(bytes))) => {
