@@ -116,6 +116,60 @@ pub async fn plain(n: u64) -> Duration {
     t.elapsed()
 }
 
+/// [`plain`], with the writing and the reading in two tasks (a window
+/// counter between them): the stronger baseline.
+pub async fn plain_split(n: u64) -> Duration {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.expect("bind");
+    let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{}", receiver.local_addr())).await.expect("connect");
+    let (mut sink, mut stream) = ws.split();
+    let hello = Frame::Handshake { producer: "bench".into(), generation: 1, resume_from: 0 };
+    sink.send(Message::Binary(hello.encode())).await.expect("handshake");
+    let Some(Ok(Message::Binary(_welcome))) = stream.next().await else { panic!("no welcome") };
+    let acked = Arc::new(AtomicU64::new(0));
+    let room = Arc::new(tokio::sync::Notify::new());
+    let t = Instant::now();
+    let drained = tokio::spawn(async move {
+        drain(&mut receiver, n).await;
+        receiver
+    });
+    let reader = tokio::spawn({
+        let (acked, room) = (acked.clone(), room.clone());
+        async move {
+            while acked.load(Ordering::Acquire) < n {
+                match stream.next().await {
+                    Some(Ok(Message::Binary(b))) => {
+                        if let Ok(Frame::Ack { through, .. }) = Frame::decode(&b, Limits::default()) {
+                            acked.fetch_max(through + 1, Ordering::Release);
+                            room.notify_one();
+                        }
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        }
+    });
+    let mut sent = 0u64;
+    while sent < n {
+        let window_end = acked.load(Ordering::Acquire) + WINDOW as u64;
+        if sent >= window_end {
+            room.notified().await;
+            continue;
+        }
+        while sent < n && sent < window_end {
+            let frame = Frame::Data { generation: 1, sequence: sent, attempt: 1, payload: payload(sent) };
+            sink.feed(Message::Binary(frame.encode())).await.expect("send");
+            sent += 1;
+        }
+        sink.flush().await.expect("flush");
+    }
+    reader.await.expect("the reader");
+    let _receiver = drained.await.expect("drained");
+    t.elapsed()
+}
+
 /// The time from killing the connection (with a window in flight) to the
 /// acknowledgement, over the new connection, of the first frame that was in
 /// flight when it died: the backoff, TCP and WebSocket connect, handshake,
