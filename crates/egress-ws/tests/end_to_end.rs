@@ -303,3 +303,36 @@ async fn a_newer_generation_fences_the_older_connection() {
     assert_eq!(receiver.stats().duplicates, 1);
     assert_eq!(receiver.stats().fenced, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_producers_each_get_their_own_stream() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let proxy =
+        ChaosProxy::start(receiver.local_addr(), Some(Chaos { seed: 11, mean_interval: Duration::from_millis(30) }))
+            .await
+            .unwrap();
+    let cx = AsyncContext::new();
+    let mut producers = Vec::new();
+    for p in 0..3u64 {
+        let cell = AsyncEgressCell::new(&cx, policy());
+        let config = SenderConfig { producer: format!("producer-{p}"), ..sender_config(20 + p) };
+        let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), config);
+        for i in 0..1_000 {
+            cell.enqueue(payload(i));
+        }
+        producers.push((cell, sender));
+    }
+    let mut next = std::collections::HashMap::<String, u64>::new();
+    for _ in 0..3_000 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.expect("deliveries keep coming").unwrap();
+        let expected = next.entry(d.producer.to_string()).or_insert(0);
+        assert_eq!(d.sequence, *expected, "{}: in order, once", d.producer);
+        assert_eq!(d.payload, payload(d.sequence));
+        *expected += 1;
+    }
+    assert!(next.values().all(|&n| n == 1_000), "{next:?}");
+    for (cell, sender) in producers {
+        drained(&cell, 1_000).await;
+        sender.shutdown().await;
+    }
+}
