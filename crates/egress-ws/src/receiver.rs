@@ -30,6 +30,11 @@ pub struct ReceiverConfig {
     /// How many frames per producer may wait out of order for a gap to fill;
     /// beyond that they are dropped (the producer's replay brings them back).
     pub max_buffered: usize,
+    /// How many deliveries may wait for the application in
+    /// [`Receiver::recv`]. When it is full, the receiver stops reading the
+    /// producers' connections (and their windows fill): backpressure, not
+    /// memory growth.
+    pub delivery_buffer: usize,
     /// Decoding limits.
     pub limits: Limits,
     /// How long a new connection has to send its handshake.
@@ -45,6 +50,7 @@ impl Default for ReceiverConfig {
             ack_every: 32,
             ack_interval: Duration::from_millis(5),
             max_buffered: 4_096,
+            delivery_buffer: 65_536,
             limits: Limits::default(),
             handshake_timeout: Duration::from_secs(5),
             ack_faults: AckFaults::default(),
@@ -119,19 +125,25 @@ struct Producer {
     buffer: BTreeMap<u64, Bytes>,
     /// Tells the current connection it was fenced.
     fence: watch::Sender<u64>,
+    /// Held while a connection takes a frame and hands its deliveries to the
+    /// application, so that an old and a new connection of the producer
+    /// never interleave their deliveries.
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 struct Shared {
     config: ReceiverConfig,
     producers: Mutex<HashMap<Arc<str>, Producer>>,
-    deliveries: mpsc::UnboundedSender<Delivery>,
+    deliveries: mpsc::Sender<Delivery>,
     counters: Counters,
 }
 
 /// A WebSocket server that receives egress streams.
 ///
 /// Per producer (named in the handshake), it delivers each sequence once,
-/// in order, through [`Receiver::recv`]; drops duplicates; buffers up to
+/// in order, through [`Receiver::recv`] (a bounded queue: when the
+/// application falls behind, the receiver stops reading, and the producers'
+/// windows fill); drops duplicates; buffers up to
 /// `max_buffered` frames out of order; acknowledges cumulatively every
 /// `ack_every` frames or `ack_interval`; and fences a producer's older
 /// connection when a newer generation connects. A receiver that starts
@@ -144,7 +156,7 @@ struct Shared {
 pub struct Receiver {
     local_addr: SocketAddr,
     shared: Arc<Shared>,
-    deliveries: mpsc::UnboundedReceiver<Delivery>,
+    deliveries: mpsc::Receiver<Delivery>,
     accept: JoinHandle<()>,
 }
 
@@ -175,7 +187,7 @@ impl Receiver {
     pub async fn bind(addr: impl ToSocketAddrs, config: ReceiverConfig) -> std::io::Result<Receiver> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
-        let (tx, deliveries) = mpsc::unbounded_channel();
+        let (tx, deliveries) = mpsc::channel(config.delivery_buffer.max(1));
         let shared = Arc::new(Shared {
             config,
             producers: Mutex::new(HashMap::new()),
@@ -326,19 +338,20 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
                     p.buffer = p.buffer.split_off(&resume_from);
                 }
                 let _ = p.fence.send(generation);
-                Ok((p.next, p.fence.subscribe()))
+                Ok((p.next, p.fence.subscribe(), p.turn.clone()))
             }
             None => {
                 let (fence, rx) = watch::channel(generation);
+                let turn = Arc::new(tokio::sync::Mutex::new(()));
                 producers.insert(
                     producer.clone(),
-                    Producer { next: resume_from, generation, buffer: BTreeMap::new(), fence },
+                    Producer { next: resume_from, generation, buffer: BTreeMap::new(), fence, turn: turn.clone() },
                 );
-                Ok((resume_from, rx))
+                Ok((resume_from, rx, turn))
             }
         }
     };
-    let (next, mut fenced) = match accepted {
+    let (next, mut fenced, turn) = match accepted {
         Ok(ok) => ok,
         Err(latest) => {
             let reason = format!("generation {generation} is not above {latest}");
@@ -350,6 +363,7 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
     ws.send(Message::Binary(Frame::Welcome { generation, next }.encode())).await?;
 
     let mut acks = Acks::new(config, generation);
+    let mut ready = Vec::new();
     loop {
         let deadline = acks.deadline();
         tokio::select! {
@@ -364,8 +378,17 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
                 };
                 match frame {
                     Frame::Data { generation: g, sequence, payload, .. } if g == generation => {
-                        match take(shared, &producer, generation, sequence, payload) {
-                            Some(through) => acks.received(through),
+                        let _turn = turn.lock().await;
+                        match take(shared, &producer, generation, sequence, payload, &mut ready) {
+                            Some(through) => {
+                                for d in ready.drain(..) {
+                                    if shared.deliveries.send(d).await.is_err() {
+                                        return Ok(()); // the receiver is gone
+                                    }
+                                    shared.counters.delivered.fetch_add(1, Ordering::Relaxed);
+                                }
+                                acks.received(through);
+                            }
                             None => {
                                 shared.counters.fenced.fetch_add(1, Ordering::Relaxed);
                                 close(&mut ws, &shared.counters, CloseCode::Fenced, "a newer connection replaced this one").await;
@@ -406,11 +429,19 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// Takes one data frame of `producer`: delivers it and whatever it
-/// unblocks, buffers it, or drops it as a duplicate. Returns the watermark
+/// Takes one data frame of `producer`: adds it and whatever it unblocks to
+/// `ready` (to hand to the application, in order), buffers it, or drops it
+/// as a duplicate. Returns the watermark
 /// to acknowledge (`u64::MAX` meaning nothing yet), or `None` if the
 /// connection's generation was fenced.
-fn take(shared: &Shared, producer: &Arc<str>, generation: u64, sequence: u64, payload: Bytes) -> Option<u64> {
+fn take(
+    shared: &Shared,
+    producer: &Arc<str>,
+    generation: u64,
+    sequence: u64,
+    payload: Bytes,
+    ready: &mut Vec<Delivery>,
+) -> Option<u64> {
     let mut producers = shared.producers.lock().ok()?;
     let p = producers.get_mut(producer)?;
     if p.generation != generation {
@@ -420,14 +451,10 @@ fn take(shared: &Shared, producer: &Arc<str>, generation: u64, sequence: u64, pa
     if sequence < p.next || p.buffer.contains_key(&sequence) {
         c.duplicates.fetch_add(1, Ordering::Relaxed);
     } else if sequence == p.next {
-        let deliver = |sequence: u64, payload: Bytes| {
-            c.delivered.fetch_add(1, Ordering::Relaxed);
-            let _ = shared.deliveries.send(Delivery { producer: producer.clone(), sequence, payload });
-        };
-        deliver(sequence, payload);
+        ready.push(Delivery { producer: producer.clone(), sequence, payload });
         p.next += 1;
         while let Some(payload) = p.buffer.remove(&p.next) {
-            deliver(p.next, payload);
+            ready.push(Delivery { producer: producer.clone(), sequence: p.next, payload });
             p.next += 1;
         }
     } else if p.buffer.len() < shared.config.max_buffered {

@@ -336,3 +336,29 @@ async fn many_producers_each_get_their_own_stream() {
         sender.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_application_holds_the_producer_back_instead_of_buffering() {
+    let config = ReceiverConfig { delivery_buffer: 8, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(12));
+    for i in 0..500 {
+        cell.enqueue(payload(i));
+    }
+    // The application reads nothing for a while: whatever the timing, no
+    // more than the queue's 8 are handed over, and the window fills.
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while cell.inflight_len().get() < 64 {
+        assert!(tokio::time::Instant::now() < deadline, "the window never filled");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(receiver.stats().delivered <= 8, "{:?}", receiver.stats());
+    assert!(cell.acked_through().get().is_none_or(|a| a.get() < 8));
+    // Then it reads: everything arrives, in order.
+    receive_in_order(&mut receiver, 0, 500).await;
+    drained(&cell, 500).await;
+    sender.shutdown().await;
+}
