@@ -31,6 +31,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "json")]
+pub mod json;
 pub mod protocol;
 mod proxy;
 mod receiver;
