@@ -827,16 +827,11 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
 
     /// Records a new attachment (and forgets disposed ones).
     pub(crate) fn register(&self, generation: Generation, key: Key) {
-        let inner = &self.shared.inner;
-        inner.handle.enter(|cell| {
-            let live: Vec<bool> = self.shared.attachments.with(&Entered::by(cell), |list| {
-                let g = cell.borrow();
-                list.iter().map(|(_, k)| g.alive(*k)).collect()
-            });
+        self.shared.inner.handle.enter(|cell| {
             self.shared.attachments.with_mut(&Entered::by(cell), |list| {
-                let mut live = live.into_iter();
-                list.retain(|_| live.next().unwrap_or(false));
-                if cell.borrow().alive(key) {
+                let g = cell.borrow();
+                list.retain(|(_, k)| g.alive(*k));
+                if g.alive(key) {
                     list.push((generation, key));
                 }
             });
