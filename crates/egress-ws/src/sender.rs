@@ -205,10 +205,16 @@ async fn supervise(
         if *stop.borrow() {
             return;
         }
+        let connected_before = counters.connections.load(Ordering::Relaxed);
         let end = tokio::select! {
             end = connection(&cell, &url, &config, &kill, &counters) => end,
             _ = stop.changed() => End::Stop,
         };
+        // A connection that got through its handshake resets the backoff:
+        // the next delay starts from the base again.
+        if counters.connections.load(Ordering::Relaxed) > connected_before {
+            failures = 0;
+        }
         match end {
             End::Stop => return,
             End::Lost(why) => {
@@ -220,24 +226,25 @@ async fn supervise(
             }
         }
         counters.reconnects.fetch_add(1, Ordering::Relaxed);
-        // Jittered exponential backoff: a delay drawn from the upper half of
-        // base * 2^failures, capped.
-        let cap = config.backoff_max.as_micros() as u64;
-        let full = (config.backoff_base.as_micros() as u64).saturating_mul(1u64 << failures.min(20)).min(cap);
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        let delay = full / 2 + rng % (full / 2 + 1);
+        let delay = backoff(&config, failures, rng);
         failures = failures.saturating_add(1);
         tokio::select! {
-            () = tokio::time::sleep(Duration::from_micros(delay)) => {}
+            () = tokio::time::sleep(delay) => {}
             _ = stop.changed() => return,
         }
-        // A connection that got through its handshake resets the backoff.
-        if counters.connections.load(Ordering::Relaxed) > 0 && failures > 1 {
-            failures = failures.min(3);
-        }
     }
+}
+
+/// The jittered exponential backoff after `failures` failed attempts in a
+/// row: a delay drawn (by `random`) from the upper half of
+/// `backoff_base * 2^failures`, capped at `backoff_max`.
+fn backoff(config: &SenderConfig, failures: u32, random: u64) -> Duration {
+    let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    let full = micros(config.backoff_base).saturating_mul(1u64 << failures.min(40)).min(micros(config.backoff_max));
+    Duration::from_micros(full / 2 + random % (full / 2 + 1))
 }
 
 async fn connection(
@@ -330,5 +337,31 @@ where
             Some(Ok(Message::Close(_))) | None => return Err(End::Lost("connection closed".into())),
             Some(Err(e)) => return Err(End::Lost(e.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_base_up_to_the_cap_within_its_upper_half() {
+        let config = SenderConfig {
+            backoff_base: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(100),
+            ..SenderConfig::new("p")
+        };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        for (failures, full) in [(0, 10.0), (1, 20.0), (2, 40.0), (3, 80.0), (4, 100.0), (60, 100.0)] {
+            for random in [0, 1, 12_345, u64::MAX] {
+                let d = ms(backoff(&config, failures, random));
+                assert!(
+                    (full / 2.0..=full).contains(&d),
+                    "failures {failures}: {d} ms not in [{}, {full}]",
+                    full / 2.0
+                );
+            }
+        }
+        assert_eq!(backoff(&config, 0, 0), Duration::from_millis(5));
     }
 }
