@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use egress_core::{ClaimOutcome, Delay, EgressCore, Envelope, Policy, Sequence};
 use egress_reactive::{
-    AsyncContext, AsyncEgressCell, AsyncTransport, Context, EgressCell, SendError, ThreadSafeContext,
-    ThreadSafeEgressCell, Transport,
+    AsyncContext, AsyncEgressCell, AsyncTransport, Context, Effect, EgressCell, Handle, SendError, ThreadSafeContext,
+    ThreadSafeEgressCell, Threaded, Transport,
 };
 
 pub const WINDOW: usize = 64;
@@ -147,16 +147,20 @@ fn egress_local(n: usize) -> Duration {
     elapsed
 }
 
+/// The UI effect of the thread-safe and async cells: it reads the pending
+/// count on every change.
+fn threaded_ui(cx: &Handle<Threaded>, cell: &ThreadSafeEgressCell<u64>) -> Effect<Threaded> {
+    let ui = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = cell.pending_len().clone();
+    cx.effect(move || {
+        ui.fetch_add(count.get(), std::sync::atomic::Ordering::Relaxed);
+    })
+}
+
 fn egress_thread_safe(n: usize) -> Duration {
     let cx = ThreadSafeContext::new();
     let cell: ThreadSafeEgressCell<u64> = ThreadSafeEgressCell::new(&cx, policy());
-    let ui = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let _ui = cx.effect({
-        let (count, ui) = (cell.pending_len().clone(), ui.clone());
-        move || {
-            ui.fetch_add(count.get(), std::sync::atomic::Ordering::Relaxed);
-        }
-    });
+    let _ui = threaded_ui(&cx, &cell);
     let sent = SharedSink::new(n);
     let link = cell.attach(sent.clone());
     let t = Instant::now();
@@ -187,13 +191,7 @@ fn egress_async(n: usize) -> Duration {
     runtime().block_on(async {
         let cx = AsyncContext::new();
         let cell: AsyncEgressCell<u64> = AsyncEgressCell::new(&cx, policy());
-        let ui = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let _ui = cx.effect({
-            let (count, ui) = (cell.pending_len().clone(), ui.clone());
-            move || {
-                ui.fetch_add(count.get(), std::sync::atomic::Ordering::Relaxed);
-            }
-        });
+        let _ui = threaded_ui(&cx, &cell);
         let sent = SharedSink::new(n);
         let link = cell.attach(sent.clone());
         let t = Instant::now();

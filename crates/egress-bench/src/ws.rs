@@ -77,15 +77,26 @@ pub async fn egress(n: u64) -> Duration {
     elapsed
 }
 
-/// Seconds for `n` messages through a plain loop: the same handshake, data
-/// frames and acks, a window of 256, no cell.
-pub async fn plain(n: u64) -> Duration {
-    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.expect("bind");
+type Plain = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A plain connection to `receiver`, past the handshake (generation 1), split
+/// into its halves.
+async fn connect_plain(
+    receiver: &Receiver,
+) -> (futures_util::stream::SplitSink<Plain, Message>, futures_util::stream::SplitStream<Plain>) {
     let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{}", receiver.local_addr())).await.expect("connect");
     let (mut sink, mut stream) = ws.split();
     let hello = Frame::Handshake { producer: "bench".into(), generation: 1, resume_from: 0 };
     sink.send(Message::Binary(hello.encode())).await.expect("handshake");
     let Some(Ok(Message::Binary(_welcome))) = stream.next().await else { panic!("no welcome") };
+    (sink, stream)
+}
+
+/// Seconds for `n` messages through a plain loop: the same handshake, data
+/// frames and acks, a window of 256, no cell.
+pub async fn plain(n: u64) -> Duration {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.expect("bind");
+    let (mut sink, mut stream) = connect_plain(&receiver).await;
     let t = Instant::now();
     let drained = tokio::spawn(async move {
         drain(&mut receiver, n).await;
@@ -123,11 +134,7 @@ pub async fn plain_split(n: u64) -> Duration {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.expect("bind");
-    let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{}", receiver.local_addr())).await.expect("connect");
-    let (mut sink, mut stream) = ws.split();
-    let hello = Frame::Handshake { producer: "bench".into(), generation: 1, resume_from: 0 };
-    sink.send(Message::Binary(hello.encode())).await.expect("handshake");
-    let Some(Ok(Message::Binary(_welcome))) = stream.next().await else { panic!("no welcome") };
+    let (mut sink, mut stream) = connect_plain(&receiver).await;
     let acked = Arc::new(AtomicU64::new(0));
     let room = Arc::new(tokio::sync::Notify::new());
     let t = Instant::now();
