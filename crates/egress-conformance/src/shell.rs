@@ -11,7 +11,7 @@ use std::any::Any;
 
 use egress_core::{Generation, Projection, Sequence, Time};
 use egress_reactive::{
-    AsyncContext, AsyncEgressCell, CellFlavor, CellOptions, Computed, Context, EgressCellOf, Flavor, ManualClock,
+    AsyncContext, AsyncEgressCell, CellFlavor, CellOptions, Computed, Context, Ctx, EgressCellOf, Flavor, ManualClock,
     NodeRef, ThreadSafeContext,
 };
 use serde_json::{Map, Value, json};
@@ -48,16 +48,20 @@ fn setup(fixture: &Fixture) -> Result<(egress_core::Policy, CellOptions, ManualC
     Ok((policy, options, clock))
 }
 
+/// A session of a synchronous cell on graph `cx`, which the session keeps.
+fn on_graph<F: CellFlavor<Value>>(cx: Ctx<F>, fixture: &Fixture) -> Result<Box<dyn Session>, String> {
+    let (policy, options, clock) = setup(fixture)?;
+    let cell = EgressCellOf::with_options(&cx.handle(), policy, options);
+    Ok(Box::new(ShellSession { cell, clock, _keep: Box::new(cx) }))
+}
+
 impl Target for ContextTarget {
     fn name(&self) -> &'static str {
         "context"
     }
 
     fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String> {
-        let (policy, options, clock) = setup(fixture)?;
-        let cx = Context::new();
-        let cell = EgressCellOf::with_options(&cx.handle(), policy, options);
-        Ok(Box::new(ShellSession { cell, clock, _keep: Box::new(cx) }))
+        on_graph(Context::new(), fixture)
     }
 }
 
@@ -67,10 +71,7 @@ impl Target for ThreadSafeTarget {
     }
 
     fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String> {
-        let (policy, options, clock) = setup(fixture)?;
-        let cx = ThreadSafeContext::new();
-        let cell = EgressCellOf::with_options(&cx.handle(), policy, options);
-        Ok(Box::new(ShellSession { cell, clock, _keep: Box::new(cx) }))
+        on_graph(ThreadSafeContext::new(), fixture)
     }
 }
 
