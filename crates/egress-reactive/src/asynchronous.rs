@@ -16,7 +16,7 @@ use crate::context::{Ctx, Handle, NodeRef};
 use crate::effect::Effect;
 use crate::error::ReadError;
 use crate::flavor::{HoldsCleanup, Threaded};
-use crate::graph::{Key, NodeObj, flags::*};
+use crate::graph::{Key, NONE, NodeObj, flags::*};
 use crate::run;
 use crate::signal::Signal;
 
@@ -329,7 +329,7 @@ impl Handle<Threaded> {
         let handle = self.clone();
         let key = handle.enter(|cell| {
             let erased: <Threaded as crate::Flavor>::Obj = obj.clone();
-            cell.borrow_mut().alloc(EFFECT | ASYNC | DIRTY, Some(erased), created_at)
+            cell.borrow_mut().alloc(EFFECT | ASYNC | DIRTY, Some(erased), NONE, created_at)
         });
         let cx = EffectCx { handle: handle.clone(), key };
         let task = tokio::spawn(async move {

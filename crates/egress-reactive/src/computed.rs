@@ -180,7 +180,7 @@ impl<F: Flavor> Handle<F> {
     {
         let slot = F::ptr(Slot { value: ValueCell::new(None), created_at });
         let obj = F::erase(F::ptr(ComputedObj { slot: slot.clone(), f, cutoff }));
-        let key = self.enter(|cell| cell.borrow_mut().alloc(COMPUTED | DIRTY, Some(obj), created_at));
+        let key = self.enter(|cell| cell.borrow_mut().alloc(COMPUTED | DIRTY, Some(obj), NONE, created_at));
         Computed { node: NodeRef { handle: self.clone(), key }, slot }
     }
 }

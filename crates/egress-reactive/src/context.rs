@@ -129,8 +129,14 @@ impl<F: Flavor> Drop for Ctx<F> {
     fn drop(&mut self) {
         let guard = F::enter(&self.handle.rt.cell);
         let root = {
-            let mut g = guard.borrow_mut();
-            g.closed = true;
+            let g = guard.borrow();
+            // The last pointer to the graph, no cleanup to order: nothing
+            // can reach the graph again, so dropping it (next) drops every
+            // node's object and every signal's value at once, without
+            // freeing nodes one by one first.
+            if g.quiet() && F::is_unique(&self.handle.rt) {
+                return;
+            }
             g.root
         };
         run::dispose(&guard, root, false);
@@ -228,7 +234,7 @@ impl<F: Flavor> Handle<F> {
     #[track_caller]
     pub fn scope<R>(&self, f: impl FnOnce() -> R) -> (Scope<F>, R) {
         let at = Location::caller();
-        let key = self.enter(|cell| cell.borrow_mut().alloc(SCOPE, None, at));
+        let key = self.enter(|cell| cell.borrow_mut().alloc(SCOPE, None, NONE, at));
         let result = self.with_owner(key, f);
         (Scope { handle: self.clone(), key }, result)
     }
@@ -252,7 +258,7 @@ impl<F: Flavor> Handle<F> {
     /// [`notify`](run::notify)-ed. The egress cells invalidate their readers
     /// through triggers.
     pub(crate) fn trigger(&self, created_at: &'static Location<'static>) -> Key {
-        self.enter(|cell| cell.borrow_mut().alloc(SIGNAL, None, created_at))
+        self.enter(|cell| cell.borrow_mut().alloc(SIGNAL, None, NONE, created_at))
     }
 
     /// Makes the running computation depend on trigger `key`.

@@ -5,7 +5,7 @@ use std::panic::Location;
 
 use crate::context::{Handle, NodeRef};
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};
-use crate::graph::{NodeObj, flags::*};
+use crate::graph::{NONE, NodeObj, flags::*};
 use crate::run;
 
 /// A side effect.
@@ -112,7 +112,7 @@ impl<F: Flavor> Handle<F> {
     {
         let obj = F::erase(F::ptr(EffectObj { f: ValueCell::new(f) }));
         self.enter(|cell| {
-            let key = cell.borrow_mut().alloc(EFFECT | DIRTY, Some(obj), created_at);
+            let key = cell.borrow_mut().alloc(EFFECT | DIRTY, Some(obj), NONE, created_at);
             run::update(cell, key.index);
             if let Err(e) = run::settle_and_flush(cell) {
                 panic!("{e}");

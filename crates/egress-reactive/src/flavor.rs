@@ -44,6 +44,11 @@ pub trait Flavor: sealed::Sealed + Sized + 'static {
     /// The cell around the whole graph.
     #[doc(hidden)]
     type GraphCell<G: 'static>;
+    /// A type-erased value the graph keeps for a kind of node (the current
+    /// block of signal slots of one value type): `dyn Any`, `+ Send` for
+    /// [`Threaded`].
+    #[doc(hidden)]
+    type Any: ?Sized + 'static;
     /// What [`Flavor::enter`] returns: access to the graph's `RefCell` for
     /// the duration of one public call.
     #[doc(hidden)]
@@ -53,6 +58,11 @@ pub trait Flavor: sealed::Sealed + Sized + 'static {
     fn ptr<T: 'static>(value: T) -> Self::Ptr<T>;
     #[doc(hidden)]
     fn obj(obj: &Self::Obj) -> &dyn NodeObj;
+    #[doc(hidden)]
+    fn downcast<T: 'static>(any: &Self::Any) -> Option<&T>;
+    /// Whether `ptr` is the only pointer to its value, strong or weak.
+    #[doc(hidden)]
+    fn is_unique<T: ?Sized + 'static>(ptr: &Self::Ptr<T>) -> bool;
     #[doc(hidden)]
     fn run_cleanup(cleanup: Self::Cleanup);
     #[doc(hidden)]
@@ -67,6 +77,8 @@ pub trait Flavor: sealed::Sealed + Sized + 'static {
 #[doc(hidden)]
 pub trait Holds<O: NodeObj>: Flavor {
     fn erase(obj: Self::Ptr<O>) -> Self::Obj;
+    /// The same pointer, erased as [`Flavor::Any`].
+    fn erase_any(obj: Self::Ptr<O>) -> Box<Self::Any>;
 }
 
 /// A flavour can hold cleanup `C`.
@@ -175,6 +187,7 @@ impl Flavor for Local {
     type Cleanup = Box<dyn FnOnce()>;
     type Cell<T: 'static> = RefCell<T>;
     type GraphCell<G: 'static> = LocalCell<G>;
+    type Any = dyn std::any::Any;
     type Guard<'a, G: 'static> = &'a RefCell<G>;
 
     #[inline]
@@ -184,6 +197,13 @@ impl Flavor for Local {
     #[inline]
     fn obj(obj: &Self::Obj) -> &dyn NodeObj {
         &**obj
+    }
+    #[inline]
+    fn downcast<T: 'static>(any: &Self::Any) -> Option<&T> {
+        any.downcast_ref()
+    }
+    fn is_unique<T: ?Sized + 'static>(ptr: &Self::Ptr<T>) -> bool {
+        Self::Ptr::<T>::strong_count(ptr) == 1 && Self::Ptr::<T>::weak_count(ptr) == 0
     }
     fn run_cleanup(cleanup: Self::Cleanup) {
         cleanup()
@@ -202,6 +222,9 @@ impl<O: NodeObj + 'static> Holds<O> for Local {
     fn erase(obj: Rc<O>) -> Self::Obj {
         obj
     }
+    fn erase_any(obj: Rc<O>) -> Box<Self::Any> {
+        Box::new(obj)
+    }
 }
 
 impl<C: FnOnce() + 'static> HoldsCleanup<C> for Local {
@@ -216,6 +239,7 @@ impl Flavor for Threaded {
     type Cleanup = Box<dyn FnOnce() + Send>;
     type Cell<T: 'static> = Guarded<T>;
     type GraphCell<G: 'static> = parking_lot::ReentrantMutex<RefCell<G>>;
+    type Any = dyn std::any::Any + Send;
     type Guard<'a, G: 'static> = parking_lot::ReentrantMutexGuard<'a, RefCell<G>>;
 
     #[inline]
@@ -225,6 +249,13 @@ impl Flavor for Threaded {
     #[inline]
     fn obj(obj: &Self::Obj) -> &dyn NodeObj {
         &**obj
+    }
+    #[inline]
+    fn downcast<T: 'static>(any: &Self::Any) -> Option<&T> {
+        any.downcast_ref()
+    }
+    fn is_unique<T: ?Sized + 'static>(ptr: &Self::Ptr<T>) -> bool {
+        Self::Ptr::<T>::strong_count(ptr) == 1 && Self::Ptr::<T>::weak_count(ptr) == 0
     }
     fn run_cleanup(cleanup: Self::Cleanup) {
         cleanup()
@@ -242,6 +273,9 @@ impl<O: NodeObj + Send + Sync + 'static> Holds<O> for Threaded {
     #[inline]
     fn erase(obj: Arc<O>) -> Self::Obj {
         obj
+    }
+    fn erase_any(obj: Arc<O>) -> Box<Self::Any> {
+        Box::new(obj)
     }
 }
 

@@ -72,10 +72,15 @@ pub trait NodeObj {
     /// Effect: run. Signal: not called.
     fn run(&self, entered: &Entered) -> bool;
     /// Signal: the batch that wrote it ends; drop the value it replaced and
-    /// return whether the current value differs from it.
-    fn settle(&self, _entered: &Entered) -> bool {
+    /// return whether the current value differs from it. `aux` is the
+    /// node's [`Node::aux`].
+    fn settle(&self, _entered: &Entered, _aux: u32) -> bool {
         true
     }
+    /// The node was disposed: drop what it holds apart from the object
+    /// itself (a signal's value in its block). Called outside the graph's
+    /// borrow, since it runs user destructors.
+    fn release(&self, _entered: &Entered, _aux: u32) {}
     /// Async effect: wake the task that runs it.
     fn schedule(&self) {}
 }
@@ -92,11 +97,53 @@ pub(crate) struct Node<F: Flavor> {
     pub(crate) prev_sibling: u32,
     pub(crate) next_sibling: u32,
     pub(crate) runs: u32,
-    /// While running: the computation that was running when it started (the
-    /// chain a cycle report follows). Fits in what was padding.
-    pub(crate) caller: u32,
+    /// A computation, while running: the computation that was running when
+    /// it started (the chain a cycle report follows). A signal: its slot in
+    /// its value block (signals never run). Fits in what was padding.
+    pub(crate) aux: u32,
     pub(crate) obj: Option<F::Obj>,
     pub(crate) created_at: &'static Location<'static>,
+}
+
+impl<F: Flavor> Node<F> {
+    /// A live node with no links and no children.
+    #[inline(always)]
+    fn fresh(
+        kind: u32,
+        generation: u32,
+        owner: u32,
+        prev_sibling: u32,
+        aux: u32,
+        obj: Option<F::Obj>,
+        created_at: &'static Location<'static>,
+    ) -> Self {
+        Node {
+            flags: kind | ALIVE,
+            generation,
+            deps_head: NONE,
+            deps_tail: NONE,
+            subs_head: NONE,
+            subs_tail: NONE,
+            owner,
+            last_child: NONE,
+            prev_sibling,
+            next_sibling: NONE,
+            runs: 0,
+            aux,
+            obj,
+            created_at,
+        }
+    }
+
+    /// Turns the node into a free slot (no links, owner, siblings or
+    /// children; a new generation, so handles to it stay dead) and returns
+    /// its object. The caller has unlinked it from its links and siblings.
+    #[inline(always)]
+    fn vacate(&mut self) -> Option<F::Obj> {
+        let mut free = Node::fresh(0, self.generation.wrapping_add(1), NONE, NONE, NONE, None, self.created_at);
+        free.flags = 0;
+        std::mem::replace(self, free).obj
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -145,9 +192,20 @@ pub(crate) struct Graph<F: Flavor> {
     unwatched: Vec<u32>,
     propagate_stack: Vec<u32>,
     pub(crate) root: u32,
-    pub(crate) closed: bool,
     /// A cycle found by a plain read, for the `try_` read it unwinds to.
     pub(crate) cycle: Option<crate::error::CycleError>,
+    /// Per signal value type, the block new signals take their slot from.
+    pub(crate) pools: Vec<Pool<F>>,
+}
+
+/// The block of value slots that new signals of one value type take their
+/// slot from (see `crate::signal::SignalBlock`).
+pub(crate) struct Pool<F: Flavor> {
+    pub(crate) type_id: std::any::TypeId,
+    /// The block: an `F::Ptr<SignalBlock<T, F>>`, erased.
+    pub(crate) block: Box<F::Any>,
+    /// How many of its slots are taken.
+    pub(crate) used: u32,
 }
 
 impl<F: Flavor> Graph<F> {
@@ -172,57 +230,49 @@ impl<F: Flavor> Graph<F> {
             unwatched: Vec::new(),
             propagate_stack: Vec::new(),
             root: NONE,
-            closed: false,
             cycle: None,
+            pools: Vec::new(),
         };
-        let root = graph.alloc(SCOPE, None, Location::caller());
+        let root = graph.alloc(SCOPE, None, NONE, Location::caller());
         graph.root = root.index;
         graph.owner = root.index;
         graph
     }
 
     /// Creates a node owned by the current owner.
-    pub(crate) fn alloc(&mut self, kind: u32, obj: Option<F::Obj>, created_at: &'static Location<'static>) -> Key {
+    #[inline(always)]
+    pub(crate) fn alloc(
+        &mut self,
+        kind: u32,
+        obj: Option<F::Obj>,
+        aux: u32,
+        created_at: &'static Location<'static>,
+    ) -> Key {
         let owner = self.owner;
-        let node = Node {
-            flags: kind | ALIVE,
-            generation: 0,
-            deps_head: NONE,
-            deps_tail: NONE,
-            subs_head: NONE,
-            subs_tail: NONE,
-            owner,
-            last_child: NONE,
-            prev_sibling: NONE,
-            next_sibling: NONE,
-            runs: 0,
-            caller: NONE,
-            obj,
-            created_at,
-        };
-        let index = match self.free_nodes.pop() {
+        // The new node is its owner's last child.
+        let prev =
+            if owner == NONE { NONE } else { std::mem::replace(&mut self.nodes[owner as usize].last_child, NONE) };
+        let (index, generation) = match self.free_nodes.pop() {
             Some(index) => {
-                let slot = &mut self.nodes[index as usize];
-                let generation = slot.generation;
-                *slot = Node { generation, ..node };
-                index
+                let node = &mut self.nodes[index as usize];
+                let generation = node.generation;
+                *node = Node::fresh(kind, generation, owner, prev, aux, obj, created_at);
+                (index, generation)
             }
             None => {
                 let index = u32::try_from(self.nodes.len()).ok().filter(|&i| i != NONE);
                 let index = index.expect("graph invariant: fewer than 2^32 - 1 live nodes");
-                self.nodes.push(node);
-                index
+                self.nodes.push(Node::fresh(kind, 0, owner, prev, aux, obj, created_at));
+                (index, 0)
             }
         };
         if owner != NONE {
-            let prev = self.nodes[owner as usize].last_child;
-            self.nodes[index as usize].prev_sibling = prev;
+            self.nodes[owner as usize].last_child = index;
             if prev != NONE {
                 self.nodes[prev as usize].next_sibling = index;
             }
-            self.nodes[owner as usize].last_child = index;
         }
-        Key { index, generation: self.nodes[index as usize].generation }
+        Key { index, generation }
     }
 
     #[inline]
@@ -420,7 +470,7 @@ impl<F: Flavor> Graph<F> {
         self.version = self.next_version;
         self.next_version = self.next_version.wrapping_add(1).max(1);
         self.batch_depth += 1;
-        node.caller = self.active;
+        node.aux = self.active;
         self.active = index;
         self.depth += 1;
         (saved, obj)
@@ -589,41 +639,23 @@ impl<F: Flavor> Graph<F> {
     /// Frees one node whose children are gone: its links both ways, its place
     /// among its siblings, its slot. Returns its object, to be dropped by the
     /// caller outside the graph borrow (dropping it runs user destructors).
+    ///
+    /// A freed slot keeps `generation + 1` and otherwise the state
+    /// [`Graph::alloc`] expects of a free slot: no links, no children, no
+    /// siblings, no object.
     pub(crate) fn free(&mut self, index: u32) -> Option<F::Obj> {
         let node = &self.nodes[index as usize];
         if node.flags & ALIVE == 0 {
             return None;
         }
         debug_assert_eq!(node.last_child, NONE, "graph invariant: children are freed before their owner");
-        let mut l = node.deps_head;
-        while l != NONE {
-            let next = self.links[l as usize].next_dep;
-            self.unlink_sub_side(l);
-            self.free_link(l);
-            l = next;
-        }
-        self.nodes[index as usize].flags &= !COMPUTED; // not itself released below
-        self.release_unwatched();
-        let mut l = self.nodes[index as usize].subs_head;
-        while l != NONE {
-            let next = self.links[l as usize].next_sub;
-            self.unlink_dep_side(l);
-            self.free_link(l);
-            l = next;
+        if node.deps_head != NONE || node.subs_head != NONE {
+            self.unlink_all(index);
         }
         let node = &mut self.nodes[index as usize];
         let (owner, prev, next) = (node.owner, node.prev_sibling, node.next_sibling);
         let had_cleanups = node.flags & HAS_CLEANUP != 0;
-        node.flags = 0;
-        node.generation = node.generation.wrapping_add(1);
-        node.deps_head = NONE;
-        node.deps_tail = NONE;
-        node.subs_head = NONE;
-        node.subs_tail = NONE;
-        node.owner = NONE;
-        node.prev_sibling = NONE;
-        node.next_sibling = NONE;
-        let obj = node.obj.take();
+        let obj = node.vacate();
         if prev != NONE {
             self.nodes[prev as usize].next_sibling = next;
         }
@@ -637,6 +669,74 @@ impl<F: Flavor> Graph<F> {
         }
         self.free_nodes.push(index);
         obj
+    }
+
+    /// Removes every link of `index`, both ways.
+    #[inline(never)]
+    fn unlink_all(&mut self, index: u32) {
+        let mut l = self.nodes[index as usize].deps_head;
+        while l != NONE {
+            let next = self.links[l as usize].next_dep;
+            self.unlink_sub_side(l);
+            self.free_link(l);
+            l = next;
+        }
+        // Not itself released below: the caller frees it.
+        self.nodes[index as usize].flags &= !COMPUTED;
+        self.release_unwatched();
+        let mut l = self.nodes[index as usize].subs_head;
+        while l != NONE {
+            let next = self.links[l as usize].next_sub;
+            self.unlink_dep_side(l);
+            self.free_link(l);
+            l = next;
+        }
+        let node = &mut self.nodes[index as usize];
+        node.deps_head = NONE;
+        node.deps_tail = NONE;
+        node.subs_head = NONE;
+        node.subs_tail = NONE;
+    }
+
+    /// Whether no cleanup is registered and no run, batch or flush is in
+    /// progress: then disposing every node needs no order.
+    pub(crate) fn quiet(&self) -> bool {
+        self.cleanups.is_empty() && self.depth == 0 && self.batch_depth == 0 && !self.flushing
+    }
+
+    /// Frees every node but the root at once, pushing the objects of those
+    /// that had one (with their `aux`) onto `objs`, and returns whether it
+    /// did. Only a graph with no cleanups registered and no run, batch or
+    /// flush in progress qualifies: then nothing orders the frees (cleanups
+    /// are what disposal orders) and nothing outside the freed set links to
+    /// it, so links go wholesale instead of one by one.
+    pub(crate) fn free_all(&mut self, objs: &mut Vec<(F::Obj, u32)>) -> bool {
+        if !self.quiet() {
+            return false;
+        }
+        let root = self.root;
+        self.free_nodes.clear();
+        for (index, node) in self.nodes.iter_mut().enumerate().rev() {
+            let index = index as u32;
+            if index == root {
+                node.last_child = NONE;
+                continue;
+            }
+            if node.flags & ALIVE != 0 {
+                let aux = node.aux;
+                if let Some(obj) = node.vacate() {
+                    objs.push((obj, aux));
+                }
+            }
+            self.free_nodes.push(index);
+        }
+        self.links.clear();
+        self.free_link = NONE;
+        self.live_links = 0;
+        self.queue.clear();
+        self.writes.clear();
+        self.unwatched.clear();
+        true
     }
 
     pub(crate) fn dependency_count(&self, index: u32) -> usize {

@@ -79,4 +79,4 @@ pub use error::{CycleError, EffectLoopError, NodeKind, ReadError, WriteError};
 pub use flavor::{Flavor, Holds, HoldsCleanup, Local, Threaded, ValueCell};
 pub use graph::NodeObj;
 pub use run::MAX_FLUSH_ROUNDS;
-pub use signal::{Signal, SignalInner};
+pub use signal::{Signal, SignalBlock};

@@ -183,7 +183,7 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
         let mut at = g.active;
         while at != NONE && at != index {
             nodes.push(g.node(at).created_at);
-            at = g.node(at).caller;
+            at = g.node(at).aux;
         }
         nodes.push(g.node(index).created_at);
         nodes.reverse();
@@ -214,10 +214,10 @@ pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
             }
             let node = g.node_mut(key.index);
             node.flags &= !BATCHED;
-            (key, node.obj.clone())
+            (key, node.obj.clone().map(|obj| (obj, node.aux)))
         };
         // A source without an object is a trigger: written means changed.
-        let changed = obj.is_none_or(|obj| F::obj(&obj).settle(&Entered::by(cell)));
+        let changed = obj.is_none_or(|(obj, aux)| F::obj(&obj).settle(&Entered::by(cell), aux));
         if changed {
             cell.borrow_mut().propagate(key.index);
         }
@@ -374,8 +374,20 @@ fn run_queued<F: Flavor>(cell: &Cell<F>, key: Key) {
 /// released only to run cleanups and to drop user objects (in chunks).
 pub(crate) fn dispose<F: Flavor>(cell: &Cell<F>, index: u32, include_self: bool) {
     const CHUNK: usize = 256;
-    let mut objs: Vec<F::Obj> = Vec::new();
+    // Objects of freed nodes, with their `aux`, released outside the borrow.
+    let mut objs: Vec<(F::Obj, u32)> = Vec::new();
+    let release = |objs: &mut Vec<(F::Obj, u32)>| {
+        let entered = Entered::by(cell);
+        for (obj, aux) in objs.drain(..) {
+            F::obj(&obj).release(&entered, aux);
+        }
+    };
     let mut g = cell.borrow_mut();
+    if index == g.root && !include_self && g.free_all(&mut objs) {
+        drop(g);
+        release(&mut objs);
+        return;
+    }
     let root_key = g.key(index);
     let mut cur = index;
     loop {
@@ -399,17 +411,17 @@ pub(crate) fn dispose<F: Flavor>(cell: &Cell<F>, index: u32, include_self: bool)
                 continue; // a cleanup created something here: dispose it too
             }
         }
+        let (owner, aux) = (g.node(cur).owner, g.node(cur).aux);
         if cur == index {
             if include_self {
-                objs.extend(g.free(cur));
+                objs.extend(g.free(cur).map(|obj| (obj, aux)));
             }
             break;
         }
-        let owner = g.node(cur).owner;
-        objs.extend(g.free(cur));
+        objs.extend(g.free(cur).map(|obj| (obj, aux)));
         if objs.len() >= CHUNK {
             drop(g);
-            objs.clear();
+            release(&mut objs);
             g = cell.borrow_mut();
         }
         if owner == NONE || g.node(owner).flags & ALIVE == 0 {
@@ -418,5 +430,5 @@ pub(crate) fn dispose<F: Flavor>(cell: &Cell<F>, index: u32, include_self: bool)
         cur = owner;
     }
     drop(g);
-    drop(objs);
+    release(&mut objs);
 }

@@ -5,7 +5,9 @@ use std::panic::Location;
 use crate::context::{Handle, NodeRef};
 use crate::error::{NodeKind, ReadError, WriteError};
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};
-use crate::graph::{NONE, NodeObj, flags::*};
+use std::any::TypeId;
+
+use crate::graph::{Graph, NONE, NodeObj, Pool, flags::*};
 use crate::run;
 
 /// A writable source of the graph.
@@ -25,7 +27,8 @@ use crate::run;
 /// ```
 pub struct Signal<T: 'static, F: Flavor> {
     node: NodeRef<F>,
-    inner: F::Ptr<SignalInner<T, F>>,
+    block: F::Ptr<SignalBlock<T, F>>,
+    slot: u32,
 }
 
 impl<T: 'static, F: Flavor> std::ops::Deref for Signal<T, F> {
@@ -35,11 +38,30 @@ impl<T: 'static, F: Flavor> std::ops::Deref for Signal<T, F> {
     }
 }
 
-/// The value of a signal, and what a batch replaced.
+/// A block of value slots for signals of one value type, shared by the
+/// graph (each signal's node holds its block) and by the signals' handles.
+///
+/// Signals take their slots in order from the current block of their type
+/// and never reuse one, so a handle's slot stays its own (with the place it
+/// was created, for messages about a disposed signal) for as long as the
+/// handle lives. A disposed signal's value is dropped at once; its emptied
+/// slot goes with its block, when every signal of the block is disposed and
+/// its handles are dropped. Blocks hold up to [`SignalBlock::MAX_SLOTS`]
+/// slots and at most about [`SignalBlock::MAX_BYTES`], so a surviving handle
+/// keeps at most that much of emptied slots alive.
+///
+/// Creating a signal therefore allocates nothing on the heap but, once per
+/// block, the block.
 #[doc(hidden)]
-pub struct SignalInner<T: 'static, F: Flavor> {
-    state: F::Cell<SignalState<T>>,
+pub struct SignalBlock<T: 'static, F: Flavor> {
+    slots: Box<[F::Cell<Slot<T>>]>,
+}
+
+/// One signal's slot.
+struct Slot<T> {
     created_at: &'static Location<'static>,
+    /// `None` before the slot is taken and once its signal is disposed.
+    state: Option<SignalState<T>>,
 }
 
 /// An equality test.
@@ -54,13 +76,53 @@ struct SignalState<T> {
     forced: bool,
 }
 
-impl<T: 'static, F: Flavor> NodeObj for SignalInner<T, F> {
+impl<T: 'static, F: Flavor> SignalBlock<T, F> {
+    /// The most slots a block holds.
+    pub const MAX_SLOTS: usize = 64;
+    /// The most bytes of slots a block holds, unless one slot is larger.
+    pub const MAX_BYTES: usize = 4096;
+    /// The slots of the first block of a type.
+    const FIRST_SLOTS: usize = 4;
+
+    /// A block with room for `len` signals, none taken.
+    fn new(len: usize) -> Self {
+        let empty = || ValueCell::new(Slot { created_at: Location::caller(), state: None });
+        SignalBlock { slots: (0..len).map(|_| empty()).collect() }
+    }
+
+    /// How many slots the block after one of `len` slots holds: twice as
+    /// many, within the bounds.
+    fn next_len(len: usize) -> usize {
+        let max = (Self::MAX_BYTES / std::mem::size_of::<F::Cell<Slot<T>>>().max(1)).clamp(1, Self::MAX_SLOTS);
+        (len * 2).clamp(Self::FIRST_SLOTS.min(max), max)
+    }
+
+    #[inline(always)]
+    fn slot(&self, slot: u32) -> &F::Cell<Slot<T>> {
+        &self.slots[slot as usize]
+    }
+}
+
+impl<T> Slot<T> {
+    #[inline(always)]
+    fn state(&mut self) -> &mut SignalState<T> {
+        self.state.as_mut().expect("graph invariant: a live signal's slot holds its value")
+    }
+
+    #[inline(always)]
+    fn value(&self) -> &T {
+        &self.state.as_ref().expect("graph invariant: a live signal's slot holds its value").value
+    }
+}
+
+impl<T: 'static, F: Flavor> NodeObj for SignalBlock<T, F> {
     fn run(&self, _: &Entered) -> bool {
         false
     }
 
-    fn settle(&self, entered: &Entered) -> bool {
-        self.state.with_mut(entered, |s| {
+    fn settle(&self, entered: &Entered, slot: u32) -> bool {
+        self.slot(slot).with_mut(entered, |s| {
+            let s = s.state();
             let forced = std::mem::take(&mut s.forced);
             match s.replaced.take() {
                 Some((old, eq)) => forced || !eq(&old, &s.value),
@@ -68,34 +130,71 @@ impl<T: 'static, F: Flavor> NodeObj for SignalInner<T, F> {
             }
         })
     }
+
+    fn release(&self, entered: &Entered, slot: u32) {
+        let state = self.slot(slot).with_mut(entered, |s| s.state.take());
+        drop(state);
+    }
 }
 
 impl<T: 'static, F: Flavor> Clone for Signal<T, F> {
     fn clone(&self) -> Self {
-        Signal { node: self.node.clone(), inner: self.inner.clone() }
+        Signal { node: self.node.clone(), block: self.block.clone(), slot: self.slot }
     }
 }
 
 impl<T: 'static, F: Flavor> std::fmt::Debug for Signal<T, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Signal").field("created_at", &self.inner.created_at).finish_non_exhaustive()
+        f.debug_struct("Signal").field("created_at", &self.created_at()).finish_non_exhaustive()
     }
 }
 
 impl<F: Flavor> Handle<F> {
     /// A new signal holding `value`, owned by the current owner.
     #[track_caller]
+    #[inline]
     pub fn signal<T: 'static>(&self, value: T) -> Signal<T, F>
     where
-        F: Holds<SignalInner<T, F>>,
+        F: Holds<SignalBlock<T, F>>,
     {
         let created_at = Location::caller();
+        let guard = F::enter(&self.rt.cell);
+        let cell: &run::Cell<F> = &guard;
+        let mut g = cell.borrow_mut();
+        let (block, slot) = take_slot::<T, F>(&mut g);
+        let key = g.alloc(SIGNAL, Some(F::erase(block.clone())), slot, created_at);
+        drop(g);
+        // No user code ran since the slot was taken: moving `value` in runs
+        // none either.
         let state = SignalState { value, replaced: None, forced: false };
-        let inner = F::ptr(SignalInner { state: ValueCell::new(state), created_at });
-        let obj = F::erase(inner.clone());
-        let key = self.enter(|cell| cell.borrow_mut().alloc(SIGNAL, Some(obj), created_at));
-        Signal { node: NodeRef { handle: self.clone(), key }, inner }
+        block.slot(slot).with_mut(&Entered::by(cell), |s| *s = Slot { created_at, state: Some(state) });
+        Signal { node: NodeRef { handle: self.clone(), key }, block, slot }
     }
+}
+
+/// A free slot for a signal of type `T`: the next one of the current block
+/// of that type, or the first of a new block.
+#[inline]
+fn take_slot<T: 'static, F: Holds<SignalBlock<T, F>>>(g: &mut Graph<F>) -> (F::Ptr<SignalBlock<T, F>>, u32) {
+    let type_id = TypeId::of::<SignalBlock<T, F>>();
+    let pools = &mut g.pools;
+    let found = pools.iter().position(|p| p.type_id == type_id);
+    if let Some(i) = found {
+        let pool = &mut pools[i];
+        let block = F::downcast::<F::Ptr<SignalBlock<T, F>>>(&pool.block)
+            .expect("graph invariant: a pool holds blocks of its own type");
+        if (pool.used as usize) < block.slots.len() {
+            let slot = pool.used;
+            pool.used += 1;
+            return (block.clone(), slot);
+        }
+        let block = F::ptr(SignalBlock::new(SignalBlock::<T, F>::next_len(block.slots.len())));
+        *pool = Pool { type_id, block: F::erase_any(block.clone()), used: 1 };
+        return (block, 0);
+    }
+    let block = F::ptr(SignalBlock::new(SignalBlock::<T, F>::next_len(0)));
+    pools.push(Pool { type_id, block: F::erase_any(block.clone()), used: 1 });
+    (block, 0)
 }
 
 impl<T: 'static, F: Flavor> Signal<T, F> {
@@ -138,14 +237,15 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
             {
                 let mut g = cell.borrow_mut();
                 if !g.alive(self.key) {
-                    return Err(self.disposed());
+                    drop(g);
+                    return Err(self.disposed(cell));
                 }
                 let active = g.active;
                 if active != NONE {
                     g.link(self.key.index, active);
                 }
             }
-            Ok(self.inner.state.with(&Entered::by(cell), |s| f(&s.value)))
+            Ok(self.block.slot(self.slot).with(&Entered::by(cell), |s| f(s.value())))
         })
     }
 
@@ -159,11 +259,12 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
             {
                 let mut g = cell.borrow_mut();
                 if !g.alive(self.key) {
-                    return Err(self.disposed());
+                    drop(g);
+                    return Err(self.disposed(cell));
                 }
                 g.link(self.key.index, observer);
             }
-            Ok(self.inner.state.with(&Entered::by(cell), |s| s.value.clone()))
+            Ok(self.block.slot(self.slot).with(&Entered::by(cell), |s| s.value().clone()))
         })
     }
 
@@ -182,9 +283,9 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
         let at = Location::caller();
         self.handle.enter(|cell| {
             if !cell.borrow().alive(self.key) {
-                panic!("{} (read at {at})", self.disposed());
+                panic!("{} (read at {at})", self.disposed(cell));
             }
-            self.inner.state.with(&Entered::by(cell), |s| f(&s.value))
+            self.block.slot(self.slot).with(&Entered::by(cell), |s| f(s.value()))
         })
     }
 
@@ -255,11 +356,12 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
             let batching = {
                 let g = cell.borrow();
                 if !g.alive(self.key) {
-                    return Err(WriteError::Disposed { created_at: self.inner.created_at });
+                    drop(g);
+                    return Err(WriteError::Disposed { created_at: self.created_at_in(cell) });
                 }
                 g.batch_depth > 0
             };
-            if !self.inner.state.with_mut(&Entered::by(cell), |s| f(s, batching)) {
+            if !self.block.slot(self.slot).with_mut(&Entered::by(cell), |s| f(s.state(), batching)) {
                 return Ok(());
             }
             {
@@ -280,10 +382,14 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
 
     /// Where the signal was created.
     pub fn created_at(&self) -> &'static Location<'static> {
-        self.inner.created_at
+        self.handle.enter(|cell| self.created_at_in(cell))
     }
 
-    fn disposed(&self) -> ReadError {
-        ReadError::Disposed { kind: NodeKind::Signal, created_at: self.inner.created_at }
+    fn created_at_in(&self, cell: &run::Cell<F>) -> &'static Location<'static> {
+        self.block.slot(self.slot).with(&Entered::by(cell), |s| s.created_at)
+    }
+
+    fn disposed(&self, cell: &run::Cell<F>) -> ReadError {
+        ReadError::Disposed { kind: NodeKind::Signal, created_at: self.created_at_in(cell) }
     }
 }

@@ -4,6 +4,7 @@
 
 mod common;
 use common::Log;
+use egress_reactive::{NodeKind, ReadError};
 use std::sync::Arc;
 
 each_flavour! {
@@ -66,6 +67,97 @@ each_flavour! {
         let b = cx.signal(2);
         assert!(a.try_get().is_err(), "a's slot went to b; a stays disposed");
         assert_eq!(b.get(), 2);
+    }
+
+    fn disposing_a_signal_drops_its_value_at_once(cx) {
+        let token = Arc::new(());
+        let line = line!() + 1;
+        let a = cx.signal(token.clone());
+        let b = cx.signal(token.clone());
+        assert_eq!(Arc::strong_count(&token), 3);
+        a.dispose();
+        assert_eq!(Arc::strong_count(&token), 2, "a's value went with it, though its handle lives");
+        match a.try_get() {
+            Err(ReadError::Disposed { kind: NodeKind::Signal, created_at }) => assert_eq!(created_at.line(), line),
+            other => panic!("expected a disposed read, got {other:?}"),
+        }
+        assert!(Arc::ptr_eq(&b.get(), &token));
+        assert_eq!(a.created_at().line(), line);
+    }
+
+    fn stale_signal_handles_keep_their_own_creation_site(cx) {
+        let line = line!() + 1;
+        let a = cx.signal(0u64);
+        a.dispose();
+        // Enough signals of the same type to fill several value blocks.
+        let others: Vec<_> = (0..300u64).map(|i| cx.signal(i)).collect();
+        match a.try_get() {
+            Err(ReadError::Disposed { created_at, .. }) => assert_eq!(created_at.line(), line),
+            other => panic!("expected a disposed read, got {other:?}"),
+        }
+        assert!(a.try_set(5).is_err());
+        assert!(others.iter().enumerate().all(|(i, s)| s.get() == i as u64));
+    }
+
+    fn signals_of_many_types_keep_their_values(cx) {
+        let ints: Vec<_> = (0..200i64).map(|i| cx.signal(i)).collect();
+        let texts: Vec<_> = (0..200).map(|i| cx.signal(format!("t{i}"))).collect();
+        let bytes: Vec<_> = (0..200u8).map(|i| cx.signal(vec![i; 3])).collect();
+        let units: Vec<_> = (0..200).map(|_| cx.signal(())).collect();
+        for i in (0..200).step_by(2) {
+            ints[i].dispose();
+            texts[i].dispose();
+            bytes[i].dispose();
+        }
+        for i in (1..200).step_by(2) {
+            texts[i].update(|t| t.push('!'));
+            assert_eq!(ints[i].get(), i as i64);
+            assert_eq!(texts[i].get(), format!("t{i}!"));
+            assert_eq!(bytes[i].get(), vec![i as u8; 3]);
+        }
+        assert!(ints[0].try_get().is_err() && texts[0].try_get().is_err() && bytes[0].try_get().is_err());
+        assert!(units.iter().all(|u| u.try_get().is_ok()));
+    }
+
+    fn dropping_the_context_drops_signal_values_with_handles_alive(cx) {
+        let token = Arc::new(());
+        let h = cx.handle();
+        let s = cx.signal(token.clone());
+        let c = cx.computed({ let s = s.clone(); move || Arc::strong_count(&s.get()) });
+        assert!(c.get() >= 2);
+        drop(cx);
+        assert_eq!(Arc::strong_count(&token), 1, "values and closures were dropped");
+        assert!(s.try_get().is_err() && c.try_get().is_err());
+        assert_eq!((h.node_count(), h.link_count()), (1, 0), "only the root is left");
+        // The graph still works through a surviving handle.
+        let fresh = h.signal(7);
+        assert_eq!(fresh.get(), 7);
+        assert!(s.try_get().is_err(), "the old handle does not reach the new node");
+    }
+
+    fn dropping_the_last_pointer_to_the_graph_drops_every_value(cx) {
+        let token = Arc::new(());
+        let signals: Vec<_> = (0..100).map(|_| cx.signal(token.clone())).collect();
+        drop(signals);
+        assert_eq!(Arc::strong_count(&token), 101, "values live with their nodes, not their handles");
+        drop(cx);
+        assert_eq!(Arc::strong_count(&token), 1);
+    }
+
+    fn a_value_dropped_with_the_context_may_read_the_graph(cx) {
+        struct ReadsOnDrop<S: Fn() -> bool>(S, Log);
+        impl<S: Fn() -> bool> Drop for ReadsOnDrop<S> {
+            fn drop(&mut self) {
+                self.1.push(if (self.0)() { "read ok" } else { "read disposed" });
+            }
+        }
+        let log = Log::new();
+        let other = cx.signal(1);
+        let keep = other.clone();
+        let _s = cx.signal(ReadsOnDrop(move || keep.try_get().is_ok(), log.clone()));
+        drop(cx);
+        assert_eq!(log.take(), ["read disposed"]);
+        assert!(other.try_get().is_err());
     }
 
     fn scope_run_adds_to_an_existing_scope(cx) {
