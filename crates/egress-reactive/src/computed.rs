@@ -319,7 +319,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
             if track && active != NONE {
                 g.link(self.key.index, active);
             }
-            g.batch_depth == 0
+            !g.batching()
         };
         if top_level {
             if let Err(e) = run::settle_and_flush(cell) {

@@ -85,6 +85,10 @@ pub trait NodeObj {
     fn schedule(&self) {}
 }
 
+/// One cache line: every field a propagation or a run touches is read with
+/// one miss at most. What only error reports need (where the node was
+/// created) lives beside, in [`Graph::sites`].
+#[repr(align(64))]
 pub(crate) struct Node<F: Flavor> {
     pub(crate) flags: u32,
     pub(crate) generation: u32,
@@ -102,21 +106,12 @@ pub(crate) struct Node<F: Flavor> {
     /// its value block (signals never run). Fits in what was padding.
     pub(crate) aux: u32,
     pub(crate) obj: Option<F::Obj>,
-    pub(crate) created_at: &'static Location<'static>,
 }
 
 impl<F: Flavor> Node<F> {
     /// A live node with no links and no children.
     #[inline(always)]
-    fn fresh(
-        kind: u32,
-        generation: u32,
-        owner: u32,
-        prev_sibling: u32,
-        aux: u32,
-        obj: Option<F::Obj>,
-        created_at: &'static Location<'static>,
-    ) -> Self {
+    fn fresh(kind: u32, generation: u32, owner: u32, prev_sibling: u32, aux: u32, obj: Option<F::Obj>) -> Self {
         Node {
             flags: kind | ALIVE,
             generation,
@@ -131,7 +126,6 @@ impl<F: Flavor> Node<F> {
             runs: 0,
             aux,
             obj,
-            created_at,
         }
     }
 
@@ -140,13 +134,16 @@ impl<F: Flavor> Node<F> {
     /// its object. The caller has unlinked it from its links and siblings.
     #[inline(always)]
     fn vacate(&mut self) -> Option<F::Obj> {
-        let mut free = Node::fresh(0, self.generation.wrapping_add(1), NONE, NONE, NONE, None, self.created_at);
+        let mut free = Node::fresh(0, self.generation.wrapping_add(1), NONE, NONE, NONE, None);
         free.flags = 0;
         std::mem::replace(self, free).obj
     }
 }
 
+/// Aligned to 32 bytes: two links to a cache line, none across two, and an
+/// index into the arena is a shift.
 #[derive(Clone, Copy)]
+#[repr(align(32))]
 pub(crate) struct Link {
     pub(crate) dep: u32,
     pub(crate) sub: u32,
@@ -154,19 +151,28 @@ pub(crate) struct Link {
     pub(crate) next_dep: u32,
     pub(crate) prev_sub: u32,
     pub(crate) next_sub: u32,
+    /// The subscriber's run count when the link was last read: a read
+    /// already linked in the running run is recognized by it.
     pub(crate) version: u32,
 }
 
 /// What a run replaces in the graph's context, restored when it ends.
+///
+/// Everything is restored by value, never undone by arithmetic: a
+/// decrement would load what the run's start stored moments before, and a
+/// load wider than those stores (the compiler pairs adjacent fields) stalls
+/// until they reach the cache.
 #[derive(Clone, Copy)]
 pub(crate) struct Saved {
     active: u32,
     owner: u32,
-    version: u32,
+    pub(crate) depth: u32,
 }
 
 pub(crate) struct Graph<F: Flavor> {
     pub(crate) nodes: Vec<Node<F>>,
+    /// Where each node (by index) was created, for error reports.
+    pub(crate) sites: Vec<&'static Location<'static>>,
     free_nodes: Vec<u32>,
     pub(crate) links: Vec<Link>,
     free_link: u32,
@@ -175,8 +181,8 @@ pub(crate) struct Graph<F: Flavor> {
     pub(crate) active: u32,
     /// The owner of nodes created now.
     pub(crate) owner: u32,
-    version: u32,
-    next_version: u32,
+    /// How many [`Handle::batch`](crate::Handle::batch) calls are open
+    /// (runs defer writes too: see [`Graph::batching`]).
     pub(crate) batch_depth: u32,
     pub(crate) flushing: bool,
     /// Effects to run, in the order they were reached.
@@ -212,14 +218,13 @@ impl<F: Flavor> Graph<F> {
     pub(crate) fn new() -> Self {
         let mut graph = Graph {
             nodes: Vec::new(),
+            sites: Vec::new(),
             free_nodes: Vec::new(),
             links: Vec::new(),
             free_link: NONE,
             live_links: 0,
             active: NONE,
             owner: NONE,
-            version: 0,
-            next_version: 1,
             batch_depth: 0,
             flushing: false,
             queue: Vec::new(),
@@ -256,13 +261,15 @@ impl<F: Flavor> Graph<F> {
             Some(index) => {
                 let node = &mut self.nodes[index as usize];
                 let generation = node.generation;
-                *node = Node::fresh(kind, generation, owner, prev, aux, obj, created_at);
+                *node = Node::fresh(kind, generation, owner, prev, aux, obj);
+                self.sites[index as usize] = created_at;
                 (index, generation)
             }
             None => {
                 let index = u32::try_from(self.nodes.len()).ok().filter(|&i| i != NONE);
                 let index = index.expect("graph invariant: fewer than 2^32 - 1 live nodes");
-                self.nodes.push(Node::fresh(kind, 0, owner, prev, aux, obj, created_at));
+                self.nodes.push(Node::fresh(kind, 0, owner, prev, aux, obj));
+                self.sites.push(created_at);
                 (index, 0)
             }
         };
@@ -315,21 +322,25 @@ impl<F: Flavor> Graph<F> {
     /// cursor (inlined); the rest is out of line.
     #[inline(always)]
     pub(crate) fn link(&mut self, dep: u32, sub: u32) {
-        let node = &self.nodes[sub as usize];
+        let Graph { nodes, links, .. } = self;
+        let node = &mut nodes[sub as usize];
         let prev = node.deps_tail;
         let next = if prev == NONE {
             node.deps_head
         } else {
-            let prev_link = &self.links[prev as usize];
+            let prev_link = &links[prev as usize];
             if prev_link.dep == dep {
                 return;
             }
             prev_link.next_dep
         };
-        if next != NONE && self.links[next as usize].dep == dep {
-            self.links[next as usize].version = self.version;
-            self.nodes[sub as usize].deps_tail = next;
-            return;
+        if next != NONE {
+            let link = &mut links[next as usize];
+            if link.dep == dep {
+                link.version = node.runs;
+                node.deps_tail = next;
+                return;
+            }
         }
         self.link_slow(dep, sub, prev, next);
     }
@@ -339,7 +350,7 @@ impl<F: Flavor> Graph<F> {
         let subs_tail = self.nodes[dep as usize].subs_tail;
         if subs_tail != NONE {
             let last = &self.links[subs_tail as usize];
-            if last.sub == sub && last.version == self.version {
+            if last.sub == sub && last.version == self.nodes[sub as usize].runs {
                 return;
             }
         }
@@ -350,7 +361,7 @@ impl<F: Flavor> Graph<F> {
             next_dep: next,
             prev_sub: subs_tail,
             next_sub: NONE,
-            version: self.version,
+            version: self.nodes[sub as usize].runs,
         };
         let l = self.alloc_link(link);
         if prev == NONE {
@@ -457,23 +468,21 @@ impl<F: Flavor> Graph<F> {
 
     /// Starts a tracked run of `index`: clears its marks, makes it the
     /// active computation and owner, rewinds its dependency cursor, and
-    /// lends out its object (returned by [`Graph::end`]).
-    #[inline]
-    pub(crate) fn begin(&mut self, index: u32) -> (Saved, Option<F::Obj>) {
-        let saved = Saved { active: self.active, owner: self.owner, version: self.version };
+    /// lends out its object (returned by [`Graph::end`]). Returns the
+    /// node's key, what the run replaces, and the object.
+    #[inline(always)]
+    pub(crate) fn begin(&mut self, index: u32) -> (Key, Saved, F::Obj) {
+        let saved = Saved { active: self.active, owner: self.owner, depth: self.depth };
+        self.owner = index;
+        self.active = index;
+        self.depth = saved.depth + 1;
         let node = &mut self.nodes[index as usize];
         node.flags = (node.flags & !(DIRTY | PENDING)) | RUNNING;
         node.deps_tail = NONE;
         node.runs = node.runs.wrapping_add(1);
-        let obj = node.obj.take();
-        self.owner = index;
-        self.version = self.next_version;
-        self.next_version = self.next_version.wrapping_add(1).max(1);
-        self.batch_depth += 1;
-        node.aux = self.active;
-        self.active = index;
-        self.depth += 1;
-        (saved, obj)
+        node.aux = saved.active;
+        let obj = node.obj.take().expect("graph invariant: a node that runs has an object");
+        (Key { index, generation: node.generation }, saved, obj)
     }
 
     /// Ends a run started by [`Graph::begin`]: restores the context, takes
@@ -485,14 +494,14 @@ impl<F: Flavor> Graph<F> {
     pub(crate) fn end(&mut self, key: Key, saved: Saved, obj: Option<F::Obj>, failed: bool) -> Option<F::Obj> {
         self.active = saved.active;
         self.owner = saved.owner;
-        self.version = saved.version;
-        self.batch_depth -= 1;
-        self.depth -= 1;
+        self.depth = saved.depth;
         let node = &mut self.nodes[key.index as usize];
         if node.generation != key.generation || node.flags & ALIVE == 0 {
             return obj;
         }
-        node.obj = obj;
+        if let Some(previous) = std::mem::replace(&mut node.obj, obj) {
+            unreachable!("graph invariant: a running node's object is lent out ({:p})", &previous);
+        }
         node.flags &= !RUNNING;
         if failed && node.flags & COMPUTED != 0 {
             // Not cached: the next read runs it again. (A failed effect stays
@@ -552,46 +561,57 @@ impl<F: Flavor> Graph<F> {
     /// downstream pending, queueing each effect reached once. Iterative; a
     /// resume point is kept only where a sibling remains.
     pub(crate) fn propagate(&mut self, signal: u32) {
-        let mut stack = std::mem::take(&mut self.propagate_stack);
         let mut link = self.nodes[signal as usize].subs_head;
         while link != NONE {
-            let Link { sub, next_sub, .. } = self.links[link as usize];
+            let Graph { nodes, links, queue, .. } = self;
+            let Link { sub, next_sub, .. } = links[link as usize];
             link = next_sub;
-            let node = &mut self.nodes[sub as usize];
+            let node = &mut nodes[sub as usize];
             let f = node.flags;
             node.flags = f | DIRTY;
             if f & (DIRTY | PENDING) != 0 {
                 continue;
             }
             if f & EFFECT != 0 {
-                self.enqueue(sub);
+                if f & QUEUED == 0 {
+                    node.flags = f | DIRTY | QUEUED;
+                    queue.push(Key { index: sub, generation: node.generation });
+                }
                 continue;
             }
             // A computed newly dirty: everything below it is pending.
-            let mut down = node.subs_head;
-            loop {
-                while down != NONE {
-                    let Link { sub, next_sub, .. } = self.links[down as usize];
-                    let node = &mut self.nodes[sub as usize];
-                    let f = node.flags;
-                    if f & (DIRTY | PENDING) == 0 {
-                        node.flags = f | PENDING;
-                        if f & EFFECT != 0 {
-                            self.enqueue(sub);
-                        } else if node.subs_head != NONE {
-                            if next_sub != NONE {
-                                stack.push(next_sub);
-                            }
-                            down = node.subs_head;
-                            continue;
+            let below = node.subs_head;
+            self.mark_pending(below);
+        }
+    }
+
+    /// Marks pending everything reachable from the subscriber list starting
+    /// at link `down`, queueing the effects it reaches.
+    #[inline(never)]
+    fn mark_pending(&mut self, mut down: u32) {
+        let mut stack = std::mem::take(&mut self.propagate_stack);
+        loop {
+            while down != NONE {
+                let Link { sub, next_sub, .. } = self.links[down as usize];
+                let node = &mut self.nodes[sub as usize];
+                let f = node.flags;
+                if f & (DIRTY | PENDING) == 0 {
+                    node.flags = f | PENDING;
+                    if f & EFFECT != 0 {
+                        self.enqueue(sub);
+                    } else if node.subs_head != NONE {
+                        if next_sub != NONE {
+                            stack.push(next_sub);
                         }
+                        down = node.subs_head;
+                        continue;
                     }
-                    down = next_sub;
                 }
-                match stack.pop() {
-                    Some(next) => down = next,
-                    None => break,
-                }
+                down = next_sub;
+            }
+            match stack.pop() {
+                Some(next) => down = next,
+                None => break,
             }
         }
         self.propagate_stack = stack;
@@ -702,6 +722,13 @@ impl<F: Flavor> Graph<F> {
     /// progress: then disposing every node needs no order.
     pub(crate) fn quiet(&self) -> bool {
         self.cleanups.is_empty() && self.depth == 0 && self.batch_depth == 0 && !self.flushing
+    }
+
+    /// Whether writes are deferred now: inside a batch, or inside a run
+    /// (a computation's writes settle when the outermost run ends).
+    #[inline(always)]
+    pub(crate) fn batching(&self) -> bool {
+        self.batch_depth != 0 || self.depth != 0
     }
 
     /// Frees every node but the root at once, pushing the objects of those

@@ -6,7 +6,7 @@
 //! write and create nodes freely (re-entrancy is the normal case: a computed
 //! reads other computeds).
 
-use std::cell::RefCell;
+use std::cell::{RefCell, RefMut};
 
 use crate::error::{CycleError, EffectLoopError};
 use crate::flavor::{Entered, Flavor};
@@ -42,21 +42,24 @@ impl<F: Flavor> Drop for Unwind<'_, F> {
 /// its previous run created and runs its cleanups first. Returns whether a
 /// computed's value changed (always true for an effect).
 pub(crate) fn update<F: Flavor>(cell: &Cell<F>, index: u32) -> bool {
-    let mut g = cell.borrow_mut();
+    update_borrowed(cell, cell.borrow_mut(), index)
+}
+
+/// [`update`] for a caller that has the graph borrowed already.
+#[inline(always)]
+fn update_borrowed<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, index: u32) -> bool {
     let node = g.node(index);
     if node.last_child != NONE || node.flags & HAS_CLEANUP != 0 {
         drop(g);
         dispose(cell, index, false);
         g = cell.borrow_mut();
     }
-    let key = g.key(index);
-    let (saved, obj) = g.begin(index);
-    let deep = g.depth as usize > DEEP;
+    let (key, saved, obj) = g.begin(index);
     drop(g);
-    let guard = Unwind { cell, key, saved, obj };
-    let obj = guard.obj.as_ref().expect("graph invariant: a node that runs has an object");
+    let guard = Unwind { cell, key, saved, obj: Some(obj) };
+    let obj = guard.obj.as_ref().expect("graph invariant: a running node keeps its object");
     let entered = Entered::by(cell);
-    let changed = if deep {
+    let changed = if saved.depth as usize >= DEEP {
         stacker::maybe_grow(256 * 1024, 4 * 1024 * 1024, || F::obj(obj).run(&entered))
     } else {
         F::obj(obj).run(&entered)
@@ -182,10 +185,10 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
         let mut nodes = Vec::new();
         let mut at = g.active;
         while at != NONE && at != index {
-            nodes.push(g.node(at).created_at);
+            nodes.push(g.sites[at as usize]);
             at = g.node(at).aux;
         }
-        nodes.push(g.node(index).created_at);
+        nodes.push(g.sites[index as usize]);
         nodes.reverse();
         return Err(CycleError { nodes });
     }
@@ -238,7 +241,7 @@ pub(crate) fn notify<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> Result<(), 
 pub(crate) fn mark<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> bool {
     {
         let mut g = cell.borrow_mut();
-        let batching = g.batch_depth > 0;
+        let batching = g.batching();
         for &key in triggers {
             // Nobody to notify: a later subscriber reads the fresh value.
             if !g.alive(key) || g.node(key.index).subs_head == NONE {
@@ -263,7 +266,7 @@ pub(crate) fn mark<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> bool {
 pub(crate) fn settle_and_flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
     {
         let g = cell.borrow();
-        if g.batch_depth > 0 || g.flushing || (g.writes.is_empty() && g.queue.is_empty()) {
+        if g.batching() || g.flushing || (g.writes.is_empty() && g.queue.is_empty()) {
             return Ok(());
         }
     }
@@ -293,7 +296,7 @@ impl<F: Flavor> Drop for FlushGuard<'_, F> {
 pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
     {
         let mut g = cell.borrow_mut();
-        if g.flushing || g.batch_depth > 0 || g.queue.is_empty() {
+        if g.flushing || g.batching() || g.queue.is_empty() {
             return Ok(());
         }
         g.flushing = true;
@@ -301,8 +304,14 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
     let mut guard = FlushGuard { cell, next: 0 };
     let (mut round_end, mut rounds) = (0, 0);
     loop {
-        let key = {
-            let mut g = cell.borrow_mut();
+        let mut g = cell.borrow_mut();
+        // What the previous run wrote settles before anything else runs.
+        if !g.writes.is_empty() {
+            drop(g);
+            settle(cell);
+            g = cell.borrow_mut();
+        }
+        {
             if guard.next == round_end {
                 if round_end == g.queue.len() {
                     break;
@@ -313,38 +322,39 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
                     // Stop the loop: unmark what is still queued, so the next
                     // change that reaches those effects queues them afresh.
                     let stuck: Vec<Key> = g.queue.drain(guard.next..).collect();
-                    let effect = stuck.iter().find(|&&k| g.alive(k)).map(|k| g.node(k.index).created_at);
+                    let effect = stuck.iter().find(|&&k| g.alive(k)).map(|k| g.sites[k.index as usize]);
                     for key in stuck {
                         if g.alive(key) {
                             g.node_mut(key.index).flags &= !(QUEUED | DIRTY | PENDING);
                         }
                     }
-                    let effect = effect.unwrap_or_else(|| g.node(g.root).created_at);
+                    let effect = effect.unwrap_or_else(|| g.sites[g.root as usize]);
                     return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
                 }
             }
-            g.queue[guard.next]
-        };
-        guard.next += 1;
-        run_queued(cell, key);
-        if !cell.borrow().writes.is_empty() {
-            settle(cell);
         }
+        let key = g.queue[guard.next];
+        guard.next += 1;
+        run_queued(cell, g, key);
     }
     Ok(())
 }
 
 /// Runs a queued effect if what it read changed.
-fn run_queued<F: Flavor>(cell: &Cell<F>, key: Key) {
-    let flags = {
-        let mut g = cell.borrow_mut();
-        if !g.alive(key) {
-            return;
-        }
-        let node = g.node_mut(key.index);
-        node.flags &= !QUEUED;
-        node.flags
-    };
+#[inline(always)]
+fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key: Key) {
+    if !g.alive(key) {
+        return;
+    }
+    let node = g.node_mut(key.index);
+    node.flags &= !QUEUED;
+    let flags = node.flags;
+    if flags & (DIRTY | ASYNC) == DIRTY {
+        // The common case: a synchronous effect that a write reached.
+        update_borrowed(cell, g, key.index);
+        return;
+    }
+    drop(g);
     if flags & DIRTY == 0 && !(flags & PENDING != 0 && check_dirty(cell, key.index)) {
         return;
     }

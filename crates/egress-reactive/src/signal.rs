@@ -152,7 +152,7 @@ impl<T: 'static, F: Flavor> std::fmt::Debug for Signal<T, F> {
 impl<F: Flavor> Handle<F> {
     /// A new signal holding `value`, owned by the current owner.
     #[track_caller]
-    #[inline]
+    #[inline(always)]
     pub fn signal<T: 'static>(&self, value: T) -> Signal<T, F>
     where
         F: Holds<SignalBlock<T, F>>,
@@ -174,13 +174,10 @@ impl<F: Flavor> Handle<F> {
 
 /// A free slot for a signal of type `T`: the next one of the current block
 /// of that type, or the first of a new block.
-#[inline]
+#[inline(always)]
 fn take_slot<T: 'static, F: Holds<SignalBlock<T, F>>>(g: &mut Graph<F>) -> (F::Ptr<SignalBlock<T, F>>, u32) {
     let type_id = TypeId::of::<SignalBlock<T, F>>();
-    let pools = &mut g.pools;
-    let found = pools.iter().position(|p| p.type_id == type_id);
-    if let Some(i) = found {
-        let pool = &mut pools[i];
+    if let Some(pool) = g.pools.iter_mut().find(|p| p.type_id == type_id) {
         let block = F::downcast::<F::Ptr<SignalBlock<T, F>>>(&pool.block)
             .expect("graph invariant: a pool holds blocks of its own type");
         if (pool.used as usize) < block.slots.len() {
@@ -188,12 +185,26 @@ fn take_slot<T: 'static, F: Holds<SignalBlock<T, F>>>(g: &mut Graph<F>) -> (F::P
             pool.used += 1;
             return (block.clone(), slot);
         }
-        let block = F::ptr(SignalBlock::new(SignalBlock::<T, F>::next_len(block.slots.len())));
-        *pool = Pool { type_id, block: F::erase_any(block.clone()), used: 1 };
-        return (block, 0);
     }
-    let block = F::ptr(SignalBlock::new(SignalBlock::<T, F>::next_len(0)));
-    pools.push(Pool { type_id, block: F::erase_any(block.clone()), used: 1 });
+    new_block(g)
+}
+
+/// [`take_slot`] when the current block of `T` is full, or there is none:
+/// the first slot of a new block, which becomes the current one.
+#[cold]
+#[inline(never)]
+fn new_block<T: 'static, F: Holds<SignalBlock<T, F>>>(g: &mut Graph<F>) -> (F::Ptr<SignalBlock<T, F>>, u32) {
+    let type_id = TypeId::of::<SignalBlock<T, F>>();
+    let pool = g.pools.iter().position(|p| p.type_id == type_id);
+    let len = pool
+        .and_then(|i| F::downcast::<F::Ptr<SignalBlock<T, F>>>(&g.pools[i].block))
+        .map_or(0, |block| block.slots.len());
+    let block = F::ptr(SignalBlock::new(SignalBlock::<T, F>::next_len(len)));
+    let fresh = Pool { type_id, block: F::erase_any(block.clone()), used: 1 };
+    match pool {
+        Some(i) => g.pools[i] = fresh,
+        None => g.pools.push(fresh),
+    }
     (block, 0)
 }
 
@@ -226,7 +237,7 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
     pub fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
         match self.try_with(f) {
             Ok(r) => r,
-            Err(e) => panic!("{e} (read at {})", Location::caller()),
+            Err(e) => read_failed(e, Location::caller()),
         }
     }
 
@@ -359,7 +370,7 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
                     drop(g);
                     return Err(WriteError::Disposed { created_at: self.created_at_in(cell) });
                 }
-                g.batch_depth > 0
+                g.batching()
             };
             if !self.block.slot(self.slot).with_mut(&Entered::by(cell), |s| f(s.state(), batching)) {
                 return Ok(());
@@ -392,4 +403,12 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
     fn disposed(&self, cell: &run::Cell<F>) -> ReadError {
         ReadError::Disposed { kind: NodeKind::Signal, created_at: self.created_at_in(cell) }
     }
+}
+
+/// The panic of a plain read that failed; out of line, so the reads
+/// themselves stay small.
+#[cold]
+#[inline(never)]
+fn read_failed(e: ReadError, at: &'static Location<'static>) -> ! {
+    panic!("{e} (read at {at})")
 }
