@@ -36,6 +36,9 @@ use crate::run;
 pub struct Computed<T: 'static, F: Flavor> {
     node: NodeRef<F>,
     slot: F::Ptr<Slot<T, F>>,
+    /// Where it was created: kept by the handle, which outlives the node's
+    /// slot in the graph (the cached value's slot need not carry it).
+    created_at: &'static Location<'static>,
 }
 
 impl<T: 'static, F: Flavor> std::ops::Deref for Computed<T, F> {
@@ -49,7 +52,6 @@ impl<T: 'static, F: Flavor> std::ops::Deref for Computed<T, F> {
 #[doc(hidden)]
 pub struct Slot<T: 'static, F: Flavor> {
     value: F::Cell<Option<T>>,
-    created_at: &'static Location<'static>,
 }
 
 /// What the graph runs for a computed.
@@ -128,13 +130,13 @@ impl<T: 'static, C: Compute<T>, E: Cutoff<T>, F: Flavor> NodeObj for ComputedObj
 
 impl<T: 'static, F: Flavor> Clone for Computed<T, F> {
     fn clone(&self) -> Self {
-        Computed { node: self.node.clone(), slot: self.slot.clone() }
+        Computed { node: self.node.clone(), slot: self.slot.clone(), created_at: self.created_at }
     }
 }
 
 impl<T: 'static, F: Flavor> std::fmt::Debug for Computed<T, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Computed").field("created_at", &self.slot.created_at).finish_non_exhaustive()
+        f.debug_struct("Computed").field("created_at", &self.created_at).finish_non_exhaustive()
     }
 }
 
@@ -178,10 +180,10 @@ impl<F: Flavor> Handle<F> {
     where
         F: Holds<ComputedObj<T, C, E, F>>,
     {
-        let slot = F::ptr(Slot { value: ValueCell::new(None), created_at });
+        let slot = F::ptr(Slot { value: ValueCell::new(None) });
         let obj = F::erase(F::ptr(ComputedObj { slot: slot.clone(), f, cutoff }));
         let key = self.enter(|cell| cell.borrow_mut().alloc(COMPUTED | DIRTY, Some(obj), NONE, created_at));
-        Computed { node: NodeRef { handle: self.clone(), key }, slot }
+        Computed { node: NodeRef { handle: self.clone(), key }, slot, created_at }
     }
 }
 
@@ -190,9 +192,9 @@ impl<F: Flavor> Handle<F> {
     /// instead of a function: a source node with a slot. It never runs;
     /// readers track it like any computed. (The egress cells' counts.)
     pub(crate) fn pushed<T: 'static>(&self, value: T, created_at: &'static Location<'static>) -> Computed<T, F> {
-        let slot = F::ptr(Slot { value: ValueCell::new(Some(value)), created_at });
+        let slot = F::ptr(Slot { value: ValueCell::new(Some(value)) });
         let key = self.trigger(created_at);
-        Computed { node: NodeRef { handle: self.clone(), key }, slot }
+        Computed { node: NodeRef { handle: self.clone(), key }, slot, created_at }
     }
 }
 
@@ -301,7 +303,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
         {
             let mut g = cell.borrow_mut();
             if !g.alive(self.key) {
-                return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.slot.created_at });
+                return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.created_at });
             }
             // Fast path: up to date, nothing batched to settle first.
             if g.node(self.key.index).flags & (DIRTY | PENDING | RUNNING) == 0 && g.writes.is_empty() {
@@ -336,6 +338,6 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
 
     /// Where the computed was created.
     pub fn created_at(&self) -> &'static Location<'static> {
-        self.slot.created_at
+        self.created_at
     }
 }

@@ -16,10 +16,12 @@ pub struct Runtime<F: Flavor> {
 
 /// A reactive graph: the owner of every node created in it.
 ///
-/// Dropping the context disposes every node still alive (children before
-/// parents, cleanups run) and breaks every reference cycle between nodes
-/// and the closures they hold. Handles to its nodes outlive it safely:
-/// `try_` reads then return [`ReadError::Disposed`](crate::ReadError).
+/// Dropping the context disposes every node still alive and breaks every
+/// reference cycle between nodes and the closures they hold. Registered
+/// cleanups run in disposal order (children before parents, later siblings
+/// first); the order in which the nodes' closures and signal values are
+/// dropped is not specified. Handles to its nodes outlive it safely: `try_`
+/// reads then return [`ReadError::Disposed`](crate::ReadError).
 ///
 /// A context dereferences to [`Handle`], which has all the creation methods
 /// and is cheap to clone into closures.

@@ -140,10 +140,10 @@ impl<F: Flavor> Node<F> {
     }
 }
 
-/// Aligned to 32 bytes: two links to a cache line, none across two, and an
-/// index into the arena is a shift.
+/// 28 bytes. (Aligning links to 32 bytes saved about 2% of the
+/// instructions of an effect run but cost every computed 5 bytes, which the
+/// memory bar does not allow; see docs/benchmarks.md.)
 #[derive(Clone, Copy)]
-#[repr(align(32))]
 pub(crate) struct Link {
     pub(crate) dep: u32,
     pub(crate) sub: u32,
@@ -171,8 +171,10 @@ pub(crate) struct Saved {
 
 pub(crate) struct Graph<F: Flavor> {
     pub(crate) nodes: Vec<Node<F>>,
-    /// Where each node (by index) was created, for error reports.
-    pub(crate) sites: Vec<&'static Location<'static>>,
+    /// Where each node (by index) was created, for error reports. (Kept
+    /// for every node, signals included: computeds then cost less memory
+    /// than with a table grown on demand; see docs/benchmarks.md.)
+    sites: Vec<&'static Location<'static>>,
     free_nodes: Vec<u32>,
     pub(crate) links: Vec<Link>,
     free_link: u32,
@@ -215,6 +217,7 @@ pub(crate) struct Pool<F: Flavor> {
 }
 
 impl<F: Flavor> Graph<F> {
+    #[track_caller]
     pub(crate) fn new() -> Self {
         let mut graph = Graph {
             nodes: Vec::new(),
@@ -280,6 +283,11 @@ impl<F: Flavor> Graph<F> {
             }
         }
         Key { index, generation }
+    }
+
+    /// Where node `index` was created.
+    pub(crate) fn site(&self, index: u32) -> &'static Location<'static> {
+        self.sites[index as usize]
     }
 
     #[inline]

@@ -185,10 +185,10 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
         let mut nodes = Vec::new();
         let mut at = g.active;
         while at != NONE && at != index {
-            nodes.push(g.sites[at as usize]);
+            nodes.push(g.site(at));
             at = g.node(at).aux;
         }
-        nodes.push(g.sites[index as usize]);
+        nodes.push(g.site(index));
         nodes.reverse();
         return Err(CycleError { nodes });
     }
@@ -322,13 +322,13 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
                     // Stop the loop: unmark what is still queued, so the next
                     // change that reaches those effects queues them afresh.
                     let stuck: Vec<Key> = g.queue.drain(guard.next..).collect();
-                    let effect = stuck.iter().find(|&&k| g.alive(k)).map(|k| g.sites[k.index as usize]);
+                    let effect = stuck.iter().find(|&&k| g.alive(k)).map(|k| g.site(k.index));
                     for key in stuck {
                         if g.alive(key) {
                             g.node_mut(key.index).flags &= !(QUEUED | DIRTY | PENDING);
                         }
                     }
-                    let effect = effect.unwrap_or_else(|| g.sites[g.root as usize]);
+                    let effect = effect.unwrap_or_else(|| g.site(g.root));
                     return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
                 }
             }
