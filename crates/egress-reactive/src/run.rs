@@ -311,26 +311,24 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
             settle(cell);
             g = cell.borrow_mut();
         }
-        {
-            if guard.next == round_end {
-                if round_end == g.queue.len() {
-                    break;
-                }
-                round_end = g.queue.len();
-                rounds += 1;
-                if rounds > MAX_FLUSH_ROUNDS {
-                    // Stop the loop: unmark what is still queued, so the next
-                    // change that reaches those effects queues them afresh.
-                    let stuck: Vec<Key> = g.queue.drain(guard.next..).collect();
-                    let effect = stuck.iter().find(|&&k| g.alive(k)).map(|k| g.site(k.index));
-                    for key in stuck {
-                        if g.alive(key) {
-                            g.node_mut(key.index).flags &= !(QUEUED | DIRTY | PENDING);
-                        }
+        if guard.next == round_end {
+            if round_end == g.queue.len() {
+                break;
+            }
+            round_end = g.queue.len();
+            rounds += 1;
+            if rounds > MAX_FLUSH_ROUNDS {
+                // Stop the loop: unmark what is still queued, so the next
+                // change that reaches those effects queues them afresh.
+                let stuck: Vec<Key> = g.queue.drain(guard.next..).collect();
+                let effect = stuck.iter().find(|&&k| g.alive(k)).map(|k| g.site(k.index));
+                for key in stuck {
+                    if g.alive(key) {
+                        g.node_mut(key.index).flags &= !(QUEUED | DIRTY | PENDING);
                     }
-                    let effect = effect.unwrap_or_else(|| g.site(g.root));
-                    return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
                 }
+                let effect = effect.unwrap_or_else(|| g.site(g.root));
+                return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
             }
         }
         let key = g.queue[guard.next];

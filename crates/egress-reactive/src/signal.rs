@@ -1,12 +1,11 @@
 //! Signals: writable sources.
 
+use std::any::TypeId;
 use std::panic::Location;
 
 use crate::context::{Handle, NodeRef};
 use crate::error::{NodeKind, ReadError, WriteError};
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};
-use std::any::TypeId;
-
 use crate::graph::{Graph, NONE, NodeObj, Pool, flags::*};
 use crate::run;
 
@@ -411,4 +410,31 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
 #[inline(never)]
 fn read_failed(e: ReadError, at: &'static Location<'static>) -> ! {
     panic!("{e} (read at {at})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flavor::Local;
+
+    #[test]
+    fn blocks_double_from_four_up_to_their_bounds() {
+        let mut len = 0;
+        let mut seen = Vec::new();
+        for _ in 0..7 {
+            len = SignalBlock::<u64, Local>::next_len(len);
+            seen.push(len);
+        }
+        assert_eq!(seen, [4, 8, 16, 32, 64, 64, 64]);
+        // A larger value type: as many slots as fit in the byte bound.
+        let slot = std::mem::size_of::<std::cell::RefCell<Slot<[u8; 256]>>>();
+        let max = SignalBlock::<[u8; 256], Local>::MAX_BYTES / slot;
+        assert!((4..8).contains(&max), "a slot of 256-byte values is {slot} bytes");
+        assert_eq!(SignalBlock::<[u8; 256], Local>::next_len(0), 4);
+        assert_eq!(SignalBlock::<[u8; 256], Local>::next_len(4), max);
+        assert_eq!(SignalBlock::<[u8; 256], Local>::next_len(max), max);
+        // A value larger than the bound: one slot per block.
+        assert_eq!(SignalBlock::<[u8; 10_000], Local>::next_len(0), 1);
+        assert_eq!(SignalBlock::<[u8; 10_000], Local>::next_len(1), 1);
+    }
 }

@@ -117,6 +117,12 @@ each_flavour! {
         }
         assert!(ints[0].try_get().is_err() && texts[0].try_get().is_err() && bytes[0].try_get().is_err());
         assert!(units.iter().all(|u| u.try_get().is_ok()));
+        // Values larger than a block's byte bound: one slot per block.
+        let big: Vec<_> = (0..5u8).map(|i| cx.signal([i; 5000])).collect();
+        big[2].dispose();
+        for (i, s) in big.iter().enumerate() {
+            assert_eq!(s.try_with(|a| a[4999]).ok(), (i != 2).then_some(i as u8));
+        }
     }
 
     fn dropping_the_context_drops_signal_values_with_handles_alive(cx) {
