@@ -85,10 +85,11 @@ pub trait NodeObj {
     fn schedule(&self) {}
 }
 
-/// One cache line: every field a propagation or a run touches is read with
-/// one miss at most. What only error reports need (where the node was
-/// created) lives beside, in [`Graph::sites`].
-#[repr(align(64))]
+/// 64 bytes: every field a propagation or a run touches. What only error
+/// reports need (where the node was created) lives beside, in
+/// [`Graph::sites`]. (Not `align(64)`: an over-aligned arena grows by
+/// allocate-copy-free instead of `realloc`, which cost signal creation more
+/// than the alignment gave the runs; see docs/benchmarks.md.)
 pub(crate) struct Node<F: Flavor> {
     pub(crate) flags: u32,
     pub(crate) generation: u32,
