@@ -4,6 +4,8 @@ From Egress Require Import Model Proofs Invariants.
 Print Assumptions stale_generation_is_a_noop.
 Print Assumptions stale_reconnect_is_a_noop.
 Print Assumptions reconnect_advances.
+Print Assumptions ack_within_sent.
+Print Assumptions received_within_sent.
 Print Assumptions backoff_within_ceiling.
 Print Assumptions fail_backoff_within_ceiling.
 Print Assumptions acked_monotone.
@@ -11,10 +13,15 @@ Print Assumptions enqueue_assigns_next.
 Print Assumptions next_monotone.
 Print Assumptions no_change_no_effect.
 Print Assumptions held_below_next.
+Print Assumptions marks_step.
+Print Assumptions conservation_step.
 Print Assumptions window_step.
+Print Assumptions window_bound.
 Print Assumptions sorted_step.
-Print Assumptions claims_in_budget_step.
-Print Assumptions parked_in_budget_step.
-Print Assumptions reconnect_replays_beyond_the_budget.
+Print Assumptions claims_step.
+Print Assumptions a_replay_past_the_limit_dies.
 Print Assumptions invariants_hold.
 Print Assumptions nothing_is_lost.
+Print Assumptions window_holds.
+Print Assumptions marks_hold.
+Print Assumptions sends_bounded.

@@ -36,14 +36,14 @@ Ltac split_goal :=
   end.
 
 Ltac unfold_ops :=
-  unfold step, enqueue, claim, do_claim, ack, advance, fail, retry_now, timeout, requeue, reconnect,
-    stale, st_of, out_of, ch_of in *.
+  unfold step, enqueue, claim, claim_open, do_claim, ack, advance, received, fail, bury, retry_now, timeout,
+    requeue, reconnect, nonempty, stale, st_of, out_of, ch_of in *.
 
 (** ** 3. A stale generation changes nothing *)
 
 Definition op_generation (o : op) : option N :=
   match o with
-  | Claim g | Ack g _ | Fail g _ _ _ | RetryNow g _ | Requeue g _ => Some g
+  | Claim g | Ack g _ | Received g _ | Fail g _ _ _ | RetryNow g _ | Requeue g _ => Some g
   | _ => None
   end.
 
@@ -54,7 +54,7 @@ Proof.
   intros pol st o g Hg Hne.
   assert (E : (g =? gen st) = false) by (apply N.eqb_neq; exact Hne).
   destruct o; simpl in Hg; inversion Hg; subst; simpl;
-    unfold claim, ack, fail, retry_now, requeue; rewrite E; reflexivity.
+    unfold claim, ack, received, fail, retry_now, requeue; rewrite E; reflexivity.
 Qed.
 
 Theorem stale_reconnect_is_a_noop :
@@ -69,14 +69,36 @@ Qed.
 Theorem reconnect_advances :
   forall pol st g, gen st < g ->
   let r := step pol st (Reconnect g) in
-  gen (st_of r) = g /\ next (st_of r) = next st /\ acked (st_of r) = acked st /\
-  inflight (st_of r) = [] /\ parked (st_of r) = [] /\ exhausted (st_of r) = exhausted st /\
-  out_of r = OReconnected g (length (inflight st ++ map prec (parked st))).
+  gen (st_of r) = g /\ next (st_of r) = next st /\ acked (st_of r) = acked st /\ recvd (st_of r) = recvd st /\
+  sent (st_of r) = sent st /\ inflight (st_of r) = [] /\ parked (st_of r) = [] /\
+  exists dead, out_of r = OReconnected g (length (inflight st) + length (parked st)) dead.
 Proof.
   intros pol st g H. simpl. unfold reconnect.
   replace (g <? gen st) with false by (symmetry; apply N.ltb_ge; lia).
   replace (g =? gen st) with false by (symmetry; apply N.eqb_neq; lia).
-  simpl. repeat split; reflexivity.
+  simpl. repeat split; try reflexivity. eexists. reflexivity.
+Qed.
+
+(** ** 11. Acknowledgements and receipts are bounded by what was sent *)
+
+Theorem ack_within_sent :
+  forall pol st g t, out_of (step pol st (Ack g t)) = OAdvanced t ->
+  exists s, sent st = Some s /\ t <= s.
+Proof.
+  intros pol st g t H. simpl in H. unfold ack, stale, unsent in H.
+  destruct (negb (g =? gen st)); [discriminate |].
+  destruct (sent st) as [s |]; [| discriminate].
+  destruct (s <? t) eqn:E; [discriminate |]. apply N.ltb_ge in E. eauto.
+Qed.
+
+Theorem received_within_sent :
+  forall pol st g t w k, out_of (step pol st (Received g t)) = ORecorded w k ->
+  exists s, sent st = Some s /\ t <= s.
+Proof.
+  intros pol st g t w k H. simpl in H. unfold received, stale, unsent in H.
+  destruct (negb (g =? gen st)); [discriminate |].
+  destruct (sent st) as [s |]; [| discriminate].
+  destruct (s <? t) eqn:E; [discriminate |]. apply N.ltb_ge in E. eauto.
 Qed.
 
 (** ** 10. Without a hint, the backoff never exceeds the ceiling *)
@@ -93,8 +115,9 @@ Proof.
   intros pol st g s kd now r Hk Ho. simpl in Ho. unfold fail, stale in Ho.
   destruct (negb (g =? gen st)); [simpl in Ho; destruct Ho; discriminate |].
   destruct (take seq s (inflight st)) as [[x rest] |]; [| simpl in Ho; destruct Ho; discriminate].
-  destruct kd as [ | | d]; [ | | exfalso; exact (Hk d eq_refl)];
-    simpl in Ho; destruct (budget pol <? att x - bstart x); simpl in Ho;
+  destruct kd as [ | | d]; [ | | exfalso; exact (Hk d eq_refl)]; unfold bury in Ho;
+    simpl in Ho; try destruct (budget pol <? fails x + 1); simpl in Ho;
+    destruct (dead x), (hold pol); simpl in Ho;
     destruct Ho as [Ho | Ho]; inversion Ho; subst; simpl; lia.
 Qed.
 
@@ -114,6 +137,7 @@ Theorem acked_monotone : forall pol st o, le_opt (acked st) (acked (st_of (step 
 Proof.
   intros pol st o. destruct (acked st) as [w |] eqn:A; [| exact I].
   destruct o; unfold_ops; simpl; split_goal; simpl in *; facts; subst; try congruence; try lia.
+  all: rewrite A; simpl; lia.
 Qed.
 
 (** ** 1. Sequence assignment is monotone (first half; the bound on every
@@ -141,5 +165,6 @@ Theorem no_change_no_effect :
 Proof.
   intros pol st o. destruct o; unfold_ops; simpl; split_goal; simpl; intro H;
     try discriminate; try reflexivity.
+  all: try (unfold nochange in H; injection H; intros; simpl in *; facts; congruence).
   all: try (rewrite filter_none_keeps_rest by assumption); destruct st; simpl in *; subst; reflexivity.
 Qed.

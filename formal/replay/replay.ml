@@ -71,10 +71,21 @@ let payload_index (p : Yojson.Safe.t) =
 
 let payload_of i = List.nth !payloads i
 
-let envelope g r : Yojson.Safe.t =
+let reason_json = function
+  | DPermanent -> `String "permanent"
+  | DRetries -> `String "retries"
+  | DReplays -> `String "replays"
+
+(* The envelope of a record; [dead] is only present for a tombstone or a
+   held dead letter, as in the Rust core's JSON. *)
+let envelope_with g sq a p dead : Yojson.Safe.t =
   `Assoc
-    [ ("generation", json_n g); ("sequence", json_n r.seq); ("attempt", json_n r.att);
-      ("payload", payload_of r.payload) ]
+    ([ ("generation", json_n g); ("sequence", json_n sq); ("attempt", json_n a); ("payload", payload_of p) ]
+    @ match dead with None -> [] | Some d -> [ ("dead", reason_json d) ])
+
+let envelope g r = envelope_with g r.seq r.att r.payload r.dead
+
+let opt_n = function None -> `Null | Some t -> json_n t
 
 let retry_json = function
   | None -> `Null
@@ -88,17 +99,20 @@ let state_key st = function
   | "next_sequence" -> json_n st.next
   | "pending" -> `List (List.map (envelope st.gen) st.pending)
   | "inflight" -> `List (List.map (envelope st.gen) st.inflight)
-  | "acked_through" -> (match st.acked with None -> `Null | Some t -> json_n t)
+  | "acked_through" -> opt_n st.acked
+  | "received_through" -> opt_n st.recvd
   | "retry" -> retry_json st.retry_st
   | "parked" ->
       `List
         (List.map
            (fun p ->
              `Assoc
-               [ ("sequence", json_n p.prec.seq); ("attempt", json_n p.prec.att);
-                 ("backoff", json_n p.pbackoff); ("due", json_n p.pdue) ])
+               ([ ("sequence", json_n p.prec.seq); ("attempt", json_n p.prec.att);
+                  ("backoff", json_n p.pbackoff); ("due", json_n p.pdue) ]
+               @ match p.prec.dead with None -> [] | Some d -> [ ("dead", reason_json d) ]))
            st.parked)
-  | "exhausted" -> `List (List.map (fun (g, r) -> envelope g r) st.exhausted)
+  | "exhausted" ->
+      `List (List.map (fun ((g, why), r) -> envelope_with g r.seq r.att r.payload (Some why)) st.exhausted)
   | k -> raise (Bad ("unknown expected key " ^ k))
 
 let change_key ch = function
@@ -109,6 +123,7 @@ let change_key ch = function
   | "parked" -> ch.c_parked
   | "exhausted" -> ch.c_exhausted
   | "generation" -> ch.c_gen
+  | "received_through" -> ch.c_recv
   | k -> raise (Bad ("unknown invalidates key " ^ k))
 
 let parse_op (j : Yojson.Safe.t) =
@@ -122,6 +137,7 @@ let parse_op (j : Yojson.Safe.t) =
         | None -> raise (Bad "enqueue without payload"))
     | "claim" -> Claim (g ())
     | "ack" -> Ack (g (), num "through" j)
+    | "received" -> Received (g (), num "through" j)
     | "fail" ->
         let kind =
           match (member "kind" j, member "retry_after" j) with
@@ -141,27 +157,30 @@ let parse_op (j : Yojson.Safe.t) =
 let returns_json ty (o : outcome) : Yojson.Safe.t =
   let tag =
     match ty with
-    | "claim" -> "claim" | "ack" -> "ack" | "fail" -> "failure" | "retry_now" -> "retry_action"
+    | "claim" -> "claim" | "ack" -> "ack" | "received" -> "received" | "fail" -> "failure" | "retry_now" -> "retry_action"
     | "requeue" -> "requeue" | "reconnect" -> "reconnect" | _ -> "?"
   in
   let s x = `String x in
   match o with
   | OSeq n -> `Assoc [ ("sequence", json_n n) ]
-  | OClaimed (g, sq, a, p) ->
-      `Assoc [ ("claim", s "claimed"); ("envelope", envelope g { seq = sq; att = a; bstart = N0; payload = p }) ]
+  | OClaimed (g, sq, a, p, d) -> `Assoc [ ("claim", s "claimed"); ("envelope", envelope_with g sq a p d) ]
   | OEmpty -> `Assoc [ ("claim", s "empty") ]
   | OWindowFull -> `Assoc [ ("claim", s "window_full") ]
   | OBlocked n -> `Assoc [ ("claim", s "blocked"); ("sequence", json_n n) ]
+  | OIsolating n -> `Assoc [ ("claim", s "isolating"); ("probe", json_n n) ]
   | OStale g -> `Assoc [ (tag, s "stale_generation"); ("current", json_n g) ]
   | OAdvanced t -> `Assoc [ ("ack", s "advanced"); ("through", json_n t) ]
-  | OAckUnchanged t -> `Assoc [ ("ack", s "unchanged"); ("through", match t with None -> `Null | Some t -> json_n t) ]
-  | OUnassigned n -> `Assoc [ ("ack", s "unassigned"); ("next_sequence", json_n n) ]
+  | OAckUnchanged t -> `Assoc [ ("ack", s "unchanged"); ("through", opt_n t) ]
+  | OUnsent t -> `Assoc [ (tag, s "unsent"); ("sent_through", opt_n t) ]
+  | ORecorded (t, k) -> `Assoc [ ("received", s "recorded"); ("through", json_n t); ("moved", json_int k) ]
+  | ORecvUnchanged t -> `Assoc [ ("received", s "unchanged"); ("through", opt_n t) ]
   | ORetrying r -> `Assoc [ ("failure", s "retrying"); ("retry", retry_json (Some r)) ]
   | OExhausted r -> `Assoc [ ("failure", s "exhausted"); ("retry", retry_json (Some r)) ]
   | OUnknown -> `Assoc [ (tag, s "unknown_sequence") ]
   | OScheduled n -> `Assoc [ (tag, s "scheduled"); ("sequence", json_n n) ]
   | OTimeout l -> `Assoc [ ("scheduled", `List (List.map json_n l)) ]
-  | OReconnected (g, k) -> `Assoc [ ("reconnect", s "advanced"); ("generation", json_n g); ("replayed", json_int k) ]
+  | OReconnected (g, k, d) ->
+      `Assoc [ ("reconnect", s "advanced"); ("generation", json_n g); ("replayed", json_int k); ("dead", json_int d) ]
   | OReconnectUnchanged -> `Assoc [ ("reconnect", s "unchanged") ]
 
 let show j = Yojson.Safe.to_string j
@@ -178,9 +197,17 @@ let run_fixture file =
   (match member "jitter" pol_j with
    | Some (`Int 0) | Some (`Float 0.) | None -> ()
    | Some _ -> raise (Skip "non-zero policy.jitter: the model computes backoffs before jitter (a float spread)"));
+  let hold =
+    match member "dead_letters" pol_j with
+    | Some (`String "hold") -> true
+    | None | Some (`String "skip") -> false
+    | Some _ -> raise (Bad "dead_letters is neither skip nor hold")
+  in
+  (* The policy's default replay limit, as the Rust fixture loader has it. *)
+  let rlimit = num_or "replay_limit" (n_of_z (Big.of_int 8)) pol_j in
   let pol =
-    { limit = num "inflight_limit" pol_j; budget = num "retry_budget" pol_j; base = num "retry_base" pol_j;
-      ceiling = num "retry_ceiling" pol_j; ordering_of = ordering }
+    { limit = num "inflight_limit" pol_j; budget = num "retry_budget" pol_j; rlimit; base = num "retry_base" pol_j;
+      ceiling = num "retry_ceiling" pol_j; ordering_of = ordering; hold }
   in
   let steps = match member "steps" doc with Some (`List l) -> l | _ -> raise (Bad "no steps") in
   let st = ref (init (num "generation" doc)) in

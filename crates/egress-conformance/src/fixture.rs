@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use egress_core::{Delay, FailureKind, Generation, JitterSample, Ordering, Policy, Sequence, Time};
+use egress_core::{DeadLetters, Delay, FailureKind, Generation, JitterSample, Ordering, Policy, Sequence, Time};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -32,6 +32,9 @@ pub struct FixturePolicy {
     pub inflight_limit: usize,
     /// See [`Policy::retry_budget`].
     pub retry_budget: u32,
+    /// See [`Policy::replay_limit`] (default 8, the policy's default).
+    #[serde(default = "default_replay_limit")]
+    pub replay_limit: u32,
     /// See [`Policy::retry_base`], in ticks.
     pub retry_base: u64,
     /// See [`Policy::retry_ceiling`], in ticks.
@@ -42,6 +45,13 @@ pub struct FixturePolicy {
     /// An extension of this corpus: the jitter fraction (default 0).
     #[serde(default)]
     pub jitter: f64,
+    /// `"skip"` (the default: dead letters become tombstones) or `"hold"`.
+    #[serde(default)]
+    pub dead_letters: DeadLetters,
+}
+
+fn default_replay_limit() -> u32 {
+    Policy::default().replay_limit()
 }
 
 /// One step: an operation, what it must return, and the state after it.
@@ -92,8 +102,8 @@ struct OpFields {
 }
 
 /// The op types, as fixtures name them.
-pub const OP_TYPES: [&str; 8] =
-    ["enqueue", "claim", "ack", "fail", "retry_now", "handle_timeout", "requeue", "reconnect"];
+pub const OP_TYPES: [&str; 9] =
+    ["enqueue", "claim", "ack", "received", "fail", "retry_now", "handle_timeout", "requeue", "reconnect"];
 
 /// A fixture operation, tagged by `"type"`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -114,6 +124,13 @@ pub enum Op {
         /// The caller's generation.
         generation: u64,
         /// The acknowledged sequence.
+        through: u64,
+    },
+    /// `received(generation, through)`.
+    Received {
+        /// The caller's generation.
+        generation: u64,
+        /// The sequence the peer holds everything through.
         through: u64,
     },
     /// `fail(generation, sequence, kind, now)`.
@@ -172,7 +189,7 @@ pub enum FailKindName {
 }
 
 /// The keys `expected` may hold.
-pub const STATE_KEYS: [&str; 9] = [
+pub const STATE_KEYS: [&str; 10] = [
     "generation",
     "next_sequence",
     "pending",
@@ -181,13 +198,14 @@ pub const STATE_KEYS: [&str; 9] = [
     "retry",
     "parked",
     "exhausted",
+    "received_through",
     "invalidates",
 ];
 
 /// The readers `expected.invalidates` may name (`generation` is an
 /// extension of this corpus).
-pub const INVALIDATION_KEYS: [&str; 7] =
-    ["pending", "inflight", "acked_through", "retry", "parked", "exhausted", "generation"];
+pub const INVALIDATION_KEYS: [&str; 8] =
+    ["pending", "inflight", "acked_through", "retry", "parked", "exhausted", "generation", "received_through"];
 
 /// A fixture that cannot be run: unreadable, not JSON, or not the schema.
 #[derive(Debug, thiserror::Error)]
@@ -346,10 +364,12 @@ impl FixturePolicy {
         Policy::builder()
             .inflight_limit(self.inflight_limit)
             .retry_budget(self.retry_budget)
+            .replay_limit(self.replay_limit)
             .retry_base(Delay(self.retry_base))
             .retry_ceiling(Delay(self.retry_ceiling))
             .jitter(self.jitter)
             .ordering(self.ordering)
+            .dead_letters(self.dead_letters)
             .build()
     }
 }
@@ -373,7 +393,7 @@ fn decode_op(value: Value) -> Result<Op, (String, String)> {
     let allowed: &[&str] = match ty {
         "enqueue" => &["payload"],
         "claim" | "reconnect" => &["generation"],
-        "ack" => &["generation", "through"],
+        "ack" | "received" => &["generation", "through"],
         "fail" => &["generation", "sequence", "kind", "retry_after", "now", "jitter_sample"],
         "handle_timeout" => &["now"],
         _ => &["generation", "sequence"],
@@ -401,6 +421,10 @@ fn decode_op(value: Value) -> Result<Op, (String, String)> {
         "ack" => {
             Op::Ack { generation: need("generation", fields.generation)?, through: need("through", fields.through)? }
         }
+        "received" => Op::Received {
+            generation: need("generation", fields.generation)?,
+            through: need("through", fields.through)?,
+        },
         "fail" => Op::Fail {
             generation: need("generation", fields.generation)?,
             sequence: need("sequence", fields.sequence)?,

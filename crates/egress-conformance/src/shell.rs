@@ -17,7 +17,7 @@ use egress_reactive::{
 use serde_json::{Map, Value, json};
 
 use crate::fixture::{Fixture, Op};
-use crate::target::{Observation, Session, Target, invalidation_key, returns};
+use crate::target::{Observation, Session, Target, invalidation_key, parked_entry, returns};
 
 /// `EgressCell` on a `Context`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -110,13 +110,14 @@ impl<F: CellFlavor<Value>> ShellSession<F> {
             Projection::Parked => c.parked(),
             Projection::Exhausted => c.exhausted(),
             Projection::Generation => c.generation(),
+            Projection::Received => c.received_through(),
         }
     }
 
     /// How many times each reader has run, reading each first (so a dirty
     /// reader runs now).
-    fn revisions(&self) -> Result<[u32; 7], String> {
-        let mut out = [0; 7];
+    fn revisions(&self) -> Result<[u32; 8], String> {
+        let mut out = [0; 8];
         for (i, p) in Projection::ALL.iter().enumerate() {
             self.state_of(*p)?;
             out[i] = self.reader(*p).runs();
@@ -137,11 +138,12 @@ impl<F: CellFlavor<Value>> ShellSession<F> {
             Projection::Parked => Value::Array(
                 read(c.parked())?
                     .iter()
-                    .map(|p| json!({"sequence": p.sequence, "attempt": p.attempt, "backoff": p.backoff, "due": p.due}))
+                    .map(|p| parked_entry(p.sequence, p.attempt, p.backoff, p.due, p.dead))
                     .collect(),
             ),
             Projection::Exhausted => json!(read(c.exhausted())?.to_vec()),
             Projection::Generation => json!(read(c.generation())?),
+            Projection::Received => json!(read(c.received_through())?),
         })
     }
 
@@ -151,6 +153,9 @@ impl<F: CellFlavor<Value>> ShellSession<F> {
             Op::Enqueue { payload } => returns::enqueue(c.enqueue(payload.clone())),
             Op::Claim { generation } => c.claim_with(Generation(*generation), |o| returns::claim(&o)),
             Op::Ack { generation, through } => returns::ack(&c.ack(Generation(*generation), Sequence(*through))),
+            Op::Received { generation, through } => {
+                returns::received(&c.received(Generation(*generation), Sequence(*through)))
+            }
             Op::Fail { .. } => {
                 let a = op.fail_args().expect("invariant broken: a fail op has fail arguments");
                 self.clock.set(a.now);

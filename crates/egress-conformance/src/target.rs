@@ -7,8 +7,8 @@
 //! the graph instead, so that a shell which forgets to invalidate fails.
 
 use egress_core::{
-    AckOutcome, ClaimOutcome, EgressCore, FailOutcome, Generation, Projection, ReconnectOutcome, ScheduleOutcome,
-    Sequence, Time,
+    AckOutcome, ClaimOutcome, EgressCore, FailOutcome, Generation, Projection, ReceivedOutcome, ReconnectOutcome,
+    ScheduleOutcome, Sequence, Time,
 };
 use serde_json::{Map, Value, json};
 
@@ -58,6 +58,7 @@ pub const fn invalidation_key(projection: Projection) -> &'static str {
         Projection::Parked => "parked",
         Projection::Exhausted => "exhausted",
         Projection::Generation => "generation",
+        Projection::Received => "received_through",
     }
 }
 
@@ -71,13 +72,28 @@ pub fn state_of(core: &EgressCore<Value>) -> Map<String, Value> {
     state.insert("inflight".into(), json!(core.inflight().collect::<Vec<_>>()));
     state.insert("acked_through".into(), json!(core.acked_through()));
     state.insert("retry".into(), json!(core.retry()));
-    let parked: Vec<Value> = core
-        .parked()
-        .map(|p| json!({"sequence": p.sequence, "attempt": p.attempt, "backoff": p.backoff, "due": p.due}))
-        .collect();
+    let parked: Vec<Value> =
+        core.parked().map(|p| parked_entry(p.sequence, p.attempt, p.backoff, p.due, p.dead)).collect();
     state.insert("parked".into(), Value::Array(parked));
     state.insert("exhausted".into(), json!(core.exhausted().collect::<Vec<_>>()));
+    state.insert("received_through".into(), json!(core.received_through()));
     state
+}
+
+/// A parked record in the fixture's shape (`dead` only for a tombstone).
+#[must_use]
+pub fn parked_entry(
+    sequence: Sequence,
+    attempt: egress_core::Attempt,
+    backoff: egress_core::Delay,
+    due: Time,
+    dead: Option<egress_core::DeadReason>,
+) -> Value {
+    let mut entry = json!({"sequence": sequence, "attempt": attempt, "backoff": backoff, "due": due});
+    if let (Some(dead), Some(map)) = (dead, entry.as_object_mut()) {
+        map.insert("dead".into(), json!(dead));
+    }
+    entry
 }
 
 /// Applies a fixture op to a core; returns the fixture-shaped return value
@@ -96,6 +112,10 @@ pub fn apply_to_core(core: &mut EgressCore<Value>, op: &Op) -> (Value, egress_co
         Op::Ack { generation, through } => {
             let t = core.ack(Generation(*generation), Sequence(*through));
             (returns::ack(&t.outcome), t.changes)
+        }
+        Op::Received { generation, through } => {
+            let t = core.received(Generation(*generation), Sequence(*through));
+            (returns::received(&t.outcome), t.changes)
         }
         Op::Fail { .. } => {
             let a = op.fail_args().expect("invariant broken: a fail op has fail arguments");
@@ -123,7 +143,10 @@ pub fn apply_to_core(core: &mut EgressCore<Value>, op: &Op) -> (Value, egress_co
 
 /// The fixture shapes of the core's outcomes.
 pub mod returns {
-    use super::{AckOutcome, ClaimOutcome, FailOutcome, ReconnectOutcome, ScheduleOutcome, Sequence, Value, json};
+    use super::{
+        AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, ScheduleOutcome, Sequence, Value,
+        json,
+    };
 
     /// `{"sequence": S}`
     #[must_use]
@@ -139,6 +162,7 @@ pub mod returns {
             ClaimOutcome::Empty => json!({"claim": "empty"}),
             ClaimOutcome::WindowFull => json!({"claim": "window_full"}),
             ClaimOutcome::Blocked { sequence } => json!({"claim": "blocked", "sequence": sequence}),
+            ClaimOutcome::Isolating { probe } => json!({"claim": "isolating", "probe": probe}),
             ClaimOutcome::StaleGeneration { current } => json!({"claim": "stale_generation", "current": current}),
         }
     }
@@ -149,10 +173,25 @@ pub mod returns {
         match outcome {
             AckOutcome::Advanced { through } => json!({"ack": "advanced", "through": through}),
             AckOutcome::Unchanged { through } => json!({"ack": "unchanged", "through": through}),
-            AckOutcome::Unassigned { next_sequence, .. } => {
-                json!({"ack": "unassigned", "next_sequence": next_sequence})
-            }
+            AckOutcome::Unsent { sent_through, .. } => json!({"ack": "unsent", "sent_through": sent_through}),
             AckOutcome::StaleGeneration { current } => json!({"ack": "stale_generation", "current": current}),
+        }
+    }
+
+    /// The `received` shapes.
+    #[must_use]
+    pub fn received(outcome: &ReceivedOutcome) -> Value {
+        match outcome {
+            ReceivedOutcome::Recorded { through, moved } => {
+                json!({"received": "recorded", "through": through, "moved": moved})
+            }
+            ReceivedOutcome::Unchanged { through } => json!({"received": "unchanged", "through": through}),
+            ReceivedOutcome::Unsent { sent_through, .. } => {
+                json!({"received": "unsent", "sent_through": sent_through})
+            }
+            ReceivedOutcome::StaleGeneration { current } => {
+                json!({"received": "stale_generation", "current": current})
+            }
         }
     }
 
@@ -188,8 +227,8 @@ pub mod returns {
     #[must_use]
     pub fn reconnect(outcome: &ReconnectOutcome) -> Value {
         match outcome {
-            ReconnectOutcome::Advanced { generation, replayed } => {
-                json!({"reconnect": "advanced", "generation": generation, "replayed": replayed})
+            ReconnectOutcome::Advanced { generation, replayed, dead } => {
+                json!({"reconnect": "advanced", "generation": generation, "replayed": replayed, "dead": dead})
             }
             ReconnectOutcome::Unchanged => json!({"reconnect": "unchanged"}),
             ReconnectOutcome::StaleGeneration { current } => {

@@ -20,11 +20,14 @@ pub enum Projection {
     Exhausted,
     /// The current generation.
     Generation,
+    /// The receipt watermark: the highest sequence the peer is known to hold
+    /// (with everything below it), acknowledged or not.
+    Received,
 }
 
 impl Projection {
     /// Every projection, in declaration order.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Pending,
         Self::Inflight,
         Self::AckedThrough,
@@ -32,6 +35,7 @@ impl Projection {
         Self::Parked,
         Self::Exhausted,
         Self::Generation,
+        Self::Received,
     ];
 
     const fn bit(self) -> u8 {

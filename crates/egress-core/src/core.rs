@@ -1,16 +1,18 @@
-//! [`EgressCore`]: the state and its transitions.
+//! [`EgressCore`]: the state, its getters, and the transitions of the send
+//! path (enqueue, claim, ack). Failures live in `failures.rs`, fencing and
+//! receipts in `fencing.rs`.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 
 use crate::changes::{Changes, Projection};
 use crate::envelope::{Envelope, Exhausted, Record};
-use crate::ids::{Attempt, Generation, Sequence, Time};
-use crate::outcome::{AckOutcome, ClaimOutcome, FailOutcome, ReconnectOutcome, ScheduleOutcome, Transition};
-use crate::parked::{Parked, ParkedSet};
+use crate::ids::{Generation, Sequence, Time};
+use crate::outcome::{AckOutcome, ClaimOutcome, Transition};
+use crate::parked::ParkedSet;
 use crate::pending::PendingQueue;
 use crate::policy::{Ordering, Policy};
-use crate::retry::{FailureKind, JitterSample, ParkedView, Retry, backoff};
+use crate::retry::{ParkedView, Retry};
 use crate::window::Window;
 
 /// The delivery state machine of one egress stream.
@@ -25,11 +27,12 @@ use crate::window::Window;
 ///
 /// ```text
 ///   enqueue ──▶ pending ──claim──▶ inflight ──ack──▶ (gone: acked)
-///                ▲  ▲                 │  │
-///                │  └──retry_now──┐   │  └─fail: budget spent─▶ exhausted
-///                │   handle_timeout  fail                           │
-///                │                └─ parked ◀┘                      │
-///                └────────────────── requeue ───────────────────────┘
+///                ▲  ▲  ▲              │  │
+///                │  │  └─received─────┘  └─fail: dead, Hold─▶ exhausted
+///                │  └──retry_now──┐   │                           │
+///                │   handle_timeout  fail ─ dead, Skip: a tombstone, back to pending
+///                │                └─ parked ◀┘                    │
+///                └────────────────── requeue ─────────────────────┘
 ///   reconnect: inflight and parked ──▶ pending, under the new generation
 /// ```
 ///
@@ -37,17 +40,39 @@ use crate::window::Window;
 /// - **Inputs from the application:** [`enqueue`], [`enqueue_all`],
 ///   [`retry_now`], [`requeue`].
 /// - **Inputs from the transport:** [`claim`] (under the transport's
-///   generation), [`ack`], [`fail`], [`reconnect`].
+///   generation), [`ack`], [`received`], [`fail`], [`reconnect`].
 /// - **Timers:** [`poll_timeout`] says when the earliest parked record is
 ///   due; at that time call [`handle_timeout`].
 /// - **Getters:** [`pending`], [`inflight`], [`parked`], [`exhausted`],
-///   [`acked_through`], [`retry`], [`generation`], [`next_sequence`] and the
-///   counts.
+///   [`acked_through`], [`received_through`], [`sent_through`], [`retry`],
+///   [`generation`], [`next_sequence`], [`isolation`] and the counts.
 ///
 /// Every transition returns a [`Transition`]: its outcome and the
 /// [`Changes`] it made. A refused call (a stale generation, an unknown
-/// sequence, an ack from the future) and a no-op return [`Changes::NONE`]
-/// and leave the state exactly as it was.
+/// sequence, an ack of a sequence never sent) and a no-op return
+/// [`Changes::NONE`] and leave the state exactly as it was.
+///
+/// # The rules that bound what goes on the wire
+/// - **The window is a range.** A record is claimed only if its sequence is
+///   below `acked_through + 1 + inflight_limit`. A record retried after a
+///   failure lies below the records sent after it, so it always fits: no
+///   stall needs a reconnect to clear.
+/// - **Acks are bounded by what was sent.** An ack (or receipt) beyond the
+///   highest sequence ever claimed is refused ([`AckOutcome::Unsent`]).
+/// - **Sends are bounded.** Failures count against
+///   [`Policy::retry_budget`], replays after a reconnect against
+///   [`Policy::replay_limit`]; past either a record is a dead letter, so a
+///   record is claimed at most `retry_budget + replay_limit + 1` times per
+///   budget. `attempt` counts every claim.
+/// - **A suspect is isolated.** When a connection dies with records in
+///   flight and nothing reached the peer since the previous reconnect
+///   (neither [`ack`] nor [`received`] moved the receipt watermark), records
+///   are then claimed one at a time ([`isolation`]): a record that kills
+///   its connections is the only one replayed, so it alone spends its
+///   replay limit. The first progress ends isolation.
+/// - **Dead letters do not stall the stream** under
+///   [`DeadLetters::Skip`](crate::DeadLetters) (the default): they become
+///   tombstones, sent in their place.
 ///
 /// # The loop
 /// After every input, claim until the outcome is not `Claimed`, send what
@@ -72,6 +97,9 @@ use crate::window::Window;
 /// assert_eq!(core.inflight_len(), 0);
 /// assert_eq!(core.pending_len(), 1);
 ///
+/// // An ack beyond what was sent is refused and changes nothing.
+/// assert!(matches!(core.ack(g, Sequence(2)).outcome, AckOutcome::Unsent { .. }));
+///
 /// // A transport of an older generation changes nothing.
 /// let _ = core.reconnect(Generation(1));
 /// assert!(core.claim(g).changes.is_empty());
@@ -81,10 +109,11 @@ use crate::window::Window;
 /// # Costs
 /// `enqueue` and `claim` are O(1) amortized with no allocation per record
 /// beyond the payload; putting a record back (`retry_now`, `requeue`,
-/// timeouts, replay) is O(log n); an ack removing k records is O(k + log n)
-/// while the window is in claim-equals-sequence order, and O(window)
-/// otherwise; `fail` is O(log window) or O(window) likewise, plus O(log n);
-/// `reconnect` is O(r log n) for r replayed records.
+/// timeouts, replay, tombstones) is O(log n); an ack removing k records is
+/// O(k + log n) while the window is in claim-equals-sequence order, and
+/// O(window) otherwise; `fail` is O(log window) or O(window) likewise, plus
+/// O(log n); `reconnect` is O(r log n) for r replayed records, `received`
+/// O(m log n) for m records moved.
 ///
 /// [`enqueue`]: Self::enqueue
 /// [`enqueue_all`]: Self::enqueue_all
@@ -92,6 +121,7 @@ use crate::window::Window;
 /// [`requeue`]: Self::requeue
 /// [`claim`]: Self::claim
 /// [`ack`]: Self::ack
+/// [`received`]: Self::received
 /// [`fail`]: Self::fail
 /// [`reconnect`]: Self::reconnect
 /// [`poll_timeout`]: Self::poll_timeout
@@ -101,20 +131,42 @@ use crate::window::Window;
 /// [`parked`]: Self::parked
 /// [`exhausted`]: Self::exhausted
 /// [`acked_through`]: Self::acked_through
+/// [`received_through`]: Self::received_through
+/// [`sent_through`]: Self::sent_through
 /// [`retry`]: Self::retry
 /// [`generation`]: Self::generation
 /// [`next_sequence`]: Self::next_sequence
+/// [`isolation`]: Self::isolation
 #[derive(Clone, Debug, PartialEq)]
 pub struct EgressCore<T> {
-    policy: Policy,
-    generation: Generation,
-    next_sequence: Sequence,
-    pending: PendingQueue<T>,
-    inflight: Window<T>,
-    parked: ParkedSet<T>,
-    exhausted: BTreeMap<Sequence, Exhausted<T>>,
-    acked_through: Option<Sequence>,
-    retry: Option<Retry>,
+    pub(crate) policy: Policy,
+    pub(crate) generation: Generation,
+    pub(crate) next_sequence: Sequence,
+    pub(crate) pending: PendingQueue<T>,
+    pub(crate) inflight: Window<T>,
+    pub(crate) parked: ParkedSet<T>,
+    pub(crate) exhausted: BTreeMap<Sequence, Exhausted<T>>,
+    pub(crate) acked_through: Option<Sequence>,
+    pub(crate) received_through: Option<Sequence>,
+    pub(crate) sent_through: Option<Sequence>,
+    pub(crate) retry: Option<Retry>,
+    /// The receipt watermark moved since the last reconnect.
+    pub(crate) progressed: bool,
+    pub(crate) isolation: Isolation,
+}
+
+/// Whether records are sent one at a time, to isolate one that kills its
+/// connections (see [`EgressCore`]'s rules).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Isolation {
+    /// The window is open.
+    #[default]
+    Off,
+    /// The next claim sends a record alone.
+    Ready,
+    /// This record is in flight alone: nothing else is claimed until it is
+    /// acknowledged, fails, or is replayed.
+    Probing(Sequence),
 }
 
 impl<T> EgressCore<T> {
@@ -136,7 +188,11 @@ impl<T> EgressCore<T> {
             parked: ParkedSet::default(),
             exhausted: BTreeMap::new(),
             acked_through: None,
+            received_through: None,
+            sent_through: None,
             retry: None,
+            progressed: false,
+            isolation: Isolation::Off,
         }
     }
 
@@ -167,11 +223,33 @@ impl<T> EgressCore<T> {
         self.acked_through
     }
 
+    /// The receipt watermark: the peer holds every sequence at or below it,
+    /// acknowledged or not (it is at least [`acked_through`](Self::acked_through)).
+    /// `None` until the first ack or [`received`](Self::received).
+    #[must_use]
+    pub const fn received_through(&self) -> Option<Sequence> {
+        self.received_through
+    }
+
+    /// The highest sequence ever claimed: what acknowledgements and
+    /// receipts may cover. Every sequence below it was claimed at least
+    /// once. `None` until the first claim.
+    #[must_use]
+    pub const fn sent_through(&self) -> Option<Sequence> {
+        self.sent_through
+    }
+
     /// The state of the most recent failure, while its record is parked or
-    /// exhausted.
+    /// a dead letter.
     #[must_use]
     pub const fn retry(&self) -> Option<Retry> {
         self.retry
+    }
+
+    /// Whether records are being sent one at a time (see the rules above).
+    #[must_use]
+    pub const fn isolation(&self) -> Isolation {
+        self.isolation
     }
 
     /// The records waiting to be claimed, in sequence order.
@@ -180,7 +258,7 @@ impl<T> EgressCore<T> {
         self.pending.iter().map(move |r| r.view(g))
     }
 
-    /// The records in flight, in claim order.
+    /// The records in flight, in the order they went in flight.
     pub fn inflight(&self) -> impl ExactSizeIterator<Item = Envelope<&T>> + '_ {
         let g = self.generation;
         self.inflight.iter().map(move |r| r.view(g))
@@ -194,13 +272,16 @@ impl<T> EgressCore<T> {
             backoff: p.backoff,
             due: p.due,
             payload: &p.record.payload,
+            dead: p.record.dead,
         })
     }
 
-    /// The dead letters, in sequence order, each with the generation it
-    /// failed under.
+    /// The dead letters held back ([`DeadLetters::Hold`](crate::DeadLetters),
+    /// or a tombstone that could not be delivered either), in sequence
+    /// order, each with the generation it failed under and, as its `dead`,
+    /// why.
     pub fn exhausted(&self) -> impl ExactSizeIterator<Item = Envelope<&T>> + '_ {
-        self.exhausted.values().map(|e| e.record.view(e.generation))
+        self.exhausted.values().map(|e| Envelope { dead: Some(e.reason), ..e.record.view(e.generation) })
     }
 
     /// How many records are pending.
@@ -221,16 +302,41 @@ impl<T> EgressCore<T> {
         self.parked.len()
     }
 
-    /// How many records are exhausted.
+    /// How many dead letters are held.
     #[must_use]
     pub fn exhausted_len(&self) -> usize {
         self.exhausted.len()
     }
 
-    /// How many more records the window admits.
+    /// How many records never sent the window admits now: from the next
+    /// sequence not yet sent up to the end of the window, 0 while a probe is
+    /// in flight and at most 1 while isolating. (A record sent before always
+    /// fits in the window again.)
     #[must_use]
     pub fn window_room(&self) -> usize {
-        self.policy.inflight_limit().saturating_sub(self.inflight.len())
+        let unsent = self.sent_through.map_or(0, |s| s.0.saturating_add(1));
+        let room = usize::try_from(self.window_end().0.saturating_sub(unsent)).unwrap_or(usize::MAX);
+        match self.isolation {
+            Isolation::Off => room,
+            Isolation::Ready => room.min(1),
+            Isolation::Probing(_) => 0,
+        }
+    }
+
+    /// The first sequence beyond the window: `acked_through + 1 +
+    /// inflight_limit`, saturating.
+    #[must_use]
+    pub fn window_end(&self) -> Sequence {
+        let base = self.acked_through.map_or(0, |a| a.0.saturating_add(1));
+        let limit = u64::try_from(self.policy.inflight_limit()).unwrap_or(u64::MAX);
+        Sequence(base.saturating_add(limit))
+    }
+
+    /// Whether [`claim`](Self::claim) under the current generation would
+    /// claim a record now.
+    #[must_use]
+    pub fn can_claim(&self) -> bool {
+        self.pending.head().is_some_and(|head| self.refusal_for(head).is_none())
     }
 
     /// The earliest time a parked record becomes due: call
@@ -248,7 +354,7 @@ impl<T> EgressCore<T> {
     /// Changes: pending.
     pub fn enqueue(&mut self, payload: T) -> Transition<Sequence> {
         let sequence = self.next_sequence;
-        self.pending.push_new(Record { sequence, attempt: Attempt(0), budget_start: Attempt(0), payload });
+        self.pending.push_new(Record::new(sequence, payload));
         self.next_sequence = sequence.next();
         Transition::new(sequence, Changes::NONE.with(Projection::Pending))
     }
@@ -267,14 +373,40 @@ impl<T> EgressCore<T> {
         Transition::new(range, Changes::NONE.with_if(Projection::Pending, changed))
     }
 
-    /// Moves the oldest pending record into flight and hands out a view of
-    /// it, with its attempt count incremented.
+    /// Why the pending record `head` cannot be claimed now, if it cannot.
+    /// The checks in the order their outcomes are reported: an ordering
+    /// rule, then isolation, then the window.
+    fn refusal_for<'a>(&self, head: Sequence) -> Option<ClaimOutcome<'a, T>> {
+        if self.policy.ordering() == Ordering::Strict {
+            let parked = self.parked.first_sequence();
+            let exhausted = self.exhausted.first_key_value().map(|(s, _)| *s);
+            let lowest = match (parked, exhausted) {
+                (Some(p), Some(e)) => Some(p.min(e)),
+                (p, e) => p.or(e),
+            };
+            if let Some(sequence) = lowest.filter(|s| *s < head) {
+                return Some(ClaimOutcome::Blocked { sequence });
+            }
+        }
+        if let Isolation::Probing(probe) = self.isolation {
+            return Some(ClaimOutcome::Isolating { probe });
+        }
+        if head >= self.window_end() {
+            return Some(ClaimOutcome::WindowFull);
+        }
+        None
+    }
+
+    /// Moves the lowest pending record into flight and hands out a view of
+    /// it, with its attempt count incremented. A tombstone (its envelope's
+    /// `dead` set) is claimed like any record; send it as a skip.
     ///
     /// Refused with `StaleGeneration` unless `generation` is the core's.
-    /// Then `Empty` (nothing pending), `WindowFull` (`inflight_limit`
-    /// records already in flight), or, under [`Ordering::Strict`],
-    /// `Blocked` by the lowest parked or exhausted sequence below the head
-    /// of pending.
+    /// Then, in this order: `Empty` (nothing pending); under
+    /// [`Ordering::Strict`], `Blocked` by the lowest parked or exhausted
+    /// sequence below the lowest pending one; `Isolating` (a probe is in
+    /// flight alone); `WindowFull` (the lowest pending sequence lies at or
+    /// beyond [`window_end`](Self::window_end)).
     ///
     /// Changes: pending and inflight, when claimed.
     pub fn claim(&mut self, generation: Generation) -> Transition<ClaimOutcome<'_, T>> {
@@ -284,22 +416,16 @@ impl<T> EgressCore<T> {
         let Some(head) = self.pending.head() else {
             return Transition::unchanged(ClaimOutcome::Empty);
         };
-        if self.inflight.len() >= self.policy.inflight_limit() {
-            return Transition::unchanged(ClaimOutcome::WindowFull);
-        }
-        if self.policy.ordering() == Ordering::Strict {
-            let parked = self.parked.first_sequence();
-            let exhausted = self.exhausted.first_key_value().map(|(s, _)| *s);
-            let lowest = match (parked, exhausted) {
-                (Some(p), Some(e)) => Some(p.min(e)),
-                (p, e) => p.or(e),
-            };
-            if let Some(sequence) = lowest.filter(|s| *s < head) {
-                return Transition::unchanged(ClaimOutcome::Blocked { sequence });
-            }
+        if let Some(refusal) = self.refusal_for(head) {
+            return Transition::unchanged(refusal);
         }
         let mut record = self.pending.pop_head().expect("invariant broken: pending has a head but no record");
-        record.attempt = Attempt(record.attempt.0.saturating_add(1));
+        record.attempt = record.attempt.saturating_next();
+        record.resend = false;
+        self.sent_through = Some(self.sent_through.map_or(head, |s| s.max(head)));
+        if self.isolation == Isolation::Ready {
+            self.isolation = Isolation::Probing(head);
+        }
         let g = self.generation;
         let claimed = self.inflight.push(record).view(g);
         Transition::new(
@@ -312,23 +438,25 @@ impl<T> EgressCore<T> {
     /// `through` was delivered.
     ///
     /// Refused with `StaleGeneration` unless `generation` is the core's, and
-    /// with `Unassigned` when `through` was never assigned (an ack from the
-    /// future must not drop records that were never sent). `Unchanged` when
-    /// the watermark is already at or past `through`.
+    /// with `Unsent` when `through` is above [`sent_through`](Self::sent_through)
+    /// (an ack of what never went on the wire must not drop records).
+    /// `Unchanged` when the watermark is already at or past `through`.
     ///
-    /// Changes: acked_through; each of pending, inflight, parked, exhausted
-    /// that lost a record; retry, if its record was acknowledged.
+    /// Changes: acked_through; received, if `through` is above it; each of
+    /// pending, inflight, parked, exhausted that lost a record; retry, if its
+    /// record was acknowledged.
     pub fn ack(&mut self, generation: Generation, through: Sequence) -> Transition<AckOutcome> {
         if generation != self.generation {
             return Transition::unchanged(AckOutcome::StaleGeneration { current: self.generation });
         }
-        if through >= self.next_sequence {
-            return Transition::unchanged(AckOutcome::Unassigned { through, next_sequence: self.next_sequence });
+        if self.sent_through.is_none_or(|s| through > s) {
+            return Transition::unchanged(AckOutcome::Unsent { through, sent_through: self.sent_through });
         }
         if self.acked_through.is_some_and(|w| through <= w) {
             return Transition::unchanged(AckOutcome::Unchanged { through: self.acked_through });
         }
         self.acked_through = Some(through);
+        let received = self.note_receipt(through);
         let exhausted_changed = self.exhausted.first_key_value().is_some_and(|(s, _)| *s <= through);
         if exhausted_changed {
             self.exhausted = match through.0.checked_add(1) {
@@ -340,8 +468,14 @@ impl<T> EgressCore<T> {
         if retry_cleared {
             self.retry = None;
         }
+        if let Isolation::Probing(probe) = self.isolation
+            && probe <= through
+        {
+            self.isolation = Isolation::Ready;
+        }
         let changes = Changes::NONE
             .with(Projection::AckedThrough)
+            .with_if(Projection::Received, received)
             .with_if(Projection::Pending, self.pending.remove_through(through))
             .with_if(Projection::Inflight, self.inflight.remove_through(through))
             .with_if(Projection::Parked, self.parked.remove_through(through))
@@ -350,176 +484,20 @@ impl<T> EgressCore<T> {
         Transition::new(AckOutcome::Advanced { through }, changes)
     }
 
-    /// Reports that sending the in-flight record `sequence` failed at `now`.
-    ///
-    /// With k the attempts since its budget began, the backoff is
-    /// `min(retry_ceiling, retry_base * 2^(k-1))` (saturating), raised to a
-    /// [`FailureKind::RetryAfter`] hint if that is longer, then spread upward
-    /// by `policy.jitter() * jitter` of itself. A permanent failure, or
-    /// k above the retry budget, makes the record a dead letter
-    /// (`Exhausted`); otherwise it is parked until `now + backoff`
-    /// (`Retrying`).
-    ///
-    /// Refused with `StaleGeneration` unless `generation` is the core's, and
-    /// with `UnknownSequence` unless `sequence` is in flight.
-    ///
-    /// Changes: inflight, retry, and parked or exhausted.
-    pub fn fail(
-        &mut self,
-        generation: Generation,
-        sequence: Sequence,
-        kind: FailureKind,
-        now: Time,
-        jitter: JitterSample,
-    ) -> Transition<FailOutcome> {
-        if generation != self.generation {
-            return Transition::unchanged(FailOutcome::StaleGeneration { current: self.generation });
+    /// Raises the receipt watermark to `through` if it is below; that is
+    /// progress, and ends isolation. Returns whether it moved.
+    pub(crate) fn note_receipt(&mut self, through: Sequence) -> bool {
+        if self.received_through.is_some_and(|r| through <= r) {
+            return false;
         }
-        let Some(record) = self.inflight.remove(sequence) else {
-            return Transition::unchanged(FailOutcome::UnknownSequence { sequence });
-        };
-        let k = record.attempts_in_budget();
-        let hint = match kind {
-            FailureKind::RetryAfter(delay) => Some(delay),
-            FailureKind::Transient | FailureKind::Permanent => None,
-        };
-        let delay = backoff(&self.policy, k, hint, jitter);
-        let exhausted = kind == FailureKind::Permanent || k > self.policy.retry_budget();
-        let retry = Retry { sequence, attempt: record.attempt, backoff: delay, exhausted };
-        let changes = Changes::NONE
-            .with(Projection::Inflight)
-            .with_if(Projection::Retry, self.retry != Some(retry))
-            .with(if exhausted { Projection::Exhausted } else { Projection::Parked });
-        self.retry = Some(retry);
-        if exhausted {
-            self.exhausted.insert(sequence, Exhausted { generation: self.generation, record });
-            Transition::new(FailOutcome::Exhausted(retry), changes)
-        } else {
-            self.parked.insert(Parked { record, backoff: delay, due: now.saturating_add(delay) });
-            Transition::new(FailOutcome::Retrying(retry), changes)
-        }
-    }
-
-    /// Schedules the parked record `sequence` now, without waiting for its
-    /// backoff: it goes back to pending in sequence order.
-    ///
-    /// Refused with `StaleGeneration` unless `generation` is the core's, and
-    /// with `UnknownSequence` unless `sequence` is parked (an exhausted
-    /// record needs [`requeue`](Self::requeue)).
-    ///
-    /// Changes: parked, pending; retry, if it described this record.
-    pub fn retry_now(&mut self, generation: Generation, sequence: Sequence) -> Transition<ScheduleOutcome> {
-        if generation != self.generation {
-            return Transition::unchanged(ScheduleOutcome::StaleGeneration { current: self.generation });
-        }
-        let Some(parked) = self.parked.remove(sequence) else {
-            return Transition::unchanged(ScheduleOutcome::UnknownSequence { sequence });
-        };
-        self.pending.put_back(parked.record);
-        let changes = Changes::NONE
-            .with(Projection::Parked)
-            .with(Projection::Pending)
-            .with_if(Projection::Retry, self.clear_retry_of(sequence));
-        Transition::new(ScheduleOutcome::Scheduled { sequence }, changes)
-    }
-
-    /// Schedules every parked record due at or before `now`, as
-    /// [`retry_now`](Self::retry_now) would, and returns their sequences in
-    /// order.
-    ///
-    /// Changes: parked and pending, if anything was due; retry, if it
-    /// described one of them.
-    pub fn handle_timeout(&mut self, now: Time) -> Transition<Vec<Sequence>> {
-        let due = self.parked.take_due(now);
-        let mut retry_cleared = false;
-        let mut scheduled = Vec::with_capacity(due.len());
-        for parked in due {
-            let sequence = parked.record.sequence;
-            retry_cleared |= self.clear_retry_of(sequence);
-            self.pending.put_back(parked.record);
-            scheduled.push(sequence);
-        }
-        let any = !scheduled.is_empty();
-        let changes = Changes::NONE
-            .with_if(Projection::Parked, any)
-            .with_if(Projection::Pending, any)
-            .with_if(Projection::Retry, retry_cleared);
-        Transition::new(scheduled, changes)
-    }
-
-    /// Gives the dead letter `sequence` another life: back to pending in
-    /// sequence order, under the current generation, with a fresh retry
-    /// budget and backoff schedule (its attempt count carries on).
-    ///
-    /// Refused with `StaleGeneration` unless `generation` is the core's, and
-    /// with `UnknownSequence` unless `sequence` is exhausted.
-    ///
-    /// Changes: exhausted, pending; retry, if it described this record.
-    pub fn requeue(&mut self, generation: Generation, sequence: Sequence) -> Transition<ScheduleOutcome> {
-        if generation != self.generation {
-            return Transition::unchanged(ScheduleOutcome::StaleGeneration { current: self.generation });
-        }
-        let Some(Exhausted { mut record, .. }) = self.exhausted.remove(&sequence) else {
-            return Transition::unchanged(ScheduleOutcome::UnknownSequence { sequence });
-        };
-        record.budget_start = record.attempt;
-        self.pending.put_back(record);
-        let changes = Changes::NONE
-            .with(Projection::Exhausted)
-            .with(Projection::Pending)
-            .with_if(Projection::Retry, self.clear_retry_of(sequence));
-        Transition::new(ScheduleOutcome::Scheduled { sequence }, changes)
-    }
-
-    /// Fences the current connection: moves to `generation`, which must be
-    /// higher, and returns every in-flight and parked record to pending in
-    /// sequence order (keeping attempt counts) to be replayed under it.
-    /// Sequences and the watermark are kept; dead letters stay as they are.
-    /// Every claim, ack, fail, retry and requeue naming an older generation
-    /// is refused from now on.
-    ///
-    /// `Unchanged` when already at `generation`; refused with
-    /// `StaleGeneration` when it is lower.
-    ///
-    /// Changes: generation; pending, when anything is pending afterwards
-    /// (every envelope now carries the new generation); inflight and parked,
-    /// if they held records; retry, if its record was replayed.
-    pub fn reconnect(&mut self, generation: Generation) -> Transition<ReconnectOutcome> {
-        if generation < self.generation {
-            return Transition::unchanged(ReconnectOutcome::StaleGeneration { current: self.generation });
-        }
-        if generation == self.generation {
-            return Transition::unchanged(ReconnectOutcome::Unchanged);
-        }
-        self.generation = generation;
-        let had_inflight = !self.inflight.is_empty();
-        let had_parked = !self.parked.is_empty();
-        let mut replayed = 0;
-        let mut retry_cleared = false;
-        for record in self.inflight.drain() {
-            self.pending.put_back(record);
-            replayed += 1;
-        }
-        let retry_sequence = self.retry.map(|r| r.sequence);
-        for p in self.parked.drain() {
-            retry_cleared |= retry_sequence == Some(p.record.sequence);
-            self.pending.put_back(p.record);
-            replayed += 1;
-        }
-        if retry_cleared {
-            self.retry = None;
-        }
-        let changes = Changes::NONE
-            .with(Projection::Generation)
-            .with_if(Projection::Pending, !self.pending.is_empty())
-            .with_if(Projection::Inflight, had_inflight)
-            .with_if(Projection::Parked, had_parked)
-            .with_if(Projection::Retry, retry_cleared);
-        Transition::new(ReconnectOutcome::Advanced { generation, replayed }, changes)
+        self.received_through = Some(through);
+        self.progressed = true;
+        self.isolation = Isolation::Off;
+        true
     }
 
     /// Clears `retry` if it describes `sequence`; returns whether it did.
-    fn clear_retry_of(&mut self, sequence: Sequence) -> bool {
+    pub(crate) fn clear_retry_of(&mut self, sequence: Sequence) -> bool {
         let clear = self.retry.is_some_and(|r| r.sequence == sequence);
         if clear {
             self.retry = None;

@@ -1,12 +1,19 @@
 //! What a transport sends: a payload stamped with its generation, sequence
-//! and attempt.
+//! and attempt, or a tombstone saying the sequence is skipped.
 
 use crate::ids::{Attempt, Generation, Sequence};
+use crate::retry::DeadReason;
 
 /// A payload with its delivery stamps.
 ///
 /// The core stores `Envelope`-shaped records and hands out
 /// `Envelope<&T>` views, so claiming never clones a payload.
+///
+/// When [`dead`](Self::dead) is `Some`, the envelope is a **tombstone**: the
+/// record is a dead letter (see [`DeadLetters::Skip`](crate::DeadLetters)),
+/// and the transport must tell the peer that this sequence is skipped, for
+/// that reason, instead of sending the payload. The payload stays attached
+/// so that the application can still see what was lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Envelope<P> {
@@ -18,6 +25,10 @@ pub struct Envelope<P> {
     pub attempt: Attempt,
     /// The caller's payload.
     pub payload: P,
+    /// `Some(reason)` for a tombstone: send "sequence skipped" instead of
+    /// the payload.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub dead: Option<DeadReason>,
 }
 
 impl<P> Envelope<P> {
@@ -28,7 +39,13 @@ impl<P> Envelope<P> {
             sequence: self.sequence,
             attempt: self.attempt,
             payload: f(self.payload),
+            dead: self.dead,
         }
+    }
+
+    /// Whether this is a tombstone (see [`dead`](Self::dead)).
+    pub const fn is_tombstone(&self) -> bool {
+        self.dead.is_some()
     }
 }
 
@@ -45,26 +62,44 @@ impl<P: Clone> Envelope<&P> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Record<T> {
     pub(crate) sequence: Sequence,
+    /// Claims so far, over the record's whole life (saturating).
     pub(crate) attempt: Attempt,
-    /// The attempt count when its current retry budget began.
-    pub(crate) budget_start: Attempt,
+    /// Failures reported by `fail` in the current budget.
+    pub(crate) failures: u32,
+    /// Replays in the current budget: reconnects that found the record in
+    /// flight, less those the peer turned out to hold before it was sent
+    /// again (see `EgressCore::received`).
+    pub(crate) replays: u32,
+    /// The last reconnect charged a replay to this record and it has not
+    /// been claimed since: a `received` covering it refunds the charge.
+    pub(crate) resend: bool,
+    /// Set when the record became a tombstone.
+    pub(crate) dead: Option<DeadReason>,
     pub(crate) payload: T,
 }
 
 impl<T> Record<T> {
-    pub(crate) fn view(&self, generation: Generation) -> Envelope<&T> {
-        Envelope { generation, sequence: self.sequence, attempt: self.attempt, payload: &self.payload }
+    pub(crate) const fn new(sequence: Sequence, payload: T) -> Self {
+        Record { sequence, attempt: Attempt(0), failures: 0, replays: 0, resend: false, dead: None, payload }
     }
 
-    /// Failures since its budget began, the current one included.
-    pub(crate) fn attempts_in_budget(&self) -> u32 {
-        self.attempt.0.saturating_sub(self.budget_start.0)
+    pub(crate) fn view(&self, generation: Generation) -> Envelope<&T> {
+        Envelope { generation, sequence: self.sequence, attempt: self.attempt, payload: &self.payload, dead: self.dead }
+    }
+
+    /// Starts a fresh budget: no failures, no replays.
+    pub(crate) fn fresh_budget(&mut self) {
+        self.failures = 0;
+        self.replays = 0;
+        self.resend = false;
     }
 }
 
-/// A dead letter: kept with the generation it failed under.
+/// A dead letter held back (see [`DeadLetters::Hold`](crate::DeadLetters)):
+/// kept with the generation it failed under and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Exhausted<T> {
     pub(crate) generation: Generation,
+    pub(crate) reason: DeadReason,
     pub(crate) record: Record<T>,
 }

@@ -84,6 +84,14 @@ impl Sequence {
     }
 }
 
+impl Attempt {
+    /// The attempt after this one, saturating at `u32::MAX`.
+    #[must_use]
+    pub const fn saturating_next(self) -> Self {
+        Self(self.0.saturating_add(1))
+    }
+}
+
 impl Time {
     /// `self + delay`, saturating at the end of time instead of wrapping.
     #[must_use]

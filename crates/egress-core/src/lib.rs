@@ -49,6 +49,8 @@
 mod changes;
 mod core;
 mod envelope;
+mod failures;
+mod fencing;
 mod ids;
 mod outcome;
 mod parked;
@@ -58,11 +60,11 @@ mod retry;
 mod window;
 
 pub use crate::changes::{Changes, Projection};
-pub use crate::core::EgressCore;
+pub use crate::core::{EgressCore, Isolation};
 pub use crate::envelope::Envelope;
 pub use crate::ids::{Attempt, Delay, Generation, Sequence, Time};
 pub use crate::outcome::{
-    AckOutcome, ClaimOutcome, FailOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,
+    AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,
 };
-pub use crate::policy::{Ordering, Policy, PolicyBuilder, PolicyError};
-pub use crate::retry::{FailureKind, JitterSample, JitterSampleError, ParkedView, Retry};
+pub use crate::policy::{DeadLetters, Ordering, Policy, PolicyBuilder, PolicyError};
+pub use crate::retry::{DeadReason, FailureKind, JitterSample, JitterSampleError, ParkedView, Retry};

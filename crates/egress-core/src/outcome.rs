@@ -45,14 +45,15 @@ pub enum Refusal {
         /// The sequence named by the caller.
         sequence: Sequence,
     },
-    /// An acknowledgement of a sequence never assigned: it would drop
-    /// records that were never sent, so it is refused.
-    #[error("ack through {through} refused: only sequences below {next_sequence} were assigned")]
-    Unassigned {
+    /// An acknowledgement (or a receipt) of a sequence never sent: the peer
+    /// cannot hold it, and taking it would drop records that never went on
+    /// the wire, so it is refused. A peer that sends one is broken.
+    #[error("{through} refused: nothing above {sent_through:?} was ever sent")]
+    Unsent {
         /// The acknowledged sequence.
         through: Sequence,
-        /// The next sequence the core would assign.
-        next_sequence: Sequence,
+        /// The highest sequence ever claimed (`None`: nothing was).
+        sent_through: Option<Sequence>,
     },
 }
 
@@ -70,6 +71,13 @@ pub enum ClaimOutcome<'a, T> {
     Blocked {
         /// The lowest blocking sequence.
         sequence: Sequence,
+    },
+    /// Connections died with records in flight and no progress: records are
+    /// sent one at a time, and this one (the probe) is in flight. Wait for
+    /// its acknowledgement or failure.
+    Isolating {
+        /// The record in flight alone.
+        probe: Sequence,
     },
     /// Refused: see [`Refusal::StaleGeneration`].
     StaleGeneration {
@@ -91,12 +99,43 @@ pub enum AckOutcome {
         /// The current watermark.
         through: Option<Sequence>,
     },
-    /// Refused: see [`Refusal::Unassigned`].
-    Unassigned {
+    /// Refused: see [`Refusal::Unsent`].
+    Unsent {
         /// The acknowledged sequence.
         through: Sequence,
-        /// The next sequence the core would assign.
-        next_sequence: Sequence,
+        /// The highest sequence ever claimed.
+        sent_through: Option<Sequence>,
+    },
+    /// Refused: see [`Refusal::StaleGeneration`].
+    StaleGeneration {
+        /// The core's generation.
+        current: Generation,
+    },
+}
+
+/// What [`received`](crate::EgressCore::received) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReceivedOutcome {
+    /// The receipt watermark moved to `through` (if it was below), and
+    /// `moved` pending records at or below it went back in flight without
+    /// being sent again.
+    Recorded {
+        /// The receipt watermark now.
+        through: Sequence,
+        /// How many pending records went to in flight.
+        moved: usize,
+    },
+    /// Already known, and nothing pending at or below it: no change.
+    Unchanged {
+        /// The receipt watermark.
+        through: Option<Sequence>,
+    },
+    /// Refused: see [`Refusal::Unsent`].
+    Unsent {
+        /// The sequence named.
+        through: Sequence,
+        /// The highest sequence ever claimed.
+        sent_through: Option<Sequence>,
     },
     /// Refused: see [`Refusal::StaleGeneration`].
     StaleGeneration {
@@ -110,7 +149,9 @@ pub enum AckOutcome {
 pub enum FailOutcome {
     /// Parked until `now + retry.backoff`.
     Retrying(Retry),
-    /// Its budget is spent, or the failure was permanent: a dead letter.
+    /// Its budget is spent, or the failure was permanent: a dead letter,
+    /// a tombstone or held as the policy's
+    /// [`DeadLetters`](crate::DeadLetters) says.
     Exhausted(Retry),
     /// Refused: see [`Refusal::UnknownSequence`].
     UnknownSequence {
@@ -149,12 +190,16 @@ pub enum ScheduleOutcome {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReconnectOutcome {
     /// The core moved to `generation`; `replayed` in-flight and parked
-    /// records went back to pending.
+    /// records went back to pending, of which `dead` in-flight records had
+    /// spent their replay limit and became dead letters.
     Advanced {
         /// The new generation.
         generation: Generation,
-        /// How many records were moved back to pending.
+        /// How many records left flight or parking.
         replayed: usize,
+        /// How many of them became dead letters
+        /// ([`DeadReason::Replays`](crate::DeadReason)).
+        dead: usize,
     },
     /// Already at that generation: no change.
     Unchanged,
@@ -194,5 +239,9 @@ refusal_of!(ReconnectOutcome; Self::StaleGeneration { current } => Refusal::Stal
 
 refusal_of!(AckOutcome;
     Self::StaleGeneration { current } => Refusal::StaleGeneration { current },
-    Self::Unassigned { through, next_sequence } => Refusal::Unassigned { through, next_sequence },
+    Self::Unsent { through, sent_through } => Refusal::Unsent { through, sent_through },
+);
+refusal_of!(ReceivedOutcome;
+    Self::StaleGeneration { current } => Refusal::StaleGeneration { current },
+    Self::Unsent { through, sent_through } => Refusal::Unsent { through, sent_through },
 );

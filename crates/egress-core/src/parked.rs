@@ -103,7 +103,7 @@ mod tests {
 
     fn parked(s: u64, due: u64) -> Parked<()> {
         Parked {
-            record: Record { sequence: Sequence(s), attempt: Attempt(1), budget_start: Attempt(0), payload: () },
+            record: Record { attempt: Attempt(1), ..Record::new(Sequence(s), ()) },
             backoff: Delay(due),
             due: Time(due),
         }

@@ -116,10 +116,9 @@ impl<T> ExactSizeIterator for Merge<'_, T> {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::Attempt;
 
     fn rec(s: u64) -> Record<u64> {
-        Record { sequence: Sequence(s), attempt: Attempt(0), budget_start: Attempt(0), payload: s }
+        Record::new(Sequence(s), s)
     }
 
     fn order(q: &PendingQueue<u64>) -> Vec<u64> {

@@ -1,5 +1,6 @@
-//! The delivery policy: window size, retry budget, backoff schedule, jitter
-//! and ordering, validated once at construction.
+//! The delivery policy: window size, retry budget, replay limit, backoff
+//! schedule, jitter, ordering and what becomes of dead letters, validated
+//! once at construction.
 
 use crate::ids::Delay;
 
@@ -15,6 +16,26 @@ pub enum Ordering {
     /// [`Blocked`](crate::ClaimOutcome::Blocked) until it is retried, requeued
     /// or acknowledged.
     Strict,
+}
+
+/// What becomes of a dead letter: a record whose retry budget or replay
+/// limit is spent, or whose failure was permanent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+pub enum DeadLetters {
+    /// The record becomes a **tombstone**: it stays in the stream, under a
+    /// fresh budget, and is sent as "this sequence is skipped, for this
+    /// reason" (its envelope's [`dead`](crate::Envelope::dead) is set), so a
+    /// receiver that delivers in order moves past it and tells its
+    /// application of the gap. Nothing behind a dead letter waits for it.
+    #[default]
+    Skip,
+    /// The record is held among the [`exhausted`](crate::EgressCore::exhausted)
+    /// records until the application [`requeue`](crate::EgressCore::requeue)s
+    /// it (or an acknowledgement covers it). A receiver that delivers in order
+    /// delivers nothing behind it meanwhile: for streams that must never
+    /// skip.
+    Hold,
 }
 
 /// A policy that [`PolicyBuilder::build`] refused.
@@ -43,19 +64,22 @@ pub enum PolicyError {
 /// How an [`EgressCore`](crate::EgressCore) sends and retries.
 ///
 /// Built through [`Policy::builder`], which validates; [`Policy::default`]
-/// is a window of 64, 5 retries, backoff from 100 to 30,000 ticks (100 ms to
-/// 30 s at the cells' millisecond tick), no jitter, pipelined.
+/// is a window of 64, 5 retries, 8 replays, backoff from 100 to 30,000
+/// ticks (100 ms to 30 s at the cells' millisecond tick), no jitter,
+/// pipelined, dead letters skipped.
 ///
 /// ```
-/// use egress_core::{Delay, Ordering, Policy};
+/// use egress_core::{DeadLetters, Delay, Ordering, Policy};
 ///
 /// let policy = Policy::builder()
 ///     .inflight_limit(256)
 ///     .retry_budget(3)
+///     .replay_limit(4)
 ///     .retry_base(Delay(50))
 ///     .retry_ceiling(Delay(5_000))
 ///     .jitter(0.25)
 ///     .ordering(Ordering::Strict)
+///     .dead_letters(DeadLetters::Hold)
 ///     .build()?;
 /// assert_eq!(policy.inflight_limit(), 256);
 ///
@@ -66,10 +90,12 @@ pub enum PolicyError {
 pub struct Policy {
     inflight_limit: usize,
     retry_budget: u32,
+    replay_limit: u32,
     retry_base: Delay,
     retry_ceiling: Delay,
     jitter: f64,
     ordering: Ordering,
+    dead_letters: DeadLetters,
 }
 
 impl Default for Policy {
@@ -77,10 +103,12 @@ impl Default for Policy {
         Self {
             inflight_limit: 64,
             retry_budget: 5,
+            replay_limit: 8,
             retry_base: Delay(100),
             retry_ceiling: Delay(30_000),
             jitter: 0.0,
             ordering: Ordering::Pipelined,
+            dead_letters: DeadLetters::Skip,
         }
     }
 }
@@ -91,17 +119,34 @@ impl Policy {
         PolicyBuilder { policy: Self::default() }
     }
 
-    /// The most records in flight at once.
+    /// The size of the window, as a range of sequences: a record is
+    /// claimed only if its sequence is below the acknowledgement watermark
+    /// plus this many (`acked_through + 1 + inflight_limit`). So at most this
+    /// many records are in flight, a peer that delivers in order buffers at
+    /// most this many, and a record retried after a failure always fits
+    /// (it lies below the records sent after it).
     #[must_use]
     pub const fn inflight_limit(&self) -> usize {
         self.inflight_limit
     }
 
-    /// How many failures a record may retry after before it is exhausted:
-    /// a record is claimed at most `retry_budget + 1` times per budget.
+    /// How many failures (reported by [`fail`](crate::EgressCore::fail)) a
+    /// record may retry after, per budget, before it is a dead letter.
     #[must_use]
     pub const fn retry_budget(&self) -> u32 {
         self.retry_budget
+    }
+
+    /// How many replays a record may have per budget before it is a dead
+    /// letter ([`DeadReason::Replays`](crate::DeadReason)): a replay is a
+    /// [`reconnect`](crate::EgressCore::reconnect) that finds the record in
+    /// flight, unless the peer then reports it already held it
+    /// ([`received`](crate::EgressCore::received)). With
+    /// the budget, this bounds the sends: a record is claimed at most
+    /// `retry_budget + replay_limit + 1` times per budget.
+    #[must_use]
+    pub const fn replay_limit(&self) -> u32 {
+        self.replay_limit
     }
 
     /// The backoff after the first failure of a budget; it doubles per
@@ -128,6 +173,12 @@ impl Policy {
     pub const fn ordering(&self) -> Ordering {
         self.ordering
     }
+
+    /// What becomes of dead letters.
+    #[must_use]
+    pub const fn dead_letters(&self) -> DeadLetters {
+        self.dead_letters
+    }
 }
 
 /// Builds a validated [`Policy`]. Every setter is optional.
@@ -147,6 +198,12 @@ impl PolicyBuilder {
     /// See [`Policy::retry_budget`].
     pub fn retry_budget(mut self, budget: u32) -> Self {
         self.policy.retry_budget = budget;
+        self
+    }
+
+    /// See [`Policy::replay_limit`].
+    pub fn replay_limit(mut self, limit: u32) -> Self {
+        self.policy.replay_limit = limit;
         self
     }
 
@@ -171,6 +228,12 @@ impl PolicyBuilder {
     /// See [`Policy::ordering`].
     pub fn ordering(mut self, ordering: Ordering) -> Self {
         self.policy.ordering = ordering;
+        self
+    }
+
+    /// See [`Policy::dead_letters`].
+    pub fn dead_letters(mut self, dead_letters: DeadLetters) -> Self {
+        self.policy.dead_letters = dead_letters;
         self
     }
 

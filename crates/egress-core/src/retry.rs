@@ -17,6 +17,38 @@ pub enum FailureKind {
     RetryAfter(Delay),
 }
 
+/// Why a record became a dead letter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+pub enum DeadReason {
+    /// The transport reported a [`FailureKind::Permanent`] failure (the peer
+    /// refused the payload, or it can never be sent, such as a payload
+    /// above the peer's limit).
+    Permanent,
+    /// More failures than [`Policy::retry_budget`](crate::Policy::retry_budget)
+    /// allows.
+    Retries,
+    /// Replayed after more dead connections than
+    /// [`Policy::replay_limit`](crate::Policy::replay_limit) allows: the
+    /// record is suspected of killing its connections.
+    Replays,
+}
+
+impl DeadReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [Self; 3] = [Self::Permanent, Self::Retries, Self::Replays];
+}
+
+impl core::fmt::Display for DeadReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Self::Permanent => "refused permanently",
+            Self::Retries => "retry budget spent",
+            Self::Replays => "replay limit reached",
+        })
+    }
+}
+
 /// The state of the most recent failure: what a UI shows as "retrying in
 /// 4 s" or "failed".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,6 +78,8 @@ pub struct ParkedView<'a, T> {
     pub due: Time,
     /// Its payload.
     pub payload: &'a T,
+    /// `Some` for a tombstone waiting to be retried.
+    pub dead: Option<DeadReason>,
 }
 
 /// A uniform sample in `[0, 1]` that spreads a backoff by the policy's

@@ -90,7 +90,7 @@ mod tests {
     use crate::ids::Attempt;
 
     fn rec(s: u64) -> Record<()> {
-        Record { sequence: Sequence(s), attempt: Attempt(1), budget_start: Attempt(0), payload: () }
+        Record { attempt: Attempt(1), ..Record::new(Sequence(s), ()) }
     }
 
     fn order(w: &Window<()>) -> Vec<u64> {

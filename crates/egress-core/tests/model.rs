@@ -10,8 +10,9 @@
 use std::collections::BTreeSet;
 
 use egress_core::{
-    AckOutcome, Attempt, ClaimOutcome, Delay, EgressCore, Envelope, FailOutcome, FailureKind, Generation, JitterSample,
-    Ordering, Policy, Projection, ReconnectOutcome, ScheduleOutcome, Sequence, Time,
+    AckOutcome, Attempt, ClaimOutcome, DeadLetters, DeadReason, Delay, EgressCore, Envelope, FailOutcome, FailureKind,
+    Generation, Isolation, JitterSample, Ordering, Policy, Projection, ReceivedOutcome, ReconnectOutcome,
+    ScheduleOutcome, Sequence, Time,
 };
 use proptest::prelude::*;
 
@@ -20,8 +21,14 @@ struct Rec {
     generation: u64,
     sequence: u64,
     attempt: u32,
-    budget_start: u32,
+    failures: u32,
+    replays: u32,
+    resend: bool,
+    dead: Option<DeadReason>,
     payload: u32,
+    /// Claims in the current budget: not part of the core's state, kept to
+    /// check the bound on sends.
+    claims: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,38 +43,46 @@ struct ParkedRec {
 struct Model {
     limit: usize,
     budget: u32,
+    replay_limit: u32,
     base: u64,
     ceiling: u64,
     jitter: f64,
     strict: bool,
+    hold: bool,
     generation: u64,
     next: u64,
     pending: Vec<Rec>,
     inflight: Vec<Rec>,
     parked: Vec<ParkedRec>,
-    exhausted: Vec<Rec>,
+    exhausted: Vec<(u64, DeadReason, Rec)>,
     acked: Option<u64>,
+    received: Option<u64>,
+    sent: Option<u64>,
     retry: Option<(u64, u32, u64, bool)>,
+    progressed: bool,
+    isolation: Isolation,
 }
 
 /// Outcomes in one comparable shape.
 #[derive(Clone, Debug, PartialEq)]
 enum Out {
     Seq(u64),
-    Claimed(u64, u64, u32, u32),
+    Claimed(u64, u64, u32, u32, Option<DeadReason>),
     Empty,
     WindowFull,
     Blocked(u64),
+    Isolating(u64),
     Stale(u64),
     Advanced(u64),
     Unchanged(Option<u64>),
-    Unassigned(u64),
+    Unsent(Option<u64>),
+    Recorded(u64, usize),
     Retrying(u64, u32, u64),
     Exhausted(u64, u32, u64),
     Unknown,
     Scheduled(u64),
     Timeout(Vec<u64>),
-    Reconnected(u64, usize),
+    Reconnected(u64, usize, usize),
     ReconnectUnchanged,
 }
 
@@ -76,9 +91,23 @@ impl Model {
         self.pending.sort_by_key(|r| r.sequence);
     }
 
+    fn window_end(&self) -> u64 {
+        self.acked.map_or(0, |a| a + 1) + self.limit as u64
+    }
+
     fn enqueue(&mut self, payload: u32) -> Out {
         let s = self.next;
-        self.pending.push(Rec { generation: self.generation, sequence: s, attempt: 0, budget_start: 0, payload });
+        self.pending.push(Rec {
+            generation: self.generation,
+            sequence: s,
+            attempt: 0,
+            failures: 0,
+            replays: 0,
+            resend: false,
+            dead: None,
+            payload,
+            claims: 0,
+        });
         self.next += 1;
         Out::Seq(s)
     }
@@ -90,42 +119,92 @@ impl Model {
         if self.pending.is_empty() {
             return Out::Empty;
         }
-        if self.inflight.len() >= self.limit {
-            return Out::WindowFull;
-        }
         let head = self.pending[0].sequence;
         if self.strict {
             let lowest =
-                self.parked.iter().map(|p| p.rec.sequence).chain(self.exhausted.iter().map(|r| r.sequence)).min();
+                self.parked.iter().map(|p| p.rec.sequence).chain(self.exhausted.iter().map(|e| e.2.sequence)).min();
             if let Some(l) = lowest.filter(|l| *l < head) {
                 return Out::Blocked(l);
             }
         }
+        if let Isolation::Probing(p) = self.isolation {
+            return Out::Isolating(p.0);
+        }
+        if head >= self.window_end() {
+            return Out::WindowFull;
+        }
         let mut r = self.pending.remove(0);
         r.attempt += 1;
+        r.claims += 1;
+        r.resend = false;
+        self.sent = Some(self.sent.map_or(head, |s| s.max(head)));
+        if self.isolation == Isolation::Ready {
+            self.isolation = Isolation::Probing(Sequence(head));
+        }
         self.inflight.push(r);
-        Out::Claimed(r.generation, r.sequence, r.attempt, r.payload)
+        Out::Claimed(r.generation, r.sequence, r.attempt, r.payload, r.dead)
+    }
+
+    /// The peer holds `t`: progress, if that is news.
+    fn receipt(&mut self, t: u64) -> bool {
+        if self.received.is_some_and(|r| t <= r) {
+            return false;
+        }
+        self.received = Some(t);
+        self.progressed = true;
+        self.isolation = Isolation::Off;
+        true
     }
 
     fn ack(&mut self, g: u64, through: u64) -> Out {
         if g != self.generation {
             return Out::Stale(self.generation);
         }
-        if through >= self.next {
-            return Out::Unassigned(self.next);
+        if self.sent.is_none_or(|s| through > s) {
+            return Out::Unsent(self.sent);
         }
         if self.acked.is_some_and(|a| through <= a) {
             return Out::Unchanged(self.acked);
         }
         self.acked = Some(through);
+        self.receipt(through);
         self.pending.retain(|r| r.sequence > through);
         self.inflight.retain(|r| r.sequence > through);
         self.parked.retain(|p| p.rec.sequence > through);
-        self.exhausted.retain(|r| r.sequence > through);
+        self.exhausted.retain(|e| e.2.sequence > through);
         if self.retry.is_some_and(|r| r.0 <= through) {
             self.retry = None;
         }
+        if let Isolation::Probing(p) = self.isolation
+            && p.0 <= through
+        {
+            self.isolation = Isolation::Ready;
+        }
         Out::Advanced(through)
+    }
+
+    fn received(&mut self, g: u64, through: u64) -> Out {
+        if g != self.generation {
+            return Out::Stale(self.generation);
+        }
+        if self.sent.is_none_or(|s| through > s) {
+            return Out::Unsent(self.sent);
+        }
+        let rose = self.receipt(through);
+        let mut moved = 0;
+        while self.pending.first().is_some_and(|r| r.sequence <= through) {
+            let mut r = self.pending.remove(0);
+            if r.resend {
+                r.resend = false;
+                r.replays -= 1;
+            }
+            self.inflight.push(r);
+            moved += 1;
+        }
+        if !rose && moved == 0 {
+            return Out::Unchanged(self.received);
+        }
+        Out::Recorded(self.received.expect("set above"), moved)
     }
 
     fn backoff(&self, k: u32, hint: Option<u64>, sample: f64) -> u64 {
@@ -144,6 +223,21 @@ impl Model {
         b.saturating_add(spread)
     }
 
+    fn bury(&mut self, mut r: Rec, reason: DeadReason) {
+        if r.dead.is_none() && !self.hold {
+            r.dead = Some(reason);
+            r.failures = 0;
+            r.replays = 0;
+            r.resend = false;
+            r.claims = 0;
+            self.pending.push(r);
+            self.sort_pending();
+        } else {
+            self.exhausted.push((self.generation, reason, r));
+            self.exhausted.sort_by_key(|e| e.2.sequence);
+        }
+    }
+
     fn fail(&mut self, g: u64, s: u64, kind: FailureKind, now: u64, sample: f64) -> Out {
         if g != self.generation {
             return Out::Stale(self.generation);
@@ -151,19 +245,28 @@ impl Model {
         let Some(i) = self.inflight.iter().position(|r| r.sequence == s) else {
             return Out::Unknown;
         };
-        let r = self.inflight.remove(i);
-        let k = r.attempt - r.budget_start;
+        let mut r = self.inflight.remove(i);
+        if self.isolation == Isolation::Probing(Sequence(s)) {
+            self.isolation = Isolation::Ready;
+        }
+        r.failures += 1;
+        let k = r.failures;
         let hint = if let FailureKind::RetryAfter(d) = kind { Some(d.0) } else { None };
         let b = self.backoff(k, hint, sample);
-        if kind == FailureKind::Permanent || k > self.budget {
-            self.exhausted.push(r);
-            self.exhausted.sort_by_key(|r| r.sequence);
-            self.retry = Some((s, r.attempt, b, true));
+        let dead = if kind == FailureKind::Permanent {
+            Some(DeadReason::Permanent)
+        } else if k > self.budget {
+            Some(DeadReason::Retries)
+        } else {
+            None
+        };
+        self.retry = Some((s, r.attempt, b, dead.is_some()));
+        if let Some(reason) = dead {
+            self.bury(r, reason);
             Out::Exhausted(s, r.attempt, b)
         } else {
             self.parked.push(ParkedRec { rec: r, backoff: b, due: now.saturating_add(b) });
             self.parked.sort_by_key(|p| p.rec.sequence);
-            self.retry = Some((s, r.attempt, b, false));
             Out::Retrying(s, r.attempt, b)
         }
     }
@@ -205,12 +308,15 @@ impl Model {
         if g != self.generation {
             return Out::Stale(self.generation);
         }
-        let Some(i) = self.exhausted.iter().position(|r| r.sequence == s) else {
+        let Some(i) = self.exhausted.iter().position(|e| e.2.sequence == s) else {
             return Out::Unknown;
         };
-        let mut r = self.exhausted.remove(i);
+        let (_, _, mut r) = self.exhausted.remove(i);
         r.generation = self.generation;
-        r.budget_start = r.attempt;
+        r.failures = 0;
+        r.replays = 0;
+        r.resend = false;
+        r.claims = 0;
         self.pending.push(r);
         self.sort_pending();
         self.clear_retry(s);
@@ -225,36 +331,57 @@ impl Model {
             return Out::ReconnectUnchanged;
         }
         self.generation = g;
-        let mut moved: Vec<Rec> = self.inflight.drain(..).collect();
-        let replayed_parked: Vec<Rec> = self.parked.drain(..).map(|p| p.rec).collect();
-        for r in &replayed_parked {
-            self.clear_retry(r.sequence);
+        let had_inflight = !self.inflight.is_empty();
+        let flown: Vec<Rec> = self.inflight.drain(..).collect();
+        let (mut replayed, mut dead) = (0, 0);
+        for mut r in flown {
+            replayed += 1;
+            r.replays += 1;
+            r.resend = true;
+            if r.replays > self.replay_limit {
+                dead += 1;
+                self.bury(r, DeadReason::Replays);
+            } else {
+                self.pending.push(r);
+            }
         }
-        moved.extend(replayed_parked);
-        let replayed = moved.len();
-        self.pending.extend(moved);
+        let from_parked: Vec<Rec> = self.parked.drain(..).map(|p| p.rec).collect();
+        for r in from_parked {
+            self.clear_retry(r.sequence);
+            self.pending.push(r);
+            replayed += 1;
+        }
         for r in &mut self.pending {
             r.generation = g;
         }
         self.sort_pending();
-        Out::Reconnected(g, replayed)
+        self.isolation = if self.progressed {
+            Isolation::Off
+        } else if had_inflight || self.isolation != Isolation::Off {
+            Isolation::Ready
+        } else {
+            Isolation::Off
+        };
+        self.progressed = false;
+        Out::Reconnected(g, replayed, dead)
     }
 }
 
 /// Everything observable, projection by projection.
 #[derive(Clone, Debug, PartialEq)]
 struct Observed {
-    pending: Vec<(u64, u64, u32, u32)>,
-    inflight: Vec<(u64, u64, u32, u32)>,
+    pending: Vec<(u64, u64, u32, u32, Option<DeadReason>)>,
+    inflight: Vec<(u64, u64, u32, u32, Option<DeadReason>)>,
     acked: Option<u64>,
     retry: Option<(u64, u32, u64, bool)>,
-    parked: Vec<(u64, u32, u64, u64, u32)>,
-    exhausted: Vec<(u64, u64, u32, u32)>,
+    parked: Vec<(u64, u32, u64, u64, u32, Option<DeadReason>)>,
+    exhausted: Vec<(u64, u64, u32, u32, Option<DeadReason>)>,
     generation: u64,
+    received: Option<u64>,
 }
 
-fn env(e: Envelope<&u32>) -> (u64, u64, u32, u32) {
-    (e.generation.0, e.sequence.0, e.attempt.0, *e.payload)
+fn env(e: Envelope<&u32>) -> (u64, u64, u32, u32, Option<DeadReason>) {
+    (e.generation.0, e.sequence.0, e.attempt.0, *e.payload, e.dead)
 }
 
 fn observe(core: &EgressCore<u32>) -> Observed {
@@ -263,22 +390,32 @@ fn observe(core: &EgressCore<u32>) -> Observed {
         inflight: core.inflight().map(env).collect(),
         acked: core.acked_through().map(|s| s.0),
         retry: core.retry().map(|r| (r.sequence.0, r.attempt.0, r.backoff.0, r.exhausted)),
-        parked: core.parked().map(|p| (p.sequence.0, p.attempt.0, p.backoff.0, p.due.0, *p.payload)).collect(),
+        parked: core.parked().map(|p| (p.sequence.0, p.attempt.0, p.backoff.0, p.due.0, *p.payload, p.dead)).collect(),
         exhausted: core.exhausted().map(env).collect(),
         generation: core.generation().0,
+        received: core.received_through().map(|s| s.0),
     }
 }
 
 fn observe_model(m: &Model) -> Observed {
-    let e = |r: &Rec| (r.generation, r.sequence, r.attempt, r.payload);
+    let e = |r: &Rec| (r.generation, r.sequence, r.attempt, r.payload, r.dead);
     Observed {
         pending: m.pending.iter().map(e).collect(),
         inflight: m.inflight.iter().map(e).collect(),
         acked: m.acked,
         retry: m.retry,
-        parked: m.parked.iter().map(|p| (p.rec.sequence, p.rec.attempt, p.backoff, p.due, p.rec.payload)).collect(),
-        exhausted: m.exhausted.iter().map(e).collect(),
+        parked: m
+            .parked
+            .iter()
+            .map(|p| (p.rec.sequence, p.rec.attempt, p.backoff, p.due, p.rec.payload, p.rec.dead))
+            .collect(),
+        exhausted: m
+            .exhausted
+            .iter()
+            .map(|(g, reason, r)| (*g, r.sequence, r.attempt, r.payload, Some(*reason)))
+            .collect(),
         generation: m.generation,
+        received: m.received,
     }
 }
 
@@ -296,6 +433,7 @@ fn differing(a: &Observed, b: &Observed) -> BTreeSet<Projection> {
     check(Projection::Parked, a.parked != b.parked);
     check(Projection::Exhausted, a.exhausted != b.exhausted);
     check(Projection::Generation, a.generation != b.generation);
+    check(Projection::Received, a.received != b.received);
     set
 }
 
@@ -304,6 +442,7 @@ enum Op {
     Enqueue(u32),
     Claim(i8),
     Ack(i8, u64),
+    Received(i8, u64),
     Fail(i8, u64, u8, u64, f64),
     RetryNow(i8, u64),
     Tick(u64),
@@ -322,39 +461,56 @@ fn op() -> impl Strategy<Value = Op> {
         4 => any::<u32>().prop_map(Op::Enqueue),
         5 => gen_offset().prop_map(Op::Claim),
         2 => (gen_offset(), 0u64..24).prop_map(|(g, s)| Op::Ack(g, s)),
+        1 => (gen_offset(), 0u64..24).prop_map(|(g, s)| Op::Received(g, s)),
         3 => (gen_offset(), 0u64..24, 0u8..4, 0u64..40, prop_oneof![Just(0.0), Just(1.0), 0.0f64..1.0])
             .prop_map(|(g, s, k, d, j)| Op::Fail(g, s, k, d, j)),
         1 => (gen_offset(), 0u64..24).prop_map(|(g, s)| Op::RetryNow(g, s)),
         2 => (0u64..60).prop_map(Op::Tick),
         1 => (gen_offset(), 0u64..24).prop_map(|(g, s)| Op::Requeue(g, s)),
-        1 => prop_oneof![Just(1i8), Just(0i8), Just(-1i8), Just(3i8)].prop_map(Op::Reconnect),
+        2 => prop_oneof![Just(1i8), Just(0i8), Just(-1i8), Just(3i8)].prop_map(Op::Reconnect),
     ]
 }
 
-fn policy() -> impl Strategy<Value = (usize, u32, u64, u64, f64, bool)> {
-    (1usize..5, 0u32..4, 0u64..10, 0u64..60, prop_oneof![Just(0.0), Just(0.5), Just(1.0)], any::<bool>())
-        .prop_map(|(l, b, base, extra, j, strict)| (l, b, base, base + extra, j, strict))
+/// limit, budget, replay limit, base, ceiling, jitter, strict, hold.
+type Params = (usize, u32, u32, u64, u64, f64, bool, bool);
+
+fn policy() -> impl Strategy<Value = Params> {
+    (
+        1usize..5,
+        0u32..4,
+        0u32..3,
+        0u64..10,
+        0u64..60,
+        prop_oneof![Just(0.0), Just(0.5), Just(1.0)],
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(l, b, r, base, extra, j, strict, hold)| (l, b, r, base, base + extra, j, strict, hold))
 }
 
-fn run(params: (usize, u32, u64, u64, f64, bool), start: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let (limit, budget, base, ceiling, jitter, strict) = params;
+fn run(params: Params, start: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let (limit, budget, replay_limit, base, ceiling, jitter, strict, hold) = params;
     let policy = Policy::builder()
         .inflight_limit(limit)
         .retry_budget(budget)
+        .replay_limit(replay_limit)
         .retry_base(Delay(base))
         .retry_ceiling(Delay(ceiling))
         .jitter(jitter)
         .ordering(if strict { Ordering::Strict } else { Ordering::Pipelined })
+        .dead_letters(if hold { DeadLetters::Hold } else { DeadLetters::Skip })
         .build()
         .expect("the strategy only builds valid policies");
     let mut core: EgressCore<u32> = EgressCore::with_generation(policy, Generation(start));
     let mut model = Model {
         limit,
         budget,
+        replay_limit,
         base,
         ceiling,
         jitter,
         strict,
+        hold,
         generation: start,
         next: 0,
         pending: vec![],
@@ -362,7 +518,11 @@ fn run(params: (usize, u32, u64, u64, f64, bool), start: u64, ops: Vec<Op>) -> R
         parked: vec![],
         exhausted: vec![],
         acked: None,
+        received: None,
+        sent: None,
         retry: None,
+        progressed: false,
+        isolation: Isolation::Off,
     };
     let mut now = 0u64;
     for (step, op) in ops.into_iter().enumerate() {
@@ -380,10 +540,13 @@ fn run(params: (usize, u32, u64, u64, f64, bool), start: u64, ops: Vec<Op>) -> R
                 let target = g(off);
                 let t = core.claim(Generation(target));
                 let out = match t.outcome {
-                    ClaimOutcome::Claimed(e) => Out::Claimed(e.generation.0, e.sequence.0, e.attempt.0, *e.payload),
+                    ClaimOutcome::Claimed(e) => {
+                        Out::Claimed(e.generation.0, e.sequence.0, e.attempt.0, *e.payload, e.dead)
+                    }
                     ClaimOutcome::Empty => Out::Empty,
                     ClaimOutcome::WindowFull => Out::WindowFull,
                     ClaimOutcome::Blocked { sequence } => Out::Blocked(sequence.0),
+                    ClaimOutcome::Isolating { probe } => Out::Isolating(probe.0),
                     ClaimOutcome::StaleGeneration { current } => Out::Stale(current.0),
                 };
                 (out, t.changes, model.claim(target), stale(off))
@@ -394,10 +557,21 @@ fn run(params: (usize, u32, u64, u64, f64, bool), start: u64, ops: Vec<Op>) -> R
                 let out = match t.outcome {
                     AckOutcome::Advanced { through } => Out::Advanced(through.0),
                     AckOutcome::Unchanged { through } => Out::Unchanged(through.map(|s| s.0)),
-                    AckOutcome::Unassigned { next_sequence, .. } => Out::Unassigned(next_sequence.0),
+                    AckOutcome::Unsent { sent_through, .. } => Out::Unsent(sent_through.map(|s| s.0)),
                     AckOutcome::StaleGeneration { current } => Out::Stale(current.0),
                 };
                 (out, t.changes, model.ack(target, s), stale(off))
+            }
+            Op::Received(off, s) => {
+                let target = g(off);
+                let t = core.received(Generation(target), Sequence(s));
+                let out = match t.outcome {
+                    ReceivedOutcome::Recorded { through, moved } => Out::Recorded(through.0, moved),
+                    ReceivedOutcome::Unchanged { through } => Out::Unchanged(through.map(|s| s.0)),
+                    ReceivedOutcome::Unsent { sent_through, .. } => Out::Unsent(sent_through.map(|s| s.0)),
+                    ReceivedOutcome::StaleGeneration { current } => Out::Stale(current.0),
+                };
+                (out, t.changes, model.received(target, s), stale(off))
             }
             Op::Fail(off, s, k, d, j) => {
                 let target = g(off);
@@ -441,7 +615,9 @@ fn run(params: (usize, u32, u64, u64, f64, bool), start: u64, ops: Vec<Op>) -> R
                 let target = g(off);
                 let t = core.reconnect(Generation(target));
                 let out = match t.outcome {
-                    ReconnectOutcome::Advanced { generation, replayed } => Out::Reconnected(generation.0, replayed),
+                    ReconnectOutcome::Advanced { generation, replayed, dead } => {
+                        Out::Reconnected(generation.0, replayed, dead)
+                    }
                     ReconnectOutcome::Unchanged => Out::ReconnectUnchanged,
                     ReconnectOutcome::StaleGeneration { current } => Out::Stale(current.0),
                 };
@@ -451,6 +627,14 @@ fn run(params: (usize, u32, u64, u64, f64, bool), start: u64, ops: Vec<Op>) -> R
         let after = observe(&core);
         prop_assert_eq!(&got, &expected, "step {}: outcome differs from the model", step);
         prop_assert_eq!(&after, &observe_model(&model), "step {}: state differs from the model", step);
+        prop_assert_eq!(core.isolation(), model.isolation, "step {}: isolation differs from the model", step);
+        prop_assert_eq!(core.sent_through().map(|s| s.0), model.sent, "step {}: sent_through differs", step);
+        prop_assert_eq!(
+            core.can_claim(),
+            matches!(model.clone().claim(model.generation), Out::Claimed(..)),
+            "step {}: can_claim is not what a claim would do",
+            step
+        );
         let reported: BTreeSet<Projection> = changes.iter().collect();
         prop_assert_eq!(reported, differing(&before, &after), "step {}: change set is not what changed", step);
         if is_stale || changes.is_empty() {
@@ -458,6 +642,32 @@ fn run(params: (usize, u32, u64, u64, f64, bool), start: u64, ops: Vec<Op>) -> R
         }
         prop_assert!(changes.is_empty() || !is_stale, "step {}: a stale call reported changes", step);
         check_invariants(&core, &before_state)?;
+        check_model_bounds(&model)?;
+    }
+    Ok(())
+}
+
+/// The rules on sends, checked on the model (which keeps the claims per
+/// budget that the core does not).
+fn check_model_bounds(m: &Model) -> Result<(), TestCaseError> {
+    let bound = m.budget + m.replay_limit + 1;
+    let live = m.pending.iter().chain(&m.inflight).chain(m.parked.iter().map(|p| &p.rec));
+    for r in live.clone().chain(m.exhausted.iter().map(|e| &e.2)) {
+        prop_assert!(r.claims <= bound, "#{} claimed {} times in one budget (bound {})", r.sequence, r.claims, bound);
+    }
+    for r in live {
+        prop_assert!(r.failures <= m.budget, "#{} lives with {} failures", r.sequence, r.failures);
+        prop_assert!(r.replays <= m.replay_limit, "#{} lives with {} replays", r.sequence, r.replays);
+    }
+    // A record sent before always fits in the window again: no retry waits
+    // for a reconnect.
+    for r in m.pending.iter().chain(m.parked.iter().map(|p| &p.rec)) {
+        if r.attempt > 0 {
+            prop_assert!(r.sequence < m.window_end(), "#{} was sent but lies beyond the window", r.sequence);
+        }
+    }
+    if let Isolation::Probing(p) = m.isolation {
+        prop_assert!(m.inflight.iter().any(|r| r.sequence == p.0), "the probe #{} is not in flight", p.0);
     }
     Ok(())
 }
@@ -465,8 +675,14 @@ fn run(params: (usize, u32, u64, u64, f64, bool), start: u64, ops: Vec<Op>) -> R
 fn check_invariants(core: &EgressCore<u32>, before: &EgressCore<u32>) -> Result<(), TestCaseError> {
     prop_assert!(core.next_sequence() >= before.next_sequence(), "sequences went backwards");
     prop_assert!(core.acked_through() >= before.acked_through(), "the watermark regressed");
+    prop_assert!(core.received_through() >= before.received_through(), "the receipt watermark regressed");
+    prop_assert!(core.acked_through() <= core.received_through(), "acked beyond what was received");
+    prop_assert!(core.received_through() <= core.sent_through(), "received beyond what was sent");
     prop_assert!(core.generation() >= before.generation(), "the generation regressed");
     prop_assert!(core.inflight_len() <= core.policy().inflight_limit(), "the window overflowed");
+    for e in core.inflight() {
+        prop_assert!(e.sequence < core.window_end(), "{} is in flight beyond the window", e.sequence);
+    }
     let pending: Vec<Sequence> = core.pending().map(|e| e.sequence).collect();
     prop_assert!(pending.windows(2).all(|w| w[0] < w[1]), "pending is not sorted: {:?}", pending);
     let mut seen = vec![0u8; usize::try_from(core.next_sequence().0).expect("small in tests")];

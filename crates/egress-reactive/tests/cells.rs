@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use common::Counter;
 use egress_core::{
-    AckOutcome, Attempt, ClaimOutcome, Delay, Envelope, FailOutcome, FailureKind, Generation, JitterSample, Ordering,
-    Policy, ReconnectOutcome, Sequence, Time,
+    AckOutcome, Attempt, ClaimOutcome, DeadLetters, DeadReason, Delay, Envelope, FailOutcome, FailureKind, Generation,
+    JitterSample, Ordering, Policy, ReconnectOutcome, Sequence, Time,
 };
 use egress_reactive::{CellOptions, EgressCellOf, ManualClock, SendError, Transport};
 
@@ -49,11 +49,16 @@ impl Transport<u32> for Wire {
 }
 
 fn policy(window: usize) -> Policy {
+    policy_with(window, DeadLetters::Skip)
+}
+
+fn policy_with(window: usize, dead_letters: DeadLetters) -> Policy {
     Policy::builder()
         .inflight_limit(window)
         .retry_budget(3)
         .retry_base(Delay(100))
         .retry_ceiling(Delay(1_000))
+        .dead_letters(dead_letters)
         .build()
         .expect("valid policy")
 }
@@ -125,14 +130,15 @@ each_flavour! {
         assert_eq!(fired(&c), ["pending", "inflight", "pending_len", "inflight_len", "window_room"]);
         // Refusals and no-ops invalidate nothing.
         assert!(matches!(cell.ack(Generation(0), Sequence(0)), AckOutcome::StaleGeneration { .. }));
-        assert!(matches!(cell.ack(g, Sequence(9)), AckOutcome::Unassigned { .. }));
+        assert!(matches!(cell.ack(g, Sequence(9)), AckOutcome::Unsent { .. }));
         assert!(cell.claim_with(Generation(5), |o| o.refusal().is_some()));
         assert_eq!(cell.reconnect(g), ReconnectOutcome::Unchanged);
         assert!(fired(&c).is_empty());
         clock.set(Time(50));
         let failed = cell.fail_with(g, Sequence(0), FailureKind::Transient, JitterSample::ZERO);
         assert!(matches!(failed, FailOutcome::Retrying(r) if r.backoff == Delay(100)));
-        assert_eq!(fired(&c), ["inflight", "parked", "retry", "inflight_len", "window_room", "parked_len"]);
+        // A retried record fits in the window again: the room is unchanged.
+        assert_eq!(fired(&c), ["inflight", "parked", "retry", "inflight_len", "parked_len"]);
         assert_eq!(cell.parked().get()[0].due, Time(150));
         assert!(cell.handle_timeout(Time(149)).is_empty());
         assert!(fired(&c).is_empty());
@@ -207,7 +213,8 @@ each_flavour! {
     fn send_failures_become_fails_with_their_kind_and_the_clock(cx) {
         let clock = ManualClock::new();
         clock.set(Time(1_000));
-        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let hold = policy_with(8, DeadLetters::Hold);
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), hold, options(&clock));
         let wire = Wire::default();
         wire.fail_next([Some(FailureKind::Transient)]);
         let link = cell.attach(wire.clone());
@@ -224,7 +231,8 @@ each_flavour! {
         cell.handle_timeout(cell.now());
         assert_eq!(wire.sent(), [(1, 0, 2), (1, 1, 1), (1, 2, 1)]);
         assert_eq!(cell.retry().get(), None);
-        // A permanent failure makes a dead letter and the pass goes on.
+        // A permanent failure makes a dead letter (held, by this policy) and
+        // the pass goes on.
         wire.fail_next([Some(FailureKind::Permanent), None]);
         cell.enqueue_all([3, 4]);
         assert_eq!(cell.exhausted().get()[0].sequence, Sequence(3));
@@ -237,6 +245,24 @@ each_flavour! {
         // Requeue the dead letter: it goes out again.
         assert!(cell.requeue(link.generation(), Sequence(3)).refusal().is_none());
         assert_eq!(wire.sent().last(), Some(&(1, 3, 2)));
+    }
+
+    fn a_dead_letter_goes_out_as_a_tombstone_in_the_same_pass(cx) {
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let wire = Wire::default();
+        let link = cell.attach(wire.clone());
+        wire.fail_next([Some(FailureKind::Permanent)]);
+        cell.enqueue_all([0, 1]);
+        // 0 was refused for good: its tombstone follows in the same pass, in
+        // its place, before 1; nothing is held.
+        let sent = wire.sent.lock().expect("wire").clone();
+        let shape: Vec<(u64, Option<DeadReason>)> = sent.iter().map(|e| (e.sequence.0, e.dead)).collect();
+        assert_eq!(shape, [(0, Some(DeadReason::Permanent)), (1, None)]);
+        assert_eq!((cell.exhausted_len().get(), cell.inflight_len().get()), (0, 2));
+        assert_eq!(cell.retry().get().map(|r| r.exhausted), Some(true));
+        assert_eq!(link.ack(Sequence(1)), AckOutcome::Advanced { through: Sequence(1) });
+        assert_eq!(cell.retry().get(), None);
     }
 
     fn reconnect_fences_the_old_attachment_and_the_new_one_replays(cx) {

@@ -285,7 +285,7 @@ async fn connection(
     };
     // The receiver may already have more than was acknowledged.
     if next > 0 {
-        if let AckOutcome::Unassigned { .. } = cell.ack(generation, Sequence(next - 1)) {
+        if let AckOutcome::Unsent { .. } = cell.ack(generation, Sequence(next - 1)) {
             return End::Protocol(format!("the receiver claims to have {next} records, more than were sent"));
         }
     }
@@ -299,7 +299,7 @@ async fn connection(
         tokio::select! {
             frame = read_frame(&mut stream, config.limits) => match frame {
                 Ok(Frame::Ack { generation: g, through }) if g == generation.get() => {
-                    if let AckOutcome::Unassigned { .. } = link.ack(Sequence(through)) {
+                    if let AckOutcome::Unsent { .. } = link.ack(Sequence(through)) {
                         return End::Protocol(format!("ack through {through}: never sent"));
                     }
                 }

@@ -6,11 +6,11 @@ use std::panic::Location;
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_core::{FailureKind, Policy};
+use egress_core::Policy;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use super::cell::{Attachment, By, CellOptions, EgressCellOf};
+use super::cell::{Attachment, CellOptions, EgressCellOf};
 use super::clock::TokioClock;
 use super::transport::AsyncTransport;
 use crate::asynchronous::AsyncContext;
@@ -152,12 +152,10 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
                 let mut transport = transport.lock().await;
                 while let Some(envelope) = inner.claim_for(generation) {
                     let sequence = envelope.sequence;
-                    if let Err(error) = transport.send(envelope).await {
-                        let kind = error.kind();
-                        let _ = inner.fail(By::Attachment, generation, sequence, kind, None);
-                        if kind != FailureKind::Permanent {
-                            break;
-                        }
+                    if let Err(error) = transport.send(envelope).await
+                        && !inner.fail_in_pass(generation, sequence, error.kind())
+                    {
+                        break;
                     }
                 }
                 // A failed flush leaves the records in flight for the replay.

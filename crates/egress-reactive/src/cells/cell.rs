@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_core::{
-    AckOutcome, Changes, ClaimOutcome, EgressCore, Envelope, FailOutcome, FailureKind, Generation, JitterSample,
-    Policy, Projection, ReconnectOutcome, Retry, ScheduleOutcome, Sequence, Time,
+    AckOutcome, Changes, ClaimOutcome, DeadReason, EgressCore, Envelope, FailOutcome, FailureKind, Generation,
+    JitterSample, Policy, Projection, ReceivedOutcome, ReconnectOutcome, Retry, ScheduleOutcome, Sequence, Time,
 };
 
 use super::clock::{Clock, MonotonicClock};
@@ -39,6 +39,8 @@ pub struct ParkedRecord<T> {
     pub due: Time,
     /// Its payload.
     pub payload: T,
+    /// `Some` for a tombstone waiting for its retry.
+    pub dead: Option<DeadReason>,
 }
 
 /// How to build a cell, beyond its policy: the generation it starts at, its
@@ -139,7 +141,7 @@ pub struct Inner<T: 'static, F: Flavor> {
     pub(crate) handle: Handle<F>,
     state: F::Ptr<F::Cell<State<T>>>,
     /// One trigger per [`Projection`], in declaration order.
-    triggers: [Key; 7],
+    triggers: [Key; 8],
     /// Notified when a transition not made by an attachment makes a claim
     /// possible: what attachments track.
     pub(crate) wake: Key,
@@ -156,9 +158,21 @@ const WINDOW_ROOM: usize = 2;
 const PARKED_LEN: usize = 3;
 const EXHAUSTED_LEN: usize = 4;
 
-/// The projection each count follows, in [`Inner::counts`] order.
-const COUNTED: [Projection; 5] =
-    [Projection::Pending, Projection::Inflight, Projection::Inflight, Projection::Parked, Projection::Exhausted];
+/// The projections each count follows, in [`Inner::counts`] order: a count
+/// is recounted when a transition changes one of them. The window's room
+/// follows what moves its end (the watermark), what fills it (claims), and
+/// isolation (claims, failures, receipts, reconnects).
+const COUNTED: [Changes; 5] = [
+    Changes::NONE.with(Projection::Pending),
+    Changes::NONE.with(Projection::Inflight),
+    Changes::NONE
+        .with(Projection::Inflight)
+        .with(Projection::AckedThrough)
+        .with(Projection::Received)
+        .with(Projection::Generation),
+    Changes::NONE.with(Projection::Parked),
+    Changes::NONE.with(Projection::Exhausted),
+];
 
 #[inline]
 fn count<T>(core: &EgressCore<T>, which: usize) -> usize {
@@ -202,10 +216,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             let entered = Entered::by(cell);
             let (outcome, (keys, n)) = self.state.with_mut(&entered, |s| {
                 let (outcome, changes) = op(s);
-                let wake = by == By::Caller
-                    && (changes.contains(Projection::Pending) || changes.contains(Projection::Inflight))
-                    && s.core.pending_len() > 0
-                    && s.core.window_room() > 0;
+                let wake = by == By::Caller && !changes.is_empty() && s.core.can_claim();
                 (outcome, self.keys(&entered, &s.core, changes, wake))
             });
             self.notify(cell, &keys[..n]);
@@ -224,8 +235,8 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// What to notify for `changes`: the triggers of the lazy readers, the
     /// counts whose value changed (recounted here, from `core`), and the
     /// wake trigger.
-    fn keys(&self, entered: &Entered, core: &EgressCore<T>, changes: Changes, wake: bool) -> ([Key; 13], usize) {
-        let mut keys = [self.wake; 13];
+    fn keys(&self, entered: &Entered, core: &EgressCore<T>, changes: Changes, wake: bool) -> ([Key; 14], usize) {
+        let mut keys = [self.wake; 14];
         let mut n = 0;
         let bits = changes.bits();
         for (i, trigger) in self.triggers.iter().enumerate() {
@@ -235,7 +246,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             }
         }
         for (which, reader) in self.counts.iter().enumerate() {
-            if changes.contains(COUNTED[which]) && reader.push(entered, count(core, which)) {
+            if changes.bits() & COUNTED[which].bits() != 0 && reader.push(entered, count(core, which)) {
                 keys[n] = reader.key;
                 n += 1;
             }
@@ -283,6 +294,16 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             let t = s.core.fail(generation, sequence, kind, now, jitter);
             (t.outcome, t.changes)
         })
+    }
+
+    /// Reports an attachment's failed send; returns whether its sending pass
+    /// goes on. A failure that parks the record stops the pass (the
+    /// connection is suspect; the record's timer, or the next ack or
+    /// enqueue, starts the next one). One that makes a dead letter does not:
+    /// the payload was at fault, and its tombstone, if it has one, goes out
+    /// in this pass.
+    pub(crate) fn fail_in_pass(&self, generation: Generation, sequence: Sequence, kind: FailureKind) -> bool {
+        !matches!(self.fail(By::Attachment, generation, sequence, kind, None), FailOutcome::Retrying(_))
     }
 
     /// Claims the next record for an attachment of `generation`: a copy of
@@ -374,6 +395,7 @@ struct Readers<T: 'static, F: Flavor> {
     parked: Computed<Snapshot<ParkedRecord<T>>, F>,
     exhausted: Computed<Snapshot<Envelope<T>>, F>,
     acked_through: Computed<Option<Sequence>, F>,
+    received_through: Computed<Option<Sequence>, F>,
     retry: Computed<Option<Retry>, F>,
     generation: Computed<Generation, F>,
 }
@@ -398,6 +420,7 @@ struct Shared<T: 'static, F: Flavor> {
 /// - **Readers** are computeds: [`pending`](Self::pending),
 ///   [`inflight`](Self::inflight), [`parked`](Self::parked),
 ///   [`exhausted`](Self::exhausted) (snapshots), [`acked_through`](Self::acked_through),
+///   [`received_through`](Self::received_through),
 ///   [`retry`](Self::retry), [`generation`](Self::generation), and the counts
 ///   [`pending_len`](Self::pending_len), [`inflight_len`](Self::inflight_len),
 ///   [`window_room`](Self::window_room), [`parked_len`](Self::parked_len),
@@ -492,6 +515,7 @@ impl<T: 'static, F: Flavor> std::fmt::Debug for EgressCellOf<T, F> {
                 .field("parked", &core.parked_len())
                 .field("exhausted", &core.exhausted_len())
                 .field("acked_through", &core.acked_through())
+                .field("received_through", &core.received_through())
                 .finish()
         })
     }
@@ -546,6 +570,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
                                 backoff: p.backoff,
                                 due: p.due,
                                 payload: p.payload.clone(),
+                                dead: p.dead,
                             })
                             .collect()
                     },
@@ -553,6 +578,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
                 ),
                 exhausted: reader(&inner, Projection::Exhausted, Never, |c| list(c.exhausted()), at),
                 acked_through: reader(&inner, Projection::AckedThrough, ByEq, EgressCore::acked_through, at),
+                received_through: reader(&inner, Projection::Received, ByEq, EgressCore::received_through, at),
                 retry: reader(&inner, Projection::Retry, ByEq, EgressCore::retry, at),
                 generation: reader(&inner, Projection::Generation, ByEq, EgressCore::generation, at),
             };
@@ -588,6 +614,12 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// The cumulative acknowledgement watermark (`None` until the first ack).
     pub fn acked_through(&self) -> &Computed<Option<Sequence>, F> {
         &self.shared.readers.acked_through
+    }
+
+    /// The receipt watermark: the peer holds every sequence at or below it,
+    /// acknowledged or not ("delivered" where `acked_through` is "read").
+    pub fn received_through(&self) -> &Computed<Option<Sequence>, F> {
+        &self.shared.readers.received_through
     }
 
     /// The most recent failure, while its record is parked or exhausted:
@@ -696,6 +728,16 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     pub fn ack(&self, generation: Generation, through: Sequence) -> AckOutcome {
         self.shared.inner.apply(By::Caller, |s| {
             let t = s.core.ack(generation, through);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// A receipt from the peer of `generation`: it holds every sequence at
+    /// or below `through`, acknowledged or not, so those pending are not
+    /// sent again. See [`EgressCore::received`].
+    pub fn received(&self, generation: Generation, through: Sequence) -> ReceivedOutcome {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.received(generation, through);
             (t.outcome, t.changes)
         })
     }
@@ -889,15 +931,10 @@ impl<T: Clone + 'static, Tr: Transport<T>, F: Flavor> RunEffect for AttachRun<T,
         let mut marks = Marks { inner: &self.inner, changes: Changes::NONE };
         while let Some(envelope) = self.inner.claim_quiet(self.generation, &mut marks) {
             let sequence = envelope.sequence;
-            if let Err(error) = self.transport.send(envelope) {
-                let kind = error.kind();
-                let _ = self.inner.fail(By::Attachment, self.generation, sequence, kind, None);
-                // A permanent failure is the payload's; the connection may
-                // go on. Otherwise stop this pass: the record's timer, or
-                // the next ack or enqueue, starts the next one.
-                if kind != FailureKind::Permanent {
-                    break;
-                }
+            if let Err(error) = self.transport.send(envelope)
+                && !self.inner.fail_in_pass(self.generation, sequence, error.kind())
+            {
+                break;
             }
         }
     }
@@ -941,6 +978,12 @@ impl<T: Clone + 'static, F: CellFlavor<T>> Attachment<T, F> {
     /// An acknowledgement received on this connection.
     pub fn ack(&self, through: Sequence) -> AckOutcome {
         self.cell.ack(self.generation, through)
+    }
+
+    /// A receipt received on this connection (see
+    /// [`EgressCellOf::received`]).
+    pub fn received(&self, through: Sequence) -> ReceivedOutcome {
+        self.cell.received(self.generation, through)
     }
 
     /// A failure reported on this connection (for transports that learn of
