@@ -43,7 +43,7 @@ fn sender_config() -> SenderConfig {
 /// Drains `n` deliveries in order; panics on a gap or a duplicate.
 async fn drain(receiver: &mut Receiver, n: u64) {
     for expected in 0..n {
-        let d = receiver.recv().await.expect("the receiver runs");
+        let d = receiver.recv().await;
         assert_eq!(d.sequence, expected, "in order, once");
     }
 }
@@ -86,7 +86,7 @@ async fn connect_plain(
 ) -> (futures_util::stream::SplitSink<Plain, Message>, futures_util::stream::SplitStream<Plain>) {
     let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{}", receiver.local_addr())).await.expect("connect");
     let (mut sink, mut stream) = ws.split();
-    let hello = Frame::Handshake { producer: "bench".into(), generation: 1, resume_from: 0 };
+    let hello = Frame::Handshake { producer: "bench".into(), incarnation: 1, generation: 1, resume_from: 0 };
     sink.send(Message::Binary(hello.encode())).await.expect("handshake");
     let Some(Ok(Message::Binary(_welcome))) = stream.next().await else { panic!("no welcome") };
     (sink, stream)

@@ -52,6 +52,16 @@ number_space!(
     "#"
 );
 number_space!(
+    /// The identity of a sequence space: which run of a producer assigned a
+    /// sequence. A producer whose records live only in memory starts a new
+    /// sequence space (from 0) every time it starts, so a receiver keys its
+    /// state by producer *and* incarnation, and a restarted producer is never
+    /// mistaken for the one before it. The core does not use it; cells mint
+    /// one (128 random bits) and transports carry it.
+    Incarnation(u128),
+    "i"
+);
+number_space!(
     /// How many times a record has been claimed for sending (0 until its
     /// first claim).
     Attempt(u32),

@@ -62,7 +62,7 @@ mod window;
 pub use crate::changes::{Changes, Projection};
 pub use crate::core::{EgressCore, Isolation};
 pub use crate::envelope::Envelope;
-pub use crate::ids::{Attempt, Delay, Generation, Sequence, Time};
+pub use crate::ids::{Attempt, Delay, Generation, Incarnation, Sequence, Time};
 pub use crate::outcome::{
     AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,
 };

@@ -203,8 +203,8 @@ async fn together(o: Options) -> anyhow::Result<()> {
     let check = tokio::spawn(async move {
         let (mut next, mut out_of_order) = (0u64, 0u64);
         while next < n {
-            let Some(d) = receiver.recv().await else { break };
-            if d.sequence != next || d.payload != payload(next) {
+            let d = receiver.recv().await;
+            if d.sequence != next || d.payload() != Some(&payload(next)) {
                 out_of_order += 1;
             }
             next = d.sequence + 1;
@@ -252,10 +252,10 @@ async fn receive(o: Options) -> anyhow::Result<()> {
     say!("egress-demo receive: listening on ws://{}, waiting for {} messages", receiver.local_addr(), o.messages);
     let bar = ProgressBar::new(o.messages);
     let (mut count, mut out_of_order) = (0u64, 0u64);
-    let mut next = std::collections::HashMap::<Arc<str>, u64>::new();
+    let mut next = std::collections::HashMap::<(Arc<str>, egress_core::Incarnation), u64>::new();
     while count < o.messages {
-        let Some(d) = receiver.recv().await else { break };
-        let expected = next.entry(d.producer.clone()).or_insert(d.sequence);
+        let d = receiver.recv().await;
+        let expected = next.entry((d.producer.clone(), d.incarnation)).or_insert(d.sequence);
         if d.sequence != *expected {
             out_of_order += 1;
         }

@@ -24,8 +24,9 @@
 //! let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::new(&cx, Policy::default());
 //! let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), SenderConfig::new("uplink"));
 //! cell.enqueue(Bytes::from_static(b"hello"));
-//! let delivery = receiver.recv().await.expect("delivered");
+//! let delivery = receiver.recv().await;
 //! assert_eq!((&*delivery.producer, delivery.sequence), ("uplink", 0));
+//! assert_eq!(delivery.payload().map(|b| &b[..]), Some(&b"hello"[..]));
 //! sender.shutdown().await;
 //! # Ok(())
 //! # }
@@ -39,5 +40,5 @@ mod receiver;
 mod sender;
 
 pub use proxy::{Chaos, ChaosProxy};
-pub use receiver::{AckFaults, Delivery, Receiver, ReceiverConfig, ReceiverStats};
-pub use sender::{Sender, SenderConfig, SenderStats, WsTransport};
+pub use receiver::{AckFaults, AckMode, Content, Delivery, Receiver, ReceiverConfig, ReceiverStats};
+pub use sender::{Sender, SenderConfig, SenderStats, TooLarge, WsTransport};

@@ -6,38 +6,41 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use egress_core::{AckOutcome, Envelope, Generation, Sequence};
+use egress_core::{AckOutcome, Envelope, Generation, ReceivedOutcome, Sequence};
 use egress_reactive::{AsyncEgressCell, AsyncTransport, SendError};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Mutex, Notify, OwnedMutexGuard, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::protocol::{CloseCode, Frame, Limits};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+type Sink = SplitSink<Ws, Message>;
 
 /// How a [`Sender`] connects and reconnects.
 #[derive(Clone, Debug)]
 pub struct SenderConfig {
-    /// The producer id sent in every handshake: the receiver keys its
-    /// per-producer state by it.
+    /// The producer id sent in every handshake: with the cell's
+    /// incarnation, the key of the receiver's state.
     pub producer: String,
     /// How long a connect and handshake may take.
     pub connect_timeout: Duration,
-    /// The first reconnect delay; it doubles per failed attempt...
+    /// The first reconnect delay; it doubles per failed connection...
     pub backoff_base: Duration,
     /// ...up to this.
     pub backoff_max: Duration,
     /// The seed of the reconnect jitter (each delay is drawn from its
     /// upper half).
     pub seed: u64,
-    /// Reconnect when nothing was acknowledged for this long while records
-    /// are in flight (a peer that stopped acknowledging, or a gap that only a
-    /// replay fills). `None`: never.
+    /// Reconnect when nothing at all (no frame, no ping) was heard from the
+    /// receiver for this long while records are in flight: a dead peer. A
+    /// live receiver whose application is slow keeps the connection alive
+    /// with pings, and is waited for. `None`: never.
     pub stall_timeout: Option<Duration>,
     /// Decoding limits for what the receiver sends.
     pub limits: Limits,
@@ -52,7 +55,7 @@ impl SenderConfig {
             backoff_base: Duration::from_millis(20),
             backoff_max: Duration::from_secs(2),
             seed: 0x5eed,
-            stall_timeout: Some(Duration::from_secs(2)),
+            stall_timeout: Some(Duration::from_secs(5)),
             limits: Limits::default(),
         }
     }
@@ -68,8 +71,12 @@ pub struct SenderStats {
     pub reconnects: u64,
     /// Attempts that failed before the handshake completed.
     pub failed_attempts: u64,
-    /// Connections ended for a protocol error from the receiver.
+    /// Connections ended for a protocol error (of either side; this side
+    /// closes with code 1 when it finds one).
     pub protocol_errors: u64,
+    /// Handshakes refused for a stale generation, each answered at once
+    /// with a generation above the receiver's latest.
+    pub stale_refusals: u64,
 }
 
 #[derive(Default)]
@@ -78,6 +85,8 @@ struct Counters {
     reconnects: AtomicU64,
     failed_attempts: AtomicU64,
     protocol_errors: AtomicU64,
+    stale_refusals: AtomicU64,
+    fatal: parking_lot::Mutex<Option<String>>,
 }
 
 impl Counters {
@@ -87,50 +96,93 @@ impl Counters {
             reconnects: self.reconnects.load(Ordering::Relaxed),
             failed_attempts: self.failed_attempts.load(Ordering::Relaxed),
             protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
+            stale_refusals: self.stale_refusals.load(Ordering::Relaxed),
         }
     }
 }
 
+/// A payload above the receiver's announced limit: it can never be sent,
+/// so its send fails as permanent (the record becomes a dead letter).
+#[derive(Debug, thiserror::Error)]
+#[error("a payload of {len} bytes exceeds the receiver's limit of {limit}")]
+pub struct TooLarge {
+    /// The payload's length.
+    pub len: usize,
+    /// The receiver's limit.
+    pub limit: usize,
+}
+
 /// The transport an attachment sends through: the connection's write half.
-/// Frames are queued by `send` and written by `flush`, once per pass.
+/// Frames are queued by `send` and written by `flush`, once per pass. A
+/// payload above the receiver's limit fails as permanent without being sent;
+/// a tombstone goes out as a tombstone frame.
 pub struct WsTransport {
-    sink: SplitSink<Ws, Message>,
+    sink: Arc<Mutex<Sink>>,
+    /// Held from the first send of a pass to its flush.
+    pass: Option<OwnedMutexGuard<Sink>>,
+    max_payload: usize,
 }
 
 impl AsyncTransport<Bytes> for WsTransport {
     async fn send(&mut self, envelope: Envelope<Bytes>) -> Result<(), SendError> {
-        let frame = Frame::Data {
-            generation: envelope.generation.get(),
-            sequence: envelope.sequence.get(),
-            attempt: envelope.attempt.get(),
-            payload: envelope.payload,
+        let (generation, sequence, attempt) =
+            (envelope.generation.get(), envelope.sequence.get(), envelope.attempt.get());
+        let frame = match envelope.dead {
+            Some(reason) => Frame::Tombstone { generation, sequence, attempt, reason },
+            None if envelope.payload.len() > self.max_payload => {
+                return Err(SendError::permanent(TooLarge { len: envelope.payload.len(), limit: self.max_payload }));
+            }
+            None => Frame::Data { generation, sequence, attempt, payload: envelope.payload },
         };
-        self.sink.feed(Message::Binary(frame.encode())).await.map_err(SendError::transient)
+        let sink = match &mut self.pass {
+            Some(sink) => sink,
+            None => self.pass.insert(self.sink.clone().lock_owned().await),
+        };
+        sink.feed(Message::Binary(frame.encode())).await.map_err(SendError::transient)
     }
 
     async fn flush(&mut self) -> Result<(), SendError> {
-        self.sink.flush().await.map_err(SendError::transient)
+        let result = match &mut self.pass {
+            Some(sink) => sink.flush().await.map_err(SendError::transient),
+            None => Ok(()),
+        };
+        self.pass = None;
+        result
     }
 }
 
 impl std::fmt::Debug for WsTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WsTransport").finish_non_exhaustive()
+        f.debug_struct("WsTransport").field("max_payload", &self.max_payload).finish_non_exhaustive()
     }
 }
 
 /// Keeps an [`AsyncEgressCell`] connected to a receiver.
 ///
-/// Its task connects, handshakes (the producer id, a generation strictly
-/// higher than any the cell used, and where the stream resumes), attaches a
-/// [`WsTransport`] to the cell and feeds the receiver's acknowledgements
-/// into the attachment. On any disconnect, error or stall it drops the
-/// attachment, waits a jittered exponential backoff, and connects again
-/// under the next generation. The cell's `reconnect` fences the old
-/// attachment, and the new one replays exactly what is unacknowledged.
+/// Its task connects, handshakes (the producer id, the cell's incarnation, a
+/// generation strictly higher than any the cell used, and where the stream
+/// resumes), applies the welcome (what the receiver acknowledged, what it
+/// already holds, its payload limit), attaches a [`WsTransport`] to the cell
+/// and feeds the receiver's acknowledgements into the attachment. On any
+/// disconnect, error or stall it drops the attachment, waits a jittered
+/// exponential backoff, and connects again under the next generation. The
+/// cell's `reconnect` fences the old attachment, and the new one replays
+/// exactly what the receiver does not hold.
 ///
-/// The cell outlives the sender: [`shutdown`](Self::shutdown) it, and
-/// spawn another sender on the same cell to continue.
+/// - A handshake refused as stale is answered at once with a generation
+///   above the one the receiver names; a `Retry` close, at once too.
+/// - The backoff resets after a connection on which the receiver's receipt
+///   watermark moved, or one that ended idle after at least `backoff_max`:
+///   a connection that keeps dying soon after its handshake (a record that
+///   kills it) backs off further each time.
+/// - A receiver that acknowledges or holds what was never sent, or breaks
+///   the protocol otherwise, is closed with code 1 and counted.
+/// - The generation space running out (`u64::MAX`) stops the sender; see
+///   [`failure`](Self::failure).
+///
+/// The cell outlives the sender: [`shutdown`](Self::shutdown) it (a normal
+/// close), and spawn another sender on the same cell to continue. Dropping
+/// the `Sender` aborts its task.
 pub struct Sender {
     task: JoinHandle<()>,
     stop: watch::Sender<bool>,
@@ -169,13 +221,20 @@ impl Sender {
         self.counters.snapshot()
     }
 
+    /// Why the sender stopped on its own, if it did (the cell's generation
+    /// space ran out): it will not connect again.
+    pub fn failure(&self) -> Option<String> {
+        self.counters.fatal.lock().clone()
+    }
+
     /// Drops the current connection at once, as a network failure would
     /// (for chaos tests and demos); the supervisor reconnects.
     pub fn kill_connection(&self) {
         self.kill.notify_one();
     }
 
-    /// Closes the connection and stops the supervisor; returns its stats.
+    /// Closes the connection (a normal close) and stops the supervisor;
+    /// returns its stats.
     pub async fn shutdown(mut self) -> SenderStats {
         let _ = self.stop.send(true);
         let task = std::mem::replace(&mut self.task, tokio::spawn(async {}));
@@ -186,9 +245,29 @@ impl Sender {
 
 /// Why a connection ended.
 enum End {
+    /// The sender is shutting down.
     Stop,
+    /// The connection was lost (a network failure, a kill, a stall, a close
+    /// by the receiver): reconnect after the backoff.
     Lost(String),
+    /// The receiver asked to reconnect at once.
+    Retry,
+    /// The receiver's latest generation for this producer: reconnect at
+    /// once above it.
+    Stale(u64),
+    /// A protocol error (of either side).
     Protocol(String),
+    /// The sender cannot go on.
+    Fatal(String),
+}
+
+/// What the supervisor learned from a connection besides how it ended.
+struct Outcome {
+    end: End,
+    /// The receipt watermark moved while it was up.
+    progressed: bool,
+    /// How long it was up (zero when it never got through the handshake).
+    lasted: Duration,
 }
 
 async fn supervise(
@@ -201,50 +280,77 @@ async fn supervise(
 ) {
     let mut rng = config.seed | 1;
     let mut failures: u32 = 0;
+    // A generation the next attempt must exceed (a receiver's latest).
+    let mut floor = Generation(0);
     loop {
         if *stop.borrow() {
             return;
         }
-        let connected_before = counters.connections.load(Ordering::Relaxed);
-        let end = tokio::select! {
-            end = connection(&cell, &url, &config, &kill, &counters) => end,
-            _ = stop.changed() => End::Stop,
+        let outcome = tokio::select! {
+            outcome = connection(&cell, &url, &config, &kill, &counters, floor) => outcome,
+            _ = stop.changed() => Outcome { end: End::Stop, progressed: false, lasted: Duration::ZERO },
         };
-        // A connection that got through its handshake resets the backoff:
-        // the next delay starts from the base again.
-        if counters.connections.load(Ordering::Relaxed) > connected_before {
+        let idle = cell.inflight_len().get_untracked() == 0;
+        if outcome.progressed || (idle && outcome.lasted >= config.backoff_max) {
             failures = 0;
         }
-        match end {
+        let wait = match outcome.end {
             End::Stop => return,
+            End::Fatal(why) => {
+                tracing::error!(%why, "egress sender: stopped");
+                *counters.fatal.lock() = Some(why);
+                return;
+            }
             End::Lost(why) => {
                 tracing::debug!(%why, "egress sender: connection ended");
+                true
             }
             End::Protocol(why) => {
                 counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%why, "egress sender: protocol error");
+                true
             }
-        }
+            End::Retry => false,
+            End::Stale(latest) => {
+                counters.stale_refusals.fetch_add(1, Ordering::Relaxed);
+                floor = floor.max(Generation(latest));
+                false
+            }
+        };
         counters.reconnects.fetch_add(1, Ordering::Relaxed);
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let delay = backoff(&config, failures, rng);
-        failures = failures.saturating_add(1);
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            _ = stop.changed() => return,
+        if wait {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let delay = backoff(&config, failures, rng);
+            failures = failures.saturating_add(1);
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                _ = stop.changed() => return,
+            }
         }
     }
 }
 
-/// The jittered exponential backoff after `failures` failed attempts in a
-/// row: a delay drawn (by `random`) from the upper half of
+/// The jittered exponential backoff after `failures` failed connections in
+/// a row: a delay drawn (by `random`) from the upper half of
 /// `backoff_base * 2^failures`, capped at `backoff_max`.
 fn backoff(config: &SenderConfig, failures: u32, random: u64) -> Duration {
     let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     let full = micros(config.backoff_base).saturating_mul(1u64 << failures.min(40)).min(micros(config.backoff_max));
     Duration::from_micros(full / 2 + random % (full / 2 + 1))
+}
+
+/// Sends a close frame, giving up after a moment (a peer that does not read
+/// must not hold the sender).
+async fn send_close(sink: &Mutex<Sink>, code: CloseCode, reason: &str) {
+    let frame = Frame::Close { code, detail: 0, reason: reason.into() };
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let mut sink = sink.lock().await;
+        let _ = sink.send(Message::Binary(frame.encode())).await;
+        let _ = sink.close().await;
+    })
+    .await;
 }
 
 async fn connection(
@@ -253,82 +359,128 @@ async fn connection(
     config: &SenderConfig,
     kill: &Notify,
     counters: &Counters,
-) -> End {
-    // A generation strictly above every one the cell has used, taken now:
-    // an attempt refused as stale moves the next one higher still. This
-    // also fences the previous connection: what it had in flight or parked
-    // goes back to pending, to be replayed on this one.
-    let generation = Generation(cell.generation().get_untracked().get() + 1);
+    floor: Generation,
+) -> Outcome {
+    let lost = |end| Outcome { end, progressed: false, lasted: Duration::ZERO };
+    // A generation strictly above every one the cell has used and the
+    // receiver's latest, taken now. This also fences the previous
+    // connection: what it had in flight or parked goes back to pending, to
+    // be replayed on this one.
+    let above = cell.generation().get_untracked().max(floor);
+    let Some(next) = above.get().checked_add(1) else {
+        return lost(End::Fatal(format!("no generation above {above}: the generation space is exhausted")));
+    };
+    let generation = Generation(next);
     let _ = cell.reconnect(generation);
     let connected = tokio::time::timeout(config.connect_timeout, async {
         let (mut ws, _) = tokio_tungstenite::connect_async(url).await.map_err(|e| End::Lost(e.to_string()))?;
-        let resume_from = cell.acked_through().get_untracked().map_or(0, |s| s.get() + 1);
-        let hello = Frame::Handshake { producer: config.producer.clone(), generation: generation.get(), resume_from };
+        let resume_from = cell.acked_through().get_untracked().map_or(0, |s| s.get().saturating_add(1));
+        let hello = Frame::Handshake {
+            producer: config.producer.clone(),
+            incarnation: cell.incarnation().get(),
+            generation: generation.get(),
+            resume_from,
+        };
         ws.send(Message::Binary(hello.encode())).await.map_err(|e| End::Lost(e.to_string()))?;
-        match read_frame(&mut ws, config.limits).await? {
-            Frame::Welcome { generation: g, next } if g == generation.get() => Ok((ws, next)),
-            Frame::Close { code, reason } => Err(End::Protocol(format!("refused: {code:?} {reason}"))),
+        match read_frame(&mut ws, config.limits, &mut Instant::now()).await? {
+            Frame::Welcome { generation: g, next, received, terms } if g == generation.get() => {
+                Ok((ws, next, received, terms))
+            }
+            Frame::Close { code: CloseCode::StaleGeneration, detail, .. } => Err(End::Stale(detail)),
+            Frame::Close { code: CloseCode::Retry, .. } => Err(End::Retry),
+            Frame::Close { code, reason, .. } => Err(End::Protocol(format!("refused: {code:?} {reason}"))),
             other => Err(End::Protocol(format!("expected a welcome, got {other:?}"))),
         }
     })
     .await;
-    let (ws, next) = match connected {
+    let (ws, next, received, terms) = match connected {
         Ok(Ok(ok)) => ok,
         Ok(Err(end)) => {
             counters.failed_attempts.fetch_add(1, Ordering::Relaxed);
-            return end;
+            return lost(end);
         }
         Err(_) => {
             counters.failed_attempts.fetch_add(1, Ordering::Relaxed);
-            return End::Lost("connect timed out".into());
+            return lost(End::Lost("connect timed out".into()));
         }
     };
-    // The receiver may already have more than was acknowledged.
-    if next > 0 {
-        if let AckOutcome::Unsent { .. } = cell.ack(generation, Sequence(next - 1)) {
-            return End::Protocol(format!("the receiver claims to have {next} records, more than were sent"));
-        }
-    }
-    counters.connections.fetch_add(1, Ordering::Relaxed);
+    let opened = Instant::now();
     let (sink, mut stream) = ws.split();
-    let link = cell.attach(WsTransport { sink });
-    let mut last_ack = (cell.acked_through().get_untracked(), tokio::time::Instant::now());
+    let sink = Arc::new(Mutex::new(sink));
+    let protocol = |why: String| async {
+        send_close(&sink, CloseCode::Protocol, &why).await;
+        End::Protocol(why)
+    };
+    counters.connections.fetch_add(1, Ordering::Relaxed);
+    if let Err(why) = welcome(cell, generation, next, received) {
+        return Outcome { end: protocol(why).await, progressed: false, lasted: opened.elapsed() };
+    }
+    let receipt = cell.received_through().get_untracked();
+    let max_payload = usize::try_from(terms.max_payload).unwrap_or(usize::MAX);
+    let link = cell.attach(WsTransport { sink: sink.clone(), pass: None, max_payload });
     let stall = config.stall_timeout.unwrap_or(Duration::MAX);
-    loop {
+    let mut heard = Instant::now();
+    let end = loop {
         let check = tokio::time::sleep(stall.min(Duration::from_secs(3600)) / 4);
         tokio::select! {
-            frame = read_frame(&mut stream, config.limits) => match frame {
+            frame = read_frame(&mut stream, config.limits, &mut heard) => match frame {
                 Ok(Frame::Ack { generation: g, through }) if g == generation.get() => {
-                    if let AckOutcome::Unsent { .. } = link.ack(Sequence(through)) {
-                        return End::Protocol(format!("ack through {through}: never sent"));
+                    if let AckOutcome::Unsent { sent_through, .. } = link.ack(Sequence(through)) {
+                        break protocol(format!("ack through {through}, but only {sent_through:?} was sent")).await;
                     }
                 }
-                Ok(Frame::Close { code: CloseCode::Normal, .. }) => return End::Lost("closed by the receiver".into()),
-                Ok(Frame::Close { code, reason }) => return End::Protocol(format!("{code:?}: {reason}")),
-                Ok(other) => return End::Protocol(format!("unexpected frame {other:?}")),
-                Err(end) => return end,
+                Ok(Frame::Close { code: CloseCode::Normal | CloseCode::Fenced, reason, .. }) => {
+                    break End::Lost(format!("closed by the receiver: {reason}"));
+                }
+                Ok(Frame::Close { code: CloseCode::Retry, .. }) => break End::Retry,
+                Ok(Frame::Close { code: CloseCode::StaleGeneration, detail, .. }) => break End::Stale(detail),
+                Ok(Frame::Close { code, reason, .. }) => break End::Protocol(format!("{code:?}: {reason}")),
+                Ok(other) => break protocol(format!("unexpected frame {other:?}")).await,
+                Err(End::Protocol(why)) => break protocol(why).await,
+                Err(end) => break end,
             },
-            () = kill.notified() => return End::Lost("killed".into()),
+            () = kill.notified() => break End::Lost("killed".into()),
             () = check => {}
         }
-        let acked = cell.acked_through().get_untracked();
-        if acked != last_ack.0 {
-            last_ack = (acked, tokio::time::Instant::now());
-        } else if cell.inflight_len().get_untracked() > 0 && last_ack.1.elapsed() >= stall {
-            return End::Lost("acknowledgements stalled".into());
-        } else if cell.inflight_len().get_untracked() == 0 {
-            last_ack.1 = tokio::time::Instant::now();
+        if cell.inflight_len().get_untracked() > 0 && heard.elapsed() >= stall {
+            break End::Lost("the receiver fell silent".into());
         }
-    }
+    };
+    drop(link);
+    let progressed = cell.received_through().get_untracked() > receipt;
+    Outcome { end, progressed, lasted: opened.elapsed() }
 }
 
-/// The next frame from the receiver, skipping pings and pongs.
-async fn read_frame<S>(stream: &mut S, limits: Limits) -> Result<Frame, End>
+/// Applies a welcome: what the receiver acknowledged, then what it holds.
+/// Either beyond what was sent, or a receipt below the acknowledgement, is
+/// a protocol error of the receiver.
+fn welcome(cell: &AsyncEgressCell<Bytes>, generation: Generation, next: u64, received: u64) -> Result<(), String> {
+    if received < next {
+        return Err(format!("welcome: holds through {received} but acknowledged through {next}"));
+    }
+    if let Some(through) = next.checked_sub(1)
+        && let AckOutcome::Unsent { sent_through, .. } = cell.ack(generation, Sequence(through))
+    {
+        return Err(format!("welcome acknowledges {next} records, but only {sent_through:?} was sent"));
+    }
+    if let Some(through) = received.checked_sub(1)
+        && let ReceivedOutcome::Unsent { sent_through, .. } = cell.received(generation, Sequence(through))
+    {
+        return Err(format!("welcome holds {received} records, but only {sent_through:?} was sent"));
+    }
+    Ok(())
+}
+
+/// The next frame from the receiver, skipping pings and pongs; anything
+/// heard (pings included) is noted in `heard`.
+async fn read_frame<S>(stream: &mut S, limits: Limits, heard: &mut Instant) -> Result<Frame, End>
 where
     S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {
     loop {
-        match stream.next().await {
+        let message = stream.next().await;
+        *heard = Instant::now();
+        match message {
             Some(Ok(Message::Binary(bytes))) => {
                 return Frame::decode(&bytes, limits).map_err(|e| End::Protocol(e.to_string()));
             }

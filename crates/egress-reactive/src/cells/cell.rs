@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use egress_core::{
     AckOutcome, Changes, ClaimOutcome, DeadReason, EgressCore, Envelope, FailOutcome, FailureKind, Generation,
-    JitterSample, Policy, Projection, ReceivedOutcome, ReconnectOutcome, Retry, ScheduleOutcome, Sequence, Time,
+    Incarnation, JitterSample, Policy, Projection, ReceivedOutcome, ReconnectOutcome, Retry, ScheduleOutcome, Sequence,
+    Time,
 };
 
 use super::clock::{Clock, MonotonicClock};
@@ -43,8 +44,8 @@ pub struct ParkedRecord<T> {
     pub dead: Option<DeadReason>,
 }
 
-/// How to build a cell, beyond its policy: the generation it starts at, its
-/// clock, and the seed of its jitter.
+/// How to build a cell, beyond its policy: the generation it starts at, the
+/// incarnation of its sequence space, its clock, and the seed of its jitter.
 ///
 /// ```
 /// use egress_core::{Generation, Policy, Time};
@@ -61,13 +62,14 @@ pub struct ParkedRecord<T> {
 #[derive(Clone, Default)]
 pub struct CellOptions {
     generation: Generation,
+    incarnation: Option<Incarnation>,
     clock: Option<Arc<dyn Clock>>,
     jitter_seed: Option<u64>,
 }
 
 impl CellOptions {
-    /// The defaults: generation 0, the flavour's default clock, a random
-    /// jitter seed.
+    /// The defaults: generation 0, a random incarnation, the flavour's
+    /// default clock, a random jitter seed.
     #[must_use]
     pub fn new() -> Self {
         Self::default()
@@ -78,6 +80,18 @@ impl CellOptions {
     #[must_use]
     pub fn generation(mut self, generation: Generation) -> Self {
         self.generation = generation;
+        self
+    }
+
+    /// The incarnation of the cell's sequence space, which transports send
+    /// so that a receiver never mistakes this sequence space for another
+    /// producer's run (see [`Incarnation`]). By default 128 bits from the
+    /// standard library's randomly seeded hasher, new for every cell: right
+    /// for a cell whose records live only in memory. A cell restored from
+    /// a store continues the stored incarnation.
+    #[must_use]
+    pub fn incarnation(mut self, incarnation: Incarnation) -> Self {
+        self.incarnation = Some(incarnation);
         self
     }
 
@@ -105,6 +119,7 @@ impl std::fmt::Debug for CellOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CellOptions")
             .field("generation", &self.generation)
+            .field("incarnation", &self.incarnation)
             .field("clock", &self.clock.as_ref().map(|_| "custom"))
             .field("jitter_seed", &self.jitter_seed)
             .finish()
@@ -408,6 +423,7 @@ struct Shared<T: 'static, F: Flavor> {
     attachments: F::Cell<Vec<(Generation, Key)>>,
     /// Owns every node of the cell: its triggers, readers and attachments.
     scope: Scope<F>,
+    incarnation: Incarnation,
 }
 
 /// An egress cell on a graph of flavour `F`: delivery state as signals.
@@ -547,7 +563,10 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         clock: Arc<dyn Clock>,
         at: &'static Location<'static>,
     ) -> Self {
-        let seed = options.jitter_seed.unwrap_or_else(|| std::collections::hash_map::RandomState::new().hash_one(0u64));
+        let random = || std::collections::hash_map::RandomState::new().hash_one(0u64);
+        let seed = options.jitter_seed.unwrap_or_else(random);
+        let incarnation =
+            options.incarnation.unwrap_or_else(|| Incarnation(u128::from(random()) << 64 | u128::from(random())));
         let core = EgressCore::with_generation(policy, options.generation);
         let (scope, (inner, readers)) = cx.scope(|| {
             let triggers = Projection::ALL.map(|_| cx.trigger(at));
@@ -584,7 +603,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             };
             (inner, readers)
         });
-        let shared = Shared { inner, readers, attachments: ValueCell::new(Vec::new()), scope };
+        let shared = Shared { inner, readers, attachments: ValueCell::new(Vec::new()), scope, incarnation };
         EgressCellOf { shared: F::ptr(shared) }
     }
 
@@ -676,6 +695,12 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// as the policy). `f` must not call into the cell.
     pub fn with_core<R>(&self, f: impl FnOnce(&EgressCore<T>) -> R) -> R {
         self.shared.inner.with_core(f)
+    }
+
+    /// The incarnation of the cell's sequence space (see
+    /// [`CellOptions::incarnation`]).
+    pub fn incarnation(&self) -> Incarnation {
+        self.shared.incarnation
     }
 
     /// The sequence the next enqueue will assign (untracked).

@@ -1,0 +1,803 @@
+//! The reference receiver: accepts many producers over WebSocket and
+//! delivers each producer's stream to the application exactly once and in
+//! order, acknowledging only what the application has taken (or committed).
+//!
+//! The state lives in [`inbox`] (no I/O); this module runs one task per
+//! connection around it.
+
+mod inbox;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use egress_core::Incarnation;
+use futures_util::{SinkExt, StreamExt};
+use parking_lot::Mutex;
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+
+pub use self::inbox::Content;
+use self::inbox::{Admission, ConnId, Inbox, Queued, Rules, Taken};
+use crate::protocol::{CloseCode, DecodeError, Frame, Limits, Terms, VERSION};
+
+/// When a [`Receiver`] acknowledges a message to its producer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AckMode {
+    /// When the application takes it from [`Receiver::recv`]: what it was
+    /// handed is acknowledged, whatever it does next.
+    #[default]
+    OnTake,
+    /// When the application calls [`Delivery::commit`] (after persisting
+    /// it, say). A delivery dropped without a commit is given back: the
+    /// stream rewinds to it and the producer, asked to reconnect, replays it
+    /// and what followed (those are delivered again).
+    Explicit,
+}
+
+/// How a [`Receiver`] acknowledges, buffers and checks.
+#[derive(Clone, Debug)]
+pub struct ReceiverConfig {
+    /// When a message counts as acknowledged.
+    pub ack_mode: AckMode,
+    /// Acknowledge once this many commits are unacknowledged...
+    pub ack_every: usize,
+    /// ...or this long after the first unacknowledged one, whichever comes
+    /// first.
+    pub ack_interval: Duration,
+    /// How many frames per stream may wait out of order for a gap to fill;
+    /// beyond that they are dropped (the producer's replay brings them
+    /// back). They are dropped too when their connection ends.
+    pub max_buffered: usize,
+    /// How many deliveries may wait for the application in
+    /// [`Receiver::recv`]. When it is full, the receiver stops reading the
+    /// producers' connections (and their windows fill): backpressure, not
+    /// memory growth. It keeps the connections alive meanwhile.
+    pub delivery_buffer: usize,
+    /// Decoding limits, and the payload limit the welcome announces.
+    pub limits: Limits,
+    /// How long a new TCP connection has to complete the WebSocket upgrade
+    /// and send its handshake, from the moment it is accepted.
+    pub handshake_timeout: Duration,
+    /// The receiver sends a WebSocket ping on a connection that has sent
+    /// nothing for this long, so that its producer can tell a busy receiver
+    /// from a dead one; the welcome announces it.
+    pub keepalive: Duration,
+    /// How many incarnations (sequence spaces) are remembered per producer
+    /// id; the least recently admitted beyond it are forgotten.
+    pub incarnations_per_producer: usize,
+    /// Faults injected into the acknowledgements this receiver sends, for
+    /// tests and demos (none by default).
+    pub ack_faults: AckFaults,
+}
+
+impl Default for ReceiverConfig {
+    fn default() -> Self {
+        ReceiverConfig {
+            ack_mode: AckMode::OnTake,
+            ack_every: 32,
+            ack_interval: Duration::from_millis(5),
+            max_buffered: 4_096,
+            delivery_buffer: 65_536,
+            limits: Limits::default(),
+            handshake_timeout: Duration::from_secs(5),
+            keepalive: Duration::from_secs(1),
+            incarnations_per_producer: 4,
+            ack_faults: AckFaults::default(),
+        }
+    }
+}
+
+/// Faults injected into outgoing acknowledgements: each one is dropped,
+/// duplicated and delayed with these probabilities, from a seeded generator.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AckFaults {
+    /// The probability that an ack is not sent.
+    pub drop: f64,
+    /// The probability that an ack is sent twice.
+    pub duplicate: f64,
+    /// The probability that an ack is held back by `delay`.
+    pub delay_probability: f64,
+    /// How long a delayed ack waits.
+    pub delay: Duration,
+    /// The seed of the generator.
+    pub seed: u64,
+}
+
+/// One message (or the notice of a skipped one), delivered to the
+/// application.
+///
+/// Under [`AckMode::Explicit`], call [`commit`](Self::commit) once it is
+/// safe; dropping it uncommitted gives it back (see [`AckMode`]).
+pub struct Delivery {
+    /// The producer that sent it.
+    pub producer: Arc<str>,
+    /// Which of the producer's sequence spaces: a producer that restarted
+    /// without a store starts a new one, from sequence 0.
+    pub incarnation: Incarnation,
+    /// Its sequence in that stream.
+    pub sequence: u64,
+    /// The message, or why it was skipped.
+    pub content: Content,
+    receipt: Option<Receipt>,
+}
+
+/// What an uncommitted delivery needs to commit or give itself back:
+/// dropped without a commit, it gives the delivery back. (It is the
+/// receipt, not the delivery, that acts on drop, so that a delivery's
+/// fields can be moved out.)
+struct Receipt {
+    shared: Weak<Shared>,
+    producer: Arc<str>,
+    incarnation: u128,
+    sequence: u64,
+    epoch: u64,
+    committed: bool,
+}
+
+impl Receipt {
+    fn commit(mut self) {
+        self.committed = true;
+        if let Some(shared) = self.shared.upgrade() {
+            let wake = shared.inbox.lock().commit(&self.producer, self.incarnation, self.sequence);
+            if let Some(signal) = wake {
+                signal.notify.notify_one();
+            }
+        }
+    }
+}
+
+impl Drop for Receipt {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        let Some(shared) = self.shared.upgrade() else { return };
+        let retry = shared.inbox.lock().release(&self.producer, self.incarnation, self.sequence, self.epoch);
+        if let Some(signal) = retry {
+            signal.retry.store(true, Ordering::Release);
+            signal.notify.notify_one();
+        }
+    }
+}
+
+impl Delivery {
+    /// The message's bytes (`None` for a skipped sequence).
+    pub fn payload(&self) -> Option<&Bytes> {
+        match &self.content {
+            Content::Message(bytes) => Some(bytes),
+            Content::Skipped(_) => None,
+        }
+    }
+
+    /// Acknowledges this delivery and every earlier one of its stream
+    /// (under [`AckMode::OnTake`] it already is; then this does nothing).
+    pub fn commit(mut self) {
+        if let Some(receipt) = self.receipt.take() {
+            receipt.commit();
+        }
+    }
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("producer", &self.producer)
+            .field("incarnation", &self.incarnation)
+            .field("sequence", &self.sequence)
+            .field("content", &self.content)
+            .field("committed", &self.receipt.is_none())
+            .finish()
+    }
+}
+
+/// Counters of what a receiver has seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReceiverStats {
+    /// Deliveries the application took (messages and skips).
+    pub delivered: u64,
+    /// Of those, skipped sequences (tombstones).
+    pub skipped: u64,
+    /// Data frames dropped as duplicates (a replay carries sequences already
+    /// delivered or buffered).
+    pub duplicates: u64,
+    /// Data frames dropped because the out-of-order buffer was full.
+    pub overflow: u64,
+    /// Connections whose handshake was accepted.
+    pub connections: u64,
+    /// Connections closed because a newer generation of their producer
+    /// arrived.
+    pub fenced: u64,
+    /// Connections refused or closed for a protocol error or a stale
+    /// generation (a close frame says why; logged through `tracing`).
+    pub rejected: u64,
+    /// Deliveries given back uncommitted, each a rewind of its stream.
+    pub released: u64,
+}
+
+/// How the receiver signals one connection's task.
+#[derive(Debug, Default)]
+struct Signal {
+    notify: Notify,
+    /// A newer connection of the producer replaced this one.
+    fenced: AtomicBool,
+    /// The application gave a delivery back: the producer must replay.
+    retry: AtomicBool,
+    /// The receiver is shutting down.
+    stop: AtomicBool,
+}
+
+struct Shared {
+    config: ReceiverConfig,
+    inbox: Mutex<Inbox<Arc<Signal>>>,
+    /// A delivery was queued.
+    ready: Notify,
+    /// Bumped when the queue had been full and an entry left it.
+    space: watch::Sender<u64>,
+    /// Connections refused before admission (protocol, version, timeout).
+    rejected: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    fn stop_all(&self) {
+        for signal in self.inbox.lock().connections() {
+            signal.stop.store(true, Ordering::Release);
+            signal.notify.notify_one();
+        }
+    }
+}
+
+/// A WebSocket server that receives egress streams.
+///
+/// Per stream (a producer id and an incarnation, named in the handshake), it
+/// delivers each sequence once, in order, through [`Receiver::recv`]; drops
+/// duplicates; buffers up to `max_buffered` frames out of order; and
+/// acknowledges cumulatively what the application took (or committed, see
+/// [`AckMode`]), every `ack_every` commits or `ack_interval`. A newer
+/// generation of a producer fences its older connection. A receiver that
+/// starts with no memory of a stream resumes where the handshake says
+/// (`resume_from`). Nothing acknowledged is lost when it shuts down or
+/// drops: what the application never took was never acknowledged, and its
+/// producer still holds it.
+///
+/// Dropping the receiver stops accepting and closes its connections.
+pub struct Receiver {
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: JoinHandle<()>,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.shared.stop_all();
+    }
+}
+
+impl std::fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver").field("local_addr", &self.local_addr).field("stats", &self.stats()).finish()
+    }
+}
+
+impl Receiver {
+    /// Listens on `addr` (use port 0 for any free port; see
+    /// [`local_addr`](Self::local_addr)).
+    ///
+    /// # Errors
+    /// The bind's I/O error.
+    pub async fn bind(addr: impl ToSocketAddrs, config: ReceiverConfig) -> std::io::Result<Receiver> {
+        let listener = TcpListener::bind(addr).await?;
+        let local_addr = listener.local_addr()?;
+        let rules = Rules {
+            max_buffered: config.max_buffered,
+            queue: config.delivery_buffer.max(1),
+            incarnations: config.incarnations_per_producer.max(1),
+            commit_on_take: config.ack_mode == AckMode::OnTake,
+            ack_every: u64::try_from(config.ack_every.max(1)).unwrap_or(u64::MAX),
+        };
+        let shared = Arc::new(Shared {
+            config,
+            inbox: Mutex::new(Inbox::new(rules)),
+            ready: Notify::new(),
+            space: watch::Sender::new(0),
+            rejected: std::sync::atomic::AtomicU64::new(0),
+        });
+        let accept = tokio::spawn(accept_loop(listener, shared.clone()));
+        Ok(Receiver { local_addr, shared, accept })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Waits for the next delivery.
+    pub async fn recv(&mut self) -> Delivery {
+        let shared = self.shared.clone();
+        loop {
+            let ready = shared.ready.notified();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            if let Some(d) = self.try_recv() {
+                return d;
+            }
+            ready.await;
+        }
+    }
+
+    /// A delivery if one is ready.
+    pub fn try_recv(&mut self) -> Option<Delivery> {
+        let (q, wake, freed) = {
+            let mut inbox = self.shared.inbox.lock();
+            let was_full = inbox.queued() >= self.shared.config.delivery_buffer.max(1);
+            let (q, wake) = inbox.take()?;
+            (q, wake, was_full)
+        };
+        if let Some(signal) = wake {
+            signal.notify.notify_one();
+        }
+        if freed {
+            self.shared.space.send_modify(|v| *v = v.wrapping_add(1));
+        }
+        Some(self.delivery(q))
+    }
+
+    fn delivery(&self, q: Queued) -> Delivery {
+        let receipt = match self.shared.config.ack_mode {
+            AckMode::OnTake => None,
+            AckMode::Explicit => Some(Receipt {
+                shared: Arc::downgrade(&self.shared),
+                producer: q.producer.clone(),
+                incarnation: q.incarnation,
+                sequence: q.sequence,
+                epoch: q.epoch,
+                committed: false,
+            }),
+        };
+        Delivery {
+            producer: q.producer,
+            incarnation: Incarnation(q.incarnation),
+            sequence: q.sequence,
+            content: q.content,
+            receipt,
+        }
+    }
+
+    /// What it has seen so far.
+    pub fn stats(&self) -> ReceiverStats {
+        let c = self.shared.inbox.lock().counts;
+        ReceiverStats {
+            delivered: c.taken,
+            skipped: c.skipped,
+            duplicates: c.duplicates,
+            overflow: c.overflow,
+            connections: c.connections,
+            fenced: c.fenced,
+            rejected: c.refused + self.shared.rejected.load(Ordering::Relaxed),
+            released: c.released,
+        }
+    }
+
+    /// Stops accepting and closes every connection (a normal close);
+    /// returns once the listening socket is closed (so its address can be
+    /// bound again). What the application did not take stays with its
+    /// producers, unacknowledged.
+    pub async fn shutdown(mut self) {
+        self.accept.abort();
+        self.shared.stop_all();
+        let accept = std::mem::replace(&mut self.accept, tokio::spawn(async {}));
+        let _ = accept.await;
+    }
+
+    /// The next sequence the most recently admitted stream of `producer`
+    /// will deliver (`None` if it has never seen it).
+    pub fn next_for(&self, producer: &str) -> Option<u64> {
+        self.shared.inbox.lock().next_for(producer)
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve(stream, &shared).await {
+                        tracing::warn!(%peer, error = %e, "egress receiver closed a connection");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "egress receiver: accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// Why a connection ended badly.
+#[derive(Debug, thiserror::Error)]
+enum ServeError {
+    #[error("websocket: {0}")]
+    Ws(#[from] tokio_tungstenite::tungstenite::Error),
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<TcpStream>;
+
+/// Sends a close frame and closes.
+async fn close(ws: &mut Ws, code: CloseCode, detail: u64, reason: impl Into<String>) {
+    let frame = Frame::Close { code, detail, reason: reason.into() };
+    let _ = ws.send(Message::Binary(frame.encode())).await;
+    let _ = ws.close(None).await;
+}
+
+/// Reads the next binary message as a frame; `Ok(None)` when the peer
+/// closed.
+async fn next_frame(ws: &mut Ws, limits: Limits) -> Result<Option<Frame>, FrameError> {
+    loop {
+        match ws.next().await {
+            None | Some(Ok(Message::Close(_))) => return Ok(None),
+            Some(Ok(Message::Binary(bytes))) => {
+                return Frame::decode(&bytes, limits).map(Some).map_err(FrameError::Decode);
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+            Some(Ok(Message::Text(_))) => return Err(FrameError::Text),
+            Some(Err(e)) => return Err(FrameError::Ws(e)),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum FrameError {
+    Decode(DecodeError),
+    Text,
+    Ws(tokio_tungstenite::tungstenite::Error),
+}
+
+impl FrameError {
+    /// The close that answers it (none for a broken socket).
+    fn close(&self) -> Option<(CloseCode, u64, String)> {
+        match self {
+            FrameError::Decode(DecodeError::Version(v)) => {
+                Some((CloseCode::Version, u64::from(VERSION), format!("version {v} is not {VERSION}")))
+            }
+            FrameError::Decode(e) => Some((CloseCode::Protocol, 0, e.to_string())),
+            FrameError::Text => Some((CloseCode::Protocol, 0, "a text message".into())),
+            FrameError::Ws(tokio_tungstenite::tungstenite::Error::Capacity(e)) => {
+                Some((CloseCode::Protocol, 0, e.to_string()))
+            }
+            FrameError::Ws(_) => None,
+        }
+    }
+
+    fn into_error(self) -> ServeError {
+        match self {
+            FrameError::Ws(e) => ServeError::Ws(e),
+            FrameError::Decode(e) => ServeError::Protocol(e.to_string()),
+            FrameError::Text => ServeError::Protocol("a text message".into()),
+        }
+    }
+}
+
+fn ws_config(limits: Limits) -> WebSocketConfig {
+    let max = limits.max_payload.saturating_add(64);
+    WebSocketConfig::default().max_message_size(Some(max)).max_frame_size(Some(max))
+}
+
+/// Tells the inbox when the connection task ends, however it ends.
+struct Admitted<'a> {
+    shared: &'a Shared,
+    producer: Arc<str>,
+    conn: ConnId,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.shared.inbox.lock().closed(&self.producer, self.conn);
+    }
+}
+
+async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
+    let config = &shared.config;
+    let refused = || shared.rejected.fetch_add(1, Ordering::Relaxed);
+    // The upgrade and the handshake, within one timeout from accept.
+    let opened = tokio::time::timeout(config.handshake_timeout, async {
+        let mut ws = tokio_tungstenite::accept_async_with_config(stream, Some(ws_config(config.limits))).await?;
+        let first = next_frame(&mut ws, config.limits).await;
+        Ok::<_, ServeError>((ws, first))
+    })
+    .await;
+    let (mut ws, first) = match opened {
+        Ok(Ok(opened)) => opened,
+        Ok(Err(e)) => {
+            refused();
+            return Err(e);
+        }
+        Err(_) => {
+            refused();
+            return Err(ServeError::Protocol("no handshake in time".into()));
+        }
+    };
+    let first = match first {
+        Ok(Some(frame)) => frame,
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            refused();
+            if let Some((code, detail, reason)) = e.close() {
+                close(&mut ws, code, detail, reason).await;
+            }
+            return Err(e.into_error());
+        }
+    };
+    let Frame::Handshake { producer, incarnation, generation, resume_from } = first else {
+        refused();
+        close(&mut ws, CloseCode::Protocol, 0, "expected a handshake").await;
+        return Err(ServeError::Protocol(format!("expected a handshake, got {first:?}")));
+    };
+    let producer: Arc<str> = producer.into();
+    let signal = Arc::new(Signal::default());
+    let admission = shared.inbox.lock().handshake(&producer, incarnation, generation, resume_from, signal.clone());
+    let (conn, next, received) = match admission {
+        Admission::Welcome { conn, next, received, fenced } => {
+            if let Some(old) = fenced {
+                old.fenced.store(true, Ordering::Release);
+                old.notify.notify_one();
+            }
+            (conn, next, received)
+        }
+        Admission::Refused { code, detail, reason } => {
+            close(&mut ws, code, detail, reason.clone()).await;
+            return Err(ServeError::Protocol(reason));
+        }
+    };
+    let admitted = Admitted { shared, producer, conn };
+    let terms = Terms {
+        max_payload: u32::try_from(config.limits.max_payload).unwrap_or(u32::MAX),
+        keepalive_ms: u32::try_from(config.keepalive.as_millis()).unwrap_or(u32::MAX),
+    };
+    ws.send(Message::Binary(Frame::Welcome { generation, next, received, terms }.encode())).await?;
+    Connection { shared, ws, signal, admitted, generation, acks: Acks::new(config, generation) }.run().await
+}
+
+/// An admitted connection's loop.
+struct Connection<'a> {
+    shared: &'a Shared,
+    ws: Ws,
+    signal: Arc<Signal>,
+    admitted: Admitted<'a>,
+    generation: u64,
+    acks: Acks,
+}
+
+/// Whether the connection goes on.
+enum Step {
+    Go,
+    /// A protocol error found by the inbox: close with code 1.
+    Refuse(String),
+    End(Result<(), ServeError>),
+}
+
+impl Connection<'_> {
+    async fn run(mut self) -> Result<(), ServeError> {
+        let config = &self.shared.config;
+        let mut space = self.shared.space.subscribe();
+        let mut waiting: Option<(u64, Content)> = None;
+        let mut keepalive = tokio::time::interval(config.keepalive.max(Duration::from_millis(1)));
+        keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_sent = Instant::now();
+        loop {
+            let deadline = self.acks.deadline();
+            let step = tokio::select! {
+                frame = next_frame(&mut self.ws, config.limits), if waiting.is_none() => match frame {
+                    Ok(Some(frame)) => self.frame(frame, &mut space, &mut waiting),
+                    Ok(None) => return Ok(()),
+                    Err(e) => {
+                        if let Some((code, detail, reason)) = e.close() {
+                            self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+                            close(&mut self.ws, code, detail, reason).await;
+                        }
+                        return Err(e.into_error());
+                    }
+                },
+                changed = space.changed(), if waiting.is_some() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    let (sequence, content) = waiting.take().expect("invariant broken: waiting checked above");
+                    self.offer(sequence, content, &mut space, &mut waiting)
+                }
+                () = self.signal.notify.notified() => self.signalled().await,
+                () = sleep_until(deadline) => Step::Go,
+                _ = keepalive.tick() => {
+                    if last_sent.elapsed() >= config.keepalive {
+                        self.ws.send(Message::Ping(Bytes::new())).await?;
+                        last_sent = Instant::now();
+                    }
+                    Step::Go
+                }
+            };
+            match step {
+                Step::Go => {}
+                Step::Refuse(reason) => {
+                    self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+                    close(&mut self.ws, CloseCode::Protocol, 0, reason.clone()).await;
+                    return Err(ServeError::Protocol(reason));
+                }
+                Step::End(result) => return result,
+            }
+            let due = self.acks.due(Instant::now(), self.shared, &self.admitted);
+            if !due.is_empty() {
+                for frame in due {
+                    self.ws.send(Message::Binary(frame.encode())).await?;
+                }
+                last_sent = Instant::now();
+            }
+        }
+    }
+
+    fn frame(&mut self, frame: Frame, space: &mut watch::Receiver<u64>, waiting: &mut Option<(u64, Content)>) -> Step {
+        match frame {
+            Frame::Data { generation, sequence, payload, .. } if generation == self.generation => {
+                self.offer(sequence, Content::Message(payload), space, waiting)
+            }
+            Frame::Tombstone { generation, sequence, reason, .. } if generation == self.generation => {
+                self.offer(sequence, Content::Skipped(reason), space, waiting)
+            }
+            Frame::Close { code, reason, .. } => {
+                tracing::debug!(?code, %reason, "producer closed the connection");
+                Step::End(Ok(()))
+            }
+            other => Step::Refuse(format!("unexpected frame {other:?}")),
+        }
+    }
+
+    /// Offers a frame to the inbox; a full queue keeps it in `waiting`.
+    fn offer(
+        &mut self,
+        sequence: u64,
+        content: Content,
+        space: &mut watch::Receiver<u64>,
+        waiting: &mut Option<(u64, Content)>,
+    ) -> Step {
+        let a = &self.admitted;
+        // Marked seen before the offer: a slot freed after it wakes us.
+        space.borrow_and_update();
+        let taken = self.shared.inbox.lock().take_frame(&a.producer, a.conn, self.generation, sequence, content);
+        match taken {
+            Taken::Delivered { .. } => {
+                self.shared.ready.notify_one();
+                Step::Go
+            }
+            Taken::Buffered | Taken::Duplicate | Taken::Overflow => Step::Go,
+            Taken::Full(content) => {
+                *waiting = Some((sequence, content));
+                Step::Go
+            }
+            Taken::Fenced => {
+                self.signal.fenced.store(true, Ordering::Release);
+                self.signal.notify.notify_one();
+                Step::Go
+            }
+            Taken::Invalid(reason) => Step::Refuse(reason),
+        }
+    }
+
+    /// Handles the signals: fenced, retry, stop, or an ack that may be due.
+    async fn signalled(&mut self) -> Step {
+        let s = &self.signal;
+        let closing = if s.stop.load(Ordering::Acquire) {
+            Some((CloseCode::Normal, "the receiver is shutting down"))
+        } else if s.fenced.load(Ordering::Acquire) {
+            Some((CloseCode::Fenced, "a newer connection replaced this one"))
+        } else if s.retry.load(Ordering::Acquire) {
+            Some((CloseCode::Retry, "a delivery was given back: resume from the welcome"))
+        } else {
+            None
+        };
+        if let Some((code, reason)) = closing {
+            close(&mut self.ws, code, 0, reason).await;
+            return Step::End(Ok(()));
+        }
+        self.acks.woken(Instant::now(), self.shared, &self.admitted);
+        Step::Go
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// When to acknowledge on one connection, and the injected faults.
+struct Acks {
+    interval: Duration,
+    generation: u64,
+    /// When the first unacknowledged commit was seen.
+    since: Option<Instant>,
+    faults: AckFaults,
+    rng: u64,
+    delayed: VecDeque<(Instant, u64)>,
+}
+
+impl Acks {
+    fn new(config: &ReceiverConfig, generation: u64) -> Self {
+        Acks {
+            interval: config.ack_interval,
+            generation,
+            since: None,
+            faults: config.ack_faults,
+            rng: config.ack_faults.seed ^ generation.rotate_left(17) ^ 0x9E37_79B9_7F4A_7C15,
+            delayed: VecDeque::new(),
+        }
+    }
+
+    /// A commit woke the connection: start the interval if unacknowledged
+    /// commits wait.
+    fn woken(&mut self, now: Instant, shared: &Shared, a: &Admitted<'_>) {
+        if self.since.is_none() && shared.inbox.lock().unacked(&a.producer, a.conn) {
+            self.since = Some(now);
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        let coalesce = self.since.map(|s| s + self.interval);
+        let delayed = self.delayed.front().map(|(at, _)| *at);
+        match (coalesce, delayed) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        if p <= 0.0 {
+            return false;
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        #[allow(clippy::cast_precision_loss)]
+        let x = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+        x < p
+    }
+
+    /// The ack frames to send now.
+    fn due(&mut self, now: Instant, shared: &Shared, a: &Admitted<'_>) -> Vec<Frame> {
+        let mut out = Vec::new();
+        let time_up = self.since.is_some_and(|s| now >= s + self.interval);
+        let ack = shared.inbox.lock().poll_ack(&a.producer, a.conn, time_up);
+        if let Some((_, through)) = ack {
+            self.since = None;
+            if !self.chance(self.faults.drop) {
+                let copies = if self.chance(self.faults.duplicate) { 2 } else { 1 };
+                for _ in 0..copies {
+                    if self.chance(self.faults.delay_probability) {
+                        self.delayed.push_back((now + self.faults.delay, through));
+                    } else {
+                        out.push(Frame::Ack { generation: self.generation, through });
+                    }
+                }
+            }
+        } else if time_up {
+            self.since = None;
+        }
+        while self.delayed.front().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, through)) = self.delayed.pop_front() {
+                out.push(Frame::Ack { generation: self.generation, through });
+            }
+        }
+        out
+    }
+}

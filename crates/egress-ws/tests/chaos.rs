@@ -1,0 +1,143 @@
+#![allow(clippy::unwrap_used)]
+//! End to end through chaos, over real sockets on 127.0.0.1: a proxy that
+//! kills connections at seeded random moments, acknowledgements dropped,
+//! duplicated and delayed, the receiver restarting, the sender restarting
+//! on the same cell, several producers at once. In every case the
+//! application sees 0..N exactly once and in order, the sender ends with
+//! nothing pending, in flight or parked, and the chaos the test relies on
+//! happened.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{LIMIT, drained, payload, policy, receive_in_order, sender_config};
+use egress_reactive::{AsyncContext, AsyncEgressCell};
+use egress_ws::{AckFaults, Chaos, ChaosProxy, Content, Receiver, ReceiverConfig, Sender, SenderConfig};
+
+async fn run_through_chaos(seed: u64, n: u64, faults: AckFaults) -> (u64, u64) {
+    let config = ReceiverConfig { ack_faults: faults, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let chaos = Chaos { seed, mean_interval: Duration::from_millis(40) };
+    let proxy = ChaosProxy::start(receiver.local_addr(), Some(chaos)).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(seed));
+    for i in 0..n {
+        cell.enqueue(payload(i));
+        if i % 500 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    receive_in_order(&mut receiver, 0, n).await;
+    drained(&cell, n).await;
+    let stats = sender.shutdown().await;
+    assert_eq!(receiver.stats().delivered, n);
+    (proxy.kills(), stats.reconnects)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_kills_lose_and_duplicate_nothing() {
+    let mut kills = 0;
+    let mut reconnects = 0;
+    for seed in [1, 2, 3] {
+        let (k, r) = run_through_chaos(seed, 3_000, AckFaults::default()).await;
+        kills += k;
+        reconnects += r;
+    }
+    assert!(
+        kills > 0 && reconnects > 0,
+        "the proxy killed connections ({kills}) and the sender came back ({reconnects})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_dropped_duplicated_and_delayed_change_nothing() {
+    let faults =
+        AckFaults { drop: 0.3, duplicate: 0.3, delay_probability: 0.3, delay: Duration::from_millis(20), seed: 9 };
+    run_through_chaos(4, 3_000, faults).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_restarts_without_memory_does_not_wedge() {
+    let mut first = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let addr = first.local_addr();
+    let proxy = ChaosProxy::start(addr, None).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(5));
+    for i in 0..1_000 {
+        cell.enqueue(payload(i));
+    }
+    receive_in_order(&mut first, 0, 1_000).await;
+    drained(&cell, 1_000).await;
+    first.shutdown().await;
+    proxy.kill_all();
+    // A new receiver on the same address, with no memory of the producer.
+    let mut second = Receiver::bind(addr, ReceiverConfig::default()).await.unwrap();
+    for i in 1_000..2_000 {
+        cell.enqueue(payload(i));
+    }
+    receive_in_order(&mut second, 1_000, 2_000).await;
+    drained(&cell, 2_000).await;
+    assert_eq!(second.next_for("producer-1"), Some(2_000));
+    assert_eq!(second.stats().connections, 1, "the sender came back to the new receiver");
+    sender.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_restarted_on_the_same_cell_continues_the_stream() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let proxy =
+        ChaosProxy::start(receiver.local_addr(), Some(Chaos { seed: 6, mean_interval: Duration::from_millis(50) }))
+            .await
+            .unwrap();
+    let url = format!("ws://{}", proxy.local_addr());
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let first = Sender::spawn(cell.clone(), url.clone(), sender_config(6));
+    for i in 0..2_000 {
+        cell.enqueue(payload(i));
+    }
+    receive_in_order(&mut receiver, 0, 500).await;
+    first.shutdown().await;
+    let second = Sender::spawn(cell.clone(), url, sender_config(7));
+    receive_in_order(&mut receiver, 500, 2_000).await;
+    drained(&cell, 2_000).await;
+    second.shutdown().await;
+    assert_eq!(receiver.stats().delivered, 2_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_producers_each_get_their_own_stream() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let proxy =
+        ChaosProxy::start(receiver.local_addr(), Some(Chaos { seed: 11, mean_interval: Duration::from_millis(30) }))
+            .await
+            .unwrap();
+    let cx = AsyncContext::new();
+    let mut producers = Vec::new();
+    for p in 0..3u64 {
+        let cell = AsyncEgressCell::new(&cx, policy());
+        let config = SenderConfig { producer: format!("producer-{p}"), ..sender_config(20 + p) };
+        let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), config);
+        for i in 0..1_000 {
+            cell.enqueue(payload(i));
+        }
+        producers.push((cell, sender));
+    }
+    let mut next = std::collections::HashMap::<String, u64>::new();
+    for _ in 0..3_000 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.expect("deliveries keep coming");
+        let expected = next.entry(d.producer.to_string()).or_insert(0);
+        assert_eq!(d.sequence, *expected, "{}: in order, once", d.producer);
+        assert_eq!(d.content, Content::Message(payload(d.sequence)));
+        *expected += 1;
+    }
+    assert!(next.values().all(|&n| n == 1_000), "{next:?}");
+    for (cell, sender) in producers {
+        drained(&cell, 1_000).await;
+        sender.shutdown().await;
+    }
+    assert!(proxy.kills() > 0, "the proxy killed connections");
+}

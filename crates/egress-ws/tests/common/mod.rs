@@ -1,0 +1,110 @@
+//! Shared helpers of the end-to-end tests: a policy and sender settings
+//! for fast runs on 127.0.0.1, in-order receiving with a deadline, a raw
+//! WebSocket client for playing a hostile or scripted peer, and a raw
+//! server for playing a scripted receiver.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use egress_core::{Delay, Policy, Sequence};
+use egress_reactive::AsyncEgressCell;
+use egress_ws::protocol::{CloseCode, Frame, Limits};
+use egress_ws::{Content, Receiver, SenderConfig};
+use futures_util::StreamExt;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Every wait in these tests gives up after this long.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+pub fn policy() -> Policy {
+    Policy::builder()
+        .inflight_limit(64)
+        .retry_budget(1_000)
+        .replay_limit(1_000)
+        .retry_base(Delay(5))
+        .retry_ceiling(Delay(50))
+        .build()
+        .unwrap()
+}
+
+pub fn sender_config(seed: u64) -> SenderConfig {
+    SenderConfig {
+        backoff_base: Duration::from_millis(2),
+        backoff_max: Duration::from_millis(50),
+        stall_timeout: Some(Duration::from_millis(3_000)),
+        seed,
+        ..SenderConfig::new("producer-1")
+    }
+}
+
+pub fn payload(i: u64) -> Bytes {
+    Bytes::from(format!("message {i}"))
+}
+
+/// Receives until sequence `n` (exclusive) of producer-1, checking each is
+/// the next in order, with its payload.
+pub async fn receive_in_order(receiver: &mut Receiver, from: u64, n: u64) {
+    let mut next = from;
+    while next < n {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.expect("deliveries keep coming");
+        assert_eq!((&*d.producer, d.sequence), ("producer-1", next), "in order, no duplicates");
+        assert_eq!(d.content, Content::Message(payload(next)));
+        next += 1;
+    }
+}
+
+/// Waits until the cell has everything through `n - 1` acknowledged, and
+/// nothing left.
+pub async fn drained(cell: &AsyncEgressCell<Bytes>, n: u64) {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while cell.acked_through().get_untracked() != Some(Sequence(n - 1)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acknowledged through {:?}",
+            cell.acked_through().get_untracked()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(cell.pending_len().get() + cell.inflight_len().get() + cell.parked_len().get(), 0);
+}
+
+pub type Client = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+pub async fn raw_client(receiver: &Receiver) -> Client {
+    tokio_tungstenite::connect_async(format!("ws://{}", receiver.local_addr())).await.unwrap().0
+}
+
+pub fn handshake(incarnation: u128, generation: u64, resume_from: u64) -> Message {
+    Message::Binary(Frame::Handshake { producer: "producer-1".into(), incarnation, generation, resume_from }.encode())
+}
+
+pub fn data(generation: u64, sequence: u64) -> Message {
+    Message::Binary(Frame::Data { generation, sequence, attempt: 1, payload: payload(sequence) }.encode())
+}
+
+/// The next protocol frame from the peer (pings skipped), if any.
+pub async fn next_frame<S>(ws: &mut S) -> Option<Frame>
+where
+    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    loop {
+        match tokio::time::timeout(LIMIT, ws.next()).await.ok()?? {
+            Ok(Message::Binary(b)) => return Frame::decode(&b, Limits::default()).ok(),
+            Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => {}
+            _ => return None,
+        }
+    }
+}
+
+/// The close frame the peer ends with, if any (other frames skipped).
+pub async fn close_of<S>(ws: &mut S) -> Option<(CloseCode, u64)>
+where
+    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    loop {
+        if let Frame::Close { code, detail, .. } = next_frame(ws).await? {
+            return Some((code, detail));
+        }
+    }
+}

@@ -1,0 +1,315 @@
+#![allow(clippy::unwrap_used)]
+//! What egress promises about delivery, tried end to end over 127.0.0.1 the
+//! way an adversarial peer or a careless application would: acknowledgements
+//! beyond what was sent, a producer restarted without a store, an
+//! application that takes nothing (or gives deliveries back), a record too
+//! large for the receiver, a record that kills every connection it is sent
+//! on, an application too slow to read, and clean shutdowns.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{LIMIT, close_of, drained, next_frame, payload, policy, receive_in_order, sender_config};
+use egress_core::{DeadReason, Delay, Generation, Policy, Sequence};
+use egress_reactive::{AsyncContext, AsyncEgressCell, CellOptions};
+use egress_ws::protocol::{CloseCode, Frame, Terms};
+use egress_ws::{AckMode, Content, Receiver, ReceiverConfig, Sender, SenderConfig};
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::Message;
+
+const TERMS: Terms = Terms { max_payload: 1 << 20, keepalive_ms: 1_000 };
+
+fn send(frame: Frame) -> Message {
+    Message::Binary(frame.encode())
+}
+
+/// Forwards a TCP connection to `to`, both ways, until either side ends.
+async fn splice(client: TcpStream, to: std::net::SocketAddr) {
+    let Ok(server) = TcpStream::connect(to).await else { return };
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    tokio::select! {
+        _ = tokio::io::copy(&mut cr, &mut sw) => {}
+        _ = tokio::io::copy(&mut sr, &mut cw) => {}
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_and_welcomes_beyond_what_was_sent_are_refused_and_lose_nothing() {
+    // A lying receiver: its first connection acknowledges 50 records after
+    // one frame; its second welcomes the producer at 50. Each time the
+    // sender must close with code 1 and keep everything. Then it hands
+    // over to a real receiver, which must get all 50.
+    let mut real = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let real_addr = real.local_addr();
+    let liar = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let liar_addr = liar.local_addr().unwrap();
+    let closes = Arc::new(AtomicU64::new(0));
+    let seen = closes.clone();
+    tokio::spawn(async move {
+        for lie in 0..2 {
+            let (stream, _) = liar.accept().await.unwrap();
+            let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
+            let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await else { return };
+            if lie == 0 {
+                ws.send(send(Frame::Welcome { generation, next: 0, received: 0, terms: TERMS })).await.unwrap();
+                assert!(matches!(next_frame(&mut ws).await, Some(Frame::Data { sequence: 0, .. })));
+                ws.send(send(Frame::Ack { generation, through: 49 })).await.unwrap();
+            } else {
+                ws.send(send(Frame::Welcome { generation, next: 50, received: 50, terms: TERMS })).await.unwrap();
+            }
+            if close_of(&mut ws).await.map(|(c, _)| c) == Some(CloseCode::Protocol) {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        while let Ok((client, _)) = liar.accept().await {
+            tokio::spawn(splice(client, real_addr));
+        }
+    });
+    let cx = AsyncContext::new();
+    let one_at_a_time = Policy::builder().inflight_limit(1).retry_base(Delay(5)).build().unwrap();
+    let cell = AsyncEgressCell::new(&cx, one_at_a_time);
+    for i in 0..50 {
+        cell.enqueue(payload(i));
+    }
+    let sender = Sender::spawn(cell.clone(), format!("ws://{liar_addr}"), sender_config(9));
+    receive_in_order(&mut real, 0, 50).await;
+    drained(&cell, 50).await;
+    let stats = sender.shutdown().await;
+    assert_eq!(stats.protocol_errors, 2, "{stats:?}");
+    assert_eq!(closes.load(Ordering::SeqCst), 2, "the sender closed with code 1 both times");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_producer_is_a_new_stream_readmitted_in_one_round_trip() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let url = format!("ws://{}", receiver.local_addr());
+    let cx = AsyncContext::new();
+    // The first run of the producer, which had got to generation 25.
+    let first = AsyncEgressCell::with_options(&cx, policy(), CellOptions::new().generation(Generation(25)));
+    let sender = Sender::spawn(first.clone(), url.clone(), sender_config(1));
+    first.enqueue_all((0..1_000).map(payload));
+    receive_in_order(&mut receiver, 0, 1_000).await;
+    drained(&first, 1_000).await;
+    sender.shutdown().await;
+    // The producer restarts without a store: a new cell, a new incarnation,
+    // sequences from 0 again, generation 0.
+    let second = AsyncEgressCell::new(&cx, policy());
+    assert_ne!(second.incarnation(), first.incarnation());
+    let started = tokio::time::Instant::now();
+    let sender = Sender::spawn(second.clone(), url, sender_config(2));
+    second.enqueue_all((0..1_000).map(payload));
+    for i in 0..1_000 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        assert_eq!((d.incarnation, d.sequence), (second.incarnation(), i), "the new run's own stream, from 0");
+        assert_eq!(d.content, Content::Message(payload(i)));
+    }
+    drained(&second, 1_000).await;
+    let stats = sender.shutdown().await;
+    // Refused once as stale (the receiver had seen 26), told the latest,
+    // and admitted at once above it.
+    assert_eq!((stats.stale_refusals, stats.failed_attempts, stats.connections), (1, 1, 1), "{stats:?}");
+    assert_eq!(second.generation().get_untracked(), Generation(27));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_application_did_not_take_is_not_acknowledged_and_survives_shutdown() {
+    let first = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let addr = first.local_addr();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(3));
+    cell.enqueue_all((0..100).map(payload));
+    // The receiver holds a window's worth (the application took none)...
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while first.next_for("producer-1") != Some(64) {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // ...and acknowledged none.
+    assert_eq!(cell.acked_through().get_untracked(), None);
+    assert_eq!(cell.inflight_len().get_untracked(), 64, "the window is full of what the receiver holds");
+    first.shutdown().await;
+    // A receiver in its place, with no memory: all 100 arrive.
+    let mut second = Receiver::bind(addr, ReceiverConfig::default()).await.unwrap();
+    receive_in_order(&mut second, 0, 100).await;
+    drained(&cell, 100).await;
+    let stats = sender.shutdown().await;
+    assert_eq!(stats.protocol_errors, 0, "a receiver's shutdown is a normal close: {stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explicit_commits_acknowledge_and_a_delivery_given_back_comes_again() {
+    let config = ReceiverConfig { ack_mode: AckMode::Explicit, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(4));
+    cell.enqueue_all((0..10).map(payload));
+    let mut taken = Vec::new();
+    for i in 0..5 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        assert_eq!(d.sequence, i);
+        taken.push(d);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(cell.acked_through().get_untracked(), None, "taken is not committed");
+    // Committing 2 commits 0..=2.
+    let mut rest = taken.split_off(3);
+    taken.pop().unwrap().commit();
+    drop(taken);
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while cell.acked_through().get_untracked() != Some(Sequence(2)) {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", cell.acked_through().get_untracked());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // 3 is given back (dropped uncommitted): it comes again, then the rest.
+    drop(rest.remove(0));
+    drop(rest);
+    for i in 3..10 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        assert_eq!((d.sequence, d.content.clone()), (i, Content::Message(payload(i))));
+        d.commit();
+    }
+    drained(&cell, 10).await;
+    let stats = sender.shutdown().await;
+    assert_eq!(receiver.stats().released, 1);
+    assert!(stats.reconnects >= 1 && stats.protocol_errors == 0, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_above_the_receivers_limit_is_skipped_without_a_wedge() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(5));
+    let big = Bytes::from(vec![b'x'; 2 << 20]);
+    cell.enqueue_all((0..10).map(|i| if i == 3 { big.clone() } else { payload(i) }));
+    for i in 0..10 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let expected = if i == 3 { Content::Skipped(DeadReason::Permanent) } else { Content::Message(payload(i)) };
+        assert_eq!((d.sequence, d.content), (i, expected));
+    }
+    drained(&cell, 10).await;
+    let stats = sender.shutdown().await;
+    assert_eq!((stats.reconnects, stats.protocol_errors), (0, 0), "never sent, never a dead connection: {stats:?}");
+    assert_eq!(receiver.stats().skipped, 1);
+}
+
+/// A receiver whose connections die whenever a data frame carries
+/// `b"POISON"` (as a receiver that crashes on one would), otherwise an
+/// honest in-order receiver that remembers its stream.
+async fn fragile_receiver()
+-> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<(u64, Content)>, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let deaths = Arc::new(AtomicU64::new(0));
+    let died = deaths.clone();
+    tokio::spawn(async move {
+        let next = Arc::new(AtomicU64::new(0));
+        while let Ok((stream, _)) = listener.accept().await {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { continue };
+            let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await else { continue };
+            let n = next.load(Ordering::SeqCst);
+            let welcome = Frame::Welcome { generation, next: n, received: n, terms: TERMS };
+            if ws.send(send(welcome)).await.is_err() {
+                continue;
+            }
+            while let Some(Ok(Message::Binary(b))) = ws.next().await {
+                let (sequence, content) = match Frame::decode(&b, egress_ws::protocol::Limits::default()) {
+                    Ok(Frame::Data { sequence, payload, .. }) => (sequence, Content::Message(payload)),
+                    Ok(Frame::Tombstone { sequence, reason, .. }) => (sequence, Content::Skipped(reason)),
+                    _ => break,
+                };
+                if matches!(&content, Content::Message(p) if &p[..] == b"POISON") {
+                    died.fetch_add(1, Ordering::SeqCst);
+                    break; // the connection dies with the receiver's process
+                }
+                if sequence == next.load(Ordering::SeqCst) {
+                    next.store(sequence + 1, Ordering::SeqCst);
+                    let _ = tx.send((sequence, content));
+                    let _ = ws.send(send(Frame::Ack { generation, through: sequence })).await;
+                }
+            }
+        }
+    });
+    (addr, rx, deaths)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_kills_its_connections_dies_of_replays_alone() {
+    let (addr, mut delivered, deaths) = fragile_receiver().await;
+    let cx = AsyncContext::new();
+    let limit = 3;
+    let policy = Policy::builder().inflight_limit(16).replay_limit(limit).retry_base(Delay(5)).build().unwrap();
+    let cell = AsyncEgressCell::new(&cx, policy);
+    let config = SenderConfig { backoff_max: Duration::from_millis(100), ..sender_config(6) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config);
+    cell.enqueue_all((0..20).map(|i| if i == 5 { Bytes::from_static(b"POISON") } else { payload(i) }));
+    for i in 0..20 {
+        let (sequence, content) = tokio::time::timeout(LIMIT, delivered.recv()).await.unwrap().unwrap();
+        let expected = if i == 5 { Content::Skipped(DeadReason::Replays) } else { Content::Message(payload(i)) };
+        assert_eq!((sequence, content), (i, expected));
+    }
+    drained(&cell, 20).await;
+    let stats = sender.shutdown().await;
+    // The poison killed a bounded number of connections: one before the
+    // replays began, then its replay limit's worth plus the one that
+    // killed it. Only it died: the records behind it were delivered.
+    let killed = deaths.load(Ordering::SeqCst);
+    assert!(killed >= 2 && killed <= u64::from(limit) + 2, "{killed} connections killed: {stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_application_is_not_a_dead_receiver() {
+    let config =
+        ReceiverConfig { delivery_buffer: 8, keepalive: Duration::from_millis(50), ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let config = SenderConfig { stall_timeout: Some(Duration::from_millis(300)), ..sender_config(7) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), config);
+    cell.enqueue_all((0..500).map(payload));
+    // The application reads nothing for five stall timeouts: the window
+    // fills, nothing is acknowledged, and the connection stays up.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(cell.acked_through().get_untracked(), None);
+    assert_eq!(cell.inflight_len().get_untracked(), 64);
+    // Then it reads: everything arrives, in order, on the same connection.
+    receive_in_order(&mut receiver, 0, 500).await;
+    drained(&cell, 500).await;
+    let stats = sender.shutdown().await;
+    assert_eq!((stats.connections, stats.reconnects), (1, 0), "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_shutdowns_close_as_normal_and_count_as_nothing() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let url = format!("ws://{}", receiver.local_addr());
+    let sender = Sender::spawn(cell.clone(), url.clone(), sender_config(8));
+    cell.enqueue_all((0..10).map(payload));
+    receive_in_order(&mut receiver, 0, 10).await;
+    drained(&cell, 10).await;
+    let stats = sender.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!((receiver.stats().rejected, stats.protocol_errors), (0, 0));
+    // The receiver shuts down under a connected sender: a normal close.
+    let sender = Sender::spawn(cell.clone(), url, sender_config(9));
+    cell.enqueue_all((10..20).map(payload));
+    receive_in_order(&mut receiver, 10, 20).await;
+    drained(&cell, 20).await;
+    receiver.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stats = sender.shutdown().await;
+    assert_eq!(stats.protocol_errors, 0, "{stats:?}");
+}
