@@ -583,6 +583,8 @@ struct Connection<'a> {
 /// Whether the connection goes on.
 enum Step {
     Go,
+    /// An ack may be due (a commit woke the connection, or a timer fired).
+    Ack,
     /// A protocol error found by the inbox: close with code 1.
     Refuse(String),
     End(Result<(), ServeError>),
@@ -618,7 +620,7 @@ impl Connection<'_> {
                     self.offer(sequence, content, &mut space, &mut waiting)
                 }
                 () = self.signal.notify.notified() => self.signalled().await,
-                () = sleep_until(deadline) => Step::Go,
+                () = sleep_until(deadline) => Step::Ack,
                 _ = keepalive.tick() => {
                     if last_sent.elapsed() >= config.keepalive {
                         self.ws.send(Message::Ping(Bytes::new())).await?;
@@ -628,7 +630,8 @@ impl Connection<'_> {
                 }
             };
             match step {
-                Step::Go => {}
+                Step::Go => continue,
+                Step::Ack => {}
                 Step::Refuse(reason) => {
                     self.shared.rejected.fetch_add(1, Ordering::Relaxed);
                     close(&mut self.ws, CloseCode::Protocol, 0, reason.clone()).await;
@@ -710,7 +713,7 @@ impl Connection<'_> {
             return Step::End(Ok(()));
         }
         self.acks.woken(Instant::now(), self.shared, &self.admitted);
-        Step::Go
+        Step::Ack
     }
 }
 
