@@ -1,13 +1,16 @@
 //! `egress-demo`: messages through an `AsyncEgressCell` over WebSocket while
-//! connections are killed at random moments; nothing is lost and nothing is
-//! delivered twice.
+//! connections (or whole processes) are killed at random moments; nothing
+//! is lost, and what is delivered twice is said.
 //!
 //! ```text
 //! cargo run --release -p egress-demo                      # receiver + sender in one process, with chaos
 //! cargo run --release -p egress-demo -- --messages 1000000 --seed 7 --summary-json out.json
+//! cargo run --release -p egress-demo -- restarts          # sender and receiver processes killed and restarted
 //! cargo run --release -p egress-demo -- receive --listen 127.0.0.1:9000
 //! cargo run --release -p egress-demo -- send --url ws://127.0.0.1:9000
 //! ```
+
+mod restarts;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,11 +21,12 @@ use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use egress_core::{Delay, Policy};
 use egress_reactive::{AsyncContext, AsyncEgressCell, Effect, Threaded};
-use egress_ws::{Chaos, ChaosProxy, Receiver, ReceiverConfig, Sender, SenderConfig};
+use egress_ws::{AckMode, Chaos, ChaosProxy, Content, Receiver, ReceiverConfig, Sender, SenderConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 /// `println!` that ignores a closed stdout (a pipe whose reader went away).
+#[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
@@ -36,11 +40,16 @@ egress-demo: an egress cell over WebSocket, through killed connections
 USAGE:
   egress-demo [--messages N] [--chaos | --no-chaos] [--chaos-ms MS] [--seed S] [--summary-json PATH]
       receiver and sender in one process (the default: 100000 messages, chaos on)
-  egress-demo receive --listen ADDR [--messages N]
+  egress-demo restarts [--messages N] [--kills K] [--kill-ms MS] [--seed S] [--summary-json PATH]
+      a receiver process and a sender process, killed in turn (SIGKILL) and
+      restarted at random moments, K kills in all (default 100000 messages,
+      6 kills about every 300 ms); says what held
+  egress-demo receive --listen ADDR [--messages N] [--print]
       the receiving half: prints what arrived once N messages are in (and
-      keeps acknowledging for a second after the last)
+      keeps acknowledging for a second after the last); with --print, prints
+      each delivery as a line and commits it once the line is out, forever
   egress-demo send --url ws://ADDR [--messages N] [--seed S] [--summary-json PATH]
-      the sending half
+      the sending half (a new incarnation each run: it starts over from 0)
 
   --messages N      how many messages (default 100000)
   --chaos           kill connections at random moments (default in one process)
@@ -48,9 +57,11 @@ USAGE:
   --chaos-ms MS     the mean time between kills (default 25)
   --seed S          seeds the chaos, the backoff jitter and the cell's jitter (default 1)
   --summary-json P  also write the summary as JSON to P
+  --kills K         restarts: how many process kills (default 6)
+  --kill-ms MS      restarts: the mean time between kills (default 300)
 ";
 
-struct Options {
+pub(crate) struct Options {
     messages: u64,
     chaos: bool,
     chaos_ms: u64,
@@ -58,11 +69,24 @@ struct Options {
     summary_json: Option<String>,
     listen: Option<String>,
     url: Option<String>,
+    print: bool,
+    kills: u64,
+    kill_ms: u64,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Options> {
-    let mut o =
-        Options { messages: 100_000, chaos: true, chaos_ms: 25, seed: 1, summary_json: None, listen: None, url: None };
+    let mut o = Options {
+        messages: 100_000,
+        chaos: true,
+        chaos_ms: 25,
+        seed: 1,
+        summary_json: None,
+        listen: None,
+        url: None,
+        print: false,
+        kills: 6,
+        kill_ms: 300,
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = || it.next().with_context(|| format!("{a} needs a value"));
@@ -75,6 +99,9 @@ fn parse(args: &[String]) -> anyhow::Result<Options> {
             "--summary-json" => o.summary_json = Some(value()?.clone()),
             "--listen" => o.listen = Some(value()?.clone()),
             "--url" => o.url = Some(value()?.clone()),
+            "--print" => o.print = true,
+            "--kills" => o.kills = value()?.parse().context("--kills takes a number")?,
+            "--kill-ms" => o.kill_ms = value()?.parse().context("--kill-ms takes a number")?,
             other => bail!("unknown option {other:?}\n\n{HELP}"),
         }
     }
@@ -96,6 +123,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Some("receive") => receive(parse(&args[1..])?).await,
+        Some("restarts") => restarts::run(parse(&args[1..])?).await,
         Some("send") => send(parse(&args[1..])?).await,
         _ => together(parse(&args)?).await,
     }
@@ -105,6 +133,7 @@ fn policy() -> anyhow::Result<Policy> {
     Ok(Policy::builder()
         .inflight_limit(256)
         .retry_budget(1_000)
+        .replay_limit(1_000)
         .retry_base(Delay(10))
         .retry_ceiling(Delay(1_000))
         .jitter(0.5)
@@ -116,7 +145,7 @@ fn sender_config(seed: u64) -> SenderConfig {
         seed,
         backoff_base: Duration::from_millis(5),
         backoff_max: Duration::from_millis(500),
-        stall_timeout: Some(Duration::from_millis(500)),
+        stall_timeout: Some(Duration::from_secs(3)),
         ..SenderConfig::new("egress-demo")
     }
 }
@@ -162,7 +191,7 @@ fn payload(i: u64) -> Bytes {
     Bytes::from(format!("message {i}"))
 }
 
-fn finish(summary: serde_json::Value, path: Option<&str>) -> anyhow::Result<()> {
+pub(crate) fn finish(summary: serde_json::Value, path: Option<&str>) -> anyhow::Result<()> {
     say!("\nsummary");
     if let Some(map) = summary.as_object() {
         for (k, v) in map {
@@ -248,6 +277,12 @@ async fn together(o: Options) -> anyhow::Result<()> {
 async fn receive(o: Options) -> anyhow::Result<()> {
     let listen = o.listen.as_deref().context("receive needs --listen ADDR")?;
     let addr: SocketAddr = listen.parse().with_context(|| format!("{listen} is not an address"))?;
+    if o.print {
+        let config = ReceiverConfig { ack_mode: AckMode::Explicit, ..ReceiverConfig::default() };
+        let receiver = Receiver::bind(addr, config).await?;
+        say!("egress-demo receive: listening on ws://{}, printing each delivery", receiver.local_addr());
+        return print_deliveries(receiver).await;
+    }
     let mut receiver = Receiver::bind(addr, ReceiverConfig::default()).await?;
     say!("egress-demo receive: listening on ws://{}, waiting for {} messages", receiver.local_addr(), o.messages);
     let bar = ProgressBar::new(o.messages);
@@ -281,13 +316,36 @@ async fn receive(o: Options) -> anyhow::Result<()> {
     )
 }
 
+/// `receive --print`: the application writes each delivery as a line
+/// (`D producer incarnation sequence payload`, or `S ... reason` for a
+/// skipped one) and commits it only once the line is flushed, so that what
+/// a killed receiver acknowledged is exactly what reached its reader.
+async fn print_deliveries(mut receiver: Receiver) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    loop {
+        let d = receiver.recv().await;
+        {
+            let mut out = std::io::stdout().lock();
+            let (producer, incarnation, sequence) = (&d.producer, d.incarnation.get(), d.sequence);
+            match &d.content {
+                Content::Message(payload) => {
+                    writeln!(out, "D {producer} {incarnation:032x} {sequence} {}", String::from_utf8_lossy(payload))?;
+                }
+                Content::Skipped(reason) => writeln!(out, "S {producer} {incarnation:032x} {sequence} {reason:?}")?,
+            }
+            out.flush()?;
+        }
+        d.commit();
+    }
+}
+
 async fn send(o: Options) -> anyhow::Result<()> {
     let url = o.url.clone().context("send needs --url ws://ADDR")?;
     let cx = AsyncContext::new();
     let options = egress_reactive::CellOptions::new().jitter_seed(o.seed);
     let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::with_options(&cx, policy()?, options);
     let (bar, _effect, retries) = progress(&cx, &cell, o.messages);
-    say!("egress-demo send: {} messages to {url}", o.messages);
+    say!("egress-demo send: {} messages to {url}, incarnation {:032x}", o.messages, cell.incarnation().get());
     let started = Instant::now();
     let sender = Sender::spawn(cell.clone(), url, sender_config(o.seed));
     for chunk in (0..o.messages).collect::<Vec<_>>().chunks(1_000) {

@@ -78,3 +78,86 @@ fn bad_usage_is_an_error_not_a_panic() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--messages takes a number"));
 }
+
+/// Starts `receive --print` on a free port; returns the child, its url, and
+/// a thread collecting its delivery lines.
+fn printing_receiver() -> (std::process::Child, String, std::sync::mpsc::Receiver<String>) {
+    let mut receiver = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
+        .args(["receive", "--listen", "127.0.0.1:0", "--print"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the receiver starts");
+    let mut out = BufReader::new(receiver.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("a first line");
+    let url = first.split_whitespace().find(|w| w.starts_with("ws://")).expect("the address").trim_end_matches(',');
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (receiver, url.to_owned(), rx)
+}
+
+fn run_sender(url: &str, messages: u64) {
+    let status = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
+        .args(["send", "--url", url, "--messages", &messages.to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .expect("the sender runs");
+    assert!(status.success());
+}
+
+#[test]
+fn a_producer_process_run_twice_is_delivered_twice_as_two_incarnations() {
+    // The sender process runs, exits, and runs again against the same
+    // receiver process: the second run starts its sequence over, and must
+    // not be taken for the first (which had reached 1000).
+    let (mut receiver, url, lines) = printing_receiver();
+    run_sender(&url, 1_000);
+    run_sender(&url, 1_000);
+    // Each run exits only once everything it sent is acknowledged, that
+    // is, printed: all 2000 lines are there.
+    let mut runs: Vec<(String, u64)> = Vec::new();
+    for _ in 0..2_000 {
+        let line = lines.recv_timeout(std::time::Duration::from_secs(60)).expect("a delivery line");
+        let w: Vec<&str> = line.splitn(5, ' ').collect();
+        assert_eq!((w[0], w[1]), ("D", "egress-demo"), "{line}");
+        let sequence: u64 = w[3].parse().expect("a sequence");
+        assert_eq!(w[4], format!("message {sequence}"), "{line}");
+        match runs.last_mut() {
+            Some((incarnation, next)) if incarnation == w[2] => {
+                assert_eq!(sequence, *next, "in order within a run");
+                *next += 1;
+            }
+            _ => {
+                assert_eq!(sequence, 0, "a run starts at 0");
+                runs.push((w[2].to_owned(), 1));
+            }
+        }
+    }
+    let _ = receiver.kill();
+    assert_eq!(runs.len(), 2, "two incarnations");
+    assert_ne!(runs[0].0, runs[1].0);
+    assert!(runs.iter().all(|(_, n)| *n == 1_000), "{runs:?}");
+}
+
+#[test]
+fn killed_and_restarted_processes_lose_nothing_and_say_what_held() {
+    let path = temp("restarts");
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
+        .args(["restarts", "--messages", "30000", "--kills", "4", "--kill-ms", "60", "--seed", "5", "--summary-json"])
+        .arg(&path)
+        .output()
+        .expect("the demo runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let s = summary(&path);
+    assert_eq!(s["within_each_incarnation_in_order_without_gaps"], true, "{s}");
+    assert_eq!(s["every_message_delivered_at_least_once"], true, "{s}");
+    assert_eq!(s["last_sender_run_acknowledged_everything"], true, "{s}");
+    let killed =
+        s["receiver_processes_killed"].as_u64().unwrap_or(0) + s["sender_processes_killed"].as_u64().unwrap_or(0);
+    assert!(killed >= 1, "a process was killed: {s}");
+    let _ = std::fs::remove_file(path);
+}
