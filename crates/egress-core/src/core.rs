@@ -413,13 +413,13 @@ impl<T> EgressCore<T> {
         if generation != self.generation {
             return Transition::unchanged(ClaimOutcome::StaleGeneration { current: self.generation });
         }
-        let Some(head) = self.pending.head() else {
+        let Some((head, fresh)) = self.pending.locate() else {
             return Transition::unchanged(ClaimOutcome::Empty);
         };
         if let Some(refusal) = self.refusal_for(head) {
             return Transition::unchanged(refusal);
         }
-        let mut record = self.pending.pop_head().expect("invariant broken: pending has a head but no record");
+        let mut record = self.pending.pop(fresh).expect("invariant broken: pending has a head but no record");
         record.attempt = record.attempt.saturating_next();
         record.resend = false;
         self.sent_through = Some(self.sent_through.map_or(head, |s| s.max(head)));

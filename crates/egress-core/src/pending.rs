@@ -46,22 +46,30 @@ impl<T> PendingQueue<T> {
 
     /// The lowest pending sequence.
     pub(crate) fn head(&self) -> Option<Sequence> {
-        let fresh = self.fresh.front().map(|r| r.sequence);
-        let returned = self.returned.first_key_value().map(|(s, _)| *s);
-        match (fresh, returned) {
-            (Some(f), Some(r)) => Some(f.min(r)),
-            (f, r) => f.or(r),
+        self.locate().map(|(s, _)| s)
+    }
+
+    /// The lowest pending sequence and which part holds it (`true`:
+    /// fresh), for [`pop`](Self::pop).
+    pub(crate) fn locate(&self) -> Option<(Sequence, bool)> {
+        match (self.fresh.front(), self.returned.first_key_value()) {
+            (Some(f), Some((r, _))) if *r < f.sequence => Some((*r, false)),
+            (Some(f), _) => Some((f.sequence, true)),
+            (None, Some((r, _))) => Some((*r, false)),
+            (None, None) => None,
         }
+    }
+
+    /// Removes the lowest record from the part [`locate`](Self::locate)
+    /// named.
+    pub(crate) fn pop(&mut self, fresh: bool) -> Option<Record<T>> {
+        if fresh { self.fresh.pop_front() } else { self.returned.pop_first().map(|(_, r)| r) }
     }
 
     /// Removes the record with the lowest sequence.
     pub(crate) fn pop_head(&mut self) -> Option<Record<T>> {
-        let take_fresh = match (self.fresh.front(), self.returned.first_key_value()) {
-            (Some(f), Some((r, _))) => f.sequence < *r,
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
-        if take_fresh { self.fresh.pop_front() } else { self.returned.pop_first().map(|(_, r)| r) }
+        let (_, fresh) = self.locate()?;
+        self.pop(fresh)
     }
 
     /// Removes every record at or below `through`; returns whether any left.

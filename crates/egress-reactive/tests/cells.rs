@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, Weak};
 use common::Counter;
 use egress_core::{
     AckOutcome, Attempt, ClaimOutcome, DeadLetters, DeadReason, Delay, Envelope, FailOutcome, FailureKind, Generation,
-    JitterSample, Ordering, Policy, ReconnectOutcome, Sequence, Time,
+    Incarnation, JitterSample, Ordering, Policy, ReceivedOutcome, ReconnectOutcome, Sequence, Time,
 };
 use egress_reactive::{CellOptions, EgressCellOf, ManualClock, SendError, Transport};
 
@@ -115,7 +115,44 @@ each_flavour! {
         assert_eq!(cell.next_sequence(), Sequence(3));
         assert_eq!(cell.ack(g, Sequence(0)), AckOutcome::Advanced { through: Sequence(0) });
         assert_eq!(cell.acked_through().get(), Some(Sequence(0)));
+        assert_eq!(cell.received_through().get(), Some(Sequence(0)), "an ack is a receipt too");
         assert_eq!(cell.inflight_len().get(), 0);
+        // The window is a range above the watermark: 1 and 2 fit, 3 would not.
+        assert_eq!(cell.window_room().get(), 2);
+    }
+
+    fn incarnations_are_minted_per_cell_or_given(cx) {
+        let a: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));
+        let b: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));
+        assert_ne!(a.incarnation(), b.incarnation(), "each cell a new sequence space");
+        assert_eq!(a.incarnation(), a.clone().incarnation());
+        let given = CellOptions::new().incarnation(Incarnation(0xfeed));
+        let c: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(2), given);
+        assert_eq!(c.incarnation(), Incarnation(0xfeed));
+    }
+
+    fn a_receipt_moves_held_records_back_in_flight_unsent(cx) {
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(4), options(&clock));
+        let c = counters!(cx, cell: pending, inflight, acked_through, received_through, generation, window_room);
+        let wire = Wire::default();
+        let link = cell.attach(wire.clone());
+        cell.enqueue_all([10, 11, 12]);
+        assert_eq!(wire.sequences(), [0, 1, 2]);
+        let _ = fired(&c);
+        // The connection dies; the receiver turns out to hold 0 and 1.
+        drop(link);
+        assert!(matches!(cell.reconnect(Generation(2)), ReconnectOutcome::Advanced { replayed: 3, .. }));
+        assert_eq!(fired(&c), ["pending", "inflight", "generation"]);
+        assert!(matches!(cell.received(Generation(2), Sequence(5)), ReceivedOutcome::Unsent { .. }));
+        assert!(fired(&c).is_empty(), "a refused receipt changes nothing");
+        assert_eq!(cell.received(Generation(2), Sequence(1)), ReceivedOutcome::Recorded { through: Sequence(1), moved: 2 });
+        assert_eq!(fired(&c), ["pending", "inflight", "received_through"]);
+        let new_wire = Wire::default();
+        let _link = cell.attach(new_wire.clone());
+        assert_eq!(new_wire.sequences(), [2], "only what the peer does not hold goes out again");
+        assert_eq!(cell.received_through().get(), Some(Sequence(1)));
+        assert_eq!(cell.acked_through().get(), None);
     }
 
     fn transitions_invalidate_exactly_their_readers(cx) {

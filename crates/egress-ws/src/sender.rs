@@ -286,10 +286,7 @@ async fn supervise(
         if *stop.borrow() {
             return;
         }
-        let outcome = tokio::select! {
-            outcome = connection(&cell, &url, &config, &kill, &counters, floor) => outcome,
-            _ = stop.changed() => Outcome { end: End::Stop, progressed: false, lasted: Duration::ZERO },
-        };
+        let outcome = connection(&cell, &url, &config, &kill, &counters, floor, &mut stop).await;
         let idle = cell.inflight_len().get_untracked() == 0;
         if outcome.progressed || (idle && outcome.lasted >= config.backoff_max) {
             failures = 0;
@@ -360,6 +357,7 @@ async fn connection(
     kill: &Notify,
     counters: &Counters,
     floor: Generation,
+    stop: &mut watch::Receiver<bool>,
 ) -> Outcome {
     let lost = |end| Outcome { end, progressed: false, lasted: Duration::ZERO };
     // A generation strictly above every one the cell has used and the
@@ -372,7 +370,7 @@ async fn connection(
     };
     let generation = Generation(next);
     let _ = cell.reconnect(generation);
-    let connected = tokio::time::timeout(config.connect_timeout, async {
+    let connecting = tokio::time::timeout(config.connect_timeout, async {
         let (mut ws, _) = tokio_tungstenite::connect_async(url).await.map_err(|e| End::Lost(e.to_string()))?;
         let resume_from = cell.acked_through().get_untracked().map_or(0, |s| s.get().saturating_add(1));
         let hello = Frame::Handshake {
@@ -391,8 +389,11 @@ async fn connection(
             Frame::Close { code, reason, .. } => Err(End::Protocol(format!("refused: {code:?} {reason}"))),
             other => Err(End::Protocol(format!("expected a welcome, got {other:?}"))),
         }
-    })
-    .await;
+    });
+    let connected = tokio::select! {
+        connected = connecting => connected,
+        _ = stop.changed() => return lost(End::Stop),
+    };
     let (ws, next, received, terms) = match connected {
         Ok(Ok(ok)) => ok,
         Ok(Err(end)) => {
@@ -440,6 +441,10 @@ async fn connection(
                 Err(end) => break end,
             },
             () = kill.notified() => break End::Lost("killed".into()),
+            _ = stop.changed() => {
+                send_close(&sink, CloseCode::Normal, "the producer is shutting down").await;
+                break End::Stop;
+            }
             () = check => {}
         }
         if cell.inflight_len().get_untracked() > 0 && heard.elapsed() >= stall {

@@ -313,3 +313,40 @@ async fn clean_shutdowns_close_as_normal_and_count_as_nothing() {
     let stats = sender.shutdown().await;
     assert_eq!(stats.protocol_errors, 0, "{stats:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_die_after_their_welcome_do_not_reset_the_backoff() {
+    // A receiver that welcomes every connection and drops it at once, with
+    // records waiting: without progress, each reconnect waits longer
+    // (20 ms doubling to 2 s). A backoff reset by every handshake would
+    // make this a tight loop (the old behaviour: about 160 a second).
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { continue };
+            if let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await {
+                let _ = ws.send(send(Frame::Welcome { generation, next: 0, received: 0, terms: TERMS })).await;
+            }
+        }
+    });
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    cell.enqueue_all((0..10).map(payload));
+    let config = SenderConfig {
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_secs(2),
+        ..sender_config(10)
+    };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let stats = sender.shutdown().await;
+    let n = accepted.load(Ordering::SeqCst);
+    // Waits of at least 10, 20, 40, ... 640 ms (the upper half of 20 ms
+    // doubling): at most 8 connections within 1.5 s, the first immediate.
+    assert!((2..=8).contains(&n), "{n} connections in 1.5 s: {stats:?}");
+    assert_eq!(cell.acked_through().get_untracked(), None);
+}

@@ -167,12 +167,15 @@ async fn run_sender_case(case: &Value) {
         backoff_max: Duration::from_millis(20),
         ..SenderConfig::new("p")
     };
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", listener.local_addr().unwrap()), config);
+    let mut sender = Some(Sender::spawn(cell.clone(), format!("ws://{}", listener.local_addr().unwrap()), config));
     let mut conns = HashMap::new();
     for step in case["steps"].as_array().unwrap() {
         let conn = |k: &str| step.get(k).and_then(Value::as_u64);
         if let Some(p) = step.get("enqueue").and_then(Value::as_str) {
             cell.enqueue(Bytes::copy_from_slice(p.as_bytes()));
+        } else if step.get("shutdown").is_some() {
+            let shutdown = sender.take().unwrap().shutdown();
+            tokio::spawn(shutdown);
         } else if let Some(c) = conn("accept") {
             let (stream, _) = tokio::time::timeout(LIMIT, listener.accept()).await.unwrap().unwrap();
             conns.insert(c, tokio_tungstenite::accept_async(stream).await.unwrap());
