@@ -20,6 +20,17 @@ pub const MAX_REASON: usize = 1024;
 /// The default limit on a data frame's payload.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
 
+/// Generations at or above this are refused (by a receiver in a handshake,
+/// by a producer in a stale-generation close): one peer must not be able to
+/// use up the generation space of a producer id in one frame.
+pub const GENERATION_LIMIT: u64 = 1 << 63;
+
+/// How far above the latest generation it knows for a producer id a
+/// receiver admits a handshake, and how far a producer jumps at once on a
+/// stale-generation close. A restart without a store jumps once, by the
+/// receiver's latest; only a hostile peer asks for more.
+pub const MAX_GENERATION_JUMP: u64 = 1 << 32;
+
 const HANDSHAKE: u8 = 0x01;
 const WELCOME: u8 = 0x02;
 const DATA: u8 = 0x03;
@@ -130,8 +141,8 @@ pub enum CloseCode {
     /// The connection's generation is not above the producer's latest
     /// (`detail`: that latest).
     StaleGeneration,
-    /// The receiver asks the producer to connect again at once and resume
-    /// from its welcome (its application gave a delivery back).
+    /// The receiver asks the producer to connect again and resume from its
+    /// welcome (the reference receiver does not send it).
     Retry,
     /// Another code, kept as received.
     Other(u16),

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::protocol::{CloseCode, Frame, Limits};
+use crate::protocol::{CloseCode, Frame, GENERATION_LIMIT, Limits, MAX_GENERATION_JUMP};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 type Sink = SplitSink<Ws, Message>;
@@ -74,8 +74,9 @@ pub struct SenderStats {
     /// Connections ended for a protocol error (of either side; this side
     /// closes with code 1 when it finds one).
     pub protocol_errors: u64,
-    /// Handshakes refused for a stale generation, each answered at once
-    /// with a generation above the receiver's latest.
+    /// Handshakes refused for a stale generation, each answered with a
+    /// generation above the receiver's latest (at once, unless the one
+    /// before was answered at once too and nothing got through since).
     pub stale_refusals: u64,
 }
 
@@ -121,6 +122,26 @@ pub struct WsTransport {
     /// Held from the first send of a pass to its flush.
     pass: Option<OwnedMutexGuard<Sink>>,
     max_payload: usize,
+    unwritten: Arc<Unwritten>,
+}
+
+/// The sequences whose last send this sender refused before writing them
+/// (too large): no receiver can hold them, so an acknowledgement or a
+/// receipt that covers one is a lie. Under [`DeadLetters::Hold`] such a
+/// record stays held, and an ack covering it would otherwise drop it. An
+/// entry goes when its sequence is written (a tombstone in its place, or a
+/// requeued record that fits a later receiver's limit). At most one entry
+/// per dead letter the cell holds.
+///
+/// [`DeadLetters::Hold`]: egress_core::DeadLetters::Hold
+#[derive(Debug, Default)]
+struct Unwritten(parking_lot::Mutex<std::collections::BTreeSet<u64>>);
+
+impl Unwritten {
+    /// The lowest refused sequence at or below `through`, if any.
+    fn covered(&self, through: u64) -> Option<u64> {
+        self.0.lock().first().copied().filter(|&s| s <= through)
+    }
 }
 
 impl AsyncTransport<Bytes> for WsTransport {
@@ -130,10 +151,12 @@ impl AsyncTransport<Bytes> for WsTransport {
         let frame = match envelope.dead {
             Some(reason) => Frame::Tombstone { generation, sequence, attempt, reason },
             None if envelope.payload.len() > self.max_payload => {
+                self.unwritten.0.lock().insert(sequence);
                 return Err(SendError::permanent(TooLarge { len: envelope.payload.len(), limit: self.max_payload }));
             }
             None => Frame::Data { generation, sequence, attempt, payload: envelope.payload },
         };
+        self.unwritten.0.lock().remove(&sequence);
         let sink = match &mut self.pass {
             Some(sink) => sink,
             None => self.pass.insert(self.sink.clone().lock_owned().await),
@@ -169,8 +192,16 @@ impl std::fmt::Debug for WsTransport {
 /// cell's `reconnect` fences the old attachment, and the new one replays
 /// exactly what the receiver does not hold.
 ///
-/// - A handshake refused as stale is answered at once with a generation
-///   above the one the receiver names; a `Retry` close, at once too.
+/// - A handshake refused as stale is answered with a generation above the
+///   one the receiver names, and a `Retry` close with a new connection: at
+///   once, unless the previous reconnect was at once too and nothing got
+///   through since. A stale close naming a generation out of reach (at or
+///   above [`GENERATION_LIMIT`], or more than [`MAX_GENERATION_JUMP`]
+///   above the cell's) is a protocol error.
+/// - An acknowledgement or a welcome that covers a record this sender
+///   found too large to send is a protocol error: no receiver holds it
+///   (under [`DeadLetters::Hold`](egress_core::DeadLetters::Hold) it would
+///   otherwise drop the held record).
 /// - The backoff resets after a connection on which the receiver's receipt
 ///   watermark moved, or one that ended idle after at least `backoff_max`:
 ///   a connection that keeps dying soon after its handshake (a record that
@@ -282,14 +313,22 @@ async fn supervise(
     let mut failures: u32 = 0;
     // A generation the next attempt must exceed (a receiver's latest).
     let mut floor = Generation(0);
+    // The last reconnect was at once (codes 4 and 5), and nothing got
+    // through since: the next one waits, so that a receiver cannot drive a
+    // hot loop of refusals.
+    let mut hurried = false;
+    let unwritten = Arc::new(Unwritten::default());
     loop {
         if *stop.borrow() {
             return;
         }
-        let outcome = connection(&cell, &url, &config, &kill, &counters, floor, &mut stop).await;
+        let outcome = connection(&cell, &url, &config, &kill, &counters, floor, &unwritten, &mut stop).await;
         let idle = cell.inflight_len().get_untracked() == 0;
         if outcome.progressed || (idle && outcome.lasted >= config.backoff_max) {
             failures = 0;
+        }
+        if outcome.progressed {
+            hurried = false;
         }
         let wait = match outcome.end {
             End::Stop => return,
@@ -307,11 +346,22 @@ async fn supervise(
                 tracing::warn!(%why, "egress sender: protocol error");
                 true
             }
-            End::Retry => false,
+            End::Retry => std::mem::replace(&mut hurried, true),
             End::Stale(latest) => {
                 counters.stale_refusals.fetch_add(1, Ordering::Relaxed);
-                floor = floor.max(Generation(latest));
-                false
+                let current = cell.generation().get_untracked().max(floor).get();
+                if latest >= GENERATION_LIMIT || latest.saturating_sub(current) > MAX_GENERATION_JUMP {
+                    counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        latest,
+                        current,
+                        "egress sender: a stale-generation close names a generation out of reach"
+                    );
+                    true
+                } else {
+                    floor = floor.max(Generation(latest));
+                    std::mem::replace(&mut hurried, true)
+                }
             }
         };
         counters.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -350,6 +400,7 @@ async fn send_close(sink: &Mutex<Sink>, code: CloseCode, reason: &str) {
     .await;
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn connection(
     cell: &AsyncEgressCell<Bytes>,
     url: &str,
@@ -357,6 +408,7 @@ async fn connection(
     kill: &Notify,
     counters: &Counters,
     floor: Generation,
+    unwritten: &Arc<Unwritten>,
     stop: &mut watch::Receiver<bool>,
 ) -> Outcome {
     let lost = |end| Outcome { end, progressed: false, lasted: Duration::ZERO };
@@ -386,6 +438,7 @@ async fn connection(
             }
             Frame::Close { code: CloseCode::StaleGeneration, detail, .. } => Err(End::Stale(detail)),
             Frame::Close { code: CloseCode::Retry, .. } => Err(End::Retry),
+            Frame::Close { code: CloseCode::Normal, reason, .. } => Err(End::Lost(format!("refused: {reason}"))),
             Frame::Close { code, reason, .. } => Err(End::Protocol(format!("refused: {code:?} {reason}"))),
             other => Err(End::Protocol(format!("expected a welcome, got {other:?}"))),
         }
@@ -413,12 +466,13 @@ async fn connection(
         End::Protocol(why)
     };
     counters.connections.fetch_add(1, Ordering::Relaxed);
-    if let Err(why) = welcome(cell, generation, next, received) {
+    if let Err(why) = welcome(cell, generation, next, received, unwritten) {
         return Outcome { end: protocol(why).await, progressed: false, lasted: opened.elapsed() };
     }
     let receipt = cell.received_through().get_untracked();
     let max_payload = usize::try_from(terms.max_payload).unwrap_or(usize::MAX);
-    let link = cell.attach(WsTransport { sink: sink.clone(), pass: None, max_payload });
+    let transport = WsTransport { sink: sink.clone(), pass: None, max_payload, unwritten: unwritten.clone() };
+    let link = cell.attach(transport);
     let stall = config.stall_timeout.unwrap_or(Duration::MAX);
     let mut heard = Instant::now();
     let end = loop {
@@ -426,6 +480,9 @@ async fn connection(
         tokio::select! {
             frame = read_frame(&mut stream, config.limits, &mut heard) => match frame {
                 Ok(Frame::Ack { generation: g, through }) if g == generation.get() => {
+                    if let Some(never) = unwritten.covered(through) {
+                        break protocol(format!("ack through {through}, but {never} was never sent")).await;
+                    }
                     if let AckOutcome::Unsent { sent_through, .. } = link.ack(Sequence(through)) {
                         break protocol(format!("ack through {through}, but only {sent_through:?} was sent")).await;
                     }
@@ -459,9 +516,18 @@ async fn connection(
 /// Applies a welcome: what the receiver acknowledged, then what it holds.
 /// Either beyond what was sent, or a receipt below the acknowledgement, is
 /// a protocol error of the receiver.
-fn welcome(cell: &AsyncEgressCell<Bytes>, generation: Generation, next: u64, received: u64) -> Result<(), String> {
+fn welcome(
+    cell: &AsyncEgressCell<Bytes>,
+    generation: Generation,
+    next: u64,
+    received: u64,
+    unwritten: &Unwritten,
+) -> Result<(), String> {
     if received < next {
         return Err(format!("welcome: holds through {received} but acknowledged through {next}"));
+    }
+    if let Some(never) = received.checked_sub(1).and_then(|through| unwritten.covered(through)) {
+        return Err(format!("welcome holds {received} records, but {never} was never sent"));
     }
     if let Some(through) = next.checked_sub(1)
         && let AckOutcome::Unsent { sent_through, .. } = cell.ack(generation, Sequence(through))

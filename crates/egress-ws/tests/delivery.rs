@@ -170,18 +170,232 @@ async fn explicit_commits_acknowledge_and_a_delivery_given_back_comes_again() {
         assert!(tokio::time::Instant::now() < deadline, "{:?}", cell.acked_through().get_untracked());
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // 3 is given back (dropped uncommitted): it comes again, then the rest.
+    // 3 and 4 are given back (dropped uncommitted): they come again, in
+    // order, then the rest.
     drop(rest.remove(0));
     drop(rest);
     for i in 3..10 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        assert_eq!((d.sequence, d.content.clone()), (i, Content::Message(payload(i))));
+        assert_eq!(d.deliveries, if i < 5 { 2 } else { 1 }, "sequence {i}");
+        d.commit();
+    }
+    drained(&cell, 10).await;
+    let stats = sender.shutdown().await;
+    assert_eq!(receiver.stats().released, 2);
+    // The receiver handed them over again itself: nothing asked of the
+    // producer, nothing replayed, no replay charged.
+    assert_eq!((stats.reconnects, stats.protocol_errors), (0, 0), "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_gives_back_everything_it_held() {
+    // A handler holds two deliveries and panics: unwinding drops the later
+    // one first. Both must come again (the old rewind lost the earlier
+    // one and let the later commit acknowledge it), and a handler that
+    // keeps failing on one message sees its delivery count grow.
+    let config = ReceiverConfig { ack_mode: AckMode::Explicit, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(11));
+    cell.enqueue_all((0..10).map(payload));
+    let first = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+    let second = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+    let handler = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let (_first, _second) = (first, second);
+        panic!("the handler fails");
+    }));
+    assert!(handler.is_err());
+    // Sequence 0 fails three times more; then it is set aside (committed).
+    for attempt in 2..=5 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        assert_eq!((d.sequence, d.deliveries), (0, attempt));
+        if attempt == 5 {
+            d.commit();
+        }
+    }
+    for i in 1..10 {
         let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
         assert_eq!((d.sequence, d.content.clone()), (i, Content::Message(payload(i))));
         d.commit();
     }
     drained(&cell, 10).await;
     let stats = sender.shutdown().await;
-    assert_eq!(receiver.stats().released, 1);
-    assert!(stats.reconnects >= 1 && stats.protocol_errors == 0, "{stats:?}");
+    assert_eq!(receiver.stats().released, 5);
+    assert_eq!((stats.reconnects, stats.protocol_errors), (0, 0), "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_given_back_with_the_queue_full_wedges_no_other_producer() {
+    // The queue holds 4. A raw producer "other" delivers 0 and 1; the real
+    // producer fills the rest and waits for room. The application takes
+    // other's 0 and gives it back: the real producer must go on.
+    let config = ReceiverConfig { ack_mode: AckMode::Explicit, delivery_buffer: 4, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let url = format!("ws://{}", receiver.local_addr());
+    let (mut other, _) = tokio_tungstenite::connect_async(url.clone()).await.unwrap();
+    let hello = Frame::Handshake { producer: "other".into(), incarnation: 1, generation: 1, resume_from: 0 };
+    other.send(send(hello)).await.unwrap();
+    assert!(matches!(next_frame(&mut other).await, Some(Frame::Welcome { .. })));
+    for sequence in 0..2 {
+        let frame = Frame::Data { generation: 1, sequence, attempt: 1, payload: payload(sequence) };
+        other.send(send(frame)).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while receiver.next_for("other") != Some(2) {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), url, sender_config(12));
+    cell.enqueue_all((0..20).map(payload));
+    while receiver.next_for("producer-1") != Some(2) {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let given_back = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+    assert_eq!((&*given_back.producer, given_back.sequence), ("other", 0));
+    drop(given_back);
+    let mut seen = Vec::new();
+    while seen.len() < 22 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.expect("no wedge");
+        seen.push((d.producer.to_string(), d.sequence));
+        d.commit();
+    }
+    let ours: Vec<u64> = seen.iter().filter(|(p, _)| p == "producer-1").map(|(_, s)| *s).collect();
+    assert_eq!(ours, (0..20).collect::<Vec<_>>());
+    assert_eq!(seen.iter().filter(|(p, _)| p == "other").count(), 2);
+    drained(&cell, 20).await;
+    sender.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_still_on_its_way_when_the_receiver_shuts_down_is_refused() {
+    // A producer whose upgrade completed before the shutdown, and whose
+    // handshake arrives after it, must not be admitted into a receiver
+    // nobody reads (it would be kept alive by pings, and never move on).
+    let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let (mut late, _) = tokio_tungstenite::connect_async(format!("ws://{}", receiver.local_addr())).await.unwrap();
+    receiver.shutdown().await;
+    let hello = Frame::Handshake { producer: "late".into(), incarnation: 1, generation: 1, resume_from: 0 };
+    late.send(send(hello)).await.unwrap();
+    match next_frame(&mut late).await {
+        Some(Frame::Close { code: CloseCode::Normal, .. }) => {}
+        other => panic!("expected a normal close, got {other:?}"),
+    }
+}
+
+/// A receiver that answers every handshake with `close(generation)`, and
+/// counts the connections.
+async fn refusing_receiver(close: fn(u64) -> Frame) -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { continue };
+            if let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await {
+                let _ = ws.send(send(close(generation))).await;
+            }
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_answered_at_once_back_off_when_nothing_gets_through() {
+    // Codes 4 (naming the generation just offered) and 5, on every
+    // handshake: answered at once, the sender would loop thousands of
+    // times a second. Only the first is answered at once.
+    let stale = |g| Frame::Close { code: CloseCode::StaleGeneration, detail: g, reason: "stale".into() };
+    let retry = |_| Frame::Close { code: CloseCode::Retry, detail: 0, reason: "retry".into() };
+    for (case, close) in [("stale", stale as fn(u64) -> Frame), ("retry", retry)] {
+        let (addr, accepted) = refusing_receiver(close).await;
+        let cx = AsyncContext::new();
+        let cell = AsyncEgressCell::new(&cx, policy());
+        cell.enqueue_all((0..10).map(payload));
+        let config = SenderConfig {
+            backoff_base: Duration::from_millis(20),
+            backoff_max: Duration::from_secs(2),
+            ..sender_config(13)
+        };
+        let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config);
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let stats = sender.shutdown().await;
+        let n = accepted.load(Ordering::SeqCst);
+        // At once, then waits of at least 10, 20, 40, ... 640 ms.
+        assert!((2..=9).contains(&n), "{case}: {n} connections in 1.5 s: {stats:?}");
+        assert_eq!(cell.inflight_len().get_untracked() + cell.pending_len().get_untracked(), 10);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_close_out_of_reach_does_not_use_up_the_generations() {
+    // One Close 4 naming u64::MAX - 1 would make the cell's next
+    // generation u64::MAX, and leave it nothing to reconnect with. The
+    // sender refuses the jump (a protocol error, with a backoff), and the
+    // cell stays usable.
+    let far = |_| Frame::Close { code: CloseCode::StaleGeneration, detail: u64::MAX - 1, reason: "far".into() };
+    let (addr, accepted) = refusing_receiver(far).await;
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    cell.enqueue_all((0..10).map(payload));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(14));
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while accepted.load(Ordering::SeqCst) < 3 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = sender.shutdown().await;
+    assert!(stats.protocol_errors >= 2, "{stats:?}");
+    assert!(cell.generation().get_untracked().get() < 100, "{:?}", cell.generation().get_untracked());
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(15));
+    receive_in_order(&mut receiver, 0, 10).await;
+    drained(&cell, 10).await;
+    assert_eq!(sender.shutdown().await.protocol_errors, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_covering_a_held_record_that_was_never_sent_is_refused() {
+    // Dead letters held (not skipped); the receiver announces a 16-byte
+    // limit, so record 3 (100 bytes) is never sent and is held. An ack
+    // through 9 is then a lie that would drop it: refused with code 1.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
+        let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await else { return };
+        let terms = Terms { max_payload: 16, keepalive_ms: 1_000 };
+        ws.send(send(Frame::Welcome { generation, next: 0, received: 0, terms })).await.unwrap();
+        let mut sent = Vec::new();
+        while sent.len() < 9 {
+            match next_frame(&mut ws).await {
+                Some(Frame::Data { sequence, .. }) => sent.push(sequence),
+                other => panic!("expected data, got {other:?}"),
+            }
+        }
+        assert!(!sent.contains(&3), "{sent:?}");
+        ws.send(send(Frame::Ack { generation, through: 9 })).await.unwrap();
+        let _ = tx.send(close_of(&mut ws).await);
+    });
+    let cx = AsyncContext::new();
+    let hold = Policy::builder().dead_letters(egress_core::DeadLetters::Hold).retry_base(Delay(5)).build().unwrap();
+    let cell = AsyncEgressCell::new(&cx, hold);
+    cell.enqueue_all((0..10).map(|i| if i == 3 { Bytes::from(vec![b'x'; 100]) } else { payload(i) }));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(16));
+    let close = tokio::time::timeout(LIMIT, closed.recv()).await.unwrap().unwrap();
+    assert_eq!(close.map(|(code, _)| code), Some(CloseCode::Protocol));
+    let stats = sender.shutdown().await;
+    assert!(stats.protocol_errors >= 1, "{stats:?}");
+    assert_eq!(cell.exhausted_len().get_untracked(), 1, "the held record is kept");
+    assert_eq!(cell.acked_through().get_untracked(), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,17 +16,24 @@
 //!   ──────────────┬───────────▶   until the gap fills (freed when their connection ends)
 //! ```
 //!
+//! Under explicit commits the application may give a delivery back (drop it
+//! uncommitted): the inbox queues it again, ahead of everything else, and a
+//! commit never covers a sequence given back and not yet taken again.
+//!
 //! Nothing here panics on input: every number from the wire is checked, and
 //! the arithmetic cannot overflow (a sequence of `u64::MAX` is refused: it
-//! cannot be delivered without the watermark overflowing).
+//! cannot be delivered without the watermark overflowing; a generation at or
+//! above [`GENERATION_LIMIT`], or more than [`MAX_GENERATION_JUMP`] above the
+//! producer's latest, is refused: one handshake must not use up a producer
+//! id's generations).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use egress_core::DeadReason;
 
-use crate::protocol::CloseCode;
+use crate::protocol::{CloseCode, GENERATION_LIMIT, MAX_GENERATION_JUMP};
 
 /// What a delivery carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,8 +56,9 @@ pub(crate) struct Queued {
     pub(crate) incarnation: u128,
     pub(crate) sequence: u64,
     pub(crate) content: Content,
-    /// The stream's epoch when it was queued (see [`Inbox::release`]).
-    pub(crate) epoch: u64,
+    /// How many times the application was handed this sequence before (it
+    /// gave it back that many times).
+    pub(crate) given_back: u32,
 }
 
 /// The bounds and rules the inbox applies.
@@ -119,10 +127,33 @@ pub(crate) enum Taken {
 #[derive(Debug, Default)]
 struct Stream {
     next: u64,
+    /// Every sequence below it is committed: `min(wanted, redo.first())`,
+    /// never lowered.
     committed: u64,
+    /// One above the highest sequence the application committed.
+    wanted: u64,
+    /// Sequences given back and queued again, not yet taken again: a
+    /// commit does not cover them. At most one per delivery the
+    /// application holds or gave back.
+    redo: BTreeSet<u64>,
     buffer: BTreeMap<u64, Content>,
-    /// Bumped when the stream rewinds; releases of an older epoch are void.
-    epoch: u64,
+}
+
+impl Stream {
+    fn new(from: u64) -> Self {
+        Stream { next: from, committed: from, wanted: from, redo: BTreeSet::new(), buffer: BTreeMap::new() }
+    }
+
+    /// Raises `committed` as far as the commits and the give-backs allow;
+    /// returns whether it moved.
+    fn settle(&mut self) -> bool {
+        let to = self.redo.first().map_or(self.wanted, |&r| self.wanted.min(r));
+        let moved = to > self.committed;
+        if moved {
+            self.committed = to;
+        }
+        moved
+    }
 }
 
 #[derive(Debug)]
@@ -157,12 +188,21 @@ pub(crate) struct Inbox<W> {
     producers: HashMap<Arc<str>, Producer<W>>,
     queue: VecDeque<Queued>,
     next_conn: u64,
+    /// The receiver is shutting down: no more admissions.
+    stopped: bool,
     pub(crate) counts: Counts,
 }
 
 impl<W: Clone> Inbox<W> {
     pub(crate) fn new(rules: Rules) -> Self {
-        Inbox { rules, producers: HashMap::new(), queue: VecDeque::new(), next_conn: 0, counts: Counts::default() }
+        Inbox {
+            rules,
+            producers: HashMap::new(),
+            queue: VecDeque::new(),
+            next_conn: 0,
+            stopped: false,
+            counts: Counts::default(),
+        }
     }
 
     /// A producer's handshake: admits it under `generation` (fencing its
@@ -176,12 +216,29 @@ impl<W: Clone> Inbox<W> {
         wake: W,
     ) -> Admission<W> {
         let rules = self.rules;
+        if self.stopped {
+            return Admission::Refused {
+                code: CloseCode::Normal,
+                detail: 0,
+                reason: "the receiver is shutting down".into(),
+            };
+        }
         let entry = self.producers.entry(producer.clone()).or_insert_with(|| Producer {
             generation: 0,
             conn: None,
             streams: Vec::new(),
         });
         let known = entry.conn.is_some() || !entry.streams.is_empty();
+        if generation >= GENERATION_LIMIT
+            || (known && generation - entry.generation.min(generation) > MAX_GENERATION_JUMP)
+        {
+            self.counts.refused += 1;
+            return Admission::Refused {
+                code: CloseCode::Protocol,
+                detail: 0,
+                reason: format!("generation {generation} is beyond the limit or too far above the producer's latest"),
+            };
+        }
         if known && generation <= entry.generation {
             self.counts.refused += 1;
             return Admission::Refused {
@@ -204,7 +261,7 @@ impl<W: Clone> Inbox<W> {
         let index = entry.streams.iter().position(|(i, _)| *i == incarnation);
         let mut stream = match index {
             Some(i) => entry.streams.remove(i).1,
-            None => Stream { next: resume_from, committed: resume_from, buffer: BTreeMap::new(), epoch: 0 },
+            None => Stream::new(resume_from),
         };
         // Everything below `resume_from` was acknowledged to the producer,
         // which no longer holds it: never wait for it.
@@ -212,7 +269,11 @@ impl<W: Clone> Inbox<W> {
             stream.next = resume_from;
             stream.buffer = stream.buffer.split_off(&resume_from);
         }
-        stream.committed = stream.committed.max(resume_from);
+        if resume_from > stream.wanted {
+            stream.wanted = resume_from;
+            stream.redo = stream.redo.split_off(&resume_from);
+        }
+        stream.settle();
         let (next, received) = (stream.committed, stream.next);
         entry.streams.push((incarnation, stream));
         let excess = entry.streams.len().saturating_sub(rules.incarnations.max(1));
@@ -281,10 +342,9 @@ impl<W: Clone> Inbox<W> {
                 None => break,
             }
         }
-        let epoch = stream.epoch;
         let count = ready.len();
         for (sequence, content) in ready {
-            self.queue.push_back(Queued { producer: producer.clone(), incarnation, sequence, content, epoch });
+            self.queue.push_back(Queued { producer: producer.clone(), incarnation, sequence, content, given_back: 0 });
         }
         Taken::Delivered { count }
     }
@@ -295,31 +355,61 @@ impl<W: Clone> Inbox<W> {
     }
 
     /// Hands the oldest delivery to the application; when taking commits,
-    /// commits it, and returns the connection to wake for an ack.
+    /// commits it. Returns the connection to wake for an ack, if one may be
+    /// due.
     pub(crate) fn take(&mut self) -> Option<(Queued, Option<W>)> {
         let q = self.queue.pop_front()?;
         self.counts.taken += 1;
         if matches!(q.content, Content::Skipped(_)) {
             self.counts.skipped += 1;
         }
-        let wake = if self.rules.commit_on_take { self.commit(&q.producer, q.incarnation, q.sequence) } else { None };
+        let wake = if self.rules.commit_on_take {
+            self.commit(&q.producer, q.incarnation, q.sequence)
+        } else if q.given_back > 0 {
+            // Taken again: commits may cover it now (and those made while
+            // it waited take effect).
+            self.update(&q.producer, q.incarnation, |s| {
+                s.redo.remove(&q.sequence);
+                Some(())
+            })
+        } else {
+            None
+        };
         Some((q, wake))
     }
 
     /// The application acknowledges `sequence` of a stream, and with it
-    /// every sequence below. Returns the connection to wake when an ack may
-    /// be due (the first commit since its last ack, to start its timer, and
-    /// every commit from `ack_every` unacknowledged on).
+    /// every sequence below but those it gave back and has not taken again.
+    /// Returns the connection to wake when an ack may be due.
     pub(crate) fn commit(&mut self, producer: &str, incarnation: u128, sequence: u64) -> Option<W> {
+        self.update(producer, incarnation, |s| {
+            if sequence >= s.next || sequence < s.wanted {
+                return None;
+            }
+            // `sequence < next <= u64::MAX`: the add cannot overflow.
+            s.wanted = sequence + 1;
+            Some(())
+        })
+    }
+
+    /// Applies `change` to a stream, then raises its committed watermark
+    /// as far as allowed; returns the connection to wake when an ack may be
+    /// due (the first commit since its last ack, to start its timer, and
+    /// every commit from `ack_every` unacknowledged on).
+    fn update(
+        &mut self,
+        producer: &str,
+        incarnation: u128,
+        change: impl FnOnce(&mut Stream) -> Option<()>,
+    ) -> Option<W> {
         let ack_every = self.rules.ack_every.max(1);
         let p = self.producers.get_mut(producer)?;
         let s = p.stream(incarnation)?;
-        if sequence >= s.next || sequence < s.committed {
+        change(s)?;
+        let before = s.committed;
+        if !s.settle() {
             return None;
         }
-        let before = s.committed;
-        // `sequence < next <= u64::MAX`: the add cannot overflow.
-        s.committed = sequence + 1;
         let after = s.committed;
         let c = p.conn.as_ref().filter(|c| c.incarnation == incarnation)?;
         let (was, now) = (before.saturating_sub(c.acked), after.saturating_sub(c.acked));
@@ -327,22 +417,31 @@ impl<W: Clone> Inbox<W> {
     }
 
     /// The application gave back a delivery it took without committing it:
-    /// the stream rewinds to `sequence` (if the delivery is of the current
-    /// epoch and not committed) so that the producer's replay delivers it
-    /// again, and the queued deliveries of the stream from `sequence` on
-    /// are dropped. Returns the connection to close with `Retry`.
-    pub(crate) fn release(&mut self, producer: &str, incarnation: u128, sequence: u64, epoch: u64) -> Option<W> {
-        let p = self.producers.get_mut(producer)?;
-        let s = p.stream(incarnation)?;
-        if s.epoch != epoch || sequence < s.committed || sequence >= s.next {
-            return None;
+    /// it is queued again, ahead of everything but the other deliveries of
+    /// its stream given back before it with lower sequences, and commits
+    /// do not cover it until it is taken again. Returns whether it was
+    /// queued (not if a commit covered it already, or its stream is
+    /// forgotten: then its producer still holds it and replays it).
+    pub(crate) fn release(&mut self, q: Queued) -> bool {
+        let Some(s) = self.producers.get_mut(&q.producer).and_then(|p| p.stream(q.incarnation)) else {
+            return false;
+        };
+        if q.sequence < s.committed || q.sequence >= s.next || !s.redo.insert(q.sequence) {
+            return false;
         }
-        s.next = sequence;
-        s.buffer.clear();
-        s.epoch = s.epoch.wrapping_add(1);
         self.counts.released += 1;
-        self.queue.retain(|q| !(&*q.producer == producer && q.incarnation == incarnation && q.sequence >= sequence));
-        p.conn.as_ref().filter(|c| c.incarnation == incarnation).map(|c| c.wake.clone())
+        let at = self
+            .queue
+            .iter()
+            .take_while(|o| {
+                o.given_back > 0
+                    && o.producer == q.producer
+                    && o.incarnation == q.incarnation
+                    && o.sequence < q.sequence
+            })
+            .count();
+        self.queue.insert(at, Queued { given_back: q.given_back.saturating_add(1), ..q });
+        true
     }
 
     /// The ack connection `conn` should send now, if any: the generation and
@@ -377,8 +476,11 @@ impl<W: Clone> Inbox<W> {
         }
     }
 
-    /// Every connection's wake handle, to close them all.
-    pub(crate) fn connections(&self) -> Vec<W> {
+    /// Stops admitting connections, and returns every admitted one's wake
+    /// handle, to close them all: a connection whose handshake is still on
+    /// its way is refused when it arrives.
+    pub(crate) fn stop(&mut self) -> Vec<W> {
+        self.stopped = true;
         self.producers.values().filter_map(|p| p.conn.as_ref().map(|c| c.wake.clone())).collect()
     }
 
@@ -457,10 +559,11 @@ mod tests {
     fn hostile_numbers_are_refused_without_panicking() {
         let mut inbox = Inbox::new(rules());
         let p: Arc<str> = "p".into();
-        let (c, next, _) = admit(&mut inbox, &p, 1, u64::MAX, u64::MAX);
+        let (c, next, _) = admit(&mut inbox, &p, 1, GENERATION_LIMIT - 1, u64::MAX);
         assert_eq!(next, u64::MAX);
-        assert!(matches!(inbox.take_frame(&p, c, u64::MAX, u64::MAX, msg(0)), Taken::Invalid(_)));
-        assert_eq!(inbox.take_frame(&p, c, u64::MAX, 3, msg(3)), Taken::Duplicate);
+        let g = GENERATION_LIMIT - 1;
+        assert!(matches!(inbox.take_frame(&p, c, g, u64::MAX, msg(0)), Taken::Invalid(_)));
+        assert_eq!(inbox.take_frame(&p, c, g, 3, msg(3)), Taken::Duplicate);
         assert!(matches!(inbox.take_frame(&p, c, 1, 3, msg(3)), Taken::Invalid(_)));
         assert!(matches!(inbox.handshake(&p, 1, u64::MAX, 0, ()), Admission::Refused { .. }));
         // The last deliverable sequence is u64::MAX - 1.
@@ -468,6 +571,44 @@ mod tests {
         let (c, ..) = admit(&mut inbox, &q, 1, 1, u64::MAX - 1);
         assert_eq!(inbox.take_frame(&q, c, 1, u64::MAX - 1, msg(0)), Taken::Delivered { count: 1 });
         assert_eq!(inbox.next_for("q"), Some(u64::MAX));
+    }
+
+    #[test]
+    fn one_handshake_cannot_use_up_a_producers_generations() {
+        let mut inbox = Inbox::new(rules());
+        let p: Arc<str> = "p".into();
+        for g in [GENERATION_LIMIT, u64::MAX] {
+            match inbox.handshake(&p, 1, g, 0, ()) {
+                Admission::Refused { code: CloseCode::Protocol, .. } => {}
+                other => panic!("generation {g}: expected a protocol refusal, got {other:?}"),
+            }
+        }
+        admit(&mut inbox, &p, 1, 5, 0);
+        // A jump of at most MAX_GENERATION_JUMP is admitted; one more is not.
+        assert!(matches!(
+            inbox.handshake(&p, 1, 5 + MAX_GENERATION_JUMP + 1, 0, ()),
+            Admission::Refused { code: CloseCode::Protocol, .. }
+        ));
+        admit(&mut inbox, &p, 1, 5 + MAX_GENERATION_JUMP, 0);
+        // A refused handshake changed nothing: the latest is the admitted one.
+        match inbox.handshake(&p, 1, 6, 0, ()) {
+            Admission::Refused { code: CloseCode::StaleGeneration, detail, .. } => {
+                assert_eq!(detail, 5 + MAX_GENERATION_JUMP);
+            }
+            other => panic!("expected a stale refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_stopped_inbox_admits_nobody() {
+        let mut inbox: Inbox<u8> = Inbox::new(rules());
+        let p: Arc<str> = "p".into();
+        assert!(matches!(inbox.handshake(&p, 1, 1, 0, 7), Admission::Welcome { .. }));
+        assert_eq!(inbox.stop(), [7], "the admitted connection is to be closed");
+        match inbox.handshake(&"q".into(), 1, 1, 0, 8) {
+            Admission::Refused { code: CloseCode::Normal, .. } => {}
+            other => panic!("expected a normal refusal, got {other:?}"),
+        }
     }
 
     #[test]
@@ -489,8 +630,16 @@ mod tests {
         assert_eq!(inbox.take_frame(&p, c, 2, 3, msg(3)), Taken::Full(msg(3)));
     }
 
+    fn take_all(inbox: &mut Inbox<()>) -> Vec<Queued> {
+        std::iter::from_fn(|| inbox.take().map(|(q, _)| q)).collect()
+    }
+
+    fn again(q: &Queued) -> Queued {
+        Queued { producer: q.producer.clone(), content: q.content.clone(), ..*q }
+    }
+
     #[test]
-    fn explicit_commits_and_a_release_rewinds_the_stream() {
+    fn explicit_commits_cover_what_was_taken() {
         let mut inbox = Inbox::new(Rules { commit_on_take: false, ..rules() });
         let p: Arc<str> = "p".into();
         let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
@@ -503,15 +652,35 @@ mod tests {
         assert!(inbox.commit(&p, 1, got[1].sequence).is_some(), "the first commit since an ack wakes");
         assert!(inbox.commit(&p, 1, got[0].sequence).is_none(), "an older commit is void");
         assert_eq!(inbox.poll_ack(&p, c, true), Some((1, 1)));
-        // Sequence 2 is given back: it and the queued 3, 4 go; the stream
-        // waits for 2 again.
-        assert!(inbox.release(&p, 1, 2, got[2].epoch).is_some());
-        assert_eq!(inbox.queued(), 0);
-        assert_eq!(inbox.take_frame(&p, c, 1, 3, msg(3)), Taken::Buffered);
-        assert_eq!(inbox.take_frame(&p, c, 1, 2, msg(2)), Taken::Delivered { count: 2 });
-        // A release of the old epoch, or of something committed, is void.
-        assert!(inbox.release(&p, 1, 2, got[2].epoch).is_none());
-        assert!(inbox.release(&p, 1, 0, got[0].epoch.wrapping_add(1)).is_none());
-        assert_eq!(inbox.counts.released, 1);
+        assert!(inbox.commit(&p, 1, 5).is_none(), "a commit of what was never received is void");
+        assert!(!inbox.release(again(&got[0])), "a give-back of something committed is void");
+        assert_eq!(inbox.counts.released, 0);
+    }
+
+    #[test]
+    fn a_delivery_given_back_is_handed_over_again_first_and_not_committed_meanwhile() {
+        let mut inbox = Inbox::new(Rules { commit_on_take: false, ..rules() });
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
+        for s in 0..6 {
+            let _ = inbox.take_frame(&p, c, 1, s, msg(s));
+        }
+        let got: Vec<Queued> = std::iter::from_fn(|| inbox.take().map(|(q, _)| q)).take(4).collect();
+        // Given back in reverse order (as locals drop when a handler
+        // unwinds): both come back, in sequence order, before 4 and 5.
+        assert!(inbox.release(again(&got[3])));
+        assert!(inbox.release(again(&got[2])));
+        assert_eq!(inbox.counts.released, 2);
+        // A commit of 1 is applied; one of 3 (taken before, given back)
+        // covers nothing past 1 while 2 and 3 wait.
+        assert!(inbox.commit(&p, 1, 1).is_some());
+        assert!(inbox.commit(&p, 1, 3).is_none());
+        assert_eq!(inbox.poll_ack(&p, c, true), Some((1, 1)));
+        let again: Vec<(u64, u32)> = take_all(&mut inbox).iter().map(|q| (q.sequence, q.given_back)).collect();
+        assert_eq!(again, [(2, 1), (3, 1), (4, 0), (5, 0)]);
+        // Taken again: the earlier commit of 3 now covers them.
+        assert_eq!(inbox.poll_ack(&p, c, true), Some((1, 3)));
+        // Nothing was asked of the producer: the stream never rewound.
+        assert_eq!(inbox.next_for("p"), Some(6));
     }
 }

@@ -36,9 +36,12 @@ pub enum AckMode {
     #[default]
     OnTake,
     /// When the application calls [`Delivery::commit`] (after persisting
-    /// it, say). A delivery dropped without a commit is given back: the
-    /// stream rewinds to it and the producer, asked to reconnect, replays it
-    /// and what followed (those are delivered again).
+    /// it, say). A commit acknowledges the delivery and every earlier one of
+    /// its stream, except those given back and not taken again. A delivery
+    /// dropped without a commit (a handler that fails, or panics) is given
+    /// back: it is handed over again by the next `recv`, ahead of the
+    /// others, with [`Delivery::deliveries`] counting the times. The
+    /// producer is not involved, and nothing else is redelivered.
     Explicit,
 }
 
@@ -126,6 +129,11 @@ pub struct Delivery {
     pub sequence: u64,
     /// The message, or why it was skipped.
     pub content: Content,
+    /// How many times this receiver has handed this sequence to the
+    /// application, this one included: above 1 when it was given back
+    /// before (the application can set aside a message it keeps failing
+    /// on by committing it).
+    pub deliveries: u32,
     receipt: Option<Receipt>,
 }
 
@@ -135,18 +143,16 @@ pub struct Delivery {
 /// fields can be moved out.)
 struct Receipt {
     shared: Weak<Shared>,
-    producer: Arc<str>,
-    incarnation: u128,
-    sequence: u64,
-    epoch: u64,
-    committed: bool,
+    /// What to queue again if it is given back (the content is a cheap
+    /// clone: `Bytes` counts references).
+    queued: Option<Queued>,
 }
 
 impl Receipt {
     fn commit(mut self) {
-        self.committed = true;
+        let Some(q) = self.queued.take() else { return };
         if let Some(shared) = self.shared.upgrade() {
-            let wake = shared.inbox.lock().commit(&self.producer, self.incarnation, self.sequence);
+            let wake = shared.inbox.lock().commit(&q.producer, q.incarnation, q.sequence);
             if let Some(signal) = wake {
                 signal.notify.notify_one();
             }
@@ -156,14 +162,11 @@ impl Receipt {
 
 impl Drop for Receipt {
     fn drop(&mut self) {
-        if self.committed {
-            return;
-        }
+        let Some(q) = self.queued.take() else { return };
         let Some(shared) = self.shared.upgrade() else { return };
-        let retry = shared.inbox.lock().release(&self.producer, self.incarnation, self.sequence, self.epoch);
-        if let Some(signal) = retry {
-            signal.retry.store(true, Ordering::Release);
-            signal.notify.notify_one();
+        let queued = shared.inbox.lock().release(q);
+        if queued {
+            shared.ready.notify_one();
         }
     }
 }
@@ -193,6 +196,7 @@ impl std::fmt::Debug for Delivery {
             .field("incarnation", &self.incarnation)
             .field("sequence", &self.sequence)
             .field("content", &self.content)
+            .field("deliveries", &self.deliveries)
             .field("committed", &self.receipt.is_none())
             .finish()
     }
@@ -218,7 +222,7 @@ pub struct ReceiverStats {
     /// Connections refused or closed for a protocol error or a stale
     /// generation (a close frame says why; logged through `tracing`).
     pub rejected: u64,
-    /// Deliveries given back uncommitted, each a rewind of its stream.
+    /// Deliveries given back uncommitted (each handed over again).
     pub released: u64,
 }
 
@@ -228,8 +232,6 @@ struct Signal {
     notify: Notify,
     /// A newer connection of the producer replaced this one.
     fenced: AtomicBool,
-    /// The application gave a delivery back: the producer must replay.
-    retry: AtomicBool,
     /// The receiver is shutting down.
     stop: AtomicBool,
 }
@@ -247,7 +249,7 @@ struct Shared {
 
 impl Shared {
     fn stop_all(&self) {
-        for signal in self.inbox.lock().connections() {
+        for signal in self.inbox.lock().stop() {
             signal.stop.store(true, Ordering::Release);
             signal.notify.notify_one();
         }
@@ -355,11 +357,13 @@ impl Receiver {
             AckMode::OnTake => None,
             AckMode::Explicit => Some(Receipt {
                 shared: Arc::downgrade(&self.shared),
-                producer: q.producer.clone(),
-                incarnation: q.incarnation,
-                sequence: q.sequence,
-                epoch: q.epoch,
-                committed: false,
+                queued: Some(Queued {
+                    producer: q.producer.clone(),
+                    incarnation: q.incarnation,
+                    sequence: q.sequence,
+                    content: q.content.clone(),
+                    given_back: q.given_back,
+                }),
             }),
         };
         Delivery {
@@ -367,6 +371,7 @@ impl Receiver {
             incarnation: Incarnation(q.incarnation),
             sequence: q.sequence,
             content: q.content,
+            deliveries: q.given_back.saturating_add(1),
             receipt,
         }
     }
@@ -696,15 +701,13 @@ impl Connection<'_> {
         }
     }
 
-    /// Handles the signals: fenced, retry, stop, or an ack that may be due.
+    /// Handles the signals: fenced, stop, or an ack that may be due.
     async fn signalled(&mut self) -> Step {
         let s = &self.signal;
         let closing = if s.stop.load(Ordering::Acquire) {
             Some((CloseCode::Normal, "the receiver is shutting down"))
         } else if s.fenced.load(Ordering::Acquire) {
             Some((CloseCode::Fenced, "a newer connection replaced this one"))
-        } else if s.retry.load(Ordering::Acquire) {
-            Some((CloseCode::Retry, "a delivery was given back: resume from the welcome"))
         } else {
             None
         };
