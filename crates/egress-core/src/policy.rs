@@ -27,7 +27,10 @@ pub enum DeadLetters {
     /// fresh budget, and is sent as "this sequence is skipped, for this
     /// reason" (its envelope's [`dead`](crate::Envelope::dead) is set), so a
     /// receiver that delivers in order moves past it and tells its
-    /// application of the gap. Nothing behind a dead letter waits for it.
+    /// application of the gap. Nothing behind a dead letter waits for it,
+    /// unless its tombstone too runs out of budget or replays (a receiver
+    /// that refuses even tombstones): then the tombstone is held, as
+    /// [`Hold`](Self::Hold) holds a record.
     #[default]
     Skip,
     /// The record is held among the [`exhausted`](crate::EgressCore::exhausted)
