@@ -21,14 +21,16 @@ pub const MAX_REASON: usize = 1024;
 pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
 
 /// Generations at or above this are refused (by a receiver in a handshake,
-/// by a producer in a stale-generation close): one peer must not be able to
-/// use up the generation space of a producer id in one frame.
+/// by a producer in a stale-generation close).
 pub const GENERATION_LIMIT: u64 = 1 << 63;
 
-/// How far above the latest generation it knows for a producer id a
-/// receiver admits a handshake, and how far a producer jumps at once on a
-/// stale-generation close. A restart without a store jumps once, by the
-/// receiver's latest; only a hostile peer asks for more.
+/// How far the latest generation a receiver records for a producer id rises
+/// per handshake (a handshake further up is admitted, but recorded this far
+/// up only), and how far a producer jumps per stale-generation close. So a
+/// squatter's handshake cannot put a producer id out of its producer's
+/// reach, nor a receiver's close take a producer's generations away: each
+/// step of either costs a round trip. A restart without a store jumps once,
+/// by the receiver's latest; only a hostile peer needs more.
 pub const MAX_GENERATION_JUMP: u64 = 1 << 32;
 
 const HANDSHAKE: u8 = 0x01;

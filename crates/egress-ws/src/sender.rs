@@ -75,8 +75,9 @@ pub struct SenderStats {
     /// closes with code 1 when it finds one).
     pub protocol_errors: u64,
     /// Handshakes refused for a stale generation, each answered with a
-    /// generation above the receiver's latest (at once, unless the one
-    /// before was answered at once too and nothing got through since).
+    /// generation above the receiver's latest, or at most 2^32 closer to it
+    /// (at once, unless the one before was answered at once too and nothing
+    /// got through since).
     pub stale_refusals: u64,
 }
 
@@ -193,11 +194,11 @@ impl std::fmt::Debug for WsTransport {
 /// exactly what the receiver does not hold.
 ///
 /// - A handshake refused as stale is answered with a generation above the
-///   one the receiver names, and a `Retry` close with a new connection: at
+///   one the receiver names (at most [`MAX_GENERATION_JUMP`] above the
+///   cell's per refusal), and a `Retry` close with a new connection: at
 ///   once, unless the previous reconnect was at once too and nothing got
-///   through since. A stale close naming a generation out of reach (at or
-///   above [`GENERATION_LIMIT`], or more than [`MAX_GENERATION_JUMP`]
-///   above the cell's) is a protocol error.
+///   through since. A stale close naming a generation at or above
+///   [`GENERATION_LIMIT`] is a protocol error.
 /// - An acknowledgement or a welcome that covers a record this sender
 ///   found too large to send is a protocol error: no receiver holds it
 ///   (under [`DeadLetters::Hold`](egress_core::DeadLetters::Hold) it would
@@ -349,17 +350,17 @@ async fn supervise(
             End::Retry => std::mem::replace(&mut hurried, true),
             End::Stale(latest) => {
                 counters.stale_refusals.fetch_add(1, Ordering::Relaxed);
-                let current = cell.generation().get_untracked().max(floor).get();
-                if latest >= GENERATION_LIMIT || latest.saturating_sub(current) > MAX_GENERATION_JUMP {
+                if latest >= GENERATION_LIMIT {
                     counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        latest,
-                        current,
-                        "egress sender: a stale-generation close names a generation out of reach"
-                    );
+                    tracing::warn!(latest, "egress sender: a stale-generation close names a generation out of range");
                     true
                 } else {
-                    floor = floor.max(Generation(latest));
+                    // Above the receiver's latest, by at most
+                    // MAX_GENERATION_JUMP per refusal (receivers record no
+                    // bigger step): a receiver cannot take the cell's
+                    // generations away in one frame.
+                    let current = cell.generation().get_untracked().max(floor).get();
+                    floor = floor.max(Generation(latest.min(current.saturating_add(MAX_GENERATION_JUMP))));
                     std::mem::replace(&mut hurried, true)
                 }
             }

@@ -16,13 +16,17 @@ use bytes::Bytes;
 use common::{LIMIT, close_of, drained, next_frame, payload, policy, receive_in_order, sender_config};
 use egress_core::{DeadReason, Delay, Generation, Policy, Sequence};
 use egress_reactive::{AsyncContext, AsyncEgressCell, CellOptions};
-use egress_ws::protocol::{CloseCode, Frame, Terms};
+use egress_ws::protocol::{CloseCode, Frame, GENERATION_LIMIT, MAX_GENERATION_JUMP, Terms};
 use egress_ws::{AckMode, Content, Receiver, ReceiverConfig, Sender, SenderConfig};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
 
 const TERMS: Terms = Terms { max_payload: 1 << 20, keepalive_ms: 1_000 };
+
+async fn recv(receiver: &mut Receiver) -> egress_ws::Delivery {
+    tokio::time::timeout(LIMIT, receiver.recv()).await.expect("a delivery in time")
+}
 
 fn send(frame: Frame) -> Message {
     Message::Binary(frame.encode())
@@ -563,4 +567,62 @@ async fn connections_that_die_after_their_welcome_do_not_reset_the_backoff() {
     // doubling): at most 8 connections within 1.5 s, the first immediate.
     assert!((2..=8).contains(&n), "{n} connections in 1.5 s: {stats:?}");
     assert_eq!(cell.acked_through().get_untracked(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_given_back_is_covered_by_no_commit_but_its_own() {
+    // Handlers hold 1 and 2. The first gives 1 back; the second commits 2.
+    // 1 is handed over again and fails again: it must come back a third
+    // time, and the producer must not see it acknowledged meanwhile.
+    let config = ReceiverConfig { ack_mode: AckMode::Explicit, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(17));
+    cell.enqueue_all((0..5).map(payload));
+    recv(&mut receiver).await.commit();
+    let one = recv(&mut receiver).await;
+    let two = recv(&mut receiver).await;
+    assert_eq!((one.sequence, two.sequence), (1, 2));
+    drop(one);
+    two.commit();
+    let again = recv(&mut receiver).await;
+    assert_eq!((again.sequence, again.deliveries), (1, 2));
+    drop(again);
+    let third = recv(&mut receiver).await;
+    assert_eq!((third.sequence, third.deliveries), (1, 3));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(cell.acked_through().get_untracked(), Some(Sequence(0)), "nothing covers 1 before its own commit");
+    third.commit();
+    for i in 3..5 {
+        let d = recv(&mut receiver).await;
+        assert_eq!(d.sequence, i);
+        d.commit();
+    }
+    drained(&cell, 5).await;
+    sender.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_squatter_cannot_lock_a_producer_id_out() {
+    // Raw clients claim "producer-1" first at 2^63 - 1, then twice more,
+    // each as far up as allowed, and leave. The real producer still gets
+    // in (climbing at most 2^32 per refusal) and delivers everything.
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let url = format!("ws://{}", receiver.local_addr());
+    for generation in [GENERATION_LIMIT - 1, 2 * MAX_GENERATION_JUMP, 3 * MAX_GENERATION_JUMP] {
+        let (mut squatter, _) = tokio_tungstenite::connect_async(url.clone()).await.unwrap();
+        let hello = Frame::Handshake { producer: "producer-1".into(), incarnation: 99, generation, resume_from: 0 };
+        squatter.send(send(hello)).await.unwrap();
+        assert!(matches!(next_frame(&mut squatter).await, Some(Frame::Welcome { .. })), "admitted at {generation}");
+    }
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), url, sender_config(18));
+    cell.enqueue_all((0..10).map(payload));
+    receive_in_order(&mut receiver, 0, 10).await;
+    drained(&cell, 10).await;
+    let stats = sender.shutdown().await;
+    assert!(stats.stale_refusals >= 1 && stats.protocol_errors == 0, "{stats:?}");
+    assert!(cell.generation().get_untracked().get() <= 4 * MAX_GENERATION_JUMP);
 }

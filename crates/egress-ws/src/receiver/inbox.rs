@@ -17,15 +17,16 @@
 //! ```
 //!
 //! Under explicit commits the application may give a delivery back (drop it
-//! uncommitted): the inbox queues it again, ahead of everything else, and a
-//! commit never covers a sequence given back and not yet taken again.
+//! uncommitted): the inbox queues it again, ahead of everything else, and
+//! from then on only a commit of that sequence itself covers it (a commit of
+//! a later one does not), however often it is taken and given back.
 //!
 //! Nothing here panics on input: every number from the wire is checked, and
 //! the arithmetic cannot overflow (a sequence of `u64::MAX` is refused: it
 //! cannot be delivered without the watermark overflowing; a generation at or
-//! above [`GENERATION_LIMIT`], or more than [`MAX_GENERATION_JUMP`] above the
-//! producer's latest, is refused: one handshake must not use up a producer
-//! id's generations).
+//! above [`GENERATION_LIMIT`] is refused, and the latest generation recorded
+//! for a producer id rises by at most [`MAX_GENERATION_JUMP`] per handshake:
+//! one handshake must not put a producer id out of its producer's reach).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -59,6 +60,9 @@ pub(crate) struct Queued {
     /// How many times the application was handed this sequence before (it
     /// gave it back that many times).
     pub(crate) given_back: u32,
+    /// Which [`Stream`] it came from: a stream forgotten and made again
+    /// under the same key is another stream.
+    pub(crate) stream: u64,
 }
 
 /// The bounds and rules the inbox applies.
@@ -126,22 +130,24 @@ pub(crate) enum Taken {
 /// One stream: a producer's sequence space.
 #[derive(Debug, Default)]
 struct Stream {
+    /// Unique within the inbox.
+    id: u64,
     next: u64,
     /// Every sequence below it is committed: `min(wanted, redo.first())`,
     /// never lowered.
     committed: u64,
     /// One above the highest sequence the application committed.
     wanted: u64,
-    /// Sequences given back and queued again, not yet taken again: a
-    /// commit does not cover them. At most one per delivery the
-    /// application holds or gave back.
+    /// Sequences given back and not committed since, queued again or taken
+    /// again: only a commit of the sequence itself covers it. At most one
+    /// per delivery the application holds or gave back.
     redo: BTreeSet<u64>,
     buffer: BTreeMap<u64, Content>,
 }
 
 impl Stream {
-    fn new(from: u64) -> Self {
-        Stream { next: from, committed: from, wanted: from, redo: BTreeSet::new(), buffer: BTreeMap::new() }
+    fn new(id: u64, from: u64) -> Self {
+        Stream { id, next: from, committed: from, wanted: from, redo: BTreeSet::new(), buffer: BTreeMap::new() }
     }
 
     /// Raises `committed` as far as the commits and the give-backs allow;
@@ -188,6 +194,7 @@ pub(crate) struct Inbox<W> {
     producers: HashMap<Arc<str>, Producer<W>>,
     queue: VecDeque<Queued>,
     next_conn: u64,
+    next_stream: u64,
     /// The receiver is shutting down: no more admissions.
     stopped: bool,
     pub(crate) counts: Counts,
@@ -200,6 +207,7 @@ impl<W: Clone> Inbox<W> {
             producers: HashMap::new(),
             queue: VecDeque::new(),
             next_conn: 0,
+            next_stream: 0,
             stopped: false,
             counts: Counts::default(),
         }
@@ -229,14 +237,12 @@ impl<W: Clone> Inbox<W> {
             streams: Vec::new(),
         });
         let known = entry.conn.is_some() || !entry.streams.is_empty();
-        if generation >= GENERATION_LIMIT
-            || (known && generation - entry.generation.min(generation) > MAX_GENERATION_JUMP)
-        {
+        if generation >= GENERATION_LIMIT {
             self.counts.refused += 1;
             return Admission::Refused {
                 code: CloseCode::Protocol,
                 detail: 0,
-                reason: format!("generation {generation} is beyond the limit or too far above the producer's latest"),
+                reason: format!("generation {generation} is not below 2^63"),
             };
         }
         if known && generation <= entry.generation {
@@ -247,7 +253,12 @@ impl<W: Clone> Inbox<W> {
                 reason: format!("generation {generation} is not above {}", entry.generation),
             };
         }
-        entry.generation = generation;
+        // Recorded as the latest, but at most MAX_GENERATION_JUMP above the
+        // one before: a handshake far above (a squatter's) cannot put the
+        // id out of its producer's reach, which follows a stale refusal by
+        // at most that much per round trip.
+        let floor = if known { entry.generation } else { 0 };
+        entry.generation = generation.min(floor.saturating_add(MAX_GENERATION_JUMP));
         let fenced = entry.conn.take().map(|old| {
             self.counts.fenced += 1;
             // The old connection's out-of-order frames go with it.
@@ -261,7 +272,10 @@ impl<W: Clone> Inbox<W> {
         let index = entry.streams.iter().position(|(i, _)| *i == incarnation);
         let mut stream = match index {
             Some(i) => entry.streams.remove(i).1,
-            None => Stream::new(resume_from),
+            None => {
+                self.next_stream += 1;
+                Stream::new(self.next_stream, resume_from)
+            }
         };
         // Everything below `resume_from` was acknowledged to the producer,
         // which no longer holds it: never wait for it.
@@ -277,7 +291,13 @@ impl<W: Clone> Inbox<W> {
         let (next, received) = (stream.committed, stream.next);
         entry.streams.push((incarnation, stream));
         let excess = entry.streams.len().saturating_sub(rules.incarnations.max(1));
-        entry.streams.drain(..excess);
+        let forgotten: Vec<u64> = entry.streams.drain(..excess).map(|(_, s)| s.id).collect();
+        // What a forgotten stream still had queued goes too: it was never
+        // taken, so never acknowledged, and its producer replays it into the
+        // stream made if it comes back (delivering it twice otherwise).
+        if !forgotten.is_empty() {
+            self.queue.retain(|q| !forgotten.contains(&q.stream));
+        }
         let conn = ConnId(self.next_conn);
         self.next_conn = self.next_conn.wrapping_add(1);
         entry.conn = Some(Conn { id: conn, incarnation, generation, wake, acked: next });
@@ -315,7 +335,7 @@ impl<W: Clone> Inbox<W> {
         if sequence == u64::MAX {
             return Taken::Invalid("sequence u64::MAX cannot be delivered".into());
         }
-        let incarnation = c.incarnation;
+        let (incarnation, stream_id) = (c.incarnation, stream.id);
         if sequence < stream.next || stream.buffer.contains_key(&sequence) {
             self.counts.duplicates += 1;
             return Taken::Duplicate;
@@ -344,7 +364,8 @@ impl<W: Clone> Inbox<W> {
         }
         let count = ready.len();
         for (sequence, content) in ready {
-            self.queue.push_back(Queued { producer: producer.clone(), incarnation, sequence, content, given_back: 0 });
+            let (producer, stream) = (producer.clone(), stream_id);
+            self.queue.push_back(Queued { producer, incarnation, sequence, content, given_back: 0, stream });
         }
         Taken::Delivered { count }
     }
@@ -363,83 +384,77 @@ impl<W: Clone> Inbox<W> {
         if matches!(q.content, Content::Skipped(_)) {
             self.counts.skipped += 1;
         }
-        let wake = if self.rules.commit_on_take {
-            self.commit(&q.producer, q.incarnation, q.sequence)
-        } else if q.given_back > 0 {
-            // Taken again: commits may cover it now (and those made while
-            // it waited take effect).
-            self.update(&q.producer, q.incarnation, |s| {
-                s.redo.remove(&q.sequence);
-                Some(())
-            })
-        } else {
-            None
-        };
+        let wake = if self.rules.commit_on_take { self.commit(&q) } else { None };
         Some((q, wake))
     }
 
-    /// The application acknowledges `sequence` of a stream, and with it
-    /// every sequence below but those it gave back and has not taken again.
-    /// Returns the connection to wake when an ack may be due.
-    pub(crate) fn commit(&mut self, producer: &str, incarnation: u128, sequence: u64) -> Option<W> {
-        self.update(producer, incarnation, |s| {
-            if sequence >= s.next || sequence < s.wanted {
+    /// The application acknowledges delivery `q`, and with it every earlier
+    /// sequence of its stream except those given back and not committed
+    /// since (each needs a commit of its own). Returns the connection to
+    /// wake when an ack may be due.
+    pub(crate) fn commit(&mut self, q: &Queued) -> Option<W> {
+        let sequence = q.sequence;
+        self.update(q, |s| {
+            if sequence >= s.next || sequence < s.committed {
                 return None;
             }
+            let given_back = s.redo.remove(&sequence);
             // `sequence < next <= u64::MAX`: the add cannot overflow.
-            s.wanted = sequence + 1;
+            if sequence + 1 > s.wanted {
+                s.wanted = sequence + 1;
+            } else if !given_back {
+                return None;
+            }
             Some(())
         })
     }
 
-    /// Applies `change` to a stream, then raises its committed watermark
-    /// as far as allowed; returns the connection to wake when an ack may be
-    /// due (the first commit since its last ack, to start its timer, and
+    /// Applies `change` to the stream delivery `q` came from (not to one
+    /// made since under the same key), then raises its committed watermark
+    /// as far as allowed; returns the connection to wake when an ack may
+    /// be due (the first commit since its last ack, to start its timer, and
     /// every commit from `ack_every` unacknowledged on).
-    fn update(
-        &mut self,
-        producer: &str,
-        incarnation: u128,
-        change: impl FnOnce(&mut Stream) -> Option<()>,
-    ) -> Option<W> {
+    fn update(&mut self, q: &Queued, change: impl FnOnce(&mut Stream) -> Option<()>) -> Option<W> {
         let ack_every = self.rules.ack_every.max(1);
-        let p = self.producers.get_mut(producer)?;
-        let s = p.stream(incarnation)?;
+        let p = self.producers.get_mut(&q.producer)?;
+        let s = p.stream(q.incarnation).filter(|s| s.id == q.stream)?;
         change(s)?;
         let before = s.committed;
         if !s.settle() {
             return None;
         }
         let after = s.committed;
-        let c = p.conn.as_ref().filter(|c| c.incarnation == incarnation)?;
+        let c = p.conn.as_ref().filter(|c| c.incarnation == q.incarnation)?;
         let (was, now) = (before.saturating_sub(c.acked), after.saturating_sub(c.acked));
         (was == 0 || now >= ack_every).then(|| c.wake.clone())
     }
 
     /// The application gave back a delivery it took without committing it:
-    /// it is queued again, ahead of everything but the other deliveries of
-    /// its stream given back before it with lower sequences, and commits
-    /// do not cover it until it is taken again. Returns whether it was
-    /// queued (not if a commit covered it already, or its stream is
-    /// forgotten: then its producer still holds it and replays it).
+    /// it is queued again, among the others given back at the front of the
+    /// queue, after those of its stream with lower sequences and before
+    /// those with higher ones; until a commit of it, nothing covers it.
+    /// Returns whether it was queued (not if a commit covered it already,
+    /// or its stream is gone: then its producer still holds it and replays
+    /// it).
     pub(crate) fn release(&mut self, q: Queued) -> bool {
         let Some(s) = self.producers.get_mut(&q.producer).and_then(|p| p.stream(q.incarnation)) else {
             return false;
         };
-        if q.sequence < s.committed || q.sequence >= s.next || !s.redo.insert(q.sequence) {
+        if s.id != q.stream || q.sequence < s.committed || q.sequence >= s.next {
             return false;
         }
+        s.redo.insert(q.sequence);
         self.counts.released += 1;
-        let at = self
-            .queue
-            .iter()
-            .take_while(|o| {
-                o.given_back > 0
-                    && o.producer == q.producer
-                    && o.incarnation == q.incarnation
-                    && o.sequence < q.sequence
-            })
-            .count();
+        let same = |o: &Queued| o.stream == q.stream;
+        let mut at = 0;
+        for (i, o) in self.queue.iter().enumerate() {
+            if o.given_back == 0 || (same(o) && o.sequence > q.sequence) {
+                break;
+            }
+            if same(o) {
+                at = i + 1;
+            }
+        }
         self.queue.insert(at, Queued { given_back: q.given_back.saturating_add(1), ..q });
         true
     }
@@ -574,7 +589,7 @@ mod tests {
     }
 
     #[test]
-    fn one_handshake_cannot_use_up_a_producers_generations() {
+    fn one_handshake_cannot_put_a_producer_id_out_of_reach() {
         let mut inbox = Inbox::new(rules());
         let p: Arc<str> = "p".into();
         for g in [GENERATION_LIMIT, u64::MAX] {
@@ -583,20 +598,20 @@ mod tests {
                 other => panic!("generation {g}: expected a protocol refusal, got {other:?}"),
             }
         }
-        admit(&mut inbox, &p, 1, 5, 0);
-        // A jump of at most MAX_GENERATION_JUMP is admitted; one more is not.
-        assert!(matches!(
-            inbox.handshake(&p, 1, 5 + MAX_GENERATION_JUMP + 1, 0, ()),
-            Admission::Refused { code: CloseCode::Protocol, .. }
-        ));
-        admit(&mut inbox, &p, 1, 5 + MAX_GENERATION_JUMP, 0);
-        // A refused handshake changed nothing: the latest is the admitted one.
-        match inbox.handshake(&p, 1, 6, 0, ()) {
-            Admission::Refused { code: CloseCode::StaleGeneration, detail, .. } => {
-                assert_eq!(detail, 5 + MAX_GENERATION_JUMP);
-            }
+        // A squatter's first handshake far up is admitted, but the latest
+        // recorded rises by MAX_GENERATION_JUMP at most...
+        admit(&mut inbox, &p, 9, GENERATION_LIMIT - 1, 0);
+        let stale = |inbox: &mut Inbox<()>, g| match inbox.handshake(&p, 1, g, 0, ()) {
+            Admission::Refused { code: CloseCode::StaleGeneration, detail, .. } => detail,
             other => panic!("expected a stale refusal, got {other:?}"),
-        }
+        };
+        assert_eq!(stale(&mut inbox, 5), MAX_GENERATION_JUMP);
+        // ...so the producer, told the latest, is admitted above it.
+        admit(&mut inbox, &p, 1, MAX_GENERATION_JUMP + 1, 0);
+        // And so for every later jump.
+        admit(&mut inbox, &p, 9, GENERATION_LIMIT - 1, 0);
+        assert_eq!(stale(&mut inbox, 7), 2 * MAX_GENERATION_JUMP + 1);
+        admit(&mut inbox, &p, 1, 2 * MAX_GENERATION_JUMP + 2, 0);
     }
 
     #[test]
@@ -638,6 +653,10 @@ mod tests {
         Queued { producer: q.producer.clone(), content: q.content.clone(), ..*q }
     }
 
+    fn commit(inbox: &mut Inbox<()>, q: &Queued) -> bool {
+        inbox.commit(q).is_some()
+    }
+
     #[test]
     fn explicit_commits_cover_what_was_taken() {
         let mut inbox = Inbox::new(Rules { commit_on_take: false, ..rules() });
@@ -649,10 +668,11 @@ mod tests {
         let got: Vec<Queued> = std::iter::from_fn(|| inbox.take().map(|(q, _)| q)).take(3).collect();
         assert_eq!(inbox.poll_ack(&p, c, true), None, "taken is not committed");
         // A commit that jumps (0 and 1 at once) still wakes the connection.
-        assert!(inbox.commit(&p, 1, got[1].sequence).is_some(), "the first commit since an ack wakes");
-        assert!(inbox.commit(&p, 1, got[0].sequence).is_none(), "an older commit is void");
+        assert!(commit(&mut inbox, &got[1]), "the first commit since an ack wakes");
+        assert!(!commit(&mut inbox, &got[0]), "an older commit is void");
         assert_eq!(inbox.poll_ack(&p, c, true), Some((1, 1)));
-        assert!(inbox.commit(&p, 1, 5).is_none(), "a commit of what was never received is void");
+        let never = Queued { sequence: 5, ..again(&got[0]) };
+        assert!(!commit(&mut inbox, &never), "a commit of what was never received is void");
         assert!(!inbox.release(again(&got[0])), "a give-back of something committed is void");
         assert_eq!(inbox.counts.released, 0);
     }
@@ -673,14 +693,68 @@ mod tests {
         assert_eq!(inbox.counts.released, 2);
         // A commit of 1 is applied; one of 3 (taken before, given back)
         // covers nothing past 1 while 2 and 3 wait.
-        assert!(inbox.commit(&p, 1, 1).is_some());
-        assert!(inbox.commit(&p, 1, 3).is_none());
+        assert!(commit(&mut inbox, &got[1]));
+        assert!(!commit(&mut inbox, &got[3]));
         assert_eq!(inbox.poll_ack(&p, c, true), Some((1, 1)));
-        let again: Vec<(u64, u32)> = take_all(&mut inbox).iter().map(|q| (q.sequence, q.given_back)).collect();
-        assert_eq!(again, [(2, 1), (3, 1), (4, 0), (5, 0)]);
-        // Taken again: the earlier commit of 3 now covers them.
+        let again: Vec<Queued> = take_all(&mut inbox);
+        let shape: Vec<(u64, u32)> = again.iter().map(|q| (q.sequence, q.given_back)).collect();
+        assert_eq!(shape, [(2, 1), (3, 1), (4, 0), (5, 0)]);
+        // Taken again, they still wait for commits of their own: 2 given
+        // back once more comes back once more.
+        assert_eq!(inbox.poll_ack(&p, c, true), None);
+        assert!(inbox.release(super::tests::again(&again[0])));
+        assert_eq!(inbox.poll_ack(&p, c, true), None);
+        let third = take_all(&mut inbox);
+        assert_eq!((third[0].sequence, third[0].given_back), (2, 2));
+        // Committed itself, 2 is covered, and 3 with it (committed before).
+        assert!(commit(&mut inbox, &third[0]));
         assert_eq!(inbox.poll_ack(&p, c, true), Some((1, 3)));
         // Nothing was asked of the producer: the stream never rewound.
         assert_eq!(inbox.next_for("p"), Some(6));
+    }
+
+    #[test]
+    fn give_backs_of_several_streams_come_back_in_order_within_each() {
+        let mut inbox = Inbox::new(Rules { commit_on_take: false, ..rules() });
+        let (p, q): (Arc<str>, Arc<str>) = ("p".into(), "q".into());
+        let (cp, ..) = admit(&mut inbox, &p, 1, 1, 0);
+        let (cq, ..) = admit(&mut inbox, &q, 1, 1, 0);
+        for s in 1..3 {
+            let _ = inbox.take_frame(&p, cp, 1, s - 1, msg(s));
+        }
+        let _ = inbox.take_frame(&q, cq, 1, 0, msg(1));
+        // Held: P0, P1, Q0; given back P0, Q0, P1.
+        let got = take_all(&mut inbox);
+        let find = |name: &str, seq: u64| got.iter().find(|g| &*g.producer == name && g.sequence == seq).unwrap();
+        for (name, seq) in [("p", 0), ("q", 0), ("p", 1)] {
+            assert!(inbox.release(again(find(name, seq))));
+        }
+        let order: Vec<(String, u64)> =
+            take_all(&mut inbox).iter().map(|g| (g.producer.to_string(), g.sequence)).collect();
+        assert_eq!(order, [("q".into(), 0), ("p".into(), 0), ("p".into(), 1)]);
+    }
+
+    #[test]
+    fn a_forgotten_stream_takes_its_queue_and_its_give_backs_with_it() {
+        let mut inbox = Inbox::new(Rules { commit_on_take: false, incarnations: 1, ..rules() });
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
+        for s in 0..3 {
+            let _ = inbox.take_frame(&p, c, 1, s, msg(s));
+        }
+        let held = inbox.take().unwrap().0;
+        // Incarnation 2 pushes 1 out (one remembered); its queue goes.
+        admit(&mut inbox, &p, 2, 2, 0);
+        assert_eq!(inbox.queued(), 0, "nothing of a forgotten stream is delivered");
+        // Incarnation 1 comes back: a new stream, resumed where it says.
+        let (c, next, _) = admit(&mut inbox, &p, 1, 3, 1);
+        assert_eq!(next, 1);
+        assert!(!inbox.release(again(&held)), "a give-back of the old stream is void");
+        assert!(inbox.commit(&held).is_none(), "and so is its commit");
+        for s in 1..3 {
+            let _ = inbox.take_frame(&p, c, 3, s, msg(s));
+        }
+        let order: Vec<u64> = take_all(&mut inbox).iter().map(|g| g.sequence).collect();
+        assert_eq!(order, [1, 2], "each once, in order");
     }
 }

@@ -37,11 +37,13 @@ pub enum AckMode {
     OnTake,
     /// When the application calls [`Delivery::commit`] (after persisting
     /// it, say). A commit acknowledges the delivery and every earlier one of
-    /// its stream, except those given back and not taken again. A delivery
-    /// dropped without a commit (a handler that fails, or panics) is given
-    /// back: it is handed over again by the next `recv`, ahead of the
-    /// others, with [`Delivery::deliveries`] counting the times. The
-    /// producer is not involved, and nothing else is redelivered.
+    /// its stream, except those ever given back and not committed since
+    /// (each of those needs a commit of its own). A delivery dropped
+    /// without a commit (a handler that fails, or panics) is given back: it
+    /// is handed over again by the next `recv`, ahead of the others (and in
+    /// sequence order with the others of its stream given back), with
+    /// [`Delivery::deliveries`] counting the times. The producer is not
+    /// involved, and nothing else is redelivered.
     Explicit,
 }
 
@@ -152,7 +154,7 @@ impl Receipt {
     fn commit(mut self) {
         let Some(q) = self.queued.take() else { return };
         if let Some(shared) = self.shared.upgrade() {
-            let wake = shared.inbox.lock().commit(&q.producer, q.incarnation, q.sequence);
+            let wake = shared.inbox.lock().commit(&q);
             if let Some(signal) = wake {
                 signal.notify.notify_one();
             }
@@ -363,6 +365,7 @@ impl Receiver {
                     sequence: q.sequence,
                     content: q.content.clone(),
                     given_back: q.given_back,
+                    stream: q.stream,
                 }),
             }),
         };
