@@ -725,7 +725,8 @@ mod tests {
         let _ = inbox.take_frame(&q, cq, 1, 0, msg(1));
         // Held: P0, P1, Q0; given back P0, Q0, P1.
         let got = take_all(&mut inbox);
-        let find = |name: &str, seq: u64| got.iter().find(|g| &*g.producer == name && g.sequence == seq).unwrap();
+        let find =
+            |name: &str, seq: u64| got.iter().find(|g| &*g.producer == name && g.sequence == seq).expect("taken");
         for (name, seq) in [("p", 0), ("q", 0), ("p", 1)] {
             assert!(inbox.release(again(find(name, seq))));
         }
@@ -742,7 +743,7 @@ mod tests {
         for s in 0..3 {
             let _ = inbox.take_frame(&p, c, 1, s, msg(s));
         }
-        let held = inbox.take().unwrap().0;
+        let held = inbox.take().expect("queued").0;
         // Incarnation 2 pushes 1 out (one remembered); its queue goes.
         admit(&mut inbox, &p, 2, 2, 0);
         assert_eq!(inbox.queued(), 0, "nothing of a forgotten stream is delivered");
