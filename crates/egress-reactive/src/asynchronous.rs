@@ -269,15 +269,10 @@ impl AsyncContext {
 /// Returns false if the effect was disposed.
 fn begin_run(cx: &EffectCx) -> bool {
     cx.handle.enter(|cell| {
-        if !cell.borrow().alive(cx.key) {
+        if !cell.borrow().alive(cx.key) || !run::clean_before_run(cell, cx.key) {
             return false;
         }
-        run::dispose(cell, cx.key.index, false);
-        let mut g = cell.borrow_mut();
-        if !g.alive(cx.key) {
-            return false;
-        }
-        g.begin_detached(cx.key.index);
+        cell.borrow_mut().begin_detached(cx.key.index);
         true
     })
 }

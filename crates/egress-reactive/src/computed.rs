@@ -93,10 +93,15 @@ impl<T> Cutoff<T> for Never {
     }
 }
 
-impl<T: 'static> Cutoff<T> for fn(&T, &T) -> bool {
+/// Cut off by a closure: `same(old, new)`.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct SameBy<E>(pub E);
+
+impl<T, E: Fn(&T, &T) -> bool + 'static> Cutoff<T> for SameBy<E> {
     #[inline]
     fn same(&self, old: &T, new: &T) -> bool {
-        self(old, new)
+        (self.0)(old, new)
     }
 }
 
@@ -151,14 +156,34 @@ impl<F: Flavor> Handle<F> {
         self.make_computed(ByEq, f, Location::caller())
     }
 
-    /// A computed whose cut-off is `eq(old, new)`: when it returns true, the
-    /// recomputation changes nothing downstream.
+    /// A computed whose cut-off is `same(old, new)`: when it returns true,
+    /// the recomputation changes nothing downstream (and the old value is
+    /// kept). A panic in `same` fails the run as a panic in `f` does.
+    ///
+    /// ```
+    /// use egress_reactive::Context;
+    ///
+    /// let cx = Context::new();
+    /// let raw = cx.signal(1.0_f64);
+    /// let tolerance = 0.5;
+    /// let smooth = cx.computed_with(move |a: &f64, b: &f64| (a - b).abs() < tolerance, {
+    ///     let raw = raw.clone();
+    ///     move || raw.get()
+    /// });
+    /// assert_eq!(smooth.get(), 1.0);
+    /// raw.set(1.2);
+    /// assert_eq!(smooth.get(), 1.0, "within the tolerance: unchanged");
+    /// raw.set(2.0);
+    /// assert_eq!(smooth.get(), 2.0);
+    /// ```
     #[track_caller]
-    pub fn computed_with<T: 'static, C: Fn() -> T + 'static>(&self, eq: fn(&T, &T) -> bool, f: C) -> Computed<T, F>
+    pub fn computed_with<T: 'static, E, C>(&self, same: E, f: C) -> Computed<T, F>
     where
-        F: Holds<ComputedObj<T, C, fn(&T, &T) -> bool, F>>,
+        E: Fn(&T, &T) -> bool + 'static,
+        C: Fn() -> T + 'static,
+        F: Holds<ComputedObj<T, C, SameBy<E>, F>>,
     {
-        self.make_computed(eq, f, Location::caller())
+        self.make_computed(SameBy(same), f, Location::caller())
     }
 
     /// A computed with no cut-off: every recomputation notifies downstream
@@ -182,7 +207,13 @@ impl<F: Flavor> Handle<F> {
     {
         let slot = F::ptr(Slot { value: ValueCell::new(None) });
         let obj = F::erase(F::ptr(ComputedObj { slot: slot.clone(), f, cutoff }));
-        let key = self.enter(|cell| cell.borrow_mut().alloc(COMPUTED | DIRTY, Some(obj), NONE, created_at));
+        let key = self.enter(|cell| cell.borrow_mut().create(COMPUTED | DIRTY, Some(obj), NONE, created_at));
+        // In a dropped context: born disposed, its function dropped here,
+        // outside the graph's borrow.
+        let key = key.unwrap_or_else(|(dead, obj)| {
+            drop(obj);
+            dead
+        });
         Computed { node: NodeRef { handle: self.clone(), key }, slot, created_at }
     }
 }
@@ -306,7 +337,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
                 return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.created_at });
             }
             // Fast path: up to date, nothing batched to settle first.
-            if g.node(self.key.index).flags & (DIRTY | PENDING | RUNNING) == 0 && g.writes.is_empty() {
+            if g.node(self.key.index).flags & (DIRTY | PENDING | RUNNING | FAILED) == 0 && g.writes.is_empty() {
                 let active = g.active;
                 if track && active != NONE {
                     g.link(self.key.index, active);
@@ -317,6 +348,10 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
         run::refresh(cell, self.key.index)?;
         let top_level = {
             let mut g = cell.borrow_mut();
+            // Its own run may have disposed it.
+            if !g.alive(self.key) {
+                return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.created_at });
+            }
             let active = g.active;
             if track && active != NONE {
                 g.link(self.key.index, active);

@@ -3,7 +3,7 @@
 use std::ops::Deref;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 
-use crate::error::EffectLoopError;
+use crate::error::{EffectLoopError, NodeKind, ReadError};
 use crate::flavor::{Flavor, HoldsCleanup, Local, Threaded};
 use crate::graph::{Graph, Key, NONE, flags::*};
 use crate::run;
@@ -141,6 +141,9 @@ impl<F: Flavor> Drop for Ctx<F> {
             }
             g.root
         };
+        // Nodes created from now on (by surviving handles, by cleanups) are
+        // born disposed: nothing would ever dispose them.
+        guard.borrow_mut().closed = true;
         run::dispose(&guard, root, false);
     }
 }
@@ -218,16 +221,25 @@ impl<F: Flavor> Handle<F> {
     /// Registers `f` to run when the current owner is cleaned up: before an
     /// effect or computed runs again, and when it, its scope or the context
     /// is disposed. Cleanups of one owner run in registration order, after
-    /// those of its children.
+    /// those of its children; a cleanup registered by a cleanup runs right
+    /// after it. Registered after the context was dropped, `f` runs at once.
     pub fn on_cleanup<C: FnOnce() + 'static>(&self, f: C)
     where
         F: HoldsCleanup<C>,
     {
-        self.enter(|cell| {
+        let cleanup = self.enter(|cell| {
             let mut g = cell.borrow_mut();
+            if g.closed {
+                return Some(f);
+            }
             let owner = g.owner;
             g.add_cleanup(owner, F::erase_cleanup(f));
-        })
+            None
+        });
+        // The context was dropped: its owner is gone already.
+        if let Some(f) = cleanup {
+            f();
+        }
     }
 
     /// Runs `f` in a new scope, owned by the current owner. Everything `f`
@@ -235,23 +247,67 @@ impl<F: Flavor> Handle<F> {
     /// returned [`Scope`] is dropped or disposed, or with its own owner.
     #[track_caller]
     pub fn scope<R>(&self, f: impl FnOnce() -> R) -> (Scope<F>, R) {
-        let at = Location::caller();
-        let key = self.enter(|cell| cell.borrow_mut().alloc(SCOPE, None, NONE, at));
-        let result = self.with_owner(key, f);
-        (Scope { handle: self.clone(), key }, result)
+        let created_at = Location::caller();
+        let key = self.enter(|cell| cell.borrow_mut().create(SCOPE, None, NONE, created_at)).unwrap_or_else(|(dead, _)| dead);
+        let scope = Scope { handle: self.clone(), key, created_at };
+        // In a dropped context the scope is born disposed, and so is
+        // whatever `f` creates.
+        let result = match self.with_owner(key, f) {
+            Ok(r) => r,
+            Err(f) => f(),
+        };
+        (scope, result)
     }
 
-    fn with_owner<R>(&self, key: Key, f: impl FnOnce() -> R) -> R {
-        struct Restore<'a, F: Flavor>(&'a run::Cell<F>, u32);
+    /// Runs `f` with live node `key` as the owner, or gives `f` back if
+    /// `key` is gone. The node counts as running meanwhile: disposing it
+    /// from inside `f` takes effect when `f` returns (or unwinds), so that
+    /// nothing `f` creates after that is owned by a freed slot.
+    fn with_owner<R, C: FnOnce() -> R>(&self, key: Key, f: C) -> Result<R, C> {
+        struct Restore<'a, F: Flavor> {
+            cell: &'a run::Cell<F>,
+            prev: u32,
+            key: Key,
+            /// This call marked the node running (an inner `run` of the
+            /// same scope leaves the mark to the outer one).
+            marked: bool,
+        }
         impl<F: Flavor> Drop for Restore<'_, F> {
             fn drop(&mut self) {
-                self.0.borrow_mut().owner = self.1;
+                let doomed = {
+                    let mut g = self.cell.borrow_mut();
+                    g.owner = self.prev;
+                    if !self.marked || !g.alive(self.key) {
+                        return;
+                    }
+                    let node = g.node_mut(self.key.index);
+                    node.flags &= !RUNNING;
+                    node.flags & DOOMED != 0
+                };
+                if doomed {
+                    let panic = run::dispose_caught(self.cell, self.key.index, true);
+                    // Resumed unless this is unwinding already.
+                    if let Some(panic) = panic
+                        && !std::thread::panicking()
+                    {
+                        resume_unwind(panic);
+                    }
+                }
             }
         }
         self.enter(|cell| {
-            let prev = std::mem::replace(&mut cell.borrow_mut().owner, key.index);
-            let _restore = Restore(cell, prev);
-            f()
+            let (prev, marked) = {
+                let mut g = cell.borrow_mut();
+                if !g.alive(key) {
+                    return Err(f);
+                }
+                let node = g.node_mut(key.index);
+                let marked = node.flags & RUNNING == 0;
+                node.flags |= RUNNING;
+                (std::mem::replace(&mut g.owner, key.index), marked)
+            };
+            let _restore = Restore { cell, prev, key, marked };
+            Ok(f())
         })
     }
 
@@ -260,7 +316,7 @@ impl<F: Flavor> Handle<F> {
     /// [`notify`](run::notify)-ed. The egress cells invalidate their readers
     /// through triggers.
     pub(crate) fn trigger(&self, created_at: &'static Location<'static>) -> Key {
-        self.enter(|cell| cell.borrow_mut().alloc(SIGNAL, None, NONE, created_at))
+        self.enter(|cell| cell.borrow_mut().create(SIGNAL, None, NONE, created_at)).unwrap_or_else(|(dead, _)| dead)
     }
 
     /// Makes the running computation depend on trigger `key`.
@@ -350,6 +406,7 @@ impl<F: Flavor> NodeRef<F> {
 pub struct Scope<F: Flavor> {
     handle: Handle<F>,
     key: Key,
+    created_at: &'static Location<'static>,
 }
 
 impl<F: Flavor> Scope<F> {
@@ -359,8 +416,30 @@ impl<F: Flavor> Scope<F> {
     }
 
     /// Runs `f` with this scope as owner: what `f` creates belongs to it.
+    /// Disposing the scope from inside `f` takes effect when `f` returns.
+    ///
+    /// # Panics
+    /// If the scope was disposed (without running `f`); see
+    /// [`Scope::try_run`].
+    #[track_caller]
     pub fn run<R>(&self, f: impl FnOnce() -> R) -> R {
-        self.handle.with_owner(self.key, f)
+        match self.try_run(f) {
+            Ok(r) => r,
+            Err(e) => panic!("{e} (run at {})", Location::caller()),
+        }
+    }
+
+    /// [`Scope::run`], or [`ReadError::Disposed`] (and `f` not run) if the
+    /// scope was disposed.
+    pub fn try_run<R>(&self, f: impl FnOnce() -> R) -> Result<R, ReadError> {
+        self.handle
+            .with_owner(self.key, f)
+            .map_err(|_| ReadError::Disposed { kind: NodeKind::Scope, created_at: self.created_at })
+    }
+
+    /// Where the scope was created.
+    pub fn created_at(&self) -> &'static Location<'static> {
+        self.created_at
     }
 
     /// Whether the scope was disposed.

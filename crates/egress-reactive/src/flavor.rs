@@ -53,6 +53,10 @@ pub trait Flavor: sealed::Sealed + Sized + 'static {
     /// the duration of one public call.
     #[doc(hidden)]
     type Guard<'a, G: 'static>: Deref<Target = RefCell<G>>;
+    /// A signal's own equality (see `Handle::signal_with`): `Rc<dyn Fn>`,
+    /// or `Arc<dyn Fn + Send + Sync>` for [`Threaded`].
+    #[doc(hidden)]
+    type EqFn<T: 'static>: Clone + 'static;
 
     #[doc(hidden)]
     fn ptr<T: 'static>(value: T) -> Self::Ptr<T>;
@@ -65,6 +69,11 @@ pub trait Flavor: sealed::Sealed + Sized + 'static {
     fn is_unique<T: ?Sized + 'static>(ptr: &Self::Ptr<T>) -> bool;
     #[doc(hidden)]
     fn run_cleanup(cleanup: Self::Cleanup);
+    #[doc(hidden)]
+    fn same<T: 'static>(eq: &Self::EqFn<T>, old: &T, new: &T) -> bool;
+    /// The value behind an erased [`Flavor::Any`].
+    #[doc(hidden)]
+    fn any(any: &Self::Any) -> &dyn std::any::Any;
     #[doc(hidden)]
     fn graph_cell<G: 'static>(graph: G) -> Self::GraphCell<G>;
     #[doc(hidden)]
@@ -99,6 +108,12 @@ impl Entered {
     pub(crate) fn by<G>(_cell: &RefCell<G>) -> Self {
         Entered(())
     }
+}
+
+/// A flavour can hold equality `E` for signals of `T`.
+#[doc(hidden)]
+pub trait HoldsEq<T: 'static, E: Fn(&T, &T) -> bool + 'static>: Flavor {
+    fn erase_eq(eq: E) -> Self::Ptr<Self::Any>;
 }
 
 /// A cell for one node's value, touched only while its graph is entered.
@@ -189,6 +204,7 @@ impl Flavor for Local {
     type GraphCell<G: 'static> = LocalCell<G>;
     type Any = dyn std::any::Any;
     type Guard<'a, G: 'static> = &'a RefCell<G>;
+    type EqFn<T: 'static> = Rc<dyn Fn(&T, &T) -> bool>;
 
     #[inline]
     fn ptr<T: 'static>(value: T) -> Rc<T> {
@@ -207,6 +223,12 @@ impl Flavor for Local {
     }
     fn run_cleanup(cleanup: Self::Cleanup) {
         cleanup()
+    }
+    fn same<T: 'static>(eq: &Self::EqFn<T>, old: &T, new: &T) -> bool {
+        eq(old, new)
+    }
+    fn any(any: &Self::Any) -> &dyn std::any::Any {
+        any
     }
     fn graph_cell<G: 'static>(graph: G) -> LocalCell<G> {
         LocalCell(RefCell::new(graph))
@@ -227,6 +249,13 @@ impl<O: NodeObj + 'static> Holds<O> for Local {
     }
 }
 
+impl<T: 'static, E: Fn(&T, &T) -> bool + 'static> HoldsEq<T, E> for Local {
+    fn erase_eq(eq: E) -> Rc<dyn std::any::Any> {
+        let eq: Self::EqFn<T> = Rc::new(eq);
+        Rc::new(eq)
+    }
+}
+
 impl<C: FnOnce() + 'static> HoldsCleanup<C> for Local {
     fn erase_cleanup(cleanup: C) -> Self::Cleanup {
         Box::new(cleanup)
@@ -239,8 +268,9 @@ impl Flavor for Threaded {
     type Cleanup = Box<dyn FnOnce() + Send>;
     type Cell<T: 'static> = Guarded<T>;
     type GraphCell<G: 'static> = parking_lot::ReentrantMutex<RefCell<G>>;
-    type Any = dyn std::any::Any + Send;
+    type Any = dyn std::any::Any + Send + Sync;
     type Guard<'a, G: 'static> = parking_lot::ReentrantMutexGuard<'a, RefCell<G>>;
+    type EqFn<T: 'static> = Arc<dyn Fn(&T, &T) -> bool + Send + Sync>;
 
     #[inline]
     fn ptr<T: 'static>(value: T) -> Arc<T> {
@@ -260,6 +290,12 @@ impl Flavor for Threaded {
     fn run_cleanup(cleanup: Self::Cleanup) {
         cleanup()
     }
+    fn same<T: 'static>(eq: &Self::EqFn<T>, old: &T, new: &T) -> bool {
+        eq(old, new)
+    }
+    fn any(any: &Self::Any) -> &dyn std::any::Any {
+        any
+    }
     fn graph_cell<G: 'static>(graph: G) -> Self::GraphCell<G> {
         parking_lot::ReentrantMutex::new(RefCell::new(graph))
     }
@@ -276,6 +312,13 @@ impl<O: NodeObj + Send + Sync + 'static> Holds<O> for Threaded {
     }
     fn erase_any(obj: Arc<O>) -> Box<Self::Any> {
         Box::new(obj)
+    }
+}
+
+impl<T: 'static, E: Fn(&T, &T) -> bool + Send + Sync + 'static> HoldsEq<T, E> for Threaded {
+    fn erase_eq(eq: E) -> Arc<dyn std::any::Any + Send + Sync> {
+        let eq: Self::EqFn<T> = Arc::new(eq);
+        Arc::new(eq)
     }
 }
 

@@ -72,11 +72,11 @@ pub use cells::{
     ManualClock, MonotonicClock, ParkedRecord, Project, SendError, Snapshot, State, ThreadSafeEgressCell, Transport,
     delay,
 };
-pub use computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never, Slot};
+pub use computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never, SameBy, Slot};
 pub use context::{Context, Ctx, Handle, NodeRef, Runtime, Scope, ThreadSafeContext};
 pub use effect::{Effect, EffectObj, RunEffect};
 pub use error::{CycleError, EffectLoopError, NodeKind, ReadError, WriteError};
-pub use flavor::{Flavor, Holds, HoldsCleanup, Local, Threaded, ValueCell};
+pub use flavor::{Flavor, Holds, HoldsCleanup, HoldsEq, Local, Threaded, ValueCell};
 pub use graph::NodeObj;
 pub use run::MAX_FLUSH_ROUNDS;
 pub use signal::{Signal, SignalBlock};
