@@ -289,17 +289,19 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     /// Calls `f` with a reference to the value; tracked. Disposal and cycles
     /// (here or in any computed this read re-runs) are errors.
     pub fn try_with<R>(&self, f: impl FnOnce(&T) -> R) -> Result<R, ReadError> {
-        self.handle.enter(|cell| {
-            match catch_unwind(AssertUnwindSafe(|| self.prepare(cell, true))) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(panic) => match cell.borrow_mut().cycle.take() {
-                    Some(cycle) => return Err(ReadError::Cycle(cycle)),
-                    None => resume_unwind(panic),
-                },
-            }
-            Ok(self.read(cell, f))
-        })
+        self.handle
+            .try_enter(|cell| {
+                match catch_unwind(AssertUnwindSafe(|| self.prepare(cell, true))) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(panic) => match cell.borrow_mut().cycle.take() {
+                        Some(cycle) => return Err(ReadError::Cycle(cycle)),
+                        None => resume_unwind(panic),
+                    },
+                }
+                Ok(self.read(cell, f))
+            })
+            .unwrap_or(Err(ReadError::ForeignGraph { kind: NodeKind::Computed }))
     }
 
     /// The value, cloned, without tracking. Recomputes first if needed.
@@ -317,15 +319,23 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
 
     /// Reads for an explicit observer (an async effect's run).
     #[cfg(feature = "async")]
-    pub(crate) fn read_observed(&self, observer: u32) -> Result<T, ReadError>
+    pub(crate) fn read_observed(&self, observer: crate::graph::Key) -> Result<T, ReadError>
     where
         T: Clone,
     {
-        self.handle.enter(|cell| {
-            self.prepare(cell, false)?;
-            cell.borrow_mut().link(self.key.index, observer);
-            Ok(self.read(cell, T::clone))
-        })
+        self.handle
+            .try_enter(|cell| {
+                self.prepare(cell, false)?;
+                let mut g = cell.borrow_mut();
+                // A disposed observer tracks nothing (its slot may be
+                // another node's now).
+                if g.alive(observer) {
+                    g.link(self.key.index, observer.index);
+                }
+                drop(g);
+                Ok(self.read(cell, T::clone))
+            })
+            .unwrap_or(Err(ReadError::ForeignGraph { kind: NodeKind::Computed }))
     }
 
     /// Brings the value up to date and tracks the read.
@@ -345,7 +355,24 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
                 return Ok(());
             }
         }
-        run::refresh(cell, self.key.index)?;
+        {
+            // A refresh that panics still makes the reader depend on this
+            // computed: its recovery must reach the reader.
+            struct LinkOnUnwind<'a, F: Flavor>(&'a run::Cell<F>, crate::graph::Key, bool);
+            impl<F: Flavor> Drop for LinkOnUnwind<'_, F> {
+                fn drop(&mut self) {
+                    if self.2 && std::thread::panicking() {
+                        let mut g = self.0.borrow_mut();
+                        let active = g.active;
+                        if active != NONE && g.alive(self.1) {
+                            g.link(self.1.index, active);
+                        }
+                    }
+                }
+            }
+            let _link = LinkOnUnwind(cell, self.key, track);
+            run::refresh(cell, self.key.index)?;
+        }
         let top_level = {
             let mut g = cell.borrow_mut();
             // Its own run may have disposed it.

@@ -12,6 +12,35 @@ use crate::run;
 #[doc(hidden)]
 pub struct Runtime<F: Flavor> {
     pub(crate) cell: F::GraphCell<Graph<F>>,
+    /// Disposals asked for by a thread inside another graph while this one
+    /// was busy (only [`Threaded`] refuses entry): done by whoever leaves
+    /// the graph next. At most one entry per live node, and one close.
+    deferred: parking_lot::Mutex<Vec<Deferred>>,
+    has_deferred: std::sync::atomic::AtomicBool,
+}
+
+/// A disposal that waits for the graph to be free.
+enum Deferred {
+    Dispose(Key),
+    /// The context was dropped.
+    Close,
+}
+
+/// A thread inside a call into one thread-safe graph tried to enter
+/// another (see [`Threaded`]).
+#[derive(Debug)]
+pub(crate) struct Foreign;
+
+impl Foreign {
+    #[cold]
+    #[inline(never)]
+    #[track_caller]
+    pub(crate) fn panic(self) -> ! {
+        panic!(
+            "a thread-safe graph was entered from inside a call into another one (a computed, effect, cleanup, \
+             batch or scope of the other): refused, as it could deadlock; send the data across instead"
+        )
+    }
 }
 
 /// A reactive graph: the owner of every node created in it.
@@ -104,7 +133,12 @@ impl<F: Flavor> Ctx<F> {
     /// A new, empty graph.
     #[track_caller]
     pub fn new() -> Self {
-        Ctx { handle: Handle { rt: F::ptr(Runtime { cell: F::graph_cell(Graph::new()) }) } }
+        let rt = Runtime {
+            cell: F::graph_cell(Graph::new()),
+            deferred: parking_lot::Mutex::new(Vec::new()),
+            has_deferred: std::sync::atomic::AtomicBool::new(false),
+        };
+        Ctx { handle: Handle { rt: F::ptr(rt) } }
     }
 
     /// A cloneable handle to this graph.
@@ -129,22 +163,35 @@ impl<F: Flavor> Deref for Ctx<F> {
 
 impl<F: Flavor> Drop for Ctx<F> {
     fn drop(&mut self) {
-        let guard = F::enter(&self.handle.rt.cell);
+        let Some(guard) = F::enter(&self.handle.rt.cell).or_else(|| F::try_lock(&self.handle.rt.cell)) else {
+            // Dropped inside a call into another graph, with this one busy.
+            self.handle.defer(Deferred::Close);
+            return;
+        };
+        close(&self.handle, &guard);
+        let outermost = F::leave(guard);
+        self.handle.after(outermost);
+    }
+}
+
+/// Disposes every node of a context being dropped.
+fn close<F: Flavor>(handle: &Handle<F>, cell: &run::Cell<F>) {
+    {
         let root = {
-            let g = guard.borrow();
+            let g = cell.borrow();
             // The last pointer to the graph, no cleanup to order: nothing
             // can reach the graph again, so dropping it (next) drops every
             // node's object and every signal's value at once, without
             // freeing nodes one by one first.
-            if g.quiet() && F::is_unique(&self.handle.rt) {
+            if g.quiet() && F::is_unique(&handle.rt) {
                 return;
             }
             g.root
         };
         // Nodes created from now on (by surviving handles, by cleanups) are
         // born disposed: nothing would ever dispose them.
-        guard.borrow_mut().closed = true;
-        run::dispose(&guard, root, false);
+        cell.borrow_mut().closed = true;
+        run::dispose(cell, root, false);
     }
 }
 
@@ -162,10 +209,85 @@ impl<F: Flavor> std::fmt::Debug for Handle<F> {
 
 impl<F: Flavor> Handle<F> {
     /// Runs `f` with the graph entered: `cell` is valid for the call.
+    ///
+    /// # Panics
+    /// If the thread is inside a call into another thread-safe graph.
     #[inline(always)]
+    #[track_caller]
     pub(crate) fn enter<R>(&self, f: impl FnOnce(&run::Cell<F>) -> R) -> R {
-        let guard = F::enter(&self.rt.cell);
-        f(&guard)
+        match self.try_enter(f) {
+            Ok(r) => r,
+            Err(foreign) => foreign.panic(),
+        }
+    }
+
+    /// [`Handle::enter`], or `Foreign` (and `f` not run) if the thread is
+    /// inside a call into another thread-safe graph.
+    #[inline(always)]
+    pub(crate) fn try_enter<R>(&self, f: impl FnOnce(&run::Cell<F>) -> R) -> Result<R, Foreign> {
+        let Some(guard) = F::enter(&self.rt.cell) else { return Err(Foreign) };
+        // Left (and deferred disposals done) on every path out of `f`.
+        struct Leave<'a, F: Flavor>(Option<F::Guard<'a, Graph<F>>>, &'a Handle<F>);
+        impl<F: Flavor> Drop for Leave<'_, F> {
+            #[inline(always)]
+            fn drop(&mut self) {
+                if let Some(guard) = self.0.take() {
+                    let outermost = F::leave(guard);
+                    self.1.after(outermost);
+                }
+            }
+        }
+        let leave = Leave(Some(guard), self);
+        let cell: &run::Cell<F> = leave.0.as_ref().expect("entered just now");
+        Ok(f(cell))
+    }
+
+    /// After leaving the graph: if this was the thread's outermost entry,
+    /// do the disposals deferred meanwhile.
+    #[inline(always)]
+    pub(crate) fn after(&self, outermost: bool) {
+        if F::REFUSES && outermost && self.rt.has_deferred.load(std::sync::atomic::Ordering::SeqCst) {
+            self.drain();
+        }
+    }
+
+    /// Asks for a disposal from inside another graph's call: done now if
+    /// this graph is free, otherwise by whoever leaves it next.
+    fn defer(&self, what: Deferred) {
+        self.rt.deferred.lock().push(what);
+        self.rt.has_deferred.store(true, std::sync::atomic::Ordering::SeqCst);
+        // The holder may have left just before the push: try once more.
+        self.drain();
+    }
+
+    /// Does the deferred disposals, if the graph is free (never waits). The
+    /// first panic of their cleanups is resumed.
+    #[cold]
+    fn drain(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut first_panic = None;
+        while self.rt.has_deferred.load(SeqCst) {
+            let Some(guard) = F::try_lock(&self.rt.cell) else { break };
+            self.rt.has_deferred.store(false, SeqCst);
+            let work = std::mem::take(&mut *self.rt.deferred.lock());
+            for what in work {
+                let done = catch_unwind(AssertUnwindSafe(|| match what {
+                    Deferred::Dispose(key) => {
+                        if guard.borrow().alive(key) {
+                            run::dispose(&guard, key.index, true);
+                        }
+                    }
+                    Deferred::Close => close(self, &guard),
+                }));
+                if let Err(panic) = done {
+                    first_panic.get_or_insert(panic);
+                }
+            }
+            drop(guard);
+        }
+        if let Some(panic) = first_panic {
+            resume_unwind(panic);
+        }
     }
 
     /// Runs `f` as one batch: writes inside it notify once, when it ends;
@@ -248,7 +370,8 @@ impl<F: Flavor> Handle<F> {
     #[track_caller]
     pub fn scope<R>(&self, f: impl FnOnce() -> R) -> (Scope<F>, R) {
         let created_at = Location::caller();
-        let key = self.enter(|cell| cell.borrow_mut().create(SCOPE, None, NONE, created_at)).unwrap_or_else(|(dead, _)| dead);
+        let key =
+            self.enter(|cell| cell.borrow_mut().create(SCOPE, None, NONE, created_at)).unwrap_or_else(|(dead, _)| dead);
         let scope = Scope { handle: self.clone(), key, created_at };
         // In a dropped context the scope is born disposed, and so is
         // whatever `f` creates.
@@ -263,7 +386,15 @@ impl<F: Flavor> Handle<F> {
     /// `key` is gone. The node counts as running meanwhile: disposing it
     /// from inside `f` takes effect when `f` returns (or unwinds), so that
     /// nothing `f` creates after that is owned by a freed slot.
-    fn with_owner<R, C: FnOnce() -> R>(&self, key: Key, f: C) -> Result<R, C> {
+    pub(crate) fn with_owner<R, C: FnOnce() -> R>(&self, key: Key, f: C) -> Result<R, C> {
+        match self.try_with_owner(key, f) {
+            Ok(result) => result,
+            Err(foreign) => foreign.panic(),
+        }
+    }
+
+    /// [`Handle::with_owner`], or `Foreign`.
+    fn try_with_owner<R, C: FnOnce() -> R>(&self, key: Key, f: C) -> Result<Result<R, C>, Foreign> {
         struct Restore<'a, F: Flavor> {
             cell: &'a run::Cell<F>,
             prev: u32,
@@ -295,7 +426,7 @@ impl<F: Flavor> Handle<F> {
                 }
             }
         }
-        self.enter(|cell| {
+        self.try_enter(|cell| {
             let (prev, marked) = {
                 let mut g = cell.borrow_mut();
                 if !g.alive(key) {
@@ -346,12 +477,24 @@ impl<F: Flavor> Handle<F> {
         })
     }
 
+    /// Disposes node `key`. From inside a call into another thread-safe
+    /// graph, and with this one busy, the disposal is deferred to the end
+    /// of the call that holds it (see [`Threaded`]).
     pub(crate) fn dispose_node(&self, key: Key) {
-        self.enter(|cell| {
+        let dispose = |cell: &run::Cell<F>| {
             if cell.borrow().alive(key) {
                 run::dispose(cell, key.index, true);
             }
-        })
+        };
+        if self.try_enter(dispose).is_err() {
+            match F::try_lock(&self.rt.cell) {
+                Some(guard) => {
+                    dispose(&guard);
+                    drop(guard);
+                }
+                None => self.defer(Deferred::Dispose(key)),
+            }
+        }
     }
 }
 
@@ -430,11 +573,14 @@ impl<F: Flavor> Scope<F> {
     }
 
     /// [`Scope::run`], or [`ReadError::Disposed`] (and `f` not run) if the
-    /// scope was disposed.
+    /// scope was disposed ([`ReadError::ForeignGraph`] from inside a call
+    /// into another thread-safe graph).
     pub fn try_run<R>(&self, f: impl FnOnce() -> R) -> Result<R, ReadError> {
-        self.handle
-            .with_owner(self.key, f)
-            .map_err(|_| ReadError::Disposed { kind: NodeKind::Scope, created_at: self.created_at })
+        match self.handle.try_with_owner(self.key, f) {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(_)) => Err(ReadError::Disposed { kind: NodeKind::Scope, created_at: self.created_at }),
+            Err(Foreign) => Err(ReadError::ForeignGraph { kind: NodeKind::Scope }),
+        }
     }
 
     /// Where the scope was created.

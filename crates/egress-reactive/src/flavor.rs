@@ -76,8 +76,24 @@ pub trait Flavor: sealed::Sealed + Sized + 'static {
     fn any(any: &Self::Any) -> &dyn std::any::Any;
     #[doc(hidden)]
     fn graph_cell<G: 'static>(graph: G) -> Self::GraphCell<G>;
+    /// Whether a thread can be refused entry ([`Threaded`]): then calls
+    /// check for deferred disposals on their way out.
     #[doc(hidden)]
-    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Self::Guard<'_, G>;
+    const REFUSES: bool;
+    /// Enters the graph for one call (waiting for its lock, for
+    /// [`Threaded`]); `None`, without waiting, if this thread is inside a
+    /// call into another graph of the flavour (see [`Threaded`]).
+    #[doc(hidden)]
+    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Option<Self::Guard<'_, G>>;
+    /// Enters the graph only if that needs no waiting, whatever graph this
+    /// thread is inside: for disposals, which must neither deadlock nor
+    /// fail.
+    #[doc(hidden)]
+    fn try_lock<G: 'static>(cell: &Self::GraphCell<G>) -> Option<Self::Guard<'_, G>>;
+    /// Leaves the graph; returns whether this was the thread's outermost
+    /// entry into it.
+    #[doc(hidden)]
+    fn leave<G: 'static>(guard: Self::Guard<'_, G>) -> bool;
 }
 
 /// A flavour can hold node object `O` (a closure-bearing computed or effect)
@@ -130,6 +146,18 @@ pub struct Local;
 
 /// The thread-safe flavour: `Arc`, a re-entrant graph lock, `Send + Sync`
 /// handles.
+///
+/// A thread is inside at most one thread-safe graph at a time: while it is
+/// in a call into one (running its computeds, effects, cleanups, or the
+/// closure of its `batch` or `scope`), a read or write of another
+/// thread-safe graph's node is refused (`ReadError::ForeignGraph`,
+/// `WriteError::ForeignGraph`, a panic from the methods without `try_`).
+/// Two graphs whose effects touched each other could otherwise deadlock,
+/// each thread holding one lock and waiting for the other. Disposals (and
+/// the drops that dispose: a `Scope`, a context) are not refused: they take
+/// effect at once if the other graph is free, and otherwise when its
+/// current call ends. To move data between graphs, send it (a channel, a
+/// task) instead of writing across.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Threaded;
 
@@ -233,9 +261,18 @@ impl Flavor for Local {
     fn graph_cell<G: 'static>(graph: G) -> LocalCell<G> {
         LocalCell(RefCell::new(graph))
     }
-    #[inline]
-    fn enter<G: 'static>(cell: &LocalCell<G>) -> &RefCell<G> {
-        &cell.0
+    const REFUSES: bool = false;
+    #[inline(always)]
+    fn enter<G: 'static>(cell: &LocalCell<G>) -> Option<&RefCell<G>> {
+        Some(&cell.0)
+    }
+    #[inline(always)]
+    fn try_lock<G: 'static>(cell: &LocalCell<G>) -> Option<&RefCell<G>> {
+        Some(&cell.0)
+    }
+    #[inline(always)]
+    fn leave<G: 'static>(_: &RefCell<G>) -> bool {
+        false
     }
 }
 
@@ -269,7 +306,7 @@ impl Flavor for Threaded {
     type Cell<T: 'static> = Guarded<T>;
     type GraphCell<G: 'static> = parking_lot::ReentrantMutex<RefCell<G>>;
     type Any = dyn std::any::Any + Send + Sync;
-    type Guard<'a, G: 'static> = parking_lot::ReentrantMutexGuard<'a, RefCell<G>>;
+    type Guard<'a, G: 'static> = ThreadedGuard<'a, G>;
     type EqFn<T: 'static> = Arc<dyn Fn(&T, &T) -> bool + Send + Sync>;
 
     #[inline]
@@ -299,9 +336,57 @@ impl Flavor for Threaded {
     fn graph_cell<G: 'static>(graph: G) -> Self::GraphCell<G> {
         parking_lot::ReentrantMutex::new(RefCell::new(graph))
     }
+    const REFUSES: bool = true;
     #[inline]
-    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Self::Guard<'_, G> {
-        cell.lock()
+    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Option<ThreadedGuard<'_, G>> {
+        let me = std::ptr::from_ref(cell).addr();
+        let outer = INSIDE.get();
+        if outer != 0 && outer != me {
+            return None;
+        }
+        let guard = cell.lock();
+        INSIDE.set(me);
+        Some(ThreadedGuard { guard, outer })
+    }
+    fn try_lock<G: 'static>(cell: &Self::GraphCell<G>) -> Option<ThreadedGuard<'_, G>> {
+        let guard = cell.try_lock()?;
+        let outer = INSIDE.replace(std::ptr::from_ref(cell).addr());
+        Some(ThreadedGuard { guard, outer })
+    }
+    #[inline]
+    fn leave<G: 'static>(guard: ThreadedGuard<'_, G>) -> bool {
+        let outermost = guard.outer == 0;
+        drop(guard);
+        outermost
+    }
+}
+
+thread_local! {
+    /// The [`Threaded`] graph this thread is inside a call into (the address
+    /// of its cell), or 0.
+    static INSIDE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A thread's entry into a [`Threaded`] graph: its lock, held, and the
+/// graph the thread was inside before (restored when it leaves).
+#[doc(hidden)]
+pub struct ThreadedGuard<'a, G> {
+    guard: parking_lot::ReentrantMutexGuard<'a, RefCell<G>>,
+    outer: usize,
+}
+
+impl<G> Deref for ThreadedGuard<'_, G> {
+    type Target = RefCell<G>;
+    #[inline(always)]
+    fn deref(&self) -> &RefCell<G> {
+        &self.guard
+    }
+}
+
+impl<G> Drop for ThreadedGuard<'_, G> {
+    #[inline]
+    fn drop(&mut self) {
+        INSIDE.set(self.outer);
     }
 }
 

@@ -578,7 +578,8 @@ impl<F: Flavor> Graph<F> {
     /// Ends a run started by [`Graph::begin`]: restores the context, takes
     /// the object back, and drops the dependencies this run did not read.
     /// On `failed` (the function panicked) the node is marked as
-    /// [`Graph::mark_failed`] says; otherwise a computed's failure is over.
+    /// [`Graph::mark_failed`] says and keeps every dependency (the old
+    /// ones it did not get to); otherwise a computed's failure is over.
     #[inline(always)]
     pub(crate) fn end(&mut self, key: Key, saved: Saved, obj: Option<F::Obj>, failed: bool) -> Ended<F> {
         self.active = saved.active;
@@ -594,9 +595,11 @@ impl<F: Flavor> Graph<F> {
         node.flags &= !(RUNNING | FAILED);
         let doomed = node.flags & DOOMED != 0;
         if failed {
+            // What the failed run did not get to read stays a dependency:
+            // a change there must still reach the node.
             self.mark_failed(key.index);
+            return Ended { leftover: None, doomed };
         }
-        let node = &self.nodes[key.index as usize];
         let tail = node.deps_tail;
         let stale = if tail == NONE { node.deps_head } else { self.links[tail as usize].next_dep };
         if stale != NONE {
@@ -607,6 +610,7 @@ impl<F: Flavor> Graph<F> {
 
     /// Starts a run tracked through an explicit handle (an async effect):
     /// like [`Graph::begin`] for the node, leaving the context untouched.
+    #[cfg(feature = "async")]
     pub(crate) fn begin_detached(&mut self, index: u32) {
         let node = &mut self.nodes[index as usize];
         node.flags &= !(DIRTY | PENDING);
@@ -616,6 +620,7 @@ impl<F: Flavor> Graph<F> {
 
     /// Ends a run started by [`Graph::begin_detached`]: drops the
     /// dependencies it did not read.
+    #[cfg(feature = "async")]
     pub(crate) fn end_detached(&mut self, index: u32) {
         self.trim(index);
     }

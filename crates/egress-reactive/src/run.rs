@@ -645,7 +645,7 @@ pub(crate) fn dispose_caught<F: Flavor>(cell: &Cell<F>, index: u32, include_self
             // Still alive: running, it could only be doomed.
             let node = g.node_mut(cur);
             node.flags = node.flags & !RUNNING | was_running;
-            if node.flags & DOOMED != 0 && !(cur == index && !include_self) {
+            if node.flags & DOOMED != 0 && (cur != index || include_self) {
                 // Disposed by its own cleanups: this walk frees it.
                 node.flags &= !DOOMED;
             }

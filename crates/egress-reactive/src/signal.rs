@@ -3,7 +3,7 @@
 use std::any::TypeId;
 use std::panic::Location;
 
-use crate::context::{Handle, NodeRef};
+use crate::context::{Foreign, Handle, NodeRef};
 use crate::error::{NodeKind, ReadError, WriteError};
 use crate::flavor::{Entered, Flavor, Holds, HoldsEq, ValueCell};
 use crate::graph::{Graph, NONE, NodeObj, Pool, flags::*};
@@ -203,7 +203,7 @@ impl<F: Flavor> Handle<F> {
     where
         F: Holds<SignalBlock<T, F>>,
     {
-        let guard = F::enter(&self.rt.cell);
+        let Some(guard) = F::enter(&self.rt.cell) else { Foreign.panic() };
         let cell: &run::Cell<F> = &guard;
         let mut g = cell.borrow_mut();
         let (block, slot) = take_slot::<T, F>(&mut g);
@@ -223,6 +223,8 @@ impl<F: Flavor> Handle<F> {
                 drop(obj);
                 block.slot(slot).with_mut(&Entered::by(cell), |s| s.created_at = created_at);
                 drop(value);
+                let outermost = F::leave(guard);
+                self.after(outermost);
                 return Signal { node: NodeRef { handle: self.clone(), key: dead }, block, slot };
             }
         };
@@ -231,6 +233,8 @@ impl<F: Flavor> Handle<F> {
         // none either.
         let state = SignalState { value, replaced: None, forced: false };
         block.slot(slot).with_mut(&Entered::by(cell), |s| *s = Slot { created_at, state: Some(state) });
+        let outermost = F::leave(guard);
+        self.after(outermost);
         Signal { node: NodeRef { handle: self.clone(), key }, block, slot }
     }
 }
@@ -307,39 +311,47 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
     /// Calls `f` with a reference to the value; tracked. Fails if the signal
     /// was disposed.
     pub fn try_with<R>(&self, f: impl FnOnce(&T) -> R) -> Result<R, ReadError> {
-        self.handle.enter(|cell| {
-            {
-                let mut g = cell.borrow_mut();
-                if !g.alive(self.key) {
-                    drop(g);
-                    return Err(self.disposed(cell));
+        self.handle
+            .try_enter(|cell| {
+                {
+                    let mut g = cell.borrow_mut();
+                    if !g.alive(self.key) {
+                        drop(g);
+                        return Err(self.disposed(cell));
+                    }
+                    let active = g.active;
+                    if active != NONE {
+                        g.link(self.key.index, active);
+                    }
                 }
-                let active = g.active;
-                if active != NONE {
-                    g.link(self.key.index, active);
-                }
-            }
-            Ok(self.block.slot(self.slot).with(&Entered::by(cell), |s| f(s.value())))
-        })
+                Ok(self.block.slot(self.slot).with(&Entered::by(cell), |s| f(s.value())))
+            })
+            .unwrap_or(Err(ReadError::ForeignGraph { kind: NodeKind::Signal }))
     }
 
     /// Reads for an explicit observer (an async effect's run).
     #[cfg(feature = "async")]
-    pub(crate) fn read_observed(&self, observer: u32) -> Result<T, ReadError>
+    pub(crate) fn read_observed(&self, observer: crate::graph::Key) -> Result<T, ReadError>
     where
         T: Clone,
     {
-        self.handle.enter(|cell| {
-            {
-                let mut g = cell.borrow_mut();
-                if !g.alive(self.key) {
-                    drop(g);
-                    return Err(self.disposed(cell));
+        self.handle
+            .try_enter(|cell| {
+                {
+                    let mut g = cell.borrow_mut();
+                    if !g.alive(self.key) {
+                        drop(g);
+                        return Err(self.disposed(cell));
+                    }
+                    // A disposed observer tracks nothing (its slot may be
+                    // another node's now).
+                    if g.alive(observer) {
+                        g.link(self.key.index, observer.index);
+                    }
                 }
-                g.link(self.key.index, observer);
-            }
-            Ok(self.block.slot(self.slot).with(&Entered::by(cell), |s| s.value().clone()))
-        })
+                Ok(self.block.slot(self.slot).with(&Entered::by(cell), |s| s.value().clone()))
+            })
+            .unwrap_or(Err(ReadError::ForeignGraph { kind: NodeKind::Signal }))
     }
 
     /// The value, cloned, without tracking (a peek).
@@ -430,7 +442,7 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
     }
 
     fn write(&self, f: impl FnOnce(&mut SignalState<T>, bool, Option<&F::EqFn<T>>) -> bool) -> Result<(), WriteError> {
-        self.handle.enter(|cell| {
+        let written = self.handle.try_enter(|cell| {
             let (batching, own) = {
                 let g = cell.borrow();
                 if !g.alive(self.key) {
@@ -457,7 +469,8 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
                 g.propagate(self.key.index);
             }
             run::flush(cell).map_err(WriteError::from)
-        })
+        });
+        written.unwrap_or(Err(WriteError::ForeignGraph))
     }
 
     /// The signal's own equality (it has one).
