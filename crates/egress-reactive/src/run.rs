@@ -136,6 +136,9 @@ struct Walk<'a, F: Flavor> {
     base: usize,
     start: u32,
     node: u32,
+    /// The frame popped to settle `node` (off the stack while `node` is
+    /// recomputed).
+    parent: u32,
 }
 
 impl<F: Flavor> Drop for Walk<'_, F> {
@@ -148,6 +151,9 @@ impl<F: Flavor> Drop for Walk<'_, F> {
         let mut frames = g.walk_stack.split_off(self.base.min(len));
         frames.push((self.start, NONE));
         frames.push((self.node, NONE));
+        if self.parent != NONE {
+            frames.push((self.parent, NONE));
+        }
         for (node, _) in frames {
             g.mark_failed(node);
         }
@@ -168,7 +174,7 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
     let mut g = cell.borrow_mut();
     let base = g.walk_stack.len();
     // Only read if the walk unwinds.
-    let mut walk = Walk { cell, base, start: start.index, node: start.index };
+    let mut walk = Walk { cell, base, start: start.index, node: start.index, parent: NONE };
     'restart: loop {
         if !g.alive(start) {
             g.walk_stack.truncate(base);
@@ -177,7 +183,7 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
         let mut node = start.index;
         let mut link = g.node(node).deps_head;
         let dirty = 'walk: loop {
-            walk.node = node;
+            (walk.node, walk.parent) = (node, NONE);
             // Scan `node`'s dependencies from `link` for one to re-validate.
             let mut dirty = false;
             let mut step = None;
@@ -227,6 +233,7 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
                     break 'walk dirty;
                 }
                 let (parent, parent_link) = g.walk_stack.pop().expect("stack above base");
+                walk.parent = parent;
                 if dirty {
                     let epoch = g.epoch;
                     let changed;

@@ -48,6 +48,22 @@ each_flavour! {
         assert_eq!(c2.get(), 20);
     }
 
+    fn a_walk_cut_short_above_its_first_frame_leaves_nothing_marked(cx) {
+        // e reads l, l reads c2 then c1, c2 reads c1, c1 reads s. A write
+        // that makes c2 panic while e re-validates (c1 recomputed, c2
+        // recomputed from the frame of l): l must not stay marked, or the
+        // next change never reaches e.
+        let s = cx.signal(0i64);
+        let c1 = cx.computed({ let s = s.clone(); move || s.get() });
+        let c2 = cx.computed({ let c1 = c1.clone(); move || { let v = c1.get(); assert!(v != 1, "c2 fails at 1"); v } });
+        let l = cx.computed({ let (c1, c2) = (c1.clone(), c2.clone()); move || c2.get() + c1.get() });
+        let seen = Log::new();
+        cx.effect({ let (l, seen) = (l.clone(), seen.clone()); move || seen.push(l.get().to_string()) });
+        assert!(panics(|| s.set(1)));
+        s.set(2);
+        assert_eq!(seen.take(), ["0", "4"]);
+    }
+
     fn an_effect_whose_cleanup_panics_runs_again_later(cx) {
         let a = cx.signal(0);
         let h = cx.handle();
