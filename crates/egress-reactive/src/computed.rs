@@ -355,13 +355,20 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
                 return Ok(());
             }
         }
+        self.prepare_slow(cell, track)
+    }
+
+    /// [`Computed::prepare`] when the computed is not known to be up to
+    /// date.
+    #[inline]
+    fn prepare_slow(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
         {
             // A refresh that panics still makes the reader depend on this
             // computed: its recovery must reach the reader.
             struct LinkOnUnwind<'a, F: Flavor>(&'a run::Cell<F>, crate::graph::Key, bool);
             impl<F: Flavor> Drop for LinkOnUnwind<'_, F> {
                 fn drop(&mut self) {
-                    if self.2 && std::thread::panicking() {
+                    if self.2 {
                         let mut g = self.0.borrow_mut();
                         let active = g.active;
                         if active != NONE && g.alive(self.1) {
@@ -370,8 +377,11 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
                     }
                 }
             }
-            let _link = LinkOnUnwind(cell, self.key, track);
-            run::refresh(cell, self.key.index)?;
+            let mut link = LinkOnUnwind(cell, self.key, track);
+            let refreshed = run::refresh(cell, self.key.index);
+            // Returned (not unwound): linked below, as usual.
+            link.2 = false;
+            refreshed?;
         }
         let top_level = {
             let mut g = cell.borrow_mut();

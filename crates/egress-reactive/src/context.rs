@@ -191,7 +191,13 @@ fn close<F: Flavor>(handle: &Handle<F>, cell: &run::Cell<F>) {
         // Nodes created from now on (by surviving handles, by cleanups) are
         // born disposed: nothing would ever dispose them.
         cell.borrow_mut().closed = true;
-        run::dispose(cell, root, false);
+        // Dropped while unwinding, a cleanup's panic would be a second one.
+        let panic = run::dispose_caught(cell, root, false);
+        if let Some(panic) = panic
+            && !std::thread::panicking()
+        {
+            resume_unwind(panic);
+        }
     }
 }
 
@@ -213,8 +219,12 @@ impl<F: Flavor> Handle<F> {
     /// # Panics
     /// If the thread is inside a call into another thread-safe graph.
     #[inline(always)]
-    #[track_caller]
     pub(crate) fn enter<R>(&self, f: impl FnOnce(&run::Cell<F>) -> R) -> R {
+        if !F::REFUSES {
+            // `Local`: entering is free and never refused.
+            let Some(guard) = F::enter(&self.rt.cell) else { Foreign.panic() };
+            return f(&guard);
+        }
         match self.try_enter(f) {
             Ok(r) => r,
             Err(foreign) => foreign.panic(),
@@ -226,27 +236,28 @@ impl<F: Flavor> Handle<F> {
     #[inline(always)]
     pub(crate) fn try_enter<R>(&self, f: impl FnOnce(&run::Cell<F>) -> R) -> Result<R, Foreign> {
         let Some(guard) = F::enter(&self.rt.cell) else { return Err(Foreign) };
-        // Left (and deferred disposals done) on every path out of `f`.
-        struct Leave<'a, F: Flavor>(Option<F::Guard<'a, Graph<F>>>, &'a Handle<F>);
-        impl<F: Flavor> Drop for Leave<'_, F> {
-            #[inline(always)]
-            fn drop(&mut self) {
-                if let Some(guard) = self.0.take() {
-                    let outermost = F::leave(guard);
-                    self.1.after(outermost);
-                }
-            }
+        if !F::REFUSES {
+            return Ok(f(&guard));
         }
-        let leave = Leave(Some(guard), self);
-        let cell: &run::Cell<F> = leave.0.as_ref().expect("entered just now");
-        Ok(f(cell))
+        // On unwinding, the guard's own drop leaves the graph (and the
+        // deferred disposals wait for the next call).
+        let r = f(&guard);
+        let outermost = F::leave(guard);
+        self.after(outermost);
+        Ok(r)
     }
 
     /// After leaving the graph: if this was the thread's outermost entry,
     /// do the disposals deferred meanwhile.
+    /// (Not while unwinding: a deferred cleanup's panic would be a second
+    /// one. The next call out does them.)
     #[inline(always)]
     pub(crate) fn after(&self, outermost: bool) {
-        if F::REFUSES && outermost && self.rt.has_deferred.load(std::sync::atomic::Ordering::SeqCst) {
+        if F::REFUSES
+            && outermost
+            && self.rt.has_deferred.load(std::sync::atomic::Ordering::SeqCst)
+            && !std::thread::panicking()
+        {
             self.drain();
         }
     }
@@ -480,10 +491,18 @@ impl<F: Flavor> Handle<F> {
     /// Disposes node `key`. From inside a call into another thread-safe
     /// graph, and with this one busy, the disposal is deferred to the end
     /// of the call that holds it (see [`Threaded`]).
+    ///
+    /// Called while unwinding (a `Scope` dropped by a panic), the panics of
+    /// the cleanups it runs are dropped: a second panic would abort.
     pub(crate) fn dispose_node(&self, key: Key) {
         let dispose = |cell: &run::Cell<F>| {
             if cell.borrow().alive(key) {
-                run::dispose(cell, key.index, true);
+                let panic = run::dispose_caught(cell, key.index, true);
+                if let Some(panic) = panic
+                    && !std::thread::panicking()
+                {
+                    resume_unwind(panic);
+                }
             }
         };
         if self.try_enter(dispose).is_err() {

@@ -7,7 +7,7 @@
 //! | | [`Local`] (`Context`) | [`Threaded`] (`ThreadSafeContext`, `AsyncContext`) |
 //! |---|---|---|
 //! | shared pointer | `Rc` | `Arc` |
-//! | graph | `RefCell` | `parking_lot::ReentrantMutex<RefCell<_>>` |
+//! | graph | `RefCell` | a re-entrant `lock_api` mutex (`parking_lot`'s raw mutex) around a `RefCell` |
 //! | node values | `RefCell` | [`Guarded`]: a `RefCell` made `Sync` by the graph lock |
 //! | closures and values | any `'static` | `Send + Sync + 'static` |
 //!
@@ -304,7 +304,7 @@ impl Flavor for Threaded {
     type Obj = Arc<dyn NodeObj + Send + Sync>;
     type Cleanup = Box<dyn FnOnce() + Send>;
     type Cell<T: 'static> = Guarded<T>;
-    type GraphCell<G: 'static> = parking_lot::ReentrantMutex<RefCell<G>>;
+    type GraphCell<G: 'static> = lock_api::ReentrantMutex<parking_lot::RawMutex, ThreadMark, RefCell<G>>;
     type Any = dyn std::any::Any + Send + Sync;
     type Guard<'a, G: 'static> = ThreadedGuard<'a, G>;
     type EqFn<T: 'static> = Arc<dyn Fn(&T, &T) -> bool + Send + Sync>;
@@ -334,24 +334,26 @@ impl Flavor for Threaded {
         any
     }
     fn graph_cell<G: 'static>(graph: G) -> Self::GraphCell<G> {
-        parking_lot::ReentrantMutex::new(RefCell::new(graph))
+        lock_api::ReentrantMutex::new(RefCell::new(graph))
     }
     const REFUSES: bool = true;
     #[inline]
     fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Option<ThreadedGuard<'_, G>> {
         let me = std::ptr::from_ref(cell).addr();
         let outer = INSIDE.get();
-        if outer != 0 && outer != me {
-            return None;
+        if outer != me {
+            if outer != 0 {
+                return None;
+            }
+            INSIDE.set(me);
         }
-        let guard = cell.lock();
-        INSIDE.set(me);
-        Some(ThreadedGuard { guard, outer })
+        Some(ThreadedGuard { guard: cell.lock(), outer, me })
     }
     fn try_lock<G: 'static>(cell: &Self::GraphCell<G>) -> Option<ThreadedGuard<'_, G>> {
         let guard = cell.try_lock()?;
-        let outer = INSIDE.replace(std::ptr::from_ref(cell).addr());
-        Some(ThreadedGuard { guard, outer })
+        let me = std::ptr::from_ref(cell).addr();
+        let outer = INSIDE.replace(me);
+        Some(ThreadedGuard { guard, outer, me })
     }
     #[inline]
     fn leave<G: 'static>(guard: ThreadedGuard<'_, G>) -> bool {
@@ -363,16 +365,45 @@ impl Flavor for Threaded {
 
 thread_local! {
     /// The [`Threaded`] graph this thread is inside a call into (the address
-    /// of its cell), or 0.
+    /// of its cell), or 0. Its own address is the thread's id for the graph
+    /// locks ([`ThreadMark`]): one thread-local serves both, so entering a
+    /// graph reads one.
     static INSIDE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The thread id of the re-entrant graph locks: the address of this
+/// thread's [`INSIDE`]. (`parking_lot`'s own id reads a lazily initialized
+/// thread-local through a call that is not inlined; this one shares its
+/// thread-local with the cross-graph mark, so an entry reads one. Measured
+/// in docs/benchmarks.md.)
+#[doc(hidden)]
+pub struct ThreadMark;
+
+// SAFETY: `lock_api` requires that no two live threads share an id. The id
+// is the address of this thread's instance of `INSIDE`, a thread-local of
+// non-zero size (a `Cell<usize>`): every live thread has its own instance,
+// at its own address, for as long as the thread lives, and an address of a
+// live value is never 0. (An exited thread's address may be reused, which
+// the trait allows.) Tested by `tests/threads.rs` (8 threads on one graph)
+// and `tests/robustness.rs` (two graphs on two threads).
+#[allow(unsafe_code)]
+unsafe impl lock_api::GetThreadId for ThreadMark {
+    const INIT: Self = ThreadMark;
+    #[inline(always)]
+    fn nonzero_thread_id(&self) -> std::num::NonZeroUsize {
+        let id = INSIDE.with(|mark| std::ptr::from_ref(mark).addr());
+        std::num::NonZeroUsize::new(id).expect("a thread-local's address is not 0")
+    }
 }
 
 /// A thread's entry into a [`Threaded`] graph: its lock, held, and the
 /// graph the thread was inside before (restored when it leaves).
 #[doc(hidden)]
 pub struct ThreadedGuard<'a, G> {
-    guard: parking_lot::ReentrantMutexGuard<'a, RefCell<G>>,
+    guard: lock_api::ReentrantMutexGuard<'a, parking_lot::RawMutex, ThreadMark, RefCell<G>>,
     outer: usize,
+    /// This graph's mark.
+    me: usize,
 }
 
 impl<G> Deref for ThreadedGuard<'_, G> {
@@ -386,7 +417,11 @@ impl<G> Deref for ThreadedGuard<'_, G> {
 impl<G> Drop for ThreadedGuard<'_, G> {
     #[inline]
     fn drop(&mut self) {
-        INSIDE.set(self.outer);
+        // A re-entrant call (the common case: reads inside a run) leaves
+        // the mark as it found it.
+        if self.outer != self.me {
+            INSIDE.set(self.outer);
+        }
     }
 }
 

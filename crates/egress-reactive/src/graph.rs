@@ -239,8 +239,11 @@ pub(crate) struct Graph<F: Flavor> {
 pub(crate) struct Ended<F: Flavor> {
     /// The object of a node freed during its run (dropped by the caller).
     pub(crate) leftover: Option<F::Obj>,
-    /// The node was disposed during its run: dispose it now.
-    pub(crate) doomed: bool,
+    /// The node's flags when its run ended, before `end` cleared `RUNNING`
+    /// and `FAILED` (0 if it was freed): [`DOOMED`] (disposed during its
+    /// run: dispose it now), [`FAILED`] (its last run before this one
+    /// failed).
+    pub(crate) flags: u32,
 }
 
 /// The block of value slots that new signals of one value type take their
@@ -587,25 +590,25 @@ impl<F: Flavor> Graph<F> {
         self.depth = saved.depth;
         let node = &mut self.nodes[key.index as usize];
         if node.generation != key.generation || node.flags & ALIVE == 0 {
-            return Ended { leftover: obj, doomed: false };
+            return Ended { leftover: obj, flags: 0 };
         }
         if let Some(previous) = std::mem::replace(&mut node.obj, obj) {
             unreachable!("graph invariant: a running node's object is lent out ({:p})", &previous);
         }
-        node.flags &= !(RUNNING | FAILED);
-        let doomed = node.flags & DOOMED != 0;
+        let flags = node.flags;
+        node.flags = flags & !(RUNNING | FAILED);
         if failed {
             // What the failed run did not get to read stays a dependency:
             // a change there must still reach the node.
             self.mark_failed(key.index);
-            return Ended { leftover: None, doomed };
+            return Ended { leftover: None, flags };
         }
         let tail = node.deps_tail;
         let stale = if tail == NONE { node.deps_head } else { self.links[tail as usize].next_dep };
         if stale != NONE {
             self.trim(key.index);
         }
-        Ended { leftover: None, doomed }
+        Ended { leftover: None, flags }
     }
 
     /// Starts a run tracked through an explicit handle (an async effect):

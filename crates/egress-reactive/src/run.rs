@@ -44,9 +44,19 @@ impl<F: Flavor> Drop for Unwind<'_, F> {
 
 /// Drops what a run left over, and disposes a node disposed during it.
 /// Returns the first panic of the user code that ran.
+#[inline(always)]
 fn finish<F: Flavor>(cell: &Cell<F>, key: Key, ended: Ended<F>) -> Option<Panic> {
+    if ended.leftover.is_none() && ended.flags & DOOMED == 0 {
+        return None;
+    }
+    finish_slow(cell, key, ended)
+}
+
+#[cold]
+#[inline(never)]
+fn finish_slow<F: Flavor>(cell: &Cell<F>, key: Key, ended: Ended<F>) -> Option<Panic> {
     let mut first_panic = ended.leftover.and_then(|obj| catch_unwind(AssertUnwindSafe(|| drop(obj))).err());
-    if ended.doomed {
+    if ended.flags & DOOMED != 0 {
         let alive = cell.borrow().alive(key);
         if alive && let Some(panic) = dispose_caught(cell, key.index, true) {
             first_panic.get_or_insert(panic);
@@ -60,16 +70,20 @@ fn finish<F: Flavor>(cell: &Cell<F>, key: Key, ended: Ended<F>) -> Option<Panic>
 /// Returns whether a computed's value changed (always true for an effect;
 /// false when it did not run).
 pub(crate) fn update<F: Flavor>(cell: &Cell<F>, key: Key) -> bool {
-    update_borrowed(cell, cell.borrow_mut(), key)
+    let g = cell.borrow_mut();
+    // User code may have freed it (and a new node taken its slot) since the
+    // caller looked.
+    if !g.alive(key) {
+        return false;
+    }
+    update_borrowed(cell, g, key)
 }
 
 /// [`update`] for a caller that has the graph borrowed already.
 #[inline(always)]
 fn update_borrowed<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key: Key) -> bool {
     let index = key.index;
-    if !g.alive(key) {
-        return false;
-    }
+    debug_assert!(g.alive(key), "graph invariant: only live nodes are updated");
     let node = g.node(index);
     if node.last_child != NONE || node.flags & HAS_CLEANUP != 0 {
         drop(g);
@@ -78,7 +92,6 @@ fn update_borrowed<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>
         }
         g = cell.borrow_mut();
     }
-    let was_failed = g.node(index).flags & FAILED != 0;
     let Some((key, saved, obj)) = g.begin(index) else { return false };
     drop(g);
     let guard = Unwind { cell, key, saved, obj: Some(obj) };
@@ -92,12 +105,13 @@ fn update_borrowed<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>
     let mut guard = std::mem::ManuallyDrop::new(guard);
     let obj = guard.obj.take();
     let ended = cell.borrow_mut().end(key, saved, obj, false);
+    // A computed that had failed has had no valid value since: whatever it
+    // computes now is a change.
+    let changed = changed || ended.flags & FAILED != 0;
     if let Some(panic) = finish(cell, key, ended) {
         resume_unwind(panic);
     }
-    // A computed that had failed has had no valid value since: whatever it
-    // computes now is a change.
-    changed || was_failed
+    changed
 }
 
 /// Disposes what the previous run of `key` created and runs its cleanups.
@@ -105,6 +119,7 @@ fn update_borrowed<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>
 /// is disposed now). A cleanup that panicked fails the run it came before:
 /// the node is marked failed and the panic resumed.
 #[cold]
+#[inline(never)]
 pub(crate) fn clean_before_run<F: Flavor>(cell: &Cell<F>, key: Key) -> bool {
     let mut first_panic = dispose_caught(cell, key.index, false);
     let mut g = cell.borrow_mut();
@@ -130,29 +145,41 @@ pub(crate) fn clean_before_run<F: Flavor>(cell: &Cell<F>, key: Key) -> bool {
 
 /// Undoes an unwound [`check_dirty`] walk: its frames leave the walk stack
 /// and every node it stood on is marked failed ([`Graph::mark_failed`]),
-/// so that none stays marked with nothing queued to clear it.
+/// so that none stays marked with nothing queued to clear it (a node left
+/// `DIRTY` or `PENDING` stops propagation for good). While the walk runs
+/// user code, every node it stands on is in a frame or in `node` (the node
+/// being recomputed marks itself, through its run's own guard).
 struct Walk<'a, F: Flavor> {
     cell: &'a Cell<F>,
     base: usize,
     start: u32,
+    /// The node whose dependency is being recomputed, if it is in no frame.
     node: u32,
-    /// The frame popped to settle `node` (off the stack while `node` is
-    /// recomputed).
-    parent: u32,
+    /// Cleared when the walk returns. (Not `thread::panicking()`: a walk
+    /// may run, and return, while an outer panic unwinds, inside a flush
+    /// that finishes its queue first: see [`FlushGuard`].)
+    armed: bool,
 }
 
 impl<F: Flavor> Drop for Walk<'_, F> {
+    #[inline(always)]
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
+        if self.armed {
+            self.unwound();
         }
+    }
+}
+
+impl<F: Flavor> Walk<'_, F> {
+    #[cold]
+    #[inline(never)]
+    fn unwound(&mut self) {
         let mut g = self.cell.borrow_mut();
         let len = g.walk_stack.len();
-        let mut frames = g.walk_stack.split_off(self.base.min(len));
-        frames.push((self.start, NONE));
-        frames.push((self.node, NONE));
-        if self.parent != NONE {
-            frames.push((self.parent, NONE));
+        let frames = g.walk_stack.split_off(self.base.min(len));
+        g.mark_failed(self.start);
+        if self.node != NONE {
+            g.mark_failed(self.node);
         }
         for (node, _) in frames {
             g.mark_failed(node);
@@ -173,17 +200,16 @@ impl<F: Flavor> Drop for Walk<'_, F> {
 pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
     let mut g = cell.borrow_mut();
     let base = g.walk_stack.len();
-    // Only read if the walk unwinds.
-    let mut walk = Walk { cell, base, start: start.index, node: start.index, parent: NONE };
+    let mut walk = Walk { cell, base, start: start.index, node: NONE, armed: true };
     'restart: loop {
         if !g.alive(start) {
             g.walk_stack.truncate(base);
+            walk.armed = false;
             return false;
         }
         let mut node = start.index;
         let mut link = g.node(node).deps_head;
         let dirty = 'walk: loop {
-            (walk.node, walk.parent) = (node, NONE);
             // Scan `node`'s dependencies from `link` for one to re-validate.
             let mut dirty = false;
             let mut step = None;
@@ -207,7 +233,9 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
                 Some((dep, true)) => {
                     let epoch = g.epoch;
                     let changed;
+                    walk.node = node;
                     (g, changed) = recompute_in_walk(cell, g, dep);
+                    walk.node = NONE;
                     if g.epoch != epoch {
                         g.walk_stack.truncate(base);
                         continue 'restart;
@@ -232,9 +260,9 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
                 if g.walk_stack.len() == base {
                     break 'walk dirty;
                 }
-                let (parent, parent_link) = g.walk_stack.pop().expect("stack above base");
-                walk.parent = parent;
+                let (parent, parent_link) = g.walk_stack[g.walk_stack.len() - 1];
                 if dirty {
+                    // The parent's frame stays while `node` runs.
                     let epoch = g.epoch;
                     let changed;
                     (g, changed) = recompute_in_walk(cell, g, node);
@@ -242,12 +270,13 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
                         g.walk_stack.truncate(base);
                         continue 'restart;
                     }
+                    g.walk_stack.pop();
                     if changed {
                         node = parent;
-                        walk.node = node;
                         continue;
                     }
                 } else {
+                    g.walk_stack.pop();
                     g.node_mut(node).flags &= !PENDING;
                 }
                 node = parent;
@@ -258,6 +287,7 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
         if !dirty {
             g.node_mut(start.index).flags &= !PENDING;
         }
+        walk.armed = false;
         return dirty;
     }
 }
@@ -286,13 +316,15 @@ fn recompute_in_walk<'a, F: Flavor>(
 /// Brings computed `index` up to date (the read path). Fails, changing
 /// nothing, when the computed is running: the read closes a cycle.
 pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), CycleError> {
-    let flags = {
-        let g = cell.borrow();
+    let (flags, key) = {
+        let mut g = cell.borrow();
         if !g.writes.is_empty() {
             drop(g);
             settle(cell);
+            g = cell.borrow();
         }
-        cell.borrow().node(index).flags
+        let node = g.node(index);
+        (node.flags, Key { index, generation: node.generation })
     };
     if flags & RUNNING != 0 {
         let g = cell.borrow();
@@ -308,7 +340,6 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
         nodes.reverse();
         return Err(CycleError { nodes });
     }
-    let key = cell.borrow().key(index);
     let stale = flags & (DIRTY | FAILED) != 0 || (flags & PENDING != 0 && check_dirty(cell, key));
     if stale && update(cell, key) {
         let mut g = cell.borrow_mut();
@@ -321,20 +352,21 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
 
 /// Applies the writes of an ended batch: each signal whose value differs
 /// from the one the batch replaced propagates; one written back to its old
-/// value notifies nothing. Walks the write list in place. A signal's own
-/// equality that panics counts as a difference; the first such panic is
-/// resumed once every write is applied.
+/// value notifies nothing. Walks the write list in place. An equality that
+/// panics (a signal's own, or `PartialEq`) counts as a difference: that
+/// write and every one after it propagate ([`Settling`]) before the panic
+/// goes on.
 pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
-    let mut next = 0;
-    let mut first_panic = None;
+    let mut settling = Settling { cell, next: 0, armed: true };
     loop {
         let (key, obj) = {
             let mut g = cell.borrow_mut();
-            let Some(&key) = g.writes.get(next) else {
+            let Some(&key) = g.writes.get(settling.next) else {
                 g.writes.clear();
-                break;
+                settling.armed = false;
+                return;
             };
-            next += 1;
+            settling.next += 1;
             if !g.alive(key) {
                 continue;
             }
@@ -342,26 +374,55 @@ pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
             node.flags &= !BATCHED;
             let custom = node.flags & CUSTOM_EQ != 0;
             let obj = node.obj.clone().map(|obj| (obj, node.aux));
-            let eq = if custom { g.equalities.get(&key.index).cloned() } else { None };
-            (key, obj.map(|(obj, aux)| (obj, aux, eq)))
+            (key, obj.map(|(obj, aux)| (obj, aux, if custom { own_equality(&g, key) } else { None })))
         };
         // A source without an object is a trigger: written means changed.
-        let changed = match obj {
-            None => true,
-            Some((obj, aux, eq)) => {
-                let settle = || F::obj(&obj).settle(&Entered::by(cell), aux, eq.as_deref().map(F::any));
-                catch_unwind(AssertUnwindSafe(settle)).unwrap_or_else(|panic| {
-                    first_panic.get_or_insert(panic);
-                    true
-                })
-            }
-        };
+        let changed =
+            obj.is_none_or(|(obj, aux, own)| F::obj(&obj).settle(&Entered::by(cell), aux, own.as_deref().map(F::any)));
         if changed {
             cell.borrow_mut().propagate(key.index);
         }
     }
-    if let Some(panic) = first_panic {
-        resume_unwind(panic);
+}
+
+/// A signal's own equality (cloned out of the graph: it is called outside
+/// the graph's borrow).
+#[cold]
+#[inline(never)]
+fn own_equality<F: Flavor>(g: &Graph<F>, key: Key) -> Option<F::Ptr<F::Any>> {
+    g.equalities.get(&key.index).cloned()
+}
+
+/// Ends a [`settle`] cut short by a panicking equality: the write being
+/// settled (`next - 1`) and every later one propagate, as changes.
+struct Settling<'a, F: Flavor> {
+    cell: &'a Cell<F>,
+    next: usize,
+    /// Cleared when `settle` returns (see [`Walk::armed`]).
+    armed: bool,
+}
+
+impl<F: Flavor> Drop for Settling<'_, F> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.armed {
+            self.unwound();
+        }
+    }
+}
+
+impl<F: Flavor> Settling<'_, F> {
+    #[cold]
+    #[inline(never)]
+    fn unwound(&mut self) {
+        let mut g = self.cell.borrow_mut();
+        let writes = std::mem::take(&mut g.writes);
+        for &key in writes.iter().skip(self.next.saturating_sub(1)) {
+            if g.alive(key) {
+                g.node_mut(key.index).flags &= !BATCHED;
+                g.propagate(key.index);
+            }
+        }
     }
 }
 
@@ -412,18 +473,39 @@ pub(crate) fn settle_and_flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLo
     flush(cell)
 }
 
-/// Ends a flush on every path: the queue loses what has run.
+/// Ends a flush on every path: the queue loses what has run. If the flush
+/// unwinds (an effect, a computed it read or a cleanup panicked), it first
+/// runs every effect still queued, each under `catch_unwind` (their panics
+/// are dropped: the first one is on its way), so a panic never cuts a
+/// flush short and the normal path pays for no `catch_unwind`.
 struct FlushGuard<'a, F: Flavor> {
     cell: &'a Cell<F>,
+    /// The queue position: what is before it has run.
     next: usize,
+    /// Cleared when the flush returns (see [`Walk::armed`]).
+    armed: bool,
 }
 
 impl<F: Flavor> Drop for FlushGuard<'_, F> {
+    #[inline(always)]
     fn drop(&mut self) {
+        if self.armed {
+            self.finish_unwinding();
+        }
         let mut g = self.cell.borrow_mut();
         g.flushing = false;
         let done = self.next.min(g.queue.len());
         g.queue.drain(..done);
+    }
+}
+
+impl<F: Flavor> FlushGuard<'_, F> {
+    /// Runs what is still queued (counting rounds afresh), each panic
+    /// caught and dropped.
+    #[cold]
+    #[inline(never)]
+    fn finish_unwinding(&mut self) {
+        while catch_unwind(AssertUnwindSafe(|| flush_rounds(self.cell, &mut self.next))).is_err() {}
     }
 }
 
@@ -432,7 +514,8 @@ impl<F: Flavor> Drop for FlushGuard<'_, F> {
 ///
 /// A panicking effect (or a computed it reads, or a cleanup it runs) ends
 /// that effect's run, which is marked failed; the flush goes on with the
-/// others, and the first panic is resumed once every queued effect has run.
+/// others ([`FlushGuard`]), and the first panic continues once every queued
+/// effect has run.
 pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
     {
         let mut g = cell.borrow_mut();
@@ -441,32 +524,17 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
         }
         g.flushing = true;
     }
-    let mut guard = FlushGuard { cell, next: 0 };
-    let mut progress = (0, 0);
-    let mut first_panic = None;
-    let result = loop {
-        match catch_unwind(AssertUnwindSafe(|| flush_rounds(cell, &mut guard, &mut progress))) {
-            Ok(result) => break result,
-            Err(panic) => {
-                first_panic.get_or_insert(panic);
-            }
-        }
-    };
-    drop(guard);
-    if let Some(panic) = first_panic {
-        resume_unwind(panic);
-    }
+    let mut guard = FlushGuard { cell, next: 0, armed: true };
+    let result = flush_rounds(cell, &mut guard.next);
+    guard.armed = false;
     result
 }
 
-/// The body of [`flush`]: runs queued effects from `guard.next` on;
-/// `progress` is the end of the current round and the rounds so far.
-fn flush_rounds<F: Flavor>(
-    cell: &Cell<F>,
-    guard: &mut FlushGuard<'_, F>,
-    progress: &mut (usize, u32),
-) -> Result<(), EffectLoopError> {
-    let (round_end, rounds) = progress;
+/// The body of [`flush`]: runs queued effects from `*next` on.
+#[inline(always)]
+fn flush_rounds<F: Flavor>(cell: &Cell<F>, next: &mut usize) -> Result<(), EffectLoopError> {
+    let mut round_end = *next;
+    let mut rounds = 0;
     loop {
         let mut g = cell.borrow_mut();
         // What the previous run wrote settles before anything else runs.
@@ -475,16 +543,16 @@ fn flush_rounds<F: Flavor>(
             settle(cell);
             g = cell.borrow_mut();
         }
-        if guard.next == *round_end {
-            if *round_end == g.queue.len() {
+        if *next == round_end {
+            if round_end == g.queue.len() {
                 return Ok(());
             }
-            *round_end = g.queue.len();
-            *rounds += 1;
-            if *rounds > MAX_FLUSH_ROUNDS {
+            round_end = g.queue.len();
+            rounds += 1;
+            if rounds > MAX_FLUSH_ROUNDS {
                 // Stop the loop: unmark what is still queued, so the next
                 // change that reaches those effects queues them afresh.
-                let stuck: Vec<Key> = g.queue.drain(guard.next..).collect();
+                let stuck: Vec<Key> = g.queue.drain(*next..).collect();
                 let effect = stuck.iter().find(|&&k| g.alive(k)).map(|k| g.site(k.index));
                 for key in stuck {
                     if g.alive(key) {
@@ -495,8 +563,8 @@ fn flush_rounds<F: Flavor>(
                 return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
             }
         }
-        let key = g.queue[guard.next];
-        guard.next += 1;
+        let key = g.queue[*next];
+        *next += 1;
         run_queued(cell, g, key);
     }
 }

@@ -443,17 +443,22 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
 
     fn write(&self, f: impl FnOnce(&mut SignalState<T>, bool, Option<&F::EqFn<T>>) -> bool) -> Result<(), WriteError> {
         let written = self.handle.try_enter(|cell| {
-            let (batching, own) = {
+            let (batching, custom) = {
                 let g = cell.borrow();
                 if !g.alive(self.key) {
                     drop(g);
                     return Err(WriteError::Disposed { created_at: self.created_at_in(cell) });
                 }
-                let own = if g.node(self.key.index).flags & CUSTOM_EQ != 0 { self.own_eq(&g) } else { None };
-                (g.batching(), own)
+                (g.batching(), g.node(self.key.index).flags & CUSTOM_EQ != 0)
             };
-            let own = own.as_ref().and_then(|eq| F::any(eq).downcast_ref::<F::EqFn<T>>());
-            if !self.block.slot(self.slot).with_mut(&Entered::by(cell), |s| f(s.state(), batching, own)) {
+            let changed = if custom {
+                let own = self.own_eq(cell);
+                let own = own.as_ref().and_then(|eq| F::any(eq).downcast_ref::<F::EqFn<T>>());
+                self.block.slot(self.slot).with_mut(&Entered::by(cell), |s| f(s.state(), batching, own))
+            } else {
+                self.block.slot(self.slot).with_mut(&Entered::by(cell), |s| f(s.state(), batching, None))
+            };
+            if !changed {
                 return Ok(());
             }
             {
@@ -475,8 +480,9 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
 
     /// The signal's own equality (it has one).
     #[cold]
-    fn own_eq(&self, g: &Graph<F>) -> Option<F::Ptr<F::Any>> {
-        g.equalities.get(&self.key.index).cloned()
+    #[inline(never)]
+    fn own_eq(&self, cell: &run::Cell<F>) -> Option<F::Ptr<F::Any>> {
+        cell.borrow().equalities.get(&self.key.index).cloned()
     }
 
     /// Where the signal was created.

@@ -64,6 +64,40 @@ each_flavour! {
         assert_eq!(seen.take(), ["0", "4"]);
     }
 
+    fn a_scope_dropped_by_a_panic_whose_cleanup_panics_does_not_abort(cx) {
+        let h = cx.handle();
+        let ran = Counter::new();
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let (_scope, ()) = cx.scope(|| {
+                let ran = ran.clone();
+                h.on_cleanup(move || {
+                    ran.hit();
+                    panic!("the cleanup panics too");
+                });
+            });
+            panic!("the first panic");
+        }));
+        assert!(outcome.is_err(), "the first panic went on (a second would have aborted the process)");
+        assert_eq!(ran.get(), 1, "the cleanup ran");
+        let s = cx.signal(1);
+        assert_eq!(s.get(), 1);
+    }
+
+    fn a_context_dropped_by_a_panic_whose_cleanup_panics_does_not_abort(cx) {
+        let h = cx.handle();
+        let ran = Counter::new();
+        let outcome = catch_unwind(AssertUnwindSafe(move || {
+            let _cx = cx;
+            let ran = ran.clone();
+            h.on_cleanup(move || {
+                ran.hit();
+                panic!("the cleanup panics too");
+            });
+            panic!("the first panic");
+        }));
+        assert!(outcome.is_err());
+    }
+
     fn an_effect_whose_cleanup_panics_runs_again_later(cx) {
         let a = cx.signal(0);
         let h = cx.handle();
