@@ -231,15 +231,14 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
             }
             match step {
                 Some((dep, true)) => {
-                    let epoch = g.epoch;
                     let changed;
                     walk.node = node;
                     (g, changed) = recompute_in_walk(cell, g, dep);
                     walk.node = NONE;
-                    if g.epoch != epoch {
+                    let Some(changed) = changed else {
                         g.walk_stack.truncate(base);
                         continue 'restart;
-                    }
+                    };
                     if changed {
                         dirty = true;
                     } else {
@@ -263,13 +262,12 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
                 let (parent, parent_link) = g.walk_stack[g.walk_stack.len() - 1];
                 if dirty {
                     // The parent's frame stays while `node` runs.
-                    let epoch = g.epoch;
                     let changed;
                     (g, changed) = recompute_in_walk(cell, g, node);
-                    if g.epoch != epoch {
+                    let Some(changed) = changed else {
                         g.walk_stack.truncate(base);
                         continue 'restart;
-                    }
+                    };
                     g.walk_stack.pop();
                     if changed {
                         node = parent;
@@ -292,25 +290,32 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
     }
 }
 
-/// Recomputes `node` in the middle of a [`check_dirty`] walk: releases the
-/// graph for the user code, drops any frames an unwound inner walk left
-/// above ours, and marks the subscribers dirty if the value changed.
+/// Recomputes live node `node` in the middle of a [`check_dirty`] walk:
+/// releases the graph for the user code, drops any frames an unwound inner
+/// walk left above ours, and marks the subscribers dirty if the value
+/// changed. Returns whether it changed, or `None` if user code freed linked
+/// nodes meanwhile (the walk must start over: what it stands on may be
+/// gone, the recomputed node included).
 #[inline(always)]
 fn recompute_in_walk<'a, F: Flavor>(
     cell: &'a Cell<F>,
     g: std::cell::RefMut<'a, Graph<F>>,
     node: u32,
-) -> (std::cell::RefMut<'a, Graph<F>>, bool) {
+) -> (std::cell::RefMut<'a, Graph<F>>, Option<bool>) {
     let depth = g.walk_stack.len();
+    let epoch = g.epoch;
     let key = g.key(node);
-    drop(g);
-    let changed = update(cell, key);
+    // Alive: the walk reached it through a link, under this borrow.
+    let changed = update_borrowed(cell, g, key);
     let mut g = cell.borrow_mut();
     g.walk_stack.truncate(depth);
-    if changed && g.alive(key) {
+    if g.epoch != epoch {
+        return (g, None);
+    }
+    if changed {
         g.shallow_propagate(node);
     }
-    (g, changed)
+    (g, Some(changed))
 }
 
 /// Brings computed `index` up to date (the read path). Fails, changing
