@@ -367,13 +367,21 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
             // computed: its recovery must reach the reader.
             struct LinkOnUnwind<'a, F: Flavor>(&'a run::Cell<F>, crate::graph::Key, bool);
             impl<F: Flavor> Drop for LinkOnUnwind<'_, F> {
+                #[inline(always)]
                 fn drop(&mut self) {
                     if self.2 {
-                        let mut g = self.0.borrow_mut();
-                        let active = g.active;
-                        if active != NONE && g.alive(self.1) {
-                            g.link(self.1.index, active);
-                        }
+                        self.unwound();
+                    }
+                }
+            }
+            impl<F: Flavor> LinkOnUnwind<'_, F> {
+                #[cold]
+                #[inline(never)]
+                fn unwound(&mut self) {
+                    let mut g = self.0.borrow_mut();
+                    let active = g.active;
+                    if active != NONE && g.alive(self.1) {
+                        g.link(self.1.index, active);
                     }
                 }
             }

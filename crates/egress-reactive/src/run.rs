@@ -201,12 +201,8 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
     let mut g = cell.borrow_mut();
     let base = g.walk_stack.len();
     let mut walk = Walk { cell, base, start: start.index, node: NONE, armed: true };
+    debug_assert!(g.alive(start), "graph invariant: only live nodes are re-validated");
     'restart: loop {
-        if !g.alive(start) {
-            g.walk_stack.truncate(base);
-            walk.armed = false;
-            return false;
-        }
         let mut node = start.index;
         let mut link = g.node(node).deps_head;
         let dirty = 'walk: loop {
@@ -237,7 +233,11 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
                     walk.node = NONE;
                     let Some(changed) = changed else {
                         g.walk_stack.truncate(base);
-                        continue 'restart;
+                        if g.alive(start) {
+                            continue 'restart;
+                        }
+                        walk.armed = false;
+                        return false;
                     };
                     if changed {
                         dirty = true;
@@ -266,7 +266,11 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
                     (g, changed) = recompute_in_walk(cell, g, node);
                     let Some(changed) = changed else {
                         g.walk_stack.truncate(base);
-                        continue 'restart;
+                        if g.alive(start) {
+                            continue 'restart;
+                        }
+                        walk.armed = false;
+                        return false;
                     };
                     g.walk_stack.pop();
                     if changed {

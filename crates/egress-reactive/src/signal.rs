@@ -120,14 +120,17 @@ impl<T: 'static, F: Flavor> NodeObj for SignalBlock<T, F> {
     }
 
     fn settle(&self, entered: &Entered, slot: u32, own: Option<&dyn std::any::Any>) -> bool {
-        let own = own.and_then(|eq| eq.downcast_ref::<F::EqFn<T>>());
         self.slot(slot).with_mut(entered, |s| {
             let s = s.state();
             let forced = std::mem::take(&mut s.forced);
             match s.replaced.take() {
-                Some(_) if forced => true,
-                Some((old, _)) if let Some(own) = own => !F::same(own, &old, &s.value),
-                Some((old, eq)) => !eq(&old, &s.value),
+                Some((old, eq)) => {
+                    forced
+                        || match own {
+                            None => !eq(&old, &s.value),
+                            Some(own) => !same_by_own::<T, F>(own, &old, &s.value),
+                        }
+                }
                 None => true,
             }
         })
@@ -137,6 +140,14 @@ impl<T: 'static, F: Flavor> NodeObj for SignalBlock<T, F> {
         let state = self.slot(slot).with_mut(entered, |s| s.state.take());
         drop(state);
     }
+}
+
+/// A signal's own equality, erased as the graph keeps it, applied.
+#[cold]
+#[inline(never)]
+fn same_by_own<T: 'static, F: Flavor>(own: &dyn std::any::Any, old: &T, new: &T) -> bool {
+    let own = own.downcast_ref::<F::EqFn<T>>().expect("graph invariant: a signal's equality is of its type");
+    F::same(own, old, new)
 }
 
 impl<T: 'static, F: Flavor> Clone for Signal<T, F> {
