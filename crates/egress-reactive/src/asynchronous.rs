@@ -22,8 +22,10 @@ use crate::signal::Signal;
 
 /// The graph for async code on tokio: synchronous signals, computeds and
 /// effects exactly as in [`ThreadSafeContext`](crate::ThreadSafeContext),
-/// plus async effects ([`AsyncContext::effect_async`]) and streams of a
-/// computed's latest value ([`AsyncContext::watch`]).
+/// plus async effects ([`Handle::effect_async`]) and streams of a
+/// computed's latest value ([`Handle::watch`]), which it reaches through
+/// `Deref` (as any `Handle<Threaded>` does: clone one into a closure that
+/// spawns effects, rather than an `Arc<AsyncContext>`).
 ///
 /// Time, where the graph needs it, is `tokio::time`, so tests can pause it.
 /// Works on the current-thread and the multi-thread runtime.
@@ -108,18 +110,18 @@ pub struct EffectCx {
 pub trait Readable<T> {
     /// Reads the value, recording `observer` as a subscriber.
     #[doc(hidden)]
-    fn read_for(&self, observer: u32) -> Result<T, ReadError>;
+    fn read_for(&self, cx: &EffectCx) -> Result<T, ReadError>;
 }
 
 impl<T: Clone + Send + Sync + 'static> Readable<T> for Signal<T, Threaded> {
-    fn read_for(&self, observer: u32) -> Result<T, ReadError> {
-        self.read_observed(observer)
+    fn read_for(&self, cx: &EffectCx) -> Result<T, ReadError> {
+        self.read_observed(cx.key)
     }
 }
 
 impl<T: Clone + Send + Sync + 'static> Readable<T> for Computed<T, Threaded> {
-    fn read_for(&self, observer: u32) -> Result<T, ReadError> {
-        self.read_observed(observer)
+    fn read_for(&self, cx: &EffectCx) -> Result<T, ReadError> {
+        self.read_observed(cx.key)
     }
 }
 
@@ -138,7 +140,7 @@ impl EffectCx {
 
     /// Reads `node`, tracked; disposal and cycles are errors.
     pub fn try_get<T>(&self, node: &impl Readable<T>) -> Result<T, ReadError> {
-        node.read_for(self.key.index)
+        node.read_for(self)
     }
 
     /// Makes trigger `trigger` a dependency of this effect.
@@ -151,26 +153,64 @@ impl EffectCx {
         });
     }
 
+    /// Runs `f` with this effect as the owner: the nodes `f` creates belong
+    /// to the effect, and are disposed before its next run and with it (as
+    /// those created in a synchronous effect's run are). `None`, and `f`
+    /// not run, if the effect was disposed. (Nodes created outside `own`
+    /// belong to whatever owner is current where they are created: an
+    /// async run has none of its own across `.await`s.)
+    pub fn own<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        self.handle.with_owner(self.key, f).ok()
+    }
+
     /// Registers `f` to run before this effect's next run and when it is
-    /// disposed (also when disposal cancels a run in progress).
+    /// disposed (also when disposal cancels a run in progress). Registered
+    /// once the effect is disposed, `f` runs at once.
     pub fn on_cleanup<C: FnOnce() + Send + 'static>(&self, f: C)
     where
         Threaded: HoldsCleanup<C>,
     {
         let cleanup = Box::new(f);
-        self.handle.enter(|cell| {
+        let gone = self.handle.enter(|cell| {
             let mut g = cell.borrow_mut();
             if g.alive(self.key) {
                 g.add_cleanup(self.key.index, cleanup);
+                None
+            } else {
+                Some(cleanup)
             }
         });
+        // The effect is gone: nothing would ever run it.
+        if let Some(cleanup) = gone {
+            cleanup();
+        }
     }
 }
 
-/// What the graph holds of an async effect: the bell of its task.
+/// What the graph holds of an async effect: the bell of its task, and
+/// what its runs' panics left.
 struct AsyncEffectObj {
     bell: Arc<Notify>,
     task: OnceLock<AbortHandle>,
+}
+
+/// The panics of an async effect's runs.
+#[derive(Default)]
+struct Panics {
+    count: std::sync::atomic::AtomicU64,
+    last: parking_lot::Mutex<Option<String>>,
+}
+
+impl Panics {
+    fn record(&self, panic: &(dyn std::any::Any + Send)) {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic with a payload that is not a string".to_owned());
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        *self.last.lock() = Some(message);
+    }
 }
 
 impl NodeObj for AsyncEffectObj {
@@ -195,9 +235,18 @@ impl Drop for AsyncEffectObj {
 
 /// A running async effect. Dropping the handle does not stop it; dispose it
 /// (or its owner, or the context).
+///
+/// A run that panics (its future, or a computed it reads) ends there: its
+/// cleanups run before the next run, the effect stays subscribed to what
+/// the run read before the panic, and it runs again when that changes. The
+/// panic is counted and its message kept ([`panics`](Self::panics),
+/// [`last_panic`](Self::last_panic)); the task goes on.
 #[derive(Clone)]
 pub struct AsyncEffect {
     node: NodeRef<Threaded>,
+    /// Shared with the task (not the graph's object: the task aborts when
+    /// that drops, so neither may hold it).
+    panics: Arc<Panics>,
 }
 
 impl Deref for AsyncEffect {
@@ -220,10 +269,21 @@ impl AsyncEffect {
     pub fn dispose(&self) {
         self.node.dispose();
     }
+
+    /// How many of its runs panicked.
+    pub fn panics(&self) -> u64 {
+        self.panics.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The message of the last panic of a run, if any.
+    pub fn last_panic(&self) -> Option<String> {
+        self.panics.last.lock().clone()
+    }
 }
 
-impl AsyncContext {
-    /// Spawns an async effect on the current tokio runtime. It runs once now,
+impl Handle<Threaded> {
+    /// Spawns an async effect on the current tokio runtime, owned by the
+    /// current owner. It runs once now,
     /// then once after every settled change of what it read through its
     /// [`EffectCx`]. Runs are serialized (never two at once) and coalesced:
     /// changes that arrive during a run cause exactly one more run after it.
@@ -237,7 +297,7 @@ impl AsyncContext {
         C: Fn(EffectCx) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        self.inner.spawn_effect_async(f, Location::caller())
+        self.spawn_effect_async(f, Location::caller())
     }
 
     /// A stream of `computed`'s latest value: the current value first, then
@@ -250,7 +310,7 @@ impl AsyncContext {
     {
         let (tx, rx) = tokio::sync::watch::channel(computed.get_untracked());
         let source = computed.clone();
-        let effect = self.inner.effect(move || {
+        let effect = self.effect(move || {
             let v = source.get();
             tx.send_if_modified(|cur| {
                 if *cur == v {
@@ -265,19 +325,31 @@ impl AsyncContext {
     }
 }
 
+/// A future whose panics are caught: `Err` with the payload when a poll
+/// panicked. (Boxed, to be `Unpin` without `unsafe`: one allocation per
+/// run of an async effect.)
+pub(crate) struct CatchUnwind<Fut>(pub(crate) Pin<Box<Fut>>);
+
+impl<Fut: Future> Future for CatchUnwind<Fut> {
+    type Output = Result<Fut::Output, crate::run::Panic>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let fut = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
+
 /// Starts one run: cleans up after the previous one and rewinds tracking.
 /// Returns false if the effect was disposed.
 fn begin_run(cx: &EffectCx) -> bool {
     cx.handle.enter(|cell| {
-        if !cell.borrow().alive(cx.key) {
+        if !cell.borrow().alive(cx.key) || !run::clean_before_run(cell, cx.key) {
             return false;
         }
-        run::dispose(cell, cx.key.index, false);
-        let mut g = cell.borrow_mut();
-        if !g.alive(cx.key) {
-            return false;
-        }
-        g.begin_detached(cx.key.index);
+        cell.borrow_mut().begin_detached(cx.key.index);
         true
     })
 }
@@ -291,7 +363,7 @@ fn end_run(cx: &EffectCx) {
     });
 }
 
-/// A stream of a computed's latest values; see [`AsyncContext::watch`].
+/// A stream of a computed's latest values; see [`Handle::watch`].
 pub struct Watch<T> {
     stream: tokio_stream::wrappers::WatchStream<T>,
     effect: Effect<Threaded>,
@@ -317,7 +389,7 @@ impl<T> std::fmt::Debug for Watch<T> {
 }
 
 impl Handle<Threaded> {
-    /// [`AsyncContext::effect_async`], owned by the current owner (the egress
+    /// [`Handle::effect_async`], owned by the current owner (the egress
     /// cells spawn their attachments with it).
     pub(crate) fn spawn_effect_async<C, Fut>(&self, f: C, created_at: &'static Location<'static>) -> AsyncEffect
     where
@@ -326,19 +398,28 @@ impl Handle<Threaded> {
     {
         let bell = Arc::new(Notify::new());
         let obj = Arc::new(AsyncEffectObj { bell: bell.clone(), task: OnceLock::new() });
+        let panics = Arc::new(Panics::default());
         let handle = self.clone();
-        let key = handle.enter(|cell| {
-            let erased: <Threaded as crate::Flavor>::Obj = obj.clone();
-            cell.borrow_mut().alloc(EFFECT | ASYNC | DIRTY, Some(erased), NONE, created_at)
-        });
+        let erased: <Threaded as crate::Flavor>::Obj = obj.clone();
+        let created =
+            handle.enter(|cell| cell.borrow_mut().create(EFFECT | ASYNC | DIRTY, Some(erased), NONE, created_at));
+        let key = match created {
+            Ok(key) => key,
+            // A dropped context: born disposed, never spawned.
+            Err((dead, _)) => return AsyncEffect { node: NodeRef { handle, key: dead }, panics },
+        };
         let cx = EffectCx { handle: handle.clone(), key };
+        let runs = panics.clone();
         let task = tokio::spawn(async move {
             loop {
                 if !begin_run(&cx) {
                     return;
                 }
-                f(cx.clone()).await;
-                end_run(&cx);
+                match CatchUnwind(Box::pin(f(cx.clone()))).await {
+                    Ok(()) => end_run(&cx),
+                    // What the run did not get to read stays a dependency.
+                    Err(panic) => runs.record(&*panic),
+                }
                 bell.notified().await;
             }
         });
@@ -350,6 +431,6 @@ impl Handle<Threaded> {
         if handle.introspect(key, |_| ()).is_none() {
             task.abort();
         }
-        AsyncEffect { node: NodeRef { handle, key } }
+        AsyncEffect { node: NodeRef { handle, key }, panics }
     }
 }

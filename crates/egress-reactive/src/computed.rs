@@ -93,10 +93,15 @@ impl<T> Cutoff<T> for Never {
     }
 }
 
-impl<T: 'static> Cutoff<T> for fn(&T, &T) -> bool {
+/// Cut off by a closure: `same(old, new)`.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct SameBy<E>(pub E);
+
+impl<T, E: Fn(&T, &T) -> bool + 'static> Cutoff<T> for SameBy<E> {
     #[inline]
     fn same(&self, old: &T, new: &T) -> bool {
-        self(old, new)
+        (self.0)(old, new)
     }
 }
 
@@ -151,14 +156,34 @@ impl<F: Flavor> Handle<F> {
         self.make_computed(ByEq, f, Location::caller())
     }
 
-    /// A computed whose cut-off is `eq(old, new)`: when it returns true, the
-    /// recomputation changes nothing downstream.
+    /// A computed whose cut-off is `same(old, new)`: when it returns true,
+    /// the recomputation changes nothing downstream (and the old value is
+    /// kept). A panic in `same` fails the run as a panic in `f` does.
+    ///
+    /// ```
+    /// use egress_reactive::Context;
+    ///
+    /// let cx = Context::new();
+    /// let raw = cx.signal(1.0_f64);
+    /// let tolerance = 0.5;
+    /// let smooth = cx.computed_with(move |a: &f64, b: &f64| (a - b).abs() < tolerance, {
+    ///     let raw = raw.clone();
+    ///     move || raw.get()
+    /// });
+    /// assert_eq!(smooth.get(), 1.0);
+    /// raw.set(1.2);
+    /// assert_eq!(smooth.get(), 1.0, "within the tolerance: unchanged");
+    /// raw.set(2.0);
+    /// assert_eq!(smooth.get(), 2.0);
+    /// ```
     #[track_caller]
-    pub fn computed_with<T: 'static, C: Fn() -> T + 'static>(&self, eq: fn(&T, &T) -> bool, f: C) -> Computed<T, F>
+    pub fn computed_with<T: 'static, E, C>(&self, same: E, f: C) -> Computed<T, F>
     where
-        F: Holds<ComputedObj<T, C, fn(&T, &T) -> bool, F>>,
+        E: Fn(&T, &T) -> bool + 'static,
+        C: Fn() -> T + 'static,
+        F: Holds<ComputedObj<T, C, SameBy<E>, F>>,
     {
-        self.make_computed(eq, f, Location::caller())
+        self.make_computed(SameBy(same), f, Location::caller())
     }
 
     /// A computed with no cut-off: every recomputation notifies downstream
@@ -182,7 +207,13 @@ impl<F: Flavor> Handle<F> {
     {
         let slot = F::ptr(Slot { value: ValueCell::new(None) });
         let obj = F::erase(F::ptr(ComputedObj { slot: slot.clone(), f, cutoff }));
-        let key = self.enter(|cell| cell.borrow_mut().alloc(COMPUTED | DIRTY, Some(obj), NONE, created_at));
+        let key = self.enter(|cell| cell.borrow_mut().create(COMPUTED | DIRTY, Some(obj), NONE, created_at));
+        // In a dropped context: born disposed, its function dropped here,
+        // outside the graph's borrow.
+        let key = key.unwrap_or_else(|(dead, obj)| {
+            drop(obj);
+            dead
+        });
         Computed { node: NodeRef { handle: self.clone(), key }, slot, created_at }
     }
 }
@@ -258,17 +289,19 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     /// Calls `f` with a reference to the value; tracked. Disposal and cycles
     /// (here or in any computed this read re-runs) are errors.
     pub fn try_with<R>(&self, f: impl FnOnce(&T) -> R) -> Result<R, ReadError> {
-        self.handle.enter(|cell| {
-            match catch_unwind(AssertUnwindSafe(|| self.prepare(cell, true))) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(panic) => match cell.borrow_mut().cycle.take() {
-                    Some(cycle) => return Err(ReadError::Cycle(cycle)),
-                    None => resume_unwind(panic),
-                },
-            }
-            Ok(self.read(cell, f))
-        })
+        self.handle
+            .try_enter(|cell| {
+                match catch_unwind(AssertUnwindSafe(|| self.prepare(cell, true))) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(panic) => match cell.borrow_mut().cycle.take() {
+                        Some(cycle) => return Err(ReadError::Cycle(cycle)),
+                        None => resume_unwind(panic),
+                    },
+                }
+                Ok(self.read(cell, f))
+            })
+            .unwrap_or(Err(ReadError::ForeignGraph { kind: NodeKind::Computed }))
     }
 
     /// The value, cloned, without tracking. Recomputes first if needed.
@@ -286,15 +319,23 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
 
     /// Reads for an explicit observer (an async effect's run).
     #[cfg(feature = "async")]
-    pub(crate) fn read_observed(&self, observer: u32) -> Result<T, ReadError>
+    pub(crate) fn read_observed(&self, observer: crate::graph::Key) -> Result<T, ReadError>
     where
         T: Clone,
     {
-        self.handle.enter(|cell| {
-            self.prepare(cell, false)?;
-            cell.borrow_mut().link(self.key.index, observer);
-            Ok(self.read(cell, T::clone))
-        })
+        self.handle
+            .try_enter(|cell| {
+                self.prepare(cell, false)?;
+                let mut g = cell.borrow_mut();
+                // A disposed observer tracks nothing (its slot may be
+                // another node's now).
+                if g.alive(observer) {
+                    g.link(self.key.index, observer.index);
+                }
+                drop(g);
+                Ok(self.read(cell, T::clone))
+            })
+            .unwrap_or(Err(ReadError::ForeignGraph { kind: NodeKind::Computed }))
     }
 
     /// Brings the value up to date and tracks the read.
@@ -306,7 +347,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
                 return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.created_at });
             }
             // Fast path: up to date, nothing batched to settle first.
-            if g.node(self.key.index).flags & (DIRTY | PENDING | RUNNING) == 0 && g.writes.is_empty() {
+            if g.node(self.key.index).flags & (DIRTY | PENDING | RUNNING | FAILED) == 0 && g.writes.is_empty() {
                 let active = g.active;
                 if track && active != NONE {
                     g.link(self.key.index, active);
@@ -314,9 +355,48 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
                 return Ok(());
             }
         }
-        run::refresh(cell, self.key.index)?;
+        self.prepare_slow(cell, track)
+    }
+
+    /// [`Computed::prepare`] when the computed is not known to be up to
+    /// date.
+    #[inline]
+    fn prepare_slow(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
+        {
+            // A refresh that panics still makes the reader depend on this
+            // computed: its recovery must reach the reader.
+            struct LinkOnUnwind<'a, F: Flavor>(&'a run::Cell<F>, crate::graph::Key, bool);
+            impl<F: Flavor> Drop for LinkOnUnwind<'_, F> {
+                #[inline(always)]
+                fn drop(&mut self) {
+                    if self.2 {
+                        self.unwound();
+                    }
+                }
+            }
+            impl<F: Flavor> LinkOnUnwind<'_, F> {
+                #[cold]
+                #[inline(never)]
+                fn unwound(&mut self) {
+                    let mut g = self.0.borrow_mut();
+                    let active = g.active;
+                    if active != NONE && g.alive(self.1) {
+                        g.link(self.1.index, active);
+                    }
+                }
+            }
+            let mut link = LinkOnUnwind(cell, self.key, track);
+            let refreshed = run::refresh(cell, self.key.index);
+            // Returned (not unwound): linked below, as usual.
+            link.2 = false;
+            refreshed?;
+        }
         let top_level = {
             let mut g = cell.borrow_mut();
+            // Its own run may have disposed it.
+            if !g.alive(self.key) {
+                return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.created_at });
+            }
             let active = g.active;
             if track && active != NONE {
                 g.link(self.key.index, active);

@@ -3,7 +3,7 @@
 use std::ops::Deref;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 
-use crate::error::EffectLoopError;
+use crate::error::{EffectLoopError, NodeKind, ReadError};
 use crate::flavor::{Flavor, HoldsCleanup, Local, Threaded};
 use crate::graph::{Graph, Key, NONE, flags::*};
 use crate::run;
@@ -12,6 +12,35 @@ use crate::run;
 #[doc(hidden)]
 pub struct Runtime<F: Flavor> {
     pub(crate) cell: F::GraphCell<Graph<F>>,
+    /// Disposals asked for by a thread inside another graph while this one
+    /// was busy (only [`Threaded`] refuses entry): done by whoever leaves
+    /// the graph next. At most one entry per live node, and one close.
+    deferred: parking_lot::Mutex<Vec<Deferred>>,
+    has_deferred: std::sync::atomic::AtomicBool,
+}
+
+/// A disposal that waits for the graph to be free.
+enum Deferred {
+    Dispose(Key),
+    /// The context was dropped.
+    Close,
+}
+
+/// A thread inside a call into one thread-safe graph tried to enter
+/// another (see [`Threaded`]).
+#[derive(Debug)]
+pub(crate) struct Foreign;
+
+impl Foreign {
+    #[cold]
+    #[inline(never)]
+    #[track_caller]
+    pub(crate) fn panic(self) -> ! {
+        panic!(
+            "a thread-safe graph was entered from inside a call into another one (a computed, effect, cleanup, \
+             batch or scope of the other): refused, as it could deadlock; send the data across instead"
+        )
+    }
 }
 
 /// A reactive graph: the owner of every node created in it.
@@ -104,7 +133,12 @@ impl<F: Flavor> Ctx<F> {
     /// A new, empty graph.
     #[track_caller]
     pub fn new() -> Self {
-        Ctx { handle: Handle { rt: F::ptr(Runtime { cell: F::graph_cell(Graph::new()) }) } }
+        let rt = Runtime {
+            cell: F::graph_cell(Graph::new()),
+            deferred: parking_lot::Mutex::new(Vec::new()),
+            has_deferred: std::sync::atomic::AtomicBool::new(false),
+        };
+        Ctx { handle: Handle { rt: F::ptr(rt) } }
     }
 
     /// A cloneable handle to this graph.
@@ -129,19 +163,41 @@ impl<F: Flavor> Deref for Ctx<F> {
 
 impl<F: Flavor> Drop for Ctx<F> {
     fn drop(&mut self) {
-        let guard = F::enter(&self.handle.rt.cell);
+        let Some(guard) = F::enter(&self.handle.rt.cell).or_else(|| F::try_lock(&self.handle.rt.cell)) else {
+            // Dropped inside a call into another graph, with this one busy.
+            self.handle.defer(Deferred::Close);
+            return;
+        };
+        close(&self.handle, &guard);
+        let outermost = F::leave(guard);
+        self.handle.after(outermost);
+    }
+}
+
+/// Disposes every node of a context being dropped.
+fn close<F: Flavor>(handle: &Handle<F>, cell: &run::Cell<F>) {
+    {
         let root = {
-            let g = guard.borrow();
+            let g = cell.borrow();
             // The last pointer to the graph, no cleanup to order: nothing
             // can reach the graph again, so dropping it (next) drops every
             // node's object and every signal's value at once, without
             // freeing nodes one by one first.
-            if g.quiet() && F::is_unique(&self.handle.rt) {
+            if g.quiet() && F::is_unique(&handle.rt) {
                 return;
             }
             g.root
         };
-        run::dispose(&guard, root, false);
+        // Nodes created from now on (by surviving handles, by cleanups) are
+        // born disposed: nothing would ever dispose them.
+        cell.borrow_mut().closed = true;
+        // Dropped while unwinding, a cleanup's panic would be a second one.
+        let panic = run::dispose_caught(cell, root, false);
+        if let Some(panic) = panic
+            && !std::thread::panicking()
+        {
+            resume_unwind(panic);
+        }
     }
 }
 
@@ -159,10 +215,90 @@ impl<F: Flavor> std::fmt::Debug for Handle<F> {
 
 impl<F: Flavor> Handle<F> {
     /// Runs `f` with the graph entered: `cell` is valid for the call.
+    ///
+    /// # Panics
+    /// If the thread is inside a call into another thread-safe graph.
     #[inline(always)]
     pub(crate) fn enter<R>(&self, f: impl FnOnce(&run::Cell<F>) -> R) -> R {
-        let guard = F::enter(&self.rt.cell);
-        f(&guard)
+        if !F::REFUSES {
+            // `Local`: entering is free and never refused.
+            let Some(guard) = F::enter(&self.rt.cell) else { Foreign.panic() };
+            return f(&guard);
+        }
+        match self.try_enter(f) {
+            Ok(r) => r,
+            Err(foreign) => foreign.panic(),
+        }
+    }
+
+    /// [`Handle::enter`], or `Foreign` (and `f` not run) if the thread is
+    /// inside a call into another thread-safe graph.
+    #[inline(always)]
+    pub(crate) fn try_enter<R>(&self, f: impl FnOnce(&run::Cell<F>) -> R) -> Result<R, Foreign> {
+        let Some(guard) = F::enter(&self.rt.cell) else { return Err(Foreign) };
+        if !F::REFUSES {
+            return Ok(f(&guard));
+        }
+        // On unwinding, the guard's own drop leaves the graph (and the
+        // deferred disposals wait for the next call).
+        let r = f(&guard);
+        let outermost = F::leave(guard);
+        self.after(outermost);
+        Ok(r)
+    }
+
+    /// After leaving the graph: if this was the thread's outermost entry,
+    /// do the disposals deferred meanwhile.
+    /// (Not while unwinding: a deferred cleanup's panic would be a second
+    /// one. The next call out does them.)
+    #[inline(always)]
+    pub(crate) fn after(&self, outermost: bool) {
+        if F::REFUSES
+            && outermost
+            && self.rt.has_deferred.load(std::sync::atomic::Ordering::SeqCst)
+            && !std::thread::panicking()
+        {
+            self.drain();
+        }
+    }
+
+    /// Asks for a disposal from inside another graph's call: done now if
+    /// this graph is free, otherwise by whoever leaves it next.
+    fn defer(&self, what: Deferred) {
+        self.rt.deferred.lock().push(what);
+        self.rt.has_deferred.store(true, std::sync::atomic::Ordering::SeqCst);
+        // The holder may have left just before the push: try once more.
+        self.drain();
+    }
+
+    /// Does the deferred disposals, if the graph is free (never waits). The
+    /// first panic of their cleanups is resumed.
+    #[cold]
+    fn drain(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut first_panic = None;
+        while self.rt.has_deferred.load(SeqCst) {
+            let Some(guard) = F::try_lock(&self.rt.cell) else { break };
+            self.rt.has_deferred.store(false, SeqCst);
+            let work = std::mem::take(&mut *self.rt.deferred.lock());
+            for what in work {
+                let done = catch_unwind(AssertUnwindSafe(|| match what {
+                    Deferred::Dispose(key) => {
+                        if guard.borrow().alive(key) {
+                            run::dispose(&guard, key.index, true);
+                        }
+                    }
+                    Deferred::Close => close(self, &guard),
+                }));
+                if let Err(panic) = done {
+                    first_panic.get_or_insert(panic);
+                }
+            }
+            drop(guard);
+        }
+        if let Some(panic) = first_panic {
+            resume_unwind(panic);
+        }
     }
 
     /// Runs `f` as one batch: writes inside it notify once, when it ends;
@@ -218,16 +354,25 @@ impl<F: Flavor> Handle<F> {
     /// Registers `f` to run when the current owner is cleaned up: before an
     /// effect or computed runs again, and when it, its scope or the context
     /// is disposed. Cleanups of one owner run in registration order, after
-    /// those of its children.
+    /// those of its children; a cleanup registered by a cleanup runs right
+    /// after it. Registered after the context was dropped, `f` runs at once.
     pub fn on_cleanup<C: FnOnce() + 'static>(&self, f: C)
     where
         F: HoldsCleanup<C>,
     {
-        self.enter(|cell| {
+        let cleanup = self.enter(|cell| {
             let mut g = cell.borrow_mut();
+            if g.closed {
+                return Some(f);
+            }
             let owner = g.owner;
             g.add_cleanup(owner, F::erase_cleanup(f));
-        })
+            None
+        });
+        // The context was dropped: its owner is gone already.
+        if let Some(f) = cleanup {
+            f();
+        }
     }
 
     /// Runs `f` in a new scope, owned by the current owner. Everything `f`
@@ -235,23 +380,76 @@ impl<F: Flavor> Handle<F> {
     /// returned [`Scope`] is dropped or disposed, or with its own owner.
     #[track_caller]
     pub fn scope<R>(&self, f: impl FnOnce() -> R) -> (Scope<F>, R) {
-        let at = Location::caller();
-        let key = self.enter(|cell| cell.borrow_mut().alloc(SCOPE, None, NONE, at));
-        let result = self.with_owner(key, f);
-        (Scope { handle: self.clone(), key }, result)
+        let created_at = Location::caller();
+        let key =
+            self.enter(|cell| cell.borrow_mut().create(SCOPE, None, NONE, created_at)).unwrap_or_else(|(dead, _)| dead);
+        let scope = Scope { handle: self.clone(), key, created_at };
+        // In a dropped context the scope is born disposed, and so is
+        // whatever `f` creates.
+        let result = match self.with_owner(key, f) {
+            Ok(r) => r,
+            Err(f) => f(),
+        };
+        (scope, result)
     }
 
-    fn with_owner<R>(&self, key: Key, f: impl FnOnce() -> R) -> R {
-        struct Restore<'a, F: Flavor>(&'a run::Cell<F>, u32);
+    /// Runs `f` with live node `key` as the owner, or gives `f` back if
+    /// `key` is gone. The node counts as running meanwhile: disposing it
+    /// from inside `f` takes effect when `f` returns (or unwinds), so that
+    /// nothing `f` creates after that is owned by a freed slot.
+    pub(crate) fn with_owner<R, C: FnOnce() -> R>(&self, key: Key, f: C) -> Result<R, C> {
+        match self.try_with_owner(key, f) {
+            Ok(result) => result,
+            Err(foreign) => foreign.panic(),
+        }
+    }
+
+    /// [`Handle::with_owner`], or `Foreign`.
+    fn try_with_owner<R, C: FnOnce() -> R>(&self, key: Key, f: C) -> Result<Result<R, C>, Foreign> {
+        struct Restore<'a, F: Flavor> {
+            cell: &'a run::Cell<F>,
+            prev: u32,
+            key: Key,
+            /// This call marked the node running (an inner `run` of the
+            /// same scope leaves the mark to the outer one).
+            marked: bool,
+        }
         impl<F: Flavor> Drop for Restore<'_, F> {
             fn drop(&mut self) {
-                self.0.borrow_mut().owner = self.1;
+                let doomed = {
+                    let mut g = self.cell.borrow_mut();
+                    g.owner = self.prev;
+                    if !self.marked || !g.alive(self.key) {
+                        return;
+                    }
+                    let node = g.node_mut(self.key.index);
+                    node.flags &= !RUNNING;
+                    node.flags & DOOMED != 0
+                };
+                if doomed {
+                    let panic = run::dispose_caught(self.cell, self.key.index, true);
+                    // Resumed unless this is unwinding already.
+                    if let Some(panic) = panic
+                        && !std::thread::panicking()
+                    {
+                        resume_unwind(panic);
+                    }
+                }
             }
         }
-        self.enter(|cell| {
-            let prev = std::mem::replace(&mut cell.borrow_mut().owner, key.index);
-            let _restore = Restore(cell, prev);
-            f()
+        self.try_enter(|cell| {
+            let (prev, marked) = {
+                let mut g = cell.borrow_mut();
+                if !g.alive(key) {
+                    return Err(f);
+                }
+                let node = g.node_mut(key.index);
+                let marked = node.flags & RUNNING == 0;
+                node.flags |= RUNNING;
+                (std::mem::replace(&mut g.owner, key.index), marked)
+            };
+            let _restore = Restore { cell, prev, key, marked };
+            Ok(f())
         })
     }
 
@@ -260,7 +458,7 @@ impl<F: Flavor> Handle<F> {
     /// [`notify`](run::notify)-ed. The egress cells invalidate their readers
     /// through triggers.
     pub(crate) fn trigger(&self, created_at: &'static Location<'static>) -> Key {
-        self.enter(|cell| cell.borrow_mut().alloc(SIGNAL, None, NONE, created_at))
+        self.enter(|cell| cell.borrow_mut().create(SIGNAL, None, NONE, created_at)).unwrap_or_else(|(dead, _)| dead)
     }
 
     /// Makes the running computation depend on trigger `key`.
@@ -290,12 +488,32 @@ impl<F: Flavor> Handle<F> {
         })
     }
 
+    /// Disposes node `key`. From inside a call into another thread-safe
+    /// graph, and with this one busy, the disposal is deferred to the end
+    /// of the call that holds it (see [`Threaded`]).
+    ///
+    /// Called while unwinding (a `Scope` dropped by a panic), the panics of
+    /// the cleanups it runs are dropped: a second panic would abort.
     pub(crate) fn dispose_node(&self, key: Key) {
-        self.enter(|cell| {
+        let dispose = |cell: &run::Cell<F>| {
             if cell.borrow().alive(key) {
-                run::dispose(cell, key.index, true);
+                let panic = run::dispose_caught(cell, key.index, true);
+                if let Some(panic) = panic
+                    && !std::thread::panicking()
+                {
+                    resume_unwind(panic);
+                }
             }
-        })
+        };
+        if self.try_enter(dispose).is_err() {
+            match F::try_lock(&self.rt.cell) {
+                Some(guard) => {
+                    dispose(&guard);
+                    drop(guard);
+                }
+                None => self.defer(Deferred::Dispose(key)),
+            }
+        }
     }
 }
 
@@ -350,6 +568,7 @@ impl<F: Flavor> NodeRef<F> {
 pub struct Scope<F: Flavor> {
     handle: Handle<F>,
     key: Key,
+    created_at: &'static Location<'static>,
 }
 
 impl<F: Flavor> Scope<F> {
@@ -359,8 +578,33 @@ impl<F: Flavor> Scope<F> {
     }
 
     /// Runs `f` with this scope as owner: what `f` creates belongs to it.
+    /// Disposing the scope from inside `f` takes effect when `f` returns.
+    ///
+    /// # Panics
+    /// If the scope was disposed (without running `f`); see
+    /// [`Scope::try_run`].
+    #[track_caller]
     pub fn run<R>(&self, f: impl FnOnce() -> R) -> R {
-        self.handle.with_owner(self.key, f)
+        match self.try_run(f) {
+            Ok(r) => r,
+            Err(e) => panic!("{e} (run at {})", Location::caller()),
+        }
+    }
+
+    /// [`Scope::run`], or [`ReadError::Disposed`] (and `f` not run) if the
+    /// scope was disposed ([`ReadError::ForeignGraph`] from inside a call
+    /// into another thread-safe graph).
+    pub fn try_run<R>(&self, f: impl FnOnce() -> R) -> Result<R, ReadError> {
+        match self.handle.try_with_owner(self.key, f) {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(_)) => Err(ReadError::Disposed { kind: NodeKind::Scope, created_at: self.created_at }),
+            Err(Foreign) => Err(ReadError::ForeignGraph { kind: NodeKind::Scope }),
+        }
+    }
+
+    /// Where the scope was created.
+    pub fn created_at(&self) -> &'static Location<'static> {
+        self.created_at
     }
 
     /// Whether the scope was disposed.

@@ -1,7 +1,7 @@
 //! Effects: side effects that re-run after every settled change of what
 //! they read.
 
-use std::panic::Location;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 
 use crate::context::{Handle, NodeRef};
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};
@@ -95,9 +95,13 @@ impl<F: Flavor> std::fmt::Debug for Effect<F> {
 impl<F: Flavor> Handle<F> {
     /// Creates an effect owned by the current owner and runs it once now.
     ///
+    /// In a context that was dropped, the effect is born disposed: it never
+    /// runs, and `f` is dropped at once.
+    ///
     /// # Panics
-    /// If its first run panics (the effect stays, and re-runs when what it
-    /// read before the panic changes), or the writes it makes do not settle.
+    /// If its first run panics (the effect is disposed first: nobody holds
+    /// a handle to it yet), if an effect its first run triggers panics (it
+    /// stays), or if the writes it makes do not settle.
     #[track_caller]
     pub fn effect<C: FnMut() + 'static>(&self, f: C) -> Effect<F>
     where
@@ -111,14 +115,32 @@ impl<F: Flavor> Handle<F> {
         F: Holds<EffectObj<C, F>>,
     {
         let obj = F::erase(F::ptr(EffectObj { f: ValueCell::new(f) }));
+        let created = self.enter(|cell| cell.borrow_mut().create(EFFECT | DIRTY, Some(obj), NONE, created_at));
+        let key = match created {
+            Ok(key) => key,
+            Err((dead, obj)) => {
+                // A dropped context: born disposed, never run, its closure
+                // dropped here.
+                drop(obj);
+                return Effect { node: NodeRef { handle: self.clone(), key: dead }, created_at };
+            }
+        };
         self.enter(|cell| {
-            let key = cell.borrow_mut().alloc(EFFECT | DIRTY, Some(obj), NONE, created_at);
-            run::update(cell, key.index);
+            // A first run that panics leaves nobody a handle to dispose the
+            // effect with: it is disposed, then the panic goes on.
+            let first = catch_unwind(AssertUnwindSafe(|| run::update(cell, key)));
+            if let Err(panic) = first {
+                let alive = cell.borrow().alive(key);
+                if alive {
+                    drop(run::dispose_caught(cell, key.index, true));
+                }
+                resume_unwind(panic);
+            }
             if let Err(e) = run::settle_and_flush(cell) {
                 panic!("{e}");
             }
-            Effect { node: NodeRef { handle: self.clone(), key }, created_at }
-        })
+        });
+        Effect { node: NodeRef { handle: self.clone(), key }, created_at }
     }
 }
 

@@ -71,6 +71,14 @@ pub enum ReadError {
     /// The read closed a cycle of computeds.
     #[error(transparent)]
     Cycle(#[from] CycleError),
+    /// A read of a thread-safe graph's node from inside a call into another
+    /// thread-safe graph: refused, as it could deadlock (see
+    /// [`Threaded`](crate::Threaded)). Nothing was read.
+    #[error("read of a {kind} from inside a call into another thread-safe graph")]
+    ForeignGraph {
+        /// What the node is.
+        kind: NodeKind,
+    },
 }
 
 /// Why a write failed.
@@ -86,6 +94,11 @@ pub enum WriteError {
     /// The write was applied, but the effects it triggered did not settle.
     #[error(transparent)]
     Loop(#[from] EffectLoopError),
+    /// A write from inside a call into another thread-safe graph: refused,
+    /// as it could deadlock (see [`Threaded`](crate::Threaded)). Nothing was
+    /// written.
+    #[error("write to a signal from inside a call into another thread-safe graph")]
+    ForeignGraph,
 }
 
 /// Effects kept re-triggering each other past the bound: a feedback loop

@@ -7,7 +7,7 @@
 //! | | [`Local`] (`Context`) | [`Threaded`] (`ThreadSafeContext`, `AsyncContext`) |
 //! |---|---|---|
 //! | shared pointer | `Rc` | `Arc` |
-//! | graph | `RefCell` | `parking_lot::ReentrantMutex<RefCell<_>>` |
+//! | graph | `RefCell` | a re-entrant `lock_api` mutex (`parking_lot`'s raw mutex) around a `RefCell` |
 //! | node values | `RefCell` | [`Guarded`]: a `RefCell` made `Sync` by the graph lock |
 //! | closures and values | any `'static` | `Send + Sync + 'static` |
 //!
@@ -53,6 +53,10 @@ pub trait Flavor: sealed::Sealed + Sized + 'static {
     /// the duration of one public call.
     #[doc(hidden)]
     type Guard<'a, G: 'static>: Deref<Target = RefCell<G>>;
+    /// A signal's own equality (see `Handle::signal_with`): `Rc<dyn Fn>`,
+    /// or `Arc<dyn Fn + Send + Sync>` for [`Threaded`].
+    #[doc(hidden)]
+    type EqFn<T: 'static>: Clone + 'static;
 
     #[doc(hidden)]
     fn ptr<T: 'static>(value: T) -> Self::Ptr<T>;
@@ -66,9 +70,30 @@ pub trait Flavor: sealed::Sealed + Sized + 'static {
     #[doc(hidden)]
     fn run_cleanup(cleanup: Self::Cleanup);
     #[doc(hidden)]
-    fn graph_cell<G: 'static>(graph: G) -> Self::GraphCell<G>;
+    fn same<T: 'static>(eq: &Self::EqFn<T>, old: &T, new: &T) -> bool;
+    /// The value behind an erased [`Flavor::Any`].
     #[doc(hidden)]
-    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Self::Guard<'_, G>;
+    fn any(any: &Self::Any) -> &dyn std::any::Any;
+    #[doc(hidden)]
+    fn graph_cell<G: 'static>(graph: G) -> Self::GraphCell<G>;
+    /// Whether a thread can be refused entry ([`Threaded`]): then calls
+    /// check for deferred disposals on their way out.
+    #[doc(hidden)]
+    const REFUSES: bool;
+    /// Enters the graph for one call (waiting for its lock, for
+    /// [`Threaded`]); `None`, without waiting, if this thread is inside a
+    /// call into another graph of the flavour (see [`Threaded`]).
+    #[doc(hidden)]
+    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Option<Self::Guard<'_, G>>;
+    /// Enters the graph only if that needs no waiting, whatever graph this
+    /// thread is inside: for disposals, which must neither deadlock nor
+    /// fail.
+    #[doc(hidden)]
+    fn try_lock<G: 'static>(cell: &Self::GraphCell<G>) -> Option<Self::Guard<'_, G>>;
+    /// Leaves the graph; returns whether this was the thread's outermost
+    /// entry into it.
+    #[doc(hidden)]
+    fn leave<G: 'static>(guard: Self::Guard<'_, G>) -> bool;
 }
 
 /// A flavour can hold node object `O` (a closure-bearing computed or effect)
@@ -101,6 +126,12 @@ impl Entered {
     }
 }
 
+/// A flavour can hold equality `E` for signals of `T`.
+#[doc(hidden)]
+pub trait HoldsEq<T: 'static, E: Fn(&T, &T) -> bool + 'static>: Flavor {
+    fn erase_eq(eq: E) -> Self::Ptr<Self::Any>;
+}
+
 /// A cell for one node's value, touched only while its graph is entered.
 #[doc(hidden)]
 pub trait ValueCell<T> {
@@ -115,6 +146,18 @@ pub struct Local;
 
 /// The thread-safe flavour: `Arc`, a re-entrant graph lock, `Send + Sync`
 /// handles.
+///
+/// A thread is inside at most one thread-safe graph at a time: while it is
+/// in a call into one (running its computeds, effects, cleanups, or the
+/// closure of its `batch` or `scope`), a read or write of another
+/// thread-safe graph's node is refused (`ReadError::ForeignGraph`,
+/// `WriteError::ForeignGraph`, a panic from the methods without `try_`).
+/// Two graphs whose effects touched each other could otherwise deadlock,
+/// each thread holding one lock and waiting for the other. Disposals (and
+/// the drops that dispose: a `Scope`, a context) are not refused: they take
+/// effect at once if the other graph is free, and otherwise when its
+/// current call ends. To move data between graphs, send it (a channel, a
+/// task) instead of writing across.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Threaded;
 
@@ -189,6 +232,7 @@ impl Flavor for Local {
     type GraphCell<G: 'static> = LocalCell<G>;
     type Any = dyn std::any::Any;
     type Guard<'a, G: 'static> = &'a RefCell<G>;
+    type EqFn<T: 'static> = Rc<dyn Fn(&T, &T) -> bool>;
 
     #[inline]
     fn ptr<T: 'static>(value: T) -> Rc<T> {
@@ -208,12 +252,27 @@ impl Flavor for Local {
     fn run_cleanup(cleanup: Self::Cleanup) {
         cleanup()
     }
+    fn same<T: 'static>(eq: &Self::EqFn<T>, old: &T, new: &T) -> bool {
+        eq(old, new)
+    }
+    fn any(any: &Self::Any) -> &dyn std::any::Any {
+        any
+    }
     fn graph_cell<G: 'static>(graph: G) -> LocalCell<G> {
         LocalCell(RefCell::new(graph))
     }
-    #[inline]
-    fn enter<G: 'static>(cell: &LocalCell<G>) -> &RefCell<G> {
-        &cell.0
+    const REFUSES: bool = false;
+    #[inline(always)]
+    fn enter<G: 'static>(cell: &LocalCell<G>) -> Option<&RefCell<G>> {
+        Some(&cell.0)
+    }
+    #[inline(always)]
+    fn try_lock<G: 'static>(cell: &LocalCell<G>) -> Option<&RefCell<G>> {
+        Some(&cell.0)
+    }
+    #[inline(always)]
+    fn leave<G: 'static>(_: &RefCell<G>) -> bool {
+        false
     }
 }
 
@@ -224,6 +283,13 @@ impl<O: NodeObj + 'static> Holds<O> for Local {
     }
     fn erase_any(obj: Rc<O>) -> Box<Self::Any> {
         Box::new(obj)
+    }
+}
+
+impl<T: 'static, E: Fn(&T, &T) -> bool + 'static> HoldsEq<T, E> for Local {
+    fn erase_eq(eq: E) -> Rc<dyn std::any::Any> {
+        let eq: Self::EqFn<T> = Rc::new(eq);
+        Rc::new(eq)
     }
 }
 
@@ -238,9 +304,10 @@ impl Flavor for Threaded {
     type Obj = Arc<dyn NodeObj + Send + Sync>;
     type Cleanup = Box<dyn FnOnce() + Send>;
     type Cell<T: 'static> = Guarded<T>;
-    type GraphCell<G: 'static> = parking_lot::ReentrantMutex<RefCell<G>>;
-    type Any = dyn std::any::Any + Send;
-    type Guard<'a, G: 'static> = parking_lot::ReentrantMutexGuard<'a, RefCell<G>>;
+    type GraphCell<G: 'static> = lock_api::ReentrantMutex<parking_lot::RawMutex, ThreadMark, RefCell<G>>;
+    type Any = dyn std::any::Any + Send + Sync;
+    type Guard<'a, G: 'static> = ThreadedGuard<'a, G>;
+    type EqFn<T: 'static> = Arc<dyn Fn(&T, &T) -> bool + Send + Sync>;
 
     #[inline]
     fn ptr<T: 'static>(value: T) -> Arc<T> {
@@ -260,12 +327,101 @@ impl Flavor for Threaded {
     fn run_cleanup(cleanup: Self::Cleanup) {
         cleanup()
     }
+    fn same<T: 'static>(eq: &Self::EqFn<T>, old: &T, new: &T) -> bool {
+        eq(old, new)
+    }
+    fn any(any: &Self::Any) -> &dyn std::any::Any {
+        any
+    }
     fn graph_cell<G: 'static>(graph: G) -> Self::GraphCell<G> {
-        parking_lot::ReentrantMutex::new(RefCell::new(graph))
+        lock_api::ReentrantMutex::new(RefCell::new(graph))
+    }
+    const REFUSES: bool = true;
+    #[inline]
+    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Option<ThreadedGuard<'_, G>> {
+        let me = std::ptr::from_ref(cell).addr();
+        let outer = INSIDE.get();
+        if outer != me {
+            if outer != 0 {
+                return None;
+            }
+            INSIDE.set(me);
+        }
+        Some(ThreadedGuard { guard: cell.lock(), outer, me })
+    }
+    fn try_lock<G: 'static>(cell: &Self::GraphCell<G>) -> Option<ThreadedGuard<'_, G>> {
+        let guard = cell.try_lock()?;
+        let me = std::ptr::from_ref(cell).addr();
+        let outer = INSIDE.replace(me);
+        Some(ThreadedGuard { guard, outer, me })
     }
     #[inline]
-    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Self::Guard<'_, G> {
-        cell.lock()
+    fn leave<G: 'static>(guard: ThreadedGuard<'_, G>) -> bool {
+        let outermost = guard.outer == 0;
+        drop(guard);
+        outermost
+    }
+}
+
+thread_local! {
+    /// The [`Threaded`] graph this thread is inside a call into (the address
+    /// of its cell), or 0. Its own address is the thread's id for the graph
+    /// locks ([`ThreadMark`]): one thread-local serves both, so entering a
+    /// graph reads one.
+    static INSIDE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The thread id of the re-entrant graph locks: the address of this
+/// thread's [`INSIDE`]. (`parking_lot`'s own id reads a lazily initialized
+/// thread-local through a call that is not inlined; this one shares its
+/// thread-local with the cross-graph mark, so an entry reads one. Measured
+/// in docs/benchmarks.md.)
+#[doc(hidden)]
+pub struct ThreadMark;
+
+// SAFETY: `lock_api` requires that no two live threads share an id. The id
+// is the address of this thread's instance of `INSIDE`, a thread-local of
+// non-zero size (a `Cell<usize>`): every live thread has its own instance,
+// at its own address, for as long as the thread lives, and an address of a
+// live value is never 0. (An exited thread's address may be reused, which
+// the trait allows.) Tested by `tests/threads.rs` (8 threads on one graph)
+// and `tests/robustness.rs` (two graphs on two threads).
+#[allow(unsafe_code)]
+unsafe impl lock_api::GetThreadId for ThreadMark {
+    const INIT: Self = ThreadMark;
+    #[inline(always)]
+    fn nonzero_thread_id(&self) -> std::num::NonZeroUsize {
+        let id = INSIDE.with(|mark| std::ptr::from_ref(mark).addr());
+        std::num::NonZeroUsize::new(id).expect("a thread-local's address is not 0")
+    }
+}
+
+/// A thread's entry into a [`Threaded`] graph: its lock, held, and the
+/// graph the thread was inside before (restored when it leaves).
+#[doc(hidden)]
+pub struct ThreadedGuard<'a, G> {
+    guard: lock_api::ReentrantMutexGuard<'a, parking_lot::RawMutex, ThreadMark, RefCell<G>>,
+    outer: usize,
+    /// This graph's mark.
+    me: usize,
+}
+
+impl<G> Deref for ThreadedGuard<'_, G> {
+    type Target = RefCell<G>;
+    #[inline(always)]
+    fn deref(&self) -> &RefCell<G> {
+        &self.guard
+    }
+}
+
+impl<G> Drop for ThreadedGuard<'_, G> {
+    #[inline]
+    fn drop(&mut self) {
+        // A re-entrant call (the common case: reads inside a run) leaves
+        // the mark as it found it.
+        if self.outer != self.me {
+            INSIDE.set(self.outer);
+        }
     }
 }
 
@@ -276,6 +432,13 @@ impl<O: NodeObj + Send + Sync + 'static> Holds<O> for Threaded {
     }
     fn erase_any(obj: Arc<O>) -> Box<Self::Any> {
         Box::new(obj)
+    }
+}
+
+impl<T: 'static, E: Fn(&T, &T) -> bool + Send + Sync + 'static> HoldsEq<T, E> for Threaded {
+    fn erase_eq(eq: E) -> Arc<dyn std::any::Any + Send + Sync> {
+        let eq: Self::EqFn<T> = Arc::new(eq);
+        Arc::new(eq)
     }
 }
 

@@ -55,6 +55,16 @@ pub(crate) mod flags {
     pub(crate) const ALIVE: u32 = 1 << 10;
     /// The signal was written in the current batch.
     pub(crate) const BATCHED: u32 = 1 << 11;
+    /// A computed whose last run panicked: clean for propagation (a change
+    /// of what it read before the panic reaches it and what depends on it),
+    /// but its value is not valid: the next read runs it again, and its next
+    /// successful run counts as a change.
+    pub(crate) const FAILED: u32 = 1 << 12;
+    /// Disposed while its own function was running: detached from its owner,
+    /// and disposed when the run ends.
+    pub(crate) const DOOMED: u32 = 1 << 13;
+    /// A signal with its own equality, kept in [`Graph::equalities`].
+    pub(crate) const CUSTOM_EQ: u32 = 1 << 14;
 }
 use flags::*;
 
@@ -74,7 +84,8 @@ pub trait NodeObj {
     /// Signal: the batch that wrote it ends; drop the value it replaced and
     /// return whether the current value differs from it. `aux` is the
     /// node's [`Node::aux`].
-    fn settle(&self, _entered: &Entered, _aux: u32) -> bool {
+    /// `eq` is the signal's own equality, if it has one (an `F::EqFn<T>`).
+    fn settle(&self, _entered: &Entered, _aux: u32, _eq: Option<&dyn std::any::Any>) -> bool {
         true
     }
     /// The node was disposed: drop what it holds apart from the object
@@ -205,6 +216,34 @@ pub(crate) struct Graph<F: Flavor> {
     pub(crate) cycle: Option<crate::error::CycleError>,
     /// Per signal value type, the block new signals take their slot from.
     pub(crate) pools: Vec<Pool<F>>,
+    /// Bumped whenever a node with links is freed: a walk that ran user
+    /// code checks it to learn whether the nodes and links it stands on may
+    /// be gone.
+    pub(crate) epoch: u32,
+    /// The context was dropped: nodes created from now on are born
+    /// disposed (nothing would ever dispose them).
+    pub(crate) closed: bool,
+    /// How many disposals are running cleanups now (the graph is not
+    /// [`quiet`](Graph::quiet) while one is).
+    pub(crate) cleaning: u32,
+    /// The equality of each signal made with one (flag [`CUSTOM_EQ`]), by
+    /// node index: an `F::EqFn<T>`, erased. A side table, so that signals
+    /// without one pay no memory for it.
+    pub(crate) equalities: HashMap<u32, F::Ptr<F::Any>>,
+    /// What freed nodes held that runs user destructors when dropped,
+    /// waiting to be dropped outside the graph's borrow.
+    pub(crate) dropped: Vec<F::Ptr<F::Any>>,
+}
+
+/// How a run ended, for the caller to finish outside the graph's borrow.
+pub(crate) struct Ended<F: Flavor> {
+    /// The object of a node freed during its run (dropped by the caller).
+    pub(crate) leftover: Option<F::Obj>,
+    /// The node's flags when its run ended, before `end` cleared `RUNNING`
+    /// and `FAILED` (0 if it was freed): [`DOOMED`] (disposed during its
+    /// run: dispose it now), [`FAILED`] (its last run before this one
+    /// failed).
+    pub(crate) flags: u32,
 }
 
 /// The block of value slots that new signals of one value type take their
@@ -241,6 +280,11 @@ impl<F: Flavor> Graph<F> {
             root: NONE,
             cycle: None,
             pools: Vec::new(),
+            epoch: 0,
+            closed: false,
+            cleaning: 0,
+            equalities: HashMap::new(),
+            dropped: Vec::new(),
         };
         let root = graph.alloc(SCOPE, None, NONE, Location::caller());
         graph.root = root.index;
@@ -286,6 +330,23 @@ impl<F: Flavor> Graph<F> {
         Key { index, generation }
     }
 
+    /// [`Graph::alloc`], unless the context was dropped: then nothing is
+    /// created, and the caller gets a key that is never alive and its
+    /// object back (to drop outside the graph's borrow).
+    #[inline(always)]
+    pub(crate) fn create(
+        &mut self,
+        kind: u32,
+        obj: Option<F::Obj>,
+        aux: u32,
+        created_at: &'static Location<'static>,
+    ) -> Result<Key, (Key, Option<F::Obj>)> {
+        if self.closed {
+            return Err((self.dead_key(), obj));
+        }
+        Ok(self.alloc(kind, obj, aux, created_at))
+    }
+
     /// Where node `index` was created.
     pub(crate) fn site(&self, index: u32) -> &'static Location<'static> {
         self.sites[index as usize]
@@ -314,6 +375,27 @@ impl<F: Flavor> Graph<F> {
 
     pub(crate) fn key(&self, index: u32) -> Key {
         Key { index, generation: self.nodes[index as usize].generation }
+    }
+
+    /// A key that is never alive: the root's slot under another generation
+    /// (the root is never freed). What a node made in a closed graph gets.
+    pub(crate) fn dead_key(&self) -> Key {
+        Key { index: self.root, generation: self.nodes[self.root as usize].generation.wrapping_add(1) }
+    }
+
+    /// Marks a node whose run (or the re-validation before it) panicked: a
+    /// computed is [`FAILED`], an effect clean (the next change of what it
+    /// read queues it again). Neither stays marked, so propagation reaches
+    /// them and what depends on them.
+    pub(crate) fn mark_failed(&mut self, index: u32) {
+        let node = &mut self.nodes[index as usize];
+        if node.flags & ALIVE == 0 {
+            return;
+        }
+        node.flags &= !(DIRTY | PENDING);
+        if node.flags & COMPUTED != 0 {
+            node.flags |= FAILED;
+        }
     }
 
     pub(crate) fn live_nodes(&self) -> usize {
@@ -475,58 +557,63 @@ impl<F: Flavor> Graph<F> {
         }
     }
 
-    /// Starts a tracked run of `index`: clears its marks, makes it the
-    /// active computation and owner, rewinds its dependency cursor, and
-    /// lends out its object (returned by [`Graph::end`]). Returns the
-    /// node's key, what the run replaces, and the object.
+    /// Starts a tracked run of live node `index`: clears its marks, makes
+    /// it the active computation and owner, rewinds its dependency cursor,
+    /// and lends out its object (returned by [`Graph::end`]). Returns the
+    /// node's key, what the run replaces, and the object; `None` (and no
+    /// change) if the node has no object to run.
     #[inline(always)]
-    pub(crate) fn begin(&mut self, index: u32) -> (Key, Saved, F::Obj) {
-        let saved = Saved { active: self.active, owner: self.owner, depth: self.depth };
-        self.owner = index;
-        self.active = index;
-        self.depth = saved.depth + 1;
+    pub(crate) fn begin(&mut self, index: u32) -> Option<(Key, Saved, F::Obj)> {
         let node = &mut self.nodes[index as usize];
+        let obj = node.obj.take()?;
+        let saved = Saved { active: self.active, owner: self.owner, depth: self.depth };
         node.flags = (node.flags & !(DIRTY | PENDING)) | RUNNING;
         node.deps_tail = NONE;
         node.runs = node.runs.wrapping_add(1);
         node.aux = saved.active;
-        let obj = node.obj.take().expect("graph invariant: a node that runs has an object");
-        (Key { index, generation: node.generation }, saved, obj)
+        let key = Key { index, generation: node.generation };
+        self.owner = index;
+        self.active = index;
+        self.depth = saved.depth + 1;
+        Some((key, saved, obj))
     }
 
     /// Ends a run started by [`Graph::begin`]: restores the context, takes
     /// the object back, and drops the dependencies this run did not read.
-    /// On `failed` (the function panicked) a computed stays dirty so the next
-    /// read tries again. Returns the object if the node was disposed during
-    /// its run (the caller drops it outside the borrow).
+    /// On `failed` (the function panicked) the node is marked as
+    /// [`Graph::mark_failed`] says and keeps every dependency (the old
+    /// ones it did not get to); otherwise a computed's failure is over.
     #[inline(always)]
-    pub(crate) fn end(&mut self, key: Key, saved: Saved, obj: Option<F::Obj>, failed: bool) -> Option<F::Obj> {
+    pub(crate) fn end(&mut self, key: Key, saved: Saved, obj: Option<F::Obj>, failed: bool) -> Ended<F> {
         self.active = saved.active;
         self.owner = saved.owner;
         self.depth = saved.depth;
         let node = &mut self.nodes[key.index as usize];
         if node.generation != key.generation || node.flags & ALIVE == 0 {
-            return obj;
+            return Ended { leftover: obj, flags: 0 };
         }
         if let Some(previous) = std::mem::replace(&mut node.obj, obj) {
             unreachable!("graph invariant: a running node's object is lent out ({:p})", &previous);
         }
-        node.flags &= !RUNNING;
-        if failed && node.flags & COMPUTED != 0 {
-            // Not cached: the next read runs it again. (A failed effect stays
-            // clean, so the next change of what it read queues it again.)
-            node.flags |= DIRTY;
+        let flags = node.flags;
+        node.flags = flags & !(RUNNING | FAILED);
+        if failed {
+            // What the failed run did not get to read stays a dependency:
+            // a change there must still reach the node.
+            self.mark_failed(key.index);
+            return Ended { leftover: None, flags };
         }
         let tail = node.deps_tail;
         let stale = if tail == NONE { node.deps_head } else { self.links[tail as usize].next_dep };
         if stale != NONE {
             self.trim(key.index);
         }
-        None
+        Ended { leftover: None, flags }
     }
 
     /// Starts a run tracked through an explicit handle (an async effect):
     /// like [`Graph::begin`] for the node, leaving the context untouched.
+    #[cfg(feature = "async")]
     pub(crate) fn begin_detached(&mut self, index: u32) {
         let node = &mut self.nodes[index as usize];
         node.flags &= !(DIRTY | PENDING);
@@ -536,6 +623,7 @@ impl<F: Flavor> Graph<F> {
 
     /// Ends a run started by [`Graph::begin_detached`]: drops the
     /// dependencies it did not read.
+    #[cfg(feature = "async")]
     pub(crate) fn end_detached(&mut self, index: u32) {
         self.trim(index);
     }
@@ -679,11 +767,18 @@ impl<F: Flavor> Graph<F> {
         }
         debug_assert_eq!(node.last_child, NONE, "graph invariant: children are freed before their owner");
         if node.deps_head != NONE || node.subs_head != NONE {
+            self.epoch = self.epoch.wrapping_add(1);
             self.unlink_all(index);
         }
         let node = &mut self.nodes[index as usize];
         let (owner, prev, next) = (node.owner, node.prev_sibling, node.next_sibling);
         let had_cleanups = node.flags & HAS_CLEANUP != 0;
+        if node.flags & CUSTOM_EQ != 0
+            && let Some(eq) = self.equalities.remove(&index)
+        {
+            self.dropped.push(eq);
+        }
+        let node = &mut self.nodes[index as usize];
         let obj = node.vacate();
         if prev != NONE {
             self.nodes[prev as usize].next_sibling = next;
@@ -693,11 +788,33 @@ impl<F: Flavor> Graph<F> {
         } else if owner != NONE {
             self.nodes[owner as usize].last_child = prev;
         }
+        // `run::dispose` runs (or takes) every cleanup before it frees.
+        debug_assert!(!had_cleanups, "graph invariant: cleanups are taken before their node is freed");
         if had_cleanups {
             self.cleanups.remove(&index);
         }
         self.free_nodes.push(index);
         obj
+    }
+
+    /// Takes running node `index` out of its owner's children (it becomes
+    /// ownerless) and marks it [`DOOMED`]: disposing it waits for its run
+    /// to end, and its owner need not wait for it.
+    pub(crate) fn doom(&mut self, index: u32) {
+        let node = &mut self.nodes[index as usize];
+        node.flags |= DOOMED;
+        let (owner, prev, next) = (node.owner, node.prev_sibling, node.next_sibling);
+        node.owner = NONE;
+        node.prev_sibling = NONE;
+        node.next_sibling = NONE;
+        if prev != NONE {
+            self.nodes[prev as usize].next_sibling = next;
+        }
+        if next != NONE {
+            self.nodes[next as usize].prev_sibling = prev;
+        } else if owner != NONE {
+            self.nodes[owner as usize].last_child = prev;
+        }
     }
 
     /// Removes every link of `index`, both ways.
@@ -730,7 +847,7 @@ impl<F: Flavor> Graph<F> {
     /// Whether no cleanup is registered and no run, batch or flush is in
     /// progress: then disposing every node needs no order.
     pub(crate) fn quiet(&self) -> bool {
-        self.cleanups.is_empty() && self.depth == 0 && self.batch_depth == 0 && !self.flushing
+        self.cleanups.is_empty() && self.depth == 0 && self.batch_depth == 0 && !self.flushing && self.cleaning == 0
     }
 
     /// Whether writes are deferred now: inside a batch, or inside a run
@@ -772,6 +889,7 @@ impl<F: Flavor> Graph<F> {
         self.queue.clear();
         self.writes.clear();
         self.unwatched.clear();
+        self.dropped.extend(self.equalities.drain().map(|(_, eq)| eq));
         true
     }
 

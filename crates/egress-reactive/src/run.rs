@@ -7,10 +7,11 @@
 //! reads other computeds).
 
 use std::cell::{RefCell, RefMut};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
 use crate::error::{CycleError, EffectLoopError};
 use crate::flavor::{Entered, Flavor};
-use crate::graph::{Graph, Key, NONE, Saved, flags::*};
+use crate::graph::{Ended, Graph, Key, NONE, Saved, flags::*};
 
 pub(crate) type Cell<F> = RefCell<Graph<F>>;
 
@@ -33,28 +34,65 @@ struct Unwind<'a, F: Flavor> {
 
 impl<F: Flavor> Drop for Unwind<'_, F> {
     fn drop(&mut self) {
-        let leftover = self.cell.borrow_mut().end(self.key, self.saved, self.obj.take(), true);
-        drop(leftover);
+        let ended = self.cell.borrow_mut().end(self.key, self.saved, self.obj.take(), true);
+        // A node disposed during a run that failed is disposed now. A panic
+        // of the user code that runs (its cleanups, destructors) would be a
+        // second panic while this one unwinds: it is dropped.
+        drop(finish(self.cell, self.key, ended));
     }
 }
 
-/// Runs the function of computed or effect `index`, tracked. Disposes what
-/// its previous run created and runs its cleanups first. Returns whether a
-/// computed's value changed (always true for an effect).
-pub(crate) fn update<F: Flavor>(cell: &Cell<F>, index: u32) -> bool {
-    update_borrowed(cell, cell.borrow_mut(), index)
+/// Drops what a run left over, and disposes a node disposed during it.
+/// Returns the first panic of the user code that ran.
+#[inline(always)]
+fn finish<F: Flavor>(cell: &Cell<F>, key: Key, ended: Ended<F>) -> Option<Panic> {
+    if ended.leftover.is_none() && ended.flags & DOOMED == 0 {
+        return None;
+    }
+    finish_slow(cell, key, ended)
+}
+
+#[cold]
+#[inline(never)]
+fn finish_slow<F: Flavor>(cell: &Cell<F>, key: Key, ended: Ended<F>) -> Option<Panic> {
+    let mut first_panic = ended.leftover.and_then(|obj| catch_unwind(AssertUnwindSafe(|| drop(obj))).err());
+    if ended.flags & DOOMED != 0 {
+        let alive = cell.borrow().alive(key);
+        if alive && let Some(panic) = dispose_caught(cell, key.index, true) {
+            first_panic.get_or_insert(panic);
+        }
+    }
+    first_panic
+}
+
+/// Runs the function of computed or effect `key`, tracked, if it is alive.
+/// Disposes what its previous run created and runs its cleanups first.
+/// Returns whether a computed's value changed (always true for an effect;
+/// false when it did not run).
+pub(crate) fn update<F: Flavor>(cell: &Cell<F>, key: Key) -> bool {
+    let g = cell.borrow_mut();
+    // User code may have freed it (and a new node taken its slot) since the
+    // caller looked.
+    if !g.alive(key) {
+        return false;
+    }
+    update_borrowed(cell, g, key)
 }
 
 /// [`update`] for a caller that has the graph borrowed already.
 #[inline(always)]
-fn update_borrowed<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, index: u32) -> bool {
+fn update_borrowed<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key: Key) -> bool {
+    let index = key.index;
+    debug_assert!(g.alive(key), "graph invariant: only live nodes are updated");
     let node = g.node(index);
     if node.last_child != NONE || node.flags & HAS_CLEANUP != 0 {
         drop(g);
-        dispose(cell, index, false);
+        if !clean_before_run(cell, key) {
+            return false;
+        }
         g = cell.borrow_mut();
     }
-    let (key, saved, obj) = g.begin(index);
+    let Some((key, saved, obj)) = g.begin(index) else { return false };
     drop(g);
     let guard = Unwind { cell, key, saved, obj: Some(obj) };
     let obj = guard.obj.as_ref().expect("graph invariant: a running node keeps its object");
@@ -66,117 +104,236 @@ fn update_borrowed<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>
     };
     let mut guard = std::mem::ManuallyDrop::new(guard);
     let obj = guard.obj.take();
-    let leftover = cell.borrow_mut().end(key, saved, obj, false);
-    drop(leftover);
+    let ended = cell.borrow_mut().end(key, saved, obj, false);
+    // A computed that had failed has had no valid value since: whatever it
+    // computes now is a change.
+    let changed = changed || ended.flags & FAILED != 0;
+    if let Some(panic) = finish(cell, key, ended) {
+        resume_unwind(panic);
+    }
     changed
+}
+
+/// Disposes what the previous run of `key` created and runs its cleanups.
+/// Returns whether `key` may run: not if its cleanups disposed it (then it
+/// is disposed now). A cleanup that panicked fails the run it came before:
+/// the node is marked failed and the panic resumed.
+#[cold]
+#[inline(never)]
+pub(crate) fn clean_before_run<F: Flavor>(cell: &Cell<F>, key: Key) -> bool {
+    let mut first_panic = dispose_caught(cell, key.index, false);
+    let mut g = cell.borrow_mut();
+    let alive = g.alive(key);
+    let doomed = alive && g.node(key.index).flags & DOOMED != 0;
+    if let Some(panic) = first_panic.take() {
+        if alive && !doomed {
+            g.mark_failed(key.index);
+            drop(g);
+            resume_unwind(panic);
+        }
+        first_panic = Some(panic);
+    }
+    drop(g);
+    if doomed && let Some(panic) = dispose_caught(cell, key.index, true) {
+        first_panic.get_or_insert(panic);
+    }
+    if let Some(panic) = first_panic {
+        resume_unwind(panic);
+    }
+    alive && !doomed
+}
+
+/// Undoes an unwound [`check_dirty`] walk: its frames leave the walk stack
+/// and every node it stood on is marked failed ([`Graph::mark_failed`]),
+/// so that none stays marked with nothing queued to clear it (a node left
+/// `DIRTY` or `PENDING` stops propagation for good). While the walk runs
+/// user code, every node it stands on is in a frame or in `node` (the node
+/// being recomputed marks itself, through its run's own guard).
+struct Walk<'a, F: Flavor> {
+    cell: &'a Cell<F>,
+    base: usize,
+    start: u32,
+    /// The node whose dependency is being recomputed, if it is in no frame.
+    node: u32,
+    /// Cleared when the walk returns. (Not `thread::panicking()`: a walk
+    /// may run, and return, while an outer panic unwinds, inside a flush
+    /// that finishes its queue first: see [`FlushGuard`].)
+    armed: bool,
+}
+
+impl<F: Flavor> Drop for Walk<'_, F> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.armed {
+            self.unwound();
+        }
+    }
+}
+
+impl<F: Flavor> Walk<'_, F> {
+    #[cold]
+    #[inline(never)]
+    fn unwound(&mut self) {
+        let mut g = self.cell.borrow_mut();
+        let len = g.walk_stack.len();
+        let frames = g.walk_stack.split_off(self.base.min(len));
+        g.mark_failed(self.start);
+        if self.node != NONE {
+            g.mark_failed(self.node);
+        }
+        for (node, _) in frames {
+            g.mark_failed(node);
+        }
+    }
 }
 
 /// Whether `start` (pending) must recompute: walks its dependencies in read
 /// order, re-validating pending computeds deepest first and recomputing dirty
-/// ones, and stops at the first whose value changed. Iterative: its frames
-/// live on the graph's walk stack, above the frames of any walk that is
-/// running user code further out.
-pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: u32) -> bool {
+/// (or failed) ones, and stops at the first whose value changed. Iterative:
+/// its frames live on the graph's walk stack, above the frames of any walk
+/// that is running user code further out.
+///
+/// A recomputation that frees nodes (user code may dispose anything) could
+/// free what the walk stands on: then the walk starts over from `start`, if
+/// it is still alive (what it already re-validated stays clean). If it
+/// unwinds, every node it stood on is marked failed ([`Walk`]).
+pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
     let mut g = cell.borrow_mut();
     let base = g.walk_stack.len();
-    let mut node = start;
-    let mut link = g.node(start).deps_head;
-    let dirty = 'walk: loop {
-        // Scan `node`'s dependencies from `link` for one to re-validate.
-        let mut dirty = false;
-        let mut step = None;
-        while link != NONE {
-            if g.node(node).flags & DIRTY != 0 {
-                dirty = true;
-                break;
-            }
-            let dep = g.link_at(link).dep;
-            let f = g.node(dep).flags;
-            if f & COMPUTED != 0 && f & (DIRTY | PENDING) != 0 {
-                step = Some((dep, f & DIRTY != 0));
-                break;
-            }
-            link = g.link_at(link).next_dep;
-        }
-        if link == NONE && g.node(node).flags & DIRTY != 0 {
-            dirty = true;
-        }
-        match step {
-            Some((dep, true)) => {
-                let changed;
-                (g, changed) = recompute_in_walk(cell, g, dep);
-                if changed {
+    let mut walk = Walk { cell, base, start: start.index, node: NONE, armed: true };
+    debug_assert!(g.alive(start), "graph invariant: only live nodes are re-validated");
+    'restart: loop {
+        let mut node = start.index;
+        let mut link = g.node(node).deps_head;
+        let dirty = 'walk: loop {
+            // Scan `node`'s dependencies from `link` for one to re-validate.
+            let mut dirty = false;
+            let mut step = None;
+            while link != NONE {
+                if g.node(node).flags & DIRTY != 0 {
                     dirty = true;
-                } else {
-                    link = g.link_at(link).next_dep;
+                    break;
+                }
+                let dep = g.link_at(link).dep;
+                let f = g.node(dep).flags;
+                if f & COMPUTED != 0 && f & (DIRTY | PENDING | FAILED) != 0 {
+                    step = Some((dep, f & (DIRTY | FAILED) != 0));
+                    break;
+                }
+                link = g.link_at(link).next_dep;
+            }
+            if link == NONE && g.node(node).flags & DIRTY != 0 {
+                dirty = true;
+            }
+            match step {
+                Some((dep, true)) => {
+                    let changed;
+                    walk.node = node;
+                    (g, changed) = recompute_in_walk(cell, g, dep);
+                    walk.node = NONE;
+                    let Some(changed) = changed else {
+                        g.walk_stack.truncate(base);
+                        if g.alive(start) {
+                            continue 'restart;
+                        }
+                        walk.armed = false;
+                        return false;
+                    };
+                    if changed {
+                        dirty = true;
+                    } else {
+                        link = g.link_at(link).next_dep;
+                        continue 'walk;
+                    }
+                }
+                Some((dep, false)) => {
+                    g.walk_stack.push((node, link));
+                    node = dep;
+                    link = g.node(dep).deps_head;
                     continue 'walk;
                 }
+                None => {}
             }
-            Some((dep, false)) => {
-                g.walk_stack.push((node, link));
-                node = dep;
-                link = g.node(dep).deps_head;
+            // `node` is settled: dirty (must recompute) or clean.
+            loop {
+                if g.walk_stack.len() == base {
+                    break 'walk dirty;
+                }
+                let (parent, parent_link) = g.walk_stack[g.walk_stack.len() - 1];
+                if dirty {
+                    // The parent's frame stays while `node` runs.
+                    let changed;
+                    (g, changed) = recompute_in_walk(cell, g, node);
+                    let Some(changed) = changed else {
+                        g.walk_stack.truncate(base);
+                        if g.alive(start) {
+                            continue 'restart;
+                        }
+                        walk.armed = false;
+                        return false;
+                    };
+                    g.walk_stack.pop();
+                    if changed {
+                        node = parent;
+                        continue;
+                    }
+                } else {
+                    g.walk_stack.pop();
+                    g.node_mut(node).flags &= !PENDING;
+                }
+                node = parent;
+                link = g.link_at(parent_link).next_dep;
                 continue 'walk;
             }
-            None => {}
+        };
+        if !dirty {
+            g.node_mut(start.index).flags &= !PENDING;
         }
-        // `node` is settled: dirty (must recompute) or clean.
-        loop {
-            if g.walk_stack.len() == base {
-                break 'walk dirty;
-            }
-            let (parent, parent_link) = g.walk_stack.pop().expect("stack above base");
-            if dirty {
-                let changed;
-                (g, changed) = recompute_in_walk(cell, g, node);
-                if changed {
-                    node = parent;
-                    continue;
-                }
-            } else {
-                g.node_mut(node).flags &= !PENDING;
-            }
-            node = parent;
-            link = g.link_at(parent_link).next_dep;
-            continue 'walk;
-        }
-    };
-    if !dirty {
-        g.node_mut(start).flags &= !PENDING;
+        walk.armed = false;
+        return dirty;
     }
-    dirty
 }
 
-/// Recomputes `node` in the middle of a [`check_dirty`] walk: releases the
-/// graph for the user code, drops any frames an unwound inner walk left
-/// above ours, and marks the subscribers dirty if the value changed.
+/// Recomputes live node `node` in the middle of a [`check_dirty`] walk:
+/// releases the graph for the user code, drops any frames an unwound inner
+/// walk left above ours, and marks the subscribers dirty if the value
+/// changed. Returns whether it changed, or `None` if user code freed linked
+/// nodes meanwhile (the walk must start over: what it stands on may be
+/// gone, the recomputed node included).
 #[inline(always)]
 fn recompute_in_walk<'a, F: Flavor>(
     cell: &'a Cell<F>,
     g: std::cell::RefMut<'a, Graph<F>>,
     node: u32,
-) -> (std::cell::RefMut<'a, Graph<F>>, bool) {
+) -> (std::cell::RefMut<'a, Graph<F>>, Option<bool>) {
     let depth = g.walk_stack.len();
-    drop(g);
-    let changed = update(cell, node);
+    let epoch = g.epoch;
+    let key = g.key(node);
+    // Alive: the walk reached it through a link, under this borrow.
+    let changed = update_borrowed(cell, g, key);
     let mut g = cell.borrow_mut();
     g.walk_stack.truncate(depth);
+    if g.epoch != epoch {
+        return (g, None);
+    }
     if changed {
         g.shallow_propagate(node);
     }
-    (g, changed)
+    (g, Some(changed))
 }
 
 /// Brings computed `index` up to date (the read path). Fails, changing
 /// nothing, when the computed is running: the read closes a cycle.
 pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), CycleError> {
-    let flags = {
-        let g = cell.borrow();
+    let (flags, key) = {
+        let mut g = cell.borrow();
         if !g.writes.is_empty() {
             drop(g);
             settle(cell);
+            g = cell.borrow();
         }
-        cell.borrow().node(index).flags
+        let node = g.node(index);
+        (node.flags, Key { index, generation: node.generation })
     };
     if flags & RUNNING != 0 {
         let g = cell.borrow();
@@ -192,37 +349,88 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
         nodes.reverse();
         return Err(CycleError { nodes });
     }
-    let stale = flags & DIRTY != 0 || (flags & PENDING != 0 && check_dirty(cell, index));
-    if stale && update(cell, index) {
-        cell.borrow_mut().shallow_propagate(index);
+    let stale = flags & (DIRTY | FAILED) != 0 || (flags & PENDING != 0 && check_dirty(cell, key));
+    if stale && update(cell, key) {
+        let mut g = cell.borrow_mut();
+        if g.alive(key) {
+            g.shallow_propagate(index);
+        }
     }
     Ok(())
 }
 
 /// Applies the writes of an ended batch: each signal whose value differs
 /// from the one the batch replaced propagates; one written back to its old
-/// value notifies nothing. Walks the write list in place.
+/// value notifies nothing. Walks the write list in place. An equality that
+/// panics (a signal's own, or `PartialEq`) counts as a difference: that
+/// write and every one after it propagate ([`Settling`]) before the panic
+/// goes on.
 pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
-    let mut next = 0;
+    let mut settling = Settling { cell, next: 0, armed: true };
     loop {
         let (key, obj) = {
             let mut g = cell.borrow_mut();
-            let Some(&key) = g.writes.get(next) else {
+            let Some(&key) = g.writes.get(settling.next) else {
                 g.writes.clear();
+                settling.armed = false;
                 return;
             };
-            next += 1;
+            settling.next += 1;
             if !g.alive(key) {
                 continue;
             }
             let node = g.node_mut(key.index);
             node.flags &= !BATCHED;
-            (key, node.obj.clone().map(|obj| (obj, node.aux)))
+            let custom = node.flags & CUSTOM_EQ != 0;
+            let obj = node.obj.clone().map(|obj| (obj, node.aux));
+            (key, obj.map(|(obj, aux)| (obj, aux, if custom { own_equality(&g, key) } else { None })))
         };
         // A source without an object is a trigger: written means changed.
-        let changed = obj.is_none_or(|(obj, aux)| F::obj(&obj).settle(&Entered::by(cell), aux));
+        let changed =
+            obj.is_none_or(|(obj, aux, own)| F::obj(&obj).settle(&Entered::by(cell), aux, own.as_deref().map(F::any)));
         if changed {
             cell.borrow_mut().propagate(key.index);
+        }
+    }
+}
+
+/// A signal's own equality (cloned out of the graph: it is called outside
+/// the graph's borrow).
+#[cold]
+#[inline(never)]
+fn own_equality<F: Flavor>(g: &Graph<F>, key: Key) -> Option<F::Ptr<F::Any>> {
+    g.equalities.get(&key.index).cloned()
+}
+
+/// Ends a [`settle`] cut short by a panicking equality: the write being
+/// settled (`next - 1`) and every later one propagate, as changes.
+struct Settling<'a, F: Flavor> {
+    cell: &'a Cell<F>,
+    next: usize,
+    /// Cleared when `settle` returns (see [`Walk::armed`]).
+    armed: bool,
+}
+
+impl<F: Flavor> Drop for Settling<'_, F> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.armed {
+            self.unwound();
+        }
+    }
+}
+
+impl<F: Flavor> Settling<'_, F> {
+    #[cold]
+    #[inline(never)]
+    fn unwound(&mut self) {
+        let mut g = self.cell.borrow_mut();
+        let writes = std::mem::take(&mut g.writes);
+        for &key in writes.iter().skip(self.next.saturating_sub(1)) {
+            if g.alive(key) {
+                g.node_mut(key.index).flags &= !BATCHED;
+                g.propagate(key.index);
+            }
         }
     }
 }
@@ -274,16 +482,25 @@ pub(crate) fn settle_and_flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLo
     flush(cell)
 }
 
-/// Ends a flush on every path: the queue loses what has run (if an effect
-/// panicked, the ones not yet run stay queued, still marked, and the next
-/// flush runs them).
+/// Ends a flush on every path: the queue loses what has run. If the flush
+/// unwinds (an effect, a computed it read or a cleanup panicked), it first
+/// runs every effect still queued, each under `catch_unwind` (their panics
+/// are dropped: the first one is on its way), so a panic never cuts a
+/// flush short and the normal path pays for no `catch_unwind`.
 struct FlushGuard<'a, F: Flavor> {
     cell: &'a Cell<F>,
+    /// The queue position: what is before it has run.
     next: usize,
+    /// Cleared when the flush returns (see [`Walk::armed`]).
+    armed: bool,
 }
 
 impl<F: Flavor> Drop for FlushGuard<'_, F> {
+    #[inline(always)]
     fn drop(&mut self) {
+        if self.armed {
+            self.finish_unwinding();
+        }
         let mut g = self.cell.borrow_mut();
         g.flushing = false;
         let done = self.next.min(g.queue.len());
@@ -291,8 +508,23 @@ impl<F: Flavor> Drop for FlushGuard<'_, F> {
     }
 }
 
+impl<F: Flavor> FlushGuard<'_, F> {
+    /// Runs what is still queued (counting rounds afresh), each panic
+    /// caught and dropped.
+    #[cold]
+    #[inline(never)]
+    fn finish_unwinding(&mut self) {
+        while catch_unwind(AssertUnwindSafe(|| flush_rounds(self.cell, &mut self.next))).is_err() {}
+    }
+}
+
 /// Runs queued effects, round by round (a round is what the previous one
 /// queued), until none is queued. Walks the queue in place.
+///
+/// A panicking effect (or a computed it reads, or a cleanup it runs) ends
+/// that effect's run, which is marked failed; the flush goes on with the
+/// others ([`FlushGuard`]), and the first panic continues once every queued
+/// effect has run.
 pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
     {
         let mut g = cell.borrow_mut();
@@ -301,8 +533,17 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
         }
         g.flushing = true;
     }
-    let mut guard = FlushGuard { cell, next: 0 };
-    let (mut round_end, mut rounds) = (0, 0);
+    let mut guard = FlushGuard { cell, next: 0, armed: true };
+    let result = flush_rounds(cell, &mut guard.next);
+    guard.armed = false;
+    result
+}
+
+/// The body of [`flush`]: runs queued effects from `*next` on.
+#[inline(always)]
+fn flush_rounds<F: Flavor>(cell: &Cell<F>, next: &mut usize) -> Result<(), EffectLoopError> {
+    let mut round_end = *next;
+    let mut rounds = 0;
     loop {
         let mut g = cell.borrow_mut();
         // What the previous run wrote settles before anything else runs.
@@ -311,16 +552,16 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
             settle(cell);
             g = cell.borrow_mut();
         }
-        if guard.next == round_end {
+        if *next == round_end {
             if round_end == g.queue.len() {
-                break;
+                return Ok(());
             }
             round_end = g.queue.len();
             rounds += 1;
             if rounds > MAX_FLUSH_ROUNDS {
                 // Stop the loop: unmark what is still queued, so the next
                 // change that reaches those effects queues them afresh.
-                let stuck: Vec<Key> = g.queue.drain(guard.next..).collect();
+                let stuck: Vec<Key> = g.queue.drain(*next..).collect();
                 let effect = stuck.iter().find(|&&k| g.alive(k)).map(|k| g.site(k.index));
                 for key in stuck {
                     if g.alive(key) {
@@ -331,14 +572,14 @@ pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
                 return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
             }
         }
-        let key = g.queue[guard.next];
-        guard.next += 1;
+        let key = g.queue[*next];
+        *next += 1;
         run_queued(cell, g, key);
     }
-    Ok(())
 }
 
-/// Runs a queued effect if what it read changed.
+/// Runs a queued effect if what it read changed. If the re-validation
+/// unwinds, the effect is marked failed.
 #[inline(always)]
 fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key: Key) {
     if !g.alive(key) {
@@ -349,16 +590,19 @@ fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key
     let flags = node.flags;
     if flags & (DIRTY | ASYNC) == DIRTY {
         // The common case: a synchronous effect that a write reached.
-        update_borrowed(cell, g, key.index);
+        update_borrowed(cell, g, key);
         return;
     }
     drop(g);
-    if flags & DIRTY == 0 && !(flags & PENDING != 0 && check_dirty(cell, key.index)) {
+    if flags & DIRTY == 0 && !(flags & PENDING != 0 && check_dirty(cell, key)) {
         return;
     }
     if flags & ASYNC != 0 {
         let obj = {
             let mut g = cell.borrow_mut();
+            if !g.alive(key) {
+                return;
+            }
             let node = g.node_mut(key.index);
             node.flags |= DIRTY;
             node.obj.clone()
@@ -367,7 +611,18 @@ fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key
             F::obj(&obj).schedule();
         }
     } else {
-        update(cell, key.index);
+        update(cell, key);
+    }
+}
+
+/// A panic caught from user code, to be resumed later.
+pub(crate) type Panic = Box<dyn std::any::Any + Send>;
+
+/// Disposes the subtree under `index` (see [`dispose_caught`]), then
+/// resumes the first panic of the user code it ran.
+pub(crate) fn dispose<F: Flavor>(cell: &Cell<F>, index: u32, include_self: bool) {
+    if let Some(panic) = dispose_caught(cell, index, include_self) {
+        resume_unwind(panic);
     }
 }
 
@@ -375,68 +630,138 @@ fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key
 /// siblings first, each node's cleanups before it is freed. With
 /// `include_self` false, `index` keeps its slot and links but loses its
 /// children and runs its cleanups (what an owner does before it re-runs).
+/// Returns the first panic of the user code it ran (cleanups, destructors);
+/// every cleanup runs even if one panics.
 ///
 /// An iterative post-order walk over the ownership links, allocating
 /// nothing: descend to the last child until a leaf, free it (its owner's
 /// last child becomes its previous sibling), go back up. The graph is
 /// released only to run cleanups and to drop user objects (in chunks).
-pub(crate) fn dispose<F: Flavor>(cell: &Cell<F>, index: u32, include_self: bool) {
+///
+/// - A node whose function is running is not freed under it: it is
+///   detached and [doomed](Graph::doom), and disposed when its run ends.
+/// - Cleanups run untracked, owned by the node they clean up after (what
+///   they create is disposed right after them, and cleanups they register
+///   run right after them, up to [`MAX_FLUSH_ROUNDS`] rounds). The node
+///   counts as running meanwhile, so a cleanup that disposes its own node,
+///   or an owner of it, dooms it rather than freeing it under the walk.
+/// - A cleanup may dispose anything else, this subtree included: the walk
+///   then goes on from the nearest live owner, or ends if `index` is gone.
+pub(crate) fn dispose_caught<F: Flavor>(cell: &Cell<F>, index: u32, include_self: bool) -> Option<Panic> {
     const CHUNK: usize = 256;
+    let mut first_panic = None;
     // Objects of freed nodes, with their `aux`, released outside the borrow.
     let mut objs: Vec<(F::Obj, u32)> = Vec::new();
-    let release = |objs: &mut Vec<(F::Obj, u32)>| {
+    let release = |objs: &mut Vec<(F::Obj, u32)>, first_panic: &mut Option<Panic>| {
         let entered = Entered::by(cell);
         for (obj, aux) in objs.drain(..) {
-            F::obj(&obj).release(&entered, aux);
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| F::obj(&obj).release(&entered, aux))) {
+                first_panic.get_or_insert(panic);
+            }
+            // Dropping the object runs the user's destructors too.
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| drop(obj))) {
+                first_panic.get_or_insert(panic);
+            }
+        }
+        let dropped = std::mem::take(&mut cell.borrow_mut().dropped);
+        for value in dropped {
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| drop(value))) {
+                first_panic.get_or_insert(panic);
+            }
         }
     };
     let mut g = cell.borrow_mut();
+    if !g.alive(g.key(index)) {
+        return None;
+    }
     if index == g.root && !include_self && g.free_all(&mut objs) {
         drop(g);
-        release(&mut objs);
-        return;
+        release(&mut objs, &mut first_panic);
+        return first_panic;
     }
     let root_key = g.key(index);
+    if include_self && g.node(index).flags & RUNNING != 0 {
+        g.doom(index);
+        return None;
+    }
     let mut cur = index;
+    // Cleanup rounds run at `cur` so far (a cleanup may register another).
+    let mut rounds = 0;
     loop {
         let last = g.node(cur).last_child;
         if last != NONE {
-            cur = last;
+            if g.node(last).flags & RUNNING != 0 {
+                g.doom(last);
+            } else {
+                cur = last;
+                rounds = 0;
+            }
             continue;
         }
         // `cur` has no children left: run its cleanups, then free it.
         if g.node(cur).flags & HAS_CLEANUP != 0 {
             let cleanups = g.take_cleanups(cur);
+            rounds += 1;
+            if rounds > MAX_FLUSH_ROUNDS {
+                // Cleanups that keep registering cleanups: drop the rest.
+                drop(g);
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| drop(cleanups))) {
+                    first_panic.get_or_insert(panic);
+                }
+                g = cell.borrow_mut();
+                continue;
+            }
+            let saved = (g.active, g.owner);
+            (g.active, g.owner) = (NONE, cur);
+            let node = g.node_mut(cur);
+            let was_running = node.flags & RUNNING;
+            node.flags |= RUNNING;
+            g.cleaning += 1;
             drop(g);
             for cleanup in cleanups {
-                F::run_cleanup(cleanup);
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| F::run_cleanup(cleanup))) {
+                    first_panic.get_or_insert(panic);
+                }
             }
             g = cell.borrow_mut();
-            if !g.alive(root_key) {
-                break;
+            g.cleaning -= 1;
+            (g.active, g.owner) = saved;
+            // Still alive: running, it could only be doomed.
+            let node = g.node_mut(cur);
+            node.flags = node.flags & !RUNNING | was_running;
+            if node.flags & DOOMED != 0 && (cur != index || include_self) {
+                // Disposed by its own cleanups: this walk frees it.
+                node.flags &= !DOOMED;
             }
-            if g.node(cur).last_child != NONE {
-                continue; // a cleanup created something here: dispose it too
-            }
+            // Children or cleanups its cleanups added go first.
+            continue;
         }
-        let (owner, aux) = (g.node(cur).owner, g.node(cur).aux);
         if cur == index {
             if include_self {
+                let aux = g.node(cur).aux;
                 objs.extend(g.free(cur).map(|obj| (obj, aux)));
             }
             break;
         }
+        let (owner, aux) = (g.node(cur).owner, g.node(cur).aux);
         objs.extend(g.free(cur).map(|obj| (obj, aux)));
         if objs.len() >= CHUNK {
             drop(g);
-            release(&mut objs);
+            release(&mut objs, &mut first_panic);
             g = cell.borrow_mut();
         }
-        if owner == NONE || g.node(owner).flags & ALIVE == 0 {
+        rounds = 0;
+        // Unless a nested disposal (a cleanup's) detached `cur`, its owner
+        // is under `index` and outlives it.
+        cur = if owner != NONE && g.node(owner).flags & (ALIVE | DOOMED | RUNNING) == ALIVE {
+            owner
+        } else if g.alive(root_key) {
+            index
+        } else {
             break;
-        }
-        cur = owner;
+        };
     }
     drop(g);
-    release(&mut objs);
+    release(&mut objs, &mut first_panic);
+    first_panic
 }

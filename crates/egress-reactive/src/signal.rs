@@ -3,9 +3,9 @@
 use std::any::TypeId;
 use std::panic::Location;
 
-use crate::context::{Handle, NodeRef};
+use crate::context::{Foreign, Handle, NodeRef};
 use crate::error::{NodeKind, ReadError, WriteError};
-use crate::flavor::{Entered, Flavor, Holds, ValueCell};
+use crate::flavor::{Entered, Flavor, Holds, HoldsEq, ValueCell};
 use crate::graph::{Graph, NONE, NodeObj, Pool, flags::*};
 use crate::run;
 
@@ -119,12 +119,18 @@ impl<T: 'static, F: Flavor> NodeObj for SignalBlock<T, F> {
         false
     }
 
-    fn settle(&self, entered: &Entered, slot: u32) -> bool {
+    fn settle(&self, entered: &Entered, slot: u32, own: Option<&dyn std::any::Any>) -> bool {
         self.slot(slot).with_mut(entered, |s| {
             let s = s.state();
             let forced = std::mem::take(&mut s.forced);
             match s.replaced.take() {
-                Some((old, eq)) => forced || !eq(&old, &s.value),
+                Some((old, eq)) => {
+                    forced
+                        || match own {
+                            None => !eq(&old, &s.value),
+                            Some(own) => !same_by_own::<T, F>(own, &old, &s.value),
+                        }
+                }
                 None => true,
             }
         })
@@ -134,6 +140,14 @@ impl<T: 'static, F: Flavor> NodeObj for SignalBlock<T, F> {
         let state = self.slot(slot).with_mut(entered, |s| s.state.take());
         drop(state);
     }
+}
+
+/// A signal's own equality, erased as the graph keeps it, applied.
+#[cold]
+#[inline(never)]
+fn same_by_own<T: 'static, F: Flavor>(own: &dyn std::any::Any, old: &T, new: &T) -> bool {
+    let own = own.downcast_ref::<F::EqFn<T>>().expect("graph invariant: a signal's equality is of its type");
+    F::same(own, old, new)
 }
 
 impl<T: 'static, F: Flavor> Clone for Signal<T, F> {
@@ -149,24 +163,89 @@ impl<T: 'static, F: Flavor> std::fmt::Debug for Signal<T, F> {
 }
 
 impl<F: Flavor> Handle<F> {
-    /// A new signal holding `value`, owned by the current owner.
+    /// A new signal holding `value`, owned by the current owner. In a
+    /// context that was dropped, the signal is born disposed (and `value`
+    /// dropped at once).
     #[track_caller]
     #[inline(always)]
     pub fn signal<T: 'static>(&self, value: T) -> Signal<T, F>
     where
         F: Holds<SignalBlock<T, F>>,
     {
-        let created_at = Location::caller();
-        let guard = F::enter(&self.rt.cell);
+        self.make_signal(value, None, Location::caller())
+    }
+
+    /// A new signal whose writes compare with `same(old, new)` instead of
+    /// `PartialEq`: a [`set`](Signal::set) for which it returns true
+    /// changes nothing (the old value is kept) and notifies nothing, and a
+    /// batch that ends on a value it finds the same as the one the batch
+    /// began with notifies nothing. A panic in `same` during `set` leaves
+    /// the value unchanged; at the end of a batch it counts as a change.
+    ///
+    /// The equality is kept beside the graph, not in the signal's slot:
+    /// signals without one pay nothing for the feature.
+    ///
+    /// ```
+    /// use egress_reactive::Context;
+    ///
+    /// let cx = Context::new();
+    /// let position = cx.signal_with((0.0_f64, 0.0_f64), |a, b| (a.0 - b.0).hypot(a.1 - b.1) < 1.0);
+    /// position.set((0.3, 0.4));
+    /// assert_eq!(position.get(), (0.0, 0.0), "moved less than 1: unchanged");
+    /// position.set((3.0, 4.0));
+    /// assert_eq!(position.get(), (3.0, 4.0));
+    /// ```
+    #[track_caller]
+    pub fn signal_with<T: 'static, E>(&self, value: T, same: E) -> Signal<T, F>
+    where
+        E: Fn(&T, &T) -> bool + 'static,
+        F: Holds<SignalBlock<T, F>> + HoldsEq<T, E>,
+    {
+        self.make_signal(value, Some(F::erase_eq(same)), Location::caller())
+    }
+
+    #[inline(always)]
+    fn make_signal<T: 'static>(
+        &self,
+        value: T,
+        same: Option<F::Ptr<F::Any>>,
+        created_at: &'static Location<'static>,
+    ) -> Signal<T, F>
+    where
+        F: Holds<SignalBlock<T, F>>,
+    {
+        let Some(guard) = F::enter(&self.rt.cell) else { Foreign.panic() };
         let cell: &run::Cell<F> = &guard;
         let mut g = cell.borrow_mut();
         let (block, slot) = take_slot::<T, F>(&mut g);
-        let key = g.alloc(SIGNAL, Some(F::erase(block.clone())), slot, created_at);
+        let created = g.create(SIGNAL, Some(F::erase(block.clone())), slot, created_at);
+        let key = match created {
+            Ok(key) => {
+                if let Some(same) = same {
+                    g.node_mut(key.index).flags |= CUSTOM_EQ;
+                    g.equalities.insert(key.index, same);
+                }
+                key
+            }
+            Err((dead, obj)) => {
+                // A dropped context: the slot stays empty (it still names
+                // where the signal was created), the value goes now.
+                drop(g);
+                drop(obj);
+                block.slot(slot).with_mut(&Entered::by(cell), |s| s.created_at = created_at);
+                drop(value);
+                let outermost = F::leave(guard);
+                self.after(outermost);
+                return Signal { node: NodeRef { handle: self.clone(), key: dead }, block, slot };
+            }
+        };
         drop(g);
         // No user code ran since the slot was taken: moving `value` in runs
         // none either.
         let state = SignalState { value, replaced: None, forced: false };
         block.slot(slot).with_mut(&Entered::by(cell), |s| *s = Slot { created_at, state: Some(state) });
+        let outermost = F::leave(guard);
+        self.after(outermost);
         Signal { node: NodeRef { handle: self.clone(), key }, block, slot }
     }
 }
@@ -243,39 +322,47 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
     /// Calls `f` with a reference to the value; tracked. Fails if the signal
     /// was disposed.
     pub fn try_with<R>(&self, f: impl FnOnce(&T) -> R) -> Result<R, ReadError> {
-        self.handle.enter(|cell| {
-            {
-                let mut g = cell.borrow_mut();
-                if !g.alive(self.key) {
-                    drop(g);
-                    return Err(self.disposed(cell));
+        self.handle
+            .try_enter(|cell| {
+                {
+                    let mut g = cell.borrow_mut();
+                    if !g.alive(self.key) {
+                        drop(g);
+                        return Err(self.disposed(cell));
+                    }
+                    let active = g.active;
+                    if active != NONE {
+                        g.link(self.key.index, active);
+                    }
                 }
-                let active = g.active;
-                if active != NONE {
-                    g.link(self.key.index, active);
-                }
-            }
-            Ok(self.block.slot(self.slot).with(&Entered::by(cell), |s| f(s.value())))
-        })
+                Ok(self.block.slot(self.slot).with(&Entered::by(cell), |s| f(s.value())))
+            })
+            .unwrap_or(Err(ReadError::ForeignGraph { kind: NodeKind::Signal }))
     }
 
     /// Reads for an explicit observer (an async effect's run).
     #[cfg(feature = "async")]
-    pub(crate) fn read_observed(&self, observer: u32) -> Result<T, ReadError>
+    pub(crate) fn read_observed(&self, observer: crate::graph::Key) -> Result<T, ReadError>
     where
         T: Clone,
     {
-        self.handle.enter(|cell| {
-            {
-                let mut g = cell.borrow_mut();
-                if !g.alive(self.key) {
-                    drop(g);
-                    return Err(self.disposed(cell));
+        self.handle
+            .try_enter(|cell| {
+                {
+                    let mut g = cell.borrow_mut();
+                    if !g.alive(self.key) {
+                        drop(g);
+                        return Err(self.disposed(cell));
+                    }
+                    // A disposed observer tracks nothing (its slot may be
+                    // another node's now).
+                    if g.alive(observer) {
+                        g.link(self.key.index, observer.index);
+                    }
                 }
-                g.link(self.key.index, observer);
-            }
-            Ok(self.block.slot(self.slot).with(&Entered::by(cell), |s| s.value().clone()))
-        })
+                Ok(self.block.slot(self.slot).with(&Entered::by(cell), |s| s.value().clone()))
+            })
+            .unwrap_or(Err(ReadError::ForeignGraph { kind: NodeKind::Signal }))
     }
 
     /// The value, cloned, without tracking (a peek).
@@ -321,8 +408,12 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
     where
         T: PartialEq,
     {
-        self.write(move |s, batching| {
-            if s.value == value {
+        self.write(move |s, batching, own| {
+            let same = match own {
+                Some(own) => F::same(own, &s.value, &value),
+                None => s.value == value,
+            };
+            if same {
                 return false;
             }
             let old = std::mem::replace(&mut s.value, value);
@@ -352,7 +443,7 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
 
     /// [`Signal::update`], returning failures as errors.
     pub fn try_update(&self, f: impl FnOnce(&mut T)) -> Result<(), WriteError> {
-        self.write(move |s, batching| {
+        self.write(move |s, batching, _| {
             f(&mut s.value);
             if batching {
                 s.forced = true;
@@ -361,17 +452,24 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
         })
     }
 
-    fn write(&self, f: impl FnOnce(&mut SignalState<T>, bool) -> bool) -> Result<(), WriteError> {
-        self.handle.enter(|cell| {
-            let batching = {
+    fn write(&self, f: impl FnOnce(&mut SignalState<T>, bool, Option<&F::EqFn<T>>) -> bool) -> Result<(), WriteError> {
+        let written = self.handle.try_enter(|cell| {
+            let (batching, custom) = {
                 let g = cell.borrow();
                 if !g.alive(self.key) {
                     drop(g);
                     return Err(WriteError::Disposed { created_at: self.created_at_in(cell) });
                 }
-                g.batching()
+                (g.batching(), g.node(self.key.index).flags & CUSTOM_EQ != 0)
             };
-            if !self.block.slot(self.slot).with_mut(&Entered::by(cell), |s| f(s.state(), batching)) {
+            let changed = if custom {
+                let own = self.own_eq(cell);
+                let own = own.as_ref().and_then(|eq| F::any(eq).downcast_ref::<F::EqFn<T>>());
+                self.block.slot(self.slot).with_mut(&Entered::by(cell), |s| f(s.state(), batching, own))
+            } else {
+                self.block.slot(self.slot).with_mut(&Entered::by(cell), |s| f(s.state(), batching, None))
+            };
+            if !changed {
                 return Ok(());
             }
             {
@@ -387,7 +485,15 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
                 g.propagate(self.key.index);
             }
             run::flush(cell).map_err(WriteError::from)
-        })
+        });
+        written.unwrap_or(Err(WriteError::ForeignGraph))
+    }
+
+    /// The signal's own equality (it has one).
+    #[cold]
+    #[inline(never)]
+    fn own_eq(&self, cell: &run::Cell<F>) -> Option<F::Ptr<F::Any>> {
+        cell.borrow().equalities.get(&self.key.index).cloned()
     }
 
     /// Where the signal was created.

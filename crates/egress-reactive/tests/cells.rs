@@ -48,6 +48,44 @@ impl Transport<u32> for Wire {
     }
 }
 
+/// A transport that panics once, when `on` envelopes have gone out, and
+/// otherwise sends on `wire`.
+struct Panicky {
+    wire: Wire,
+    on: usize,
+}
+
+impl Transport<u32> for Panicky {
+    fn send(&mut self, envelope: Envelope<u32>) -> Result<(), SendError> {
+        let n = self.wire.sent.lock().expect("wire").len();
+        if n == self.on {
+            self.on = usize::MAX;
+            panic!("the transport panics on send {n}");
+        }
+        self.wire.send(envelope)
+    }
+}
+
+/// A payload whose `Clone` panics for 13.
+#[derive(Debug, PartialEq)]
+struct Bomb(u32);
+
+impl Clone for Bomb {
+    fn clone(&self) -> Self {
+        assert!(self.0 != 13, "this payload cannot be copied");
+        Bomb(self.0)
+    }
+}
+
+struct BombWire(Arc<Mutex<Vec<u32>>>);
+
+impl Transport<Bomb> for BombWire {
+    fn send(&mut self, envelope: Envelope<Bomb>) -> Result<(), SendError> {
+        self.0.lock().expect("sent").push(envelope.payload.0);
+        Ok(())
+    }
+}
+
 fn policy(window: usize) -> Policy {
     policy_with(window, DeadLetters::Skip)
 }
@@ -408,6 +446,70 @@ each_flavour! {
         // The records are still there, and transitions still apply.
         assert_eq!(cell.enqueue(3), Sequence(3));
         assert_eq!(cell.with_core(|c| c.pending_len() + c.inflight_len()), 4);
+    }
+
+    fn a_send_that_panics_fails_its_record_and_the_counts_agree(cx) {
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let wire = Wire::default();
+        let link = cell.attach(Panicky { wire: wire.clone(), on: 1 });
+        cell.enqueue(0);
+        let hit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.enqueue(1)));
+        assert!(hit.is_err(), "the transport's panic reaches the caller whose change ran the pass");
+        // 1 is not left in flight with nobody to send it: it failed (and
+        // parked), and every count says what the core says.
+        let core = cell.with_core(|c| (c.pending_len(), c.inflight_len(), c.parked_len()));
+        assert_eq!(core, (0, 1, 1));
+        assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.parked_len().get()), core);
+        assert_eq!(cell.window_room().get(), cell.with_core(|c| c.window_room()));
+        // The attachment lives on: at the due time 1 goes out again.
+        assert!(!link.is_fenced());
+        clock.set(Time(100));
+        cell.handle_timeout(cell.now());
+        assert_eq!(wire.sequences(), [0, 1]);
+    }
+
+    fn an_attach_whose_first_run_panics_leaves_no_effect_behind(cx) {
+        let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(8));
+        cell.enqueue(0);
+        let base = cx.node_count();
+        let wire = Wire::default();
+        let attached = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cell.attach(Panicky { wire: wire.clone(), on: 0 })
+        }));
+        assert!(attached.is_err());
+        assert_eq!(cx.node_count(), base, "its effect was disposed");
+        // Nothing sends behind the caller's back.
+        cell.enqueue(1);
+        assert!(wire.sequences().is_empty());
+        assert_eq!((cell.parked_len().get(), cell.pending_len().get()), (1, 1));
+    }
+
+    fn a_payload_whose_clone_panics_fails_its_record_and_the_counts_agree(cx) {
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<Bomb, _> = EgressCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let link = cell.attach(BombWire(sent.clone()));
+        cell.enqueue(Bomb(1));
+        let hit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.enqueue(Bomb(13))));
+        assert!(hit.is_err());
+        let core = cell.with_core(|c| (c.pending_len(), c.inflight_len(), c.parked_len()));
+        assert_eq!(core, (0, 1, 1), "13 failed instead of sitting in flight unsent");
+        assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.parked_len().get()), core);
+        assert_eq!(*sent.lock().expect("sent"), [1]);
+        assert!(!link.is_fenced());
+    }
+
+    fn an_attach_to_a_disposed_cell_is_fenced_from_the_start(cx) {
+        let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(8));
+        cell.dispose();
+        let wire = Wire::default();
+        let watch = wire.watch();
+        let link = cell.attach(wire);
+        assert!(link.is_fenced());
+        assert!(watch.upgrade().is_none(), "the transport was dropped");
+        cell.enqueue(0);
+        assert_eq!(link.runs(), 0);
     }
 
     fn dropping_the_context_drops_transports(cx) {

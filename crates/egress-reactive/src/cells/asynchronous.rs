@@ -6,14 +6,16 @@ use std::panic::Location;
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_core::Policy;
+use std::panic::resume_unwind;
+
+use egress_core::{EgressCore, Policy};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use super::cell::{Attachment, CellOptions, EgressCellOf};
+use super::cell::{Attachment, CellOptions, EgressCellOf, Inner};
 use super::clock::TokioClock;
 use super::transport::AsyncTransport;
-use crate::asynchronous::AsyncContext;
+use crate::asynchronous::{AsyncContext, CatchUnwind};
 use crate::context::Handle;
 use crate::flavor::Threaded;
 
@@ -33,7 +35,10 @@ use crate::flavor::Threaded;
 ///   the next reconnect.
 ///
 /// Time is tokio's clock by default, in milliseconds. The cell must be made
-/// inside a tokio runtime; dropping its last clone stops the timer.
+/// inside a tokio runtime. The timer runs while a clone of the cell or one
+/// of its [`Attachment`]s lives; if the runtime it was spawned on shuts
+/// down, the next change of the parked records (or the next `attach`)
+/// spawns it again on the runtime current there.
 ///
 /// ```
 /// use egress_core::{Envelope, Policy, Sequence};
@@ -62,23 +67,50 @@ use crate::flavor::Threaded;
 /// ```
 pub struct AsyncEgressCell<T: 'static> {
     cell: EgressCellOf<T, Threaded>,
-    _timer: Arc<Timer>,
+    timer: Arc<Timer>,
 }
 
-/// Stops the timer task when the last clone of the cell drops.
-struct Timer {
-    task: AbortHandle,
+/// The timer's task, and what restarts it.
+struct TimerTask {
+    task: parking_lot::Mutex<Option<AbortHandle>>,
+    /// The last clone of the cell and the last attachment dropped.
+    stopped: std::sync::atomic::AtomicBool,
+    bell: Arc<Notify>,
 }
+
+impl TimerTask {
+    /// Spawns the timer on the current runtime unless it runs, or was
+    /// stopped, or there is no runtime here.
+    fn ensure<T: Clone + Send + Sync + 'static>(&self, inner: &Inner<T, Threaded>) {
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let mut task = self.task.lock();
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            *task = Some(runtime.spawn(run_timer(inner.clone(), self.bell.clone())).abort_handle());
+        }
+    }
+}
+
+/// Stops the timer task when the last clone of the cell, and the last of
+/// its attachments, drop.
+struct Timer(Arc<TimerTask>);
 
 impl Drop for Timer {
     fn drop(&mut self) {
-        self.task.abort();
+        self.0.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(task) = self.0.task.lock().take() {
+            task.abort();
+        }
     }
 }
 
 impl<T: 'static> Clone for AsyncEgressCell<T> {
     fn clone(&self) -> Self {
-        AsyncEgressCell { cell: self.cell.clone(), _timer: self._timer.clone() }
+        AsyncEgressCell { cell: self.cell.clone(), timer: self.timer.clone() }
     }
 }
 
@@ -117,18 +149,20 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
         let clock = options.take_clock(|| Arc::new(TokioClock::new()));
         let handle: &Handle<Threaded> = cx;
         let cell = EgressCellOf::build(handle, policy, options, clock, at);
-        // The timer re-arms whenever the parked set changes.
         let bell = Arc::new(Notify::new());
-        let parked = cell.parked_len().clone();
-        let ring = bell.clone();
-        let _ = cell.scope().run(|| {
+        let task =
+            Arc::new(TimerTask { task: parking_lot::Mutex::new(None), stopped: false.into(), bell: bell.clone() });
+        // The timer re-arms whenever the parked set changes (and comes back
+        // if its runtime is gone).
+        let (parked, inner, timer) = (cell.parked_len().clone(), cell.inner().clone(), task.clone());
+        let _ = cell.scope().try_run(|| {
             handle.effect(move || {
                 let _ = parked.try_get();
-                ring.notify_one();
+                timer.ensure(&inner);
+                bell.notify_one();
             })
         });
-        let task = tokio::spawn(run_timer(cell.clone(), bell));
-        AsyncEgressCell { cell, _timer: Arc::new(Timer { task: task.abort_handle() }) }
+        AsyncEgressCell { cell, timer: Arc::new(Timer(task)) }
     }
 
     /// Attaches an async transport under the current generation: one async
@@ -142,7 +176,8 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
     pub fn attach<Tr: AsyncTransport<T>>(&self, transport: Tr) -> Attachment<T, Threaded> {
         let at = Location::caller();
         let inner = self.cell.inner().clone();
-        let generation = self.cell.generation().get_untracked();
+        let generation = self.cell.with_core(EgressCore::generation);
+        self.timer.0.ensure(&inner);
         let transport = Arc::new(tokio::sync::Mutex::new(transport));
         let run = move |ecx: crate::EffectCx| {
             let (inner, transport) = (inner.clone(), transport.clone());
@@ -152,9 +187,12 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
                 let mut transport = transport.lock().await;
                 while let Some(envelope) = inner.claim_for(generation) {
                     let sequence = envelope.sequence;
-                    if let Err(error) = transport.send(envelope).await
-                        && !inner.fail_in_pass(generation, sequence, error.kind())
-                    {
+                    let sent = CatchUnwind(Box::pin(transport.send(envelope))).await;
+                    let goes_on = inner.send_in_pass(generation, sequence, || match sent {
+                        Ok(result) => result,
+                        Err(panic) => resume_unwind(panic),
+                    });
+                    if !goes_on {
                         break;
                     }
                 }
@@ -163,30 +201,33 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
             }
         };
         let handle = self.cell.inner().handle.clone();
-        let effect = self.cell.scope().run(|| handle.spawn_effect_async(run, at));
+        let Ok(effect) = self.cell.scope().try_run(|| handle.spawn_effect_async(run, at)) else {
+            return self.cell.fenced_attachment(generation);
+        };
         self.cell.register(generation, effect.key);
-        Attachment { node: (*effect).clone(), generation, cell: self.cell.clone() }
+        let keep: Arc<dyn std::any::Any + Send + Sync> = self.timer.clone();
+        Attachment { node: (*effect).clone(), generation, cell: self.cell.clone(), _keep: Some(keep) }
     }
 }
 
 /// Sleeps until the earliest parked record is due, then makes it pending;
 /// wakes early when the parked set changes.
-async fn run_timer<T: Clone + Send + Sync + 'static>(cell: EgressCellOf<T, Threaded>, bell: Arc<Notify>) {
+async fn run_timer<T: Clone + Send + Sync + 'static>(inner: Inner<T, Threaded>, bell: Arc<Notify>) {
     loop {
         let changed = bell.notified();
         tokio::pin!(changed);
         // Registered before reading the due time, so a change in between is
         // not missed (a stored permit also makes it ready at once).
         changed.as_mut().enable();
-        match cell.poll_timeout() {
+        match inner.poll_timeout() {
             None => changed.await,
             Some(due) => {
-                let wait = Duration::from_millis(due.0.saturating_sub(cell.now().0));
+                let wait = Duration::from_millis(due.0.saturating_sub(inner.now().0));
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {
-                        let now = cell.now();
+                        let now = inner.now();
                         if now >= due {
-                            let _ = cell.handle_timeout(now);
+                            let _ = inner.handle_timeout(now);
                         }
                     }
                     () = &mut changed => {}

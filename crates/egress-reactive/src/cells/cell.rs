@@ -3,7 +3,7 @@
 
 use std::hash::BuildHasher;
 use std::ops::Range;
-use std::panic::Location;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use egress_core::{
 };
 
 use super::clock::{Clock, MonotonicClock};
-use super::transport::Transport;
+use super::transport::{SendError, Transport};
 use crate::computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never};
 use crate::context::{Handle, NodeRef, Scope};
 use crate::effect::{EffectObj, RunEffect};
@@ -324,21 +324,45 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// Claims the next record for an attachment of `generation`: a copy of
     /// it, or `None` when the core allows no claim (or the attachment is
     /// fenced).
+    #[cfg(feature = "async")]
     pub(crate) fn claim_for(&self, generation: Generation) -> Option<Envelope<T>>
     where
         T: Clone,
     {
-        self.apply(By::Attachment, |s| Self::claim_in(s, generation))
+        let now = self.clock.now();
+        let (envelope, panic) = self.apply(By::Attachment, |s| {
+            let (envelope, changes, panic) = Self::claim_in(s, generation, now);
+            ((envelope, panic), changes)
+        });
+        if let Some(panic) = panic {
+            resume_unwind(panic);
+        }
+        envelope
     }
 
-    fn claim_in(s: &mut State<T>, generation: Generation) -> (Option<Envelope<T>>, Changes)
+    /// Claims in the core and copies the record out. A copy that panics (a
+    /// payload whose `Clone` panics) fails the record as a transient
+    /// failure, so that it is not left in flight unsent; the panic is
+    /// returned, to be resumed once the readers know of both transitions.
+    fn claim_in(
+        s: &mut State<T>,
+        generation: Generation,
+        now: Time,
+    ) -> (Option<Envelope<T>>, Changes, Option<run::Panic>)
     where
         T: Clone,
     {
         let t = s.core.claim(generation);
-        match t.outcome {
-            ClaimOutcome::Claimed(envelope) => (Some(envelope.cloned()), t.changes),
-            _ => (None, t.changes),
+        let changes = t.changes;
+        let ClaimOutcome::Claimed(envelope) = t.outcome else { return (None, changes, None) };
+        let sequence = envelope.sequence;
+        match catch_unwind(AssertUnwindSafe(|| envelope.cloned())) {
+            Ok(envelope) => (Some(envelope), changes, None),
+            Err(panic) => {
+                let jitter = s.jitter();
+                let failed = s.core.fail(generation, sequence, FailureKind::Transient, now, jitter);
+                (None, changes.union(failed.changes), Some(panic))
+            }
         }
     }
 
@@ -349,10 +373,47 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     where
         T: Clone,
     {
-        let (envelope, changes) =
-            self.handle.enter(|cell| self.state.with_mut(&Entered::by(cell), |s| Self::claim_in(s, generation)));
+        let now = self.clock.now();
+        let (envelope, changes, panic) =
+            self.handle.enter(|cell| self.state.with_mut(&Entered::by(cell), |s| Self::claim_in(s, generation, now)));
         marks.changes = marks.changes.union(changes);
+        if let Some(panic) = panic {
+            resume_unwind(panic);
+        }
         envelope
+    }
+
+    /// Sends one claimed envelope through `send`; a send that panics fails
+    /// the record (as transient: it may never have left) before the panic
+    /// goes on, so that it is not left in flight with nobody to send it.
+    /// Returns whether the pass goes on (see [`fail_in_pass`](Self::fail_in_pass)).
+    pub(crate) fn send_in_pass(
+        &self,
+        generation: Generation,
+        sequence: Sequence,
+        send: impl FnOnce() -> Result<(), SendError>,
+    ) -> bool {
+        match catch_unwind(AssertUnwindSafe(send)) {
+            Ok(Ok(())) => true,
+            Ok(Err(error)) => self.fail_in_pass(generation, sequence, error.kind()),
+            Err(panic) => {
+                self.fail(By::Attachment, generation, sequence, FailureKind::Transient, None);
+                resume_unwind(panic)
+            }
+        }
+    }
+
+    /// When the earliest parked record is due.
+    pub(crate) fn poll_timeout(&self) -> Option<Time> {
+        self.with_core(EgressCore::poll_timeout)
+    }
+
+    /// Makes every parked record due at `now` pending again.
+    pub(crate) fn handle_timeout(&self, now: Time) -> Vec<Sequence> {
+        self.apply(By::Caller, |s| {
+            let t = s.core.handle_timeout(now);
+            (t.outcome, t.changes)
+        })
     }
 
     /// Makes the running computation depend on the wake trigger.
@@ -833,7 +894,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// When the earliest parked record is due (`None` when nothing is
     /// parked): call [`handle_timeout`](Self::handle_timeout) then.
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.with_core(EgressCore::poll_timeout)
+        self.shared.inner.poll_timeout()
     }
 
     /// How long from now (by the cell's clock) until
@@ -865,10 +926,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// Makes every parked record due at `now` pending again, in sequence
     /// order, and returns their sequences. See [`EgressCore::handle_timeout`].
     pub fn handle_timeout(&self, now: Time) -> Vec<Sequence> {
-        self.shared.inner.apply(By::Caller, |s| {
-            let t = s.core.handle_timeout(now);
-            (t.outcome, t.changes)
-        })
+        self.shared.inner.handle_timeout(now)
     }
 
     // ----- attachments -----------------------------------------------
@@ -885,11 +943,22 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     {
         let at = Location::caller();
         let inner = self.shared.inner.clone();
-        let generation = self.generation().get_untracked();
+        let generation = self.with_core(EgressCore::generation);
         let run = AttachRun { inner, transport, generation };
-        let effect = self.shared.scope.run(|| self.shared.inner.handle.make_effect(run, at));
+        let Ok(effect) = self.shared.scope.try_run(|| self.shared.inner.handle.make_effect(run, at)) else {
+            // A disposed cell: the transport is dropped, never used.
+            return self.fenced_attachment(generation);
+        };
         self.register(generation, effect.key);
-        Attachment { node: (*effect).clone(), generation, cell: self.clone() }
+        Attachment { node: (*effect).clone(), generation, cell: self.clone(), _keep: None }
+    }
+
+    /// The attachment of a cell disposed before it could attach: fenced
+    /// from the start.
+    pub(crate) fn fenced_attachment(&self, generation: Generation) -> Attachment<T, F> {
+        let handle = self.shared.inner.handle.clone();
+        let key = handle.enter(|cell| cell.borrow().dead_key());
+        Attachment { node: NodeRef { handle, key }, generation, cell: self.clone(), _keep: None }
     }
 
     /// Records a new attachment (and forgets disposed ones).
@@ -905,10 +974,12 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         });
     }
 
+    #[cfg(feature = "async")]
     pub(crate) fn inner(&self) -> &Inner<T, F> {
         &self.shared.inner
     }
 
+    #[cfg(feature = "async")]
     pub(crate) fn scope(&self) -> &Scope<F> {
         &self.shared.scope
     }
@@ -956,9 +1027,8 @@ impl<T: Clone + 'static, Tr: Transport<T>, F: Flavor> RunEffect for AttachRun<T,
         let mut marks = Marks { inner: &self.inner, changes: Changes::NONE };
         while let Some(envelope) = self.inner.claim_quiet(self.generation, &mut marks) {
             let sequence = envelope.sequence;
-            if let Err(error) = self.transport.send(envelope)
-                && !self.inner.fail_in_pass(self.generation, sequence, error.kind())
-            {
+            let transport = &mut self.transport;
+            if !self.inner.send_in_pass(self.generation, sequence, || transport.send(envelope)) {
                 break;
             }
         }
@@ -992,6 +1062,8 @@ pub struct Attachment<T: 'static, F: Flavor> {
     pub(crate) node: NodeRef<F>,
     pub(crate) generation: Generation,
     pub(crate) cell: EgressCellOf<T, F>,
+    /// What must live while the attachment does (an async cell's timer).
+    pub(crate) _keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl<T: Clone + 'static, F: CellFlavor<T>> Attachment<T, F> {
