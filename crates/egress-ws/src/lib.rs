@@ -40,5 +40,13 @@ mod receiver;
 mod sender;
 
 pub use proxy::{Chaos, ChaosProxy};
+
+/// Drives the receiver's state machine with arbitrary bytes, checking its
+/// invariants after every step (panics if one breaks). For `fuzz/` only.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub fn fuzz_inbox(data: &[u8]) {
+    receiver::fuzz_inbox(data);
+}
 pub use receiver::{AckFaults, AckMode, Content, Delivery, Receiver, ReceiverConfig, ReceiverStats};
 pub use sender::{Sender, SenderConfig, SenderStats, TooLarge, WsTransport};

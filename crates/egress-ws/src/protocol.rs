@@ -146,6 +146,9 @@ pub enum CloseCode {
     /// The receiver asks the producer to connect again and resume from its
     /// welcome (the reference receiver does not send it).
     Retry,
+    /// The receiver is at one of its bounds (the producers it holds);
+    /// connect again after the backoff.
+    Busy,
     /// Another code, kept as received.
     Other(u16),
 }
@@ -161,6 +164,7 @@ impl CloseCode {
             CloseCode::Fenced => 3,
             CloseCode::StaleGeneration => 4,
             CloseCode::Retry => 5,
+            CloseCode::Busy => 6,
             CloseCode::Other(c) => c,
         }
     }
@@ -175,6 +179,7 @@ impl CloseCode {
             3 => CloseCode::Fenced,
             4 => CloseCode::StaleGeneration,
             5 => CloseCode::Retry,
+            6 => CloseCode::Busy,
             c => CloseCode::Other(c),
         }
     }

@@ -439,7 +439,9 @@ async fn connection(
             }
             Frame::Close { code: CloseCode::StaleGeneration, detail, .. } => Err(End::Stale(detail)),
             Frame::Close { code: CloseCode::Retry, .. } => Err(End::Retry),
-            Frame::Close { code: CloseCode::Normal, reason, .. } => Err(End::Lost(format!("refused: {reason}"))),
+            Frame::Close { code: CloseCode::Normal | CloseCode::Busy, reason, .. } => {
+                Err(End::Lost(format!("refused: {reason}")))
+            }
             Frame::Close { code, reason, .. } => Err(End::Protocol(format!("refused: {code:?} {reason}"))),
             other => Err(End::Protocol(format!("expected a welcome, got {other:?}"))),
         }
@@ -488,7 +490,7 @@ async fn connection(
                         break protocol(format!("ack through {through}, but only {sent_through:?} was sent")).await;
                     }
                 }
-                Ok(Frame::Close { code: CloseCode::Normal | CloseCode::Fenced, reason, .. }) => {
+                Ok(Frame::Close { code: CloseCode::Normal | CloseCode::Fenced | CloseCode::Busy, reason, .. }) => {
                     break End::Lost(format!("closed by the receiver: {reason}"));
                 }
                 Ok(Frame::Close { code: CloseCode::Retry, .. }) => break End::Retry,

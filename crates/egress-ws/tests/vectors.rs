@@ -121,6 +121,9 @@ async fn run_receiver_case(case: &Value) {
     if let Some(max) = config.get("max_payload").and_then(Value::as_u64) {
         rc.limits = Limits { max_payload: usize::try_from(max).unwrap() };
     }
+    if let Some(max) = config.get("max_producers").and_then(Value::as_u64) {
+        rc.max_producers = usize::try_from(max).unwrap();
+    }
     let mut receiver = Receiver::bind("127.0.0.1:0", rc).await.unwrap();
     let mut conns = HashMap::new();
     for step in case["steps"].as_array().unwrap() {

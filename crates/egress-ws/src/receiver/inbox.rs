@@ -81,6 +81,21 @@ pub(crate) struct Rules {
     pub(crate) commit_on_take: bool,
     /// Acknowledge once this many commits are unacknowledged.
     pub(crate) ack_every: u64,
+    /// Payload bytes per stream that may wait above a gap.
+    pub(crate) max_buffered_bytes: usize,
+    /// Payload bytes that may wait above gaps, all streams together.
+    pub(crate) max_buffered_bytes_total: usize,
+    /// Payload bytes that may wait for the application (like `queue`: at
+    /// least one delivery always fits, and a filled gap may release its
+    /// stream's buffered frames past it).
+    pub(crate) queue_bytes: usize,
+    /// Producer ids remembered at once; a new one beyond is admitted only
+    /// if an idle one can be forgotten.
+    pub(crate) max_producers: usize,
+    /// How long (in the inbox's time unit, milliseconds) a producer id may
+    /// sit idle (no connection, nothing of its streams waiting for the
+    /// application) before it is forgotten.
+    pub(crate) producer_idle: u64,
 }
 
 /// Counters of what the inbox has seen.
@@ -94,6 +109,20 @@ pub(crate) struct Counts {
     pub(crate) fenced: u64,
     pub(crate) refused: u64,
     pub(crate) released: u64,
+    /// Handshakes refused because the producer table was full of producers
+    /// that could not be forgotten.
+    pub(crate) busy: u64,
+    /// Producer ids forgotten (idle too long, or to make room).
+    pub(crate) evictions: u64,
+}
+
+/// What an inbox holds at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub(crate) producers: usize,
+    pub(crate) buffered_bytes: usize,
+    pub(crate) queued: usize,
+    pub(crate) queued_bytes: usize,
 }
 
 /// What a handshake came to.
@@ -143,11 +172,50 @@ struct Stream {
     /// per delivery the application holds or gave back.
     redo: BTreeSet<u64>,
     buffer: BTreeMap<u64, Content>,
+    /// The payload bytes in `buffer`.
+    buffered_bytes: usize,
+}
+
+/// What a delivery weighs against the byte bounds: its payload.
+pub(crate) fn weight(content: &Content) -> usize {
+    match content {
+        Content::Message(bytes) => bytes.len(),
+        Content::Skipped(_) => 0,
+    }
 }
 
 impl Stream {
     fn new(id: u64, from: u64) -> Self {
-        Stream { id, next: from, committed: from, wanted: from, redo: BTreeSet::new(), buffer: BTreeMap::new() }
+        Stream {
+            id,
+            next: from,
+            committed: from,
+            wanted: from,
+            redo: BTreeSet::new(),
+            buffer: BTreeMap::new(),
+            buffered_bytes: 0,
+        }
+    }
+
+    /// Empties the out-of-order buffer; returns the bytes freed.
+    fn clear_buffer(&mut self) -> usize {
+        self.buffer.clear();
+        std::mem::take(&mut self.buffered_bytes)
+    }
+
+    /// Drops what is buffered below `from`; returns the bytes freed.
+    fn drop_buffered_below(&mut self, from: u64) -> usize {
+        let kept = self.buffer.split_off(&from);
+        let freed: usize = self.buffer.values().map(weight).sum();
+        self.buffer = kept;
+        self.buffered_bytes -= freed;
+        freed
+    }
+
+    /// Whether nothing of the stream waits for the application: everything
+    /// delivered was committed (which covers what is queued or held).
+    fn settled(&self) -> bool {
+        self.committed == self.next && self.redo.is_empty()
     }
 
     /// Raises `committed` as far as the commits and the give-backs allow;
@@ -179,11 +247,20 @@ struct Producer<W> {
     conn: Option<Conn<W>>,
     /// The streams, least recently admitted first.
     streams: Vec<(u128, Stream)>,
+    /// Since when it has been idle (in [`Inbox::idle`]), if it is.
+    idle_since: Option<u64>,
 }
 
 impl<W> Producer<W> {
     fn stream(&mut self, incarnation: u128) -> Option<&mut Stream> {
         self.streams.iter_mut().find(|(i, _)| *i == incarnation).map(|(_, s)| s)
+    }
+
+    /// No connection, and nothing of its streams waits for the application:
+    /// forgetting it loses nothing (its producer holds whatever was not
+    /// acknowledged, and resumes from there).
+    fn idle(&self) -> bool {
+        self.conn.is_none() && self.streams.iter().all(|(_, s)| s.settled())
     }
 }
 
@@ -197,6 +274,13 @@ pub(crate) struct Inbox<W> {
     next_stream: u64,
     /// The receiver is shutting down: no more admissions.
     stopped: bool,
+    /// Idle producers, by when they became idle: the order they are
+    /// forgotten in.
+    idle: BTreeSet<(u64, Arc<str>)>,
+    /// Payload bytes buffered above gaps, all streams together.
+    buffered_bytes: usize,
+    /// Payload bytes in the queue.
+    queued_bytes: usize,
     pub(crate) counts: Counts,
 }
 
@@ -209,12 +293,15 @@ impl<W: Clone> Inbox<W> {
             next_conn: 0,
             next_stream: 0,
             stopped: false,
+            idle: BTreeSet::new(),
+            buffered_bytes: 0,
+            queued_bytes: 0,
             counts: Counts::default(),
         }
     }
 
-    /// A producer's handshake: admits it under `generation` (fencing its
-    /// previous connection) or refuses it.
+    /// A producer's handshake at time `now`: admits it under `generation`
+    /// (fencing its previous connection) or refuses it.
     pub(crate) fn handshake(
         &mut self,
         producer: &Arc<str>,
@@ -222,6 +309,7 @@ impl<W: Clone> Inbox<W> {
         generation: u64,
         resume_from: u64,
         wake: W,
+        now: u64,
     ) -> Admission<W> {
         let rules = self.rules;
         if self.stopped {
@@ -231,12 +319,6 @@ impl<W: Clone> Inbox<W> {
                 reason: "the receiver is shutting down".into(),
             };
         }
-        let entry = self.producers.entry(producer.clone()).or_insert_with(|| Producer {
-            generation: 0,
-            conn: None,
-            streams: Vec::new(),
-        });
-        let known = entry.conn.is_some() || !entry.streams.is_empty();
         if generation >= GENERATION_LIMIT {
             self.counts.refused += 1;
             return Admission::Refused {
@@ -245,25 +327,51 @@ impl<W: Clone> Inbox<W> {
                 reason: format!("generation {generation} is not below 2^63"),
             };
         }
-        if known && generation <= entry.generation {
-            self.counts.refused += 1;
-            return Admission::Refused {
-                code: CloseCode::StaleGeneration,
-                detail: entry.generation,
-                reason: format!("generation {generation} is not above {}", entry.generation),
-            };
+        self.forget_idle(now);
+        let known = self.producers.get(producer).map(|p| (p.conn.is_some() || !p.streams.is_empty(), p.generation));
+        match known {
+            Some((true, latest)) if generation <= latest => {
+                self.counts.refused += 1;
+                return Admission::Refused {
+                    code: CloseCode::StaleGeneration,
+                    detail: latest,
+                    reason: format!("generation {generation} is not above {latest}"),
+                };
+            }
+            // A new producer id: only if there is room, or an idle one to
+            // forget for it.
+            None if self.producers.len() >= rules.max_producers.max(1) && !self.forget_oldest() => {
+                self.counts.busy += 1;
+                return Admission::Refused {
+                    code: CloseCode::Busy,
+                    detail: 0,
+                    reason: format!("{} producers held, none of them idle", self.producers.len()),
+                };
+            }
+            _ => {}
         }
+        let entry = self.producers.entry(producer.clone()).or_insert_with(|| Producer {
+            generation: 0,
+            conn: None,
+            streams: Vec::new(),
+            idle_since: None,
+        });
+        if let Some(since) = entry.idle_since.take() {
+            self.idle.remove(&(since, producer.clone()));
+        }
+        let known = entry.conn.is_some() || !entry.streams.is_empty();
         // Recorded as the latest, but at most MAX_GENERATION_JUMP above the
         // one before: a handshake far above (a squatter's) cannot put the
         // id out of its producer's reach, which follows a stale refusal by
         // at most that much per round trip.
         let floor = if known { entry.generation } else { 0 };
         entry.generation = generation.min(floor.saturating_add(MAX_GENERATION_JUMP));
+        let mut freed = 0;
         let fenced = entry.conn.take().map(|old| {
             self.counts.fenced += 1;
             // The old connection's out-of-order frames go with it.
             if let Some(s) = entry.stream(old.incarnation) {
-                s.buffer.clear();
+                freed += s.clear_buffer();
             }
             old.wake
         });
@@ -281,7 +389,7 @@ impl<W: Clone> Inbox<W> {
         // which no longer holds it: never wait for it.
         if resume_from > stream.next {
             stream.next = resume_from;
-            stream.buffer = stream.buffer.split_off(&resume_from);
+            freed += stream.drop_buffered_below(resume_from);
         }
         if resume_from > stream.wanted {
             stream.wanted = resume_from;
@@ -291,18 +399,67 @@ impl<W: Clone> Inbox<W> {
         let (next, received) = (stream.committed, stream.next);
         entry.streams.push((incarnation, stream));
         let excess = entry.streams.len().saturating_sub(rules.incarnations.max(1));
-        let forgotten: Vec<u64> = entry.streams.drain(..excess).map(|(_, s)| s.id).collect();
-        // What a forgotten stream still had queued goes too: it was never
-        // taken, so never acknowledged, and its producer replays it into the
-        // stream made if it comes back (delivering it twice otherwise).
-        if !forgotten.is_empty() {
-            self.queue.retain(|q| !forgotten.contains(&q.stream));
-        }
+        let forgotten: Vec<Stream> = entry.streams.drain(..excess).map(|(_, s)| s).collect();
         let conn = ConnId(self.next_conn);
         self.next_conn = self.next_conn.wrapping_add(1);
         entry.conn = Some(Conn { id: conn, incarnation, generation, wake, acked: next });
         self.counts.connections += 1;
+        self.buffered_bytes -= freed;
+        self.forget_streams(forgotten);
         Admission::Welcome { conn, next, received, fenced }
+    }
+
+    /// Drops streams no longer remembered: their buffers, and what they
+    /// still had queued (never taken, so never acknowledged: their producer
+    /// replays it into the stream made if it comes back, which would
+    /// deliver it twice otherwise).
+    fn forget_streams(&mut self, streams: Vec<Stream>) {
+        if streams.is_empty() {
+            return;
+        }
+        let ids: Vec<u64> = streams.iter().map(|s| s.id).collect();
+        self.buffered_bytes -= streams.iter().map(|s| s.buffered_bytes).sum::<usize>();
+        let mut dropped = 0;
+        self.queue.retain(|q| {
+            let keep = !ids.contains(&q.stream);
+            if !keep {
+                dropped += weight(&q.content);
+            }
+            keep
+        });
+        self.queued_bytes -= dropped;
+    }
+
+    /// Forgets the producers idle since `producer_idle` or longer before
+    /// `now`.
+    fn forget_idle(&mut self, now: u64) {
+        while let Some((since, _)) = self.idle.first()
+            && since.saturating_add(self.rules.producer_idle) <= now
+        {
+            self.forget_oldest();
+        }
+    }
+
+    /// Forgets the producer idle the longest; returns whether there was one.
+    fn forget_oldest(&mut self) -> bool {
+        let Some((_, producer)) = self.idle.pop_first() else { return false };
+        if let Some(p) = self.producers.remove(&producer) {
+            self.counts.evictions += 1;
+            self.forget_streams(p.streams.into_iter().map(|(_, s)| s).collect());
+            tracing::debug!(%producer, "egress receiver: an idle producer id is forgotten");
+        }
+        true
+    }
+
+    /// Notes that `producer` may have become idle at `now`.
+    fn maybe_idle(&mut self, producer: &Arc<str>, now: u64) {
+        if let Some(p) = self.producers.get_mut(producer)
+            && p.idle_since.is_none()
+            && p.idle()
+        {
+            p.idle_since = Some(now);
+            self.idle.insert((now, producer.clone()));
+        }
     }
 
     /// The current connection of `producer`, if it is `conn`.
@@ -325,7 +482,7 @@ impl<W: Clone> Inbox<W> {
         content: Content,
     ) -> Taken {
         let rules = self.rules;
-        let queue_len = self.queue.len();
+        let (queue_len, queued_bytes, buffered_bytes) = (self.queue.len(), self.queued_bytes, self.buffered_bytes);
         let Some((c, stream)) = self.current(producer, conn) else {
             return Taken::Fenced;
         };
@@ -340,28 +497,44 @@ impl<W: Clone> Inbox<W> {
             self.counts.duplicates += 1;
             return Taken::Duplicate;
         }
+        let size = weight(&content);
         if sequence > stream.next {
-            if stream.buffer.len() >= rules.max_buffered {
+            // Every bound in `usize`, every sum checked: a bound of
+            // `usize::MAX` must not overflow either.
+            let fits = |used: usize, bound: usize| used.checked_add(size).is_some_and(|total| total <= bound);
+            if stream.buffer.len() >= rules.max_buffered
+                || !fits(stream.buffered_bytes, rules.max_buffered_bytes)
+                || !fits(buffered_bytes, rules.max_buffered_bytes_total)
+            {
                 self.counts.overflow += 1;
                 return Taken::Overflow;
             }
             stream.buffer.insert(sequence, content);
+            stream.buffered_bytes += size;
+            self.buffered_bytes += size;
             return Taken::Buffered;
         }
-        if queue_len >= rules.queue {
+        let room = queue_len < rules.queue
+            && (queue_len == 0 || queued_bytes.checked_add(size).is_some_and(|total| total <= rules.queue_bytes));
+        if !room {
             return Taken::Full(content);
         }
         // `sequence == next < u64::MAX`, so `next + 1` cannot overflow, and
         // the buffer holds only sequences above `next`.
         let mut ready = vec![(sequence, content)];
+        let mut released = 0;
         stream.next = sequence + 1;
         while let Some(content) = stream.buffer.remove(&stream.next) {
+            released += weight(&content);
             ready.push((stream.next, content));
             match stream.next.checked_add(1) {
                 Some(n) => stream.next = n,
                 None => break,
             }
         }
+        stream.buffered_bytes -= released;
+        self.buffered_bytes -= released;
+        self.queued_bytes += size + released;
         let count = ready.len();
         for (sequence, content) in ready {
             let (producer, stream) = (producer.clone(), stream_id);
@@ -371,6 +544,7 @@ impl<W: Clone> Inbox<W> {
     }
 
     /// How many deliveries are waiting.
+    #[cfg(test)]
     pub(crate) fn queued(&self) -> usize {
         self.queue.len()
     }
@@ -378,13 +552,14 @@ impl<W: Clone> Inbox<W> {
     /// Hands the oldest delivery to the application; when taking commits,
     /// commits it. Returns the connection to wake for an ack, if one may be
     /// due.
-    pub(crate) fn take(&mut self) -> Option<(Queued, Option<W>)> {
+    pub(crate) fn take(&mut self, now: u64) -> Option<(Queued, Option<W>)> {
         let q = self.queue.pop_front()?;
+        self.queued_bytes -= weight(&q.content);
         self.counts.taken += 1;
         if matches!(q.content, Content::Skipped(_)) {
             self.counts.skipped += 1;
         }
-        let wake = if self.rules.commit_on_take { self.commit(&q) } else { None };
+        let wake = if self.rules.commit_on_take { self.commit(&q, now) } else { None };
         Some((q, wake))
     }
 
@@ -392,9 +567,9 @@ impl<W: Clone> Inbox<W> {
     /// sequence of its stream except those given back and not committed
     /// since (each needs a commit of its own). Returns the connection to
     /// wake when an ack may be due.
-    pub(crate) fn commit(&mut self, q: &Queued) -> Option<W> {
+    pub(crate) fn commit(&mut self, q: &Queued, now: u64) -> Option<W> {
         let sequence = q.sequence;
-        self.update(q, |s| {
+        self.update(q, now, |s| {
             if sequence >= s.next || sequence < s.committed {
                 return None;
             }
@@ -414,7 +589,7 @@ impl<W: Clone> Inbox<W> {
     /// as far as allowed; returns the connection to wake when an ack may
     /// be due (the first commit since its last ack, to start its timer, and
     /// every commit from `ack_every` unacknowledged on).
-    fn update(&mut self, q: &Queued, change: impl FnOnce(&mut Stream) -> Option<()>) -> Option<W> {
+    fn update(&mut self, q: &Queued, now: u64, change: impl FnOnce(&mut Stream) -> Option<()>) -> Option<W> {
         let ack_every = self.rules.ack_every.max(1);
         let p = self.producers.get_mut(&q.producer)?;
         let s = p.stream(q.incarnation).filter(|s| s.id == q.stream)?;
@@ -424,9 +599,16 @@ impl<W: Clone> Inbox<W> {
             return None;
         }
         let after = s.committed;
-        let c = p.conn.as_ref().filter(|c| c.incarnation == q.incarnation)?;
-        let (was, now) = (before.saturating_sub(c.acked), after.saturating_sub(c.acked));
-        (was == 0 || now >= ack_every).then(|| c.wake.clone())
+        let Some(c) = p.conn.as_ref() else {
+            // A producer without a connection may be idle now.
+            self.maybe_idle(&q.producer, now);
+            return None;
+        };
+        if c.incarnation != q.incarnation {
+            return None;
+        }
+        let (was, unacked) = (before.saturating_sub(c.acked), after.saturating_sub(c.acked));
+        (was == 0 || unacked >= ack_every).then(|| c.wake.clone())
     }
 
     /// The application gave back a delivery it took without committing it:
@@ -455,6 +637,7 @@ impl<W: Clone> Inbox<W> {
                 at = i + 1;
             }
         }
+        self.queued_bytes += weight(&q.content);
         self.queue.insert(at, Queued { given_back: q.given_back.saturating_add(1), ..q });
         true
     }
@@ -479,15 +662,28 @@ impl<W: Clone> Inbox<W> {
         self.current(producer, conn).is_some_and(|(c, s)| s.committed > c.acked)
     }
 
-    /// Connection `conn` ended: if it was its producer's current one, its
-    /// out-of-order frames go (the producer replays them).
-    pub(crate) fn closed(&mut self, producer: &str, conn: ConnId) {
+    /// Connection `conn` ended at `now`: if it was its producer's current
+    /// one, its out-of-order frames go (the producer replays them), and the
+    /// producer may be idle.
+    pub(crate) fn closed(&mut self, producer: &Arc<str>, conn: ConnId, now: u64) {
         let Some(p) = self.producers.get_mut(producer) else { return };
         if p.conn.as_ref().is_some_and(|c| c.id == conn) {
             let incarnation = p.conn.take().map(|c| c.incarnation);
             if let Some(s) = incarnation.and_then(|i| p.stream(i)) {
-                s.buffer.clear();
+                self.buffered_bytes -= s.clear_buffer();
             }
+            self.maybe_idle(producer, now);
+            self.forget_idle(now);
+        }
+    }
+
+    /// What the inbox holds now, for the receiver's stats.
+    pub(crate) fn held(&self) -> Held {
+        Held {
+            producers: self.producers.len(),
+            buffered_bytes: self.buffered_bytes,
+            queued: self.queue.len(),
+            queued_bytes: self.queued_bytes,
         }
     }
 
@@ -506,12 +702,188 @@ impl<W: Clone> Inbox<W> {
     }
 }
 
+/// The inbox driven by arbitrary bytes, with its invariants checked after
+/// every step: for cargo-fuzz (`fuzz/fuzz_targets/inbox.rs`, feature
+/// `fuzzing`) and the property test below, which run the same driver.
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod drive {
+    use std::collections::{BTreeSet, HashMap};
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use egress_core::DeadReason;
+
+    use super::{Admission, ConnId, Content, Inbox, Queued, Rules, Taken, weight};
+    use crate::protocol::GENERATION_LIMIT;
+
+    /// What the driver knows of one stream (by its inbox id).
+    #[derive(Default)]
+    struct Seen {
+        /// The highest sequence handed over fresh (not given back before).
+        last_fresh: Option<u64>,
+        /// Given back, not committed since: no ack may cover one.
+        outstanding: BTreeSet<u64>,
+    }
+
+    /// Runs the operations `data` encodes; panics if an invariant breaks.
+    pub(crate) fn run(data: &[u8]) {
+        let mut bytes = data.iter().copied();
+        let mut next = move || bytes.next();
+        let Some(mode) = next() else { return };
+        let rules = Rules {
+            max_buffered: 4,
+            queue: 6,
+            incarnations: 2,
+            commit_on_take: mode & 1 == 0,
+            ack_every: 2,
+            max_buffered_bytes: 40,
+            max_buffered_bytes_total: 100,
+            queue_bytes: 60,
+            max_producers: 3,
+            producer_idle: 50,
+        };
+        let names: [Arc<str>; 4] = ["a".into(), "b".into(), "c".into(), "d".into()];
+        let mut inbox: Inbox<u8> = Inbox::new(rules);
+        let mut now = 0u64;
+        let mut conns: Vec<(Arc<str>, ConnId, u64)> = Vec::new();
+        let mut held: Vec<Queued> = Vec::new();
+        let mut seen: HashMap<u64, Seen> = HashMap::new();
+        while let (Some(op), Some(arg)) = (next(), next()) {
+            let pick = |n: usize| usize::from(arg) % n.max(1);
+            match op % 9 {
+                0 => {
+                    let producer = names[pick(4)].clone();
+                    let generation = match next().unwrap_or(0) {
+                        250 => GENERATION_LIMIT,
+                        251 => u64::MAX,
+                        252 => GENERATION_LIMIT - 1,
+                        g => u64::from(g),
+                    };
+                    let resume_from = match next().unwrap_or(0) {
+                        255 => u64::MAX,
+                        r => u64::from(r % 16),
+                    };
+                    let incarnation = u128::from(arg % 3);
+                    if let Admission::Welcome { conn, next, received, .. } =
+                        inbox.handshake(&producer, incarnation, generation, resume_from, 0, now)
+                    {
+                        assert!(next <= received, "welcome: next {next} above received {received}");
+                        conns.push((producer, conn, generation));
+                    }
+                }
+                1 if !conns.is_empty() => {
+                    let (producer, conn, generation) = conns[pick(conns.len())].clone();
+                    let sequence = match next().unwrap_or(0) {
+                        255 => u64::MAX,
+                        s => u64::from(s % 24),
+                    };
+                    let len = usize::from(next().unwrap_or(0) % 32);
+                    let content = if len == 31 {
+                        Content::Skipped(DeadReason::Replays)
+                    } else {
+                        Content::Message(Bytes::from(vec![0u8; len]))
+                    };
+                    let generation = if op & 0x80 != 0 { generation.wrapping_add(1) } else { generation };
+                    if let Taken::Full(back) = inbox.take_frame(&producer, conn, generation, sequence, content.clone())
+                    {
+                        assert_eq!(back, content, "a refused frame is handed back whole");
+                    }
+                }
+                2 => {
+                    if let Some((q, _)) = inbox.take(now) {
+                        let s = seen.entry(q.stream).or_default();
+                        if q.given_back == 0 {
+                            assert!(s.last_fresh.is_none_or(|l| q.sequence > l), "handed over twice or out of order");
+                            s.last_fresh = Some(q.sequence);
+                        }
+                        if !rules.commit_on_take {
+                            held.push(q);
+                        }
+                    }
+                }
+                3 if !held.is_empty() => {
+                    let q = held.swap_remove(pick(held.len()));
+                    let _ = inbox.commit(&q, now);
+                    seen.entry(q.stream).or_default().outstanding.remove(&q.sequence);
+                }
+                4 if !held.is_empty() => {
+                    let q = held.swap_remove(pick(held.len()));
+                    let (stream, sequence) = (q.stream, q.sequence);
+                    if inbox.release(q) {
+                        seen.entry(stream).or_default().outstanding.insert(sequence);
+                    }
+                }
+                5 if !conns.is_empty() => {
+                    let (producer, conn, _) = conns.swap_remove(pick(conns.len()));
+                    inbox.closed(&producer, conn, now);
+                }
+                6 if !conns.is_empty() => {
+                    let (producer, conn, _) = conns[pick(conns.len())].clone();
+                    if let Some((_, through)) = inbox.poll_ack(&producer, conn, arg & 1 == 0) {
+                        let stream = inbox.producers[&producer].conn.as_ref().map(|c| c.incarnation);
+                        let id = stream.and_then(|i| inbox.producers[&producer].streams.iter().find(|(j, _)| *j == i));
+                        if let Some((_, s)) = id
+                            && let Some(seen) = seen.get(&s.id)
+                        {
+                            assert!(seen.outstanding.range(..=through).next().is_none(), "an ack covers a give-back");
+                        }
+                    }
+                }
+                7 => now = now.saturating_add(u64::from(arg)),
+                _ => {
+                    let _ = inbox.unacked(&names[pick(4)], ConnId(u64::from(arg)));
+                }
+            }
+            check(&inbox, &rules);
+        }
+    }
+
+    /// The inbox's own bookkeeping agrees with what it holds, within its
+    /// bounds.
+    fn check(inbox: &Inbox<u8>, rules: &Rules) {
+        let mut buffered = 0;
+        for p in inbox.producers.values() {
+            assert!(p.streams.len() <= rules.incarnations);
+            for (_, s) in &p.streams {
+                let bytes: usize = s.buffer.values().map(weight).sum();
+                assert_eq!(bytes, s.buffered_bytes, "a stream's buffered bytes");
+                assert!(s.buffer.len() <= rules.max_buffered && bytes <= rules.max_buffered_bytes);
+                assert!(s.buffer.keys().all(|&k| k > s.next), "buffered above next only");
+                assert!(s.committed <= s.next && s.committed <= s.wanted.max(s.committed));
+                assert!(s.redo.iter().all(|&r| r >= s.committed && r < s.next), "give-backs within the stream");
+                buffered += bytes;
+            }
+            assert_eq!(
+                p.idle_since.is_some(),
+                inbox.idle.iter().any(|(_, q)| inbox.producers.get(q).is_some_and(|x| std::ptr::eq(x, p)))
+            );
+        }
+        assert_eq!(buffered, inbox.buffered_bytes, "buffered bytes, all streams");
+        assert!(buffered <= rules.max_buffered_bytes_total);
+        let queued: usize = inbox.queue.iter().map(|q| weight(&q.content)).sum();
+        assert_eq!(queued, inbox.queued_bytes, "queued bytes");
+        assert!(inbox.producers.len() <= rules.max_producers);
+        assert!(inbox.idle.iter().all(|(_, p)| inbox.producers.contains_key(p)), "the idle index names held producers");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn rules() -> Rules {
-        Rules { max_buffered: 4, queue: 8, incarnations: 2, commit_on_take: true, ack_every: 2 }
+        Rules {
+            max_buffered: 4,
+            queue: 8,
+            incarnations: 2,
+            commit_on_take: true,
+            ack_every: 2,
+            max_buffered_bytes: usize::MAX,
+            max_buffered_bytes_total: usize::MAX,
+            queue_bytes: usize::MAX,
+            max_producers: 100,
+            producer_idle: u64::MAX,
+        }
     }
 
     fn msg(i: u64) -> Content {
@@ -519,14 +891,14 @@ mod tests {
     }
 
     fn admit(inbox: &mut Inbox<()>, p: &Arc<str>, inc: u128, g: u64, resume: u64) -> (ConnId, u64, u64) {
-        match inbox.handshake(p, inc, g, resume, ()) {
+        match inbox.handshake(p, inc, g, resume, (), 0) {
             Admission::Welcome { conn, next, received, .. } => (conn, next, received),
             Admission::Refused { reason, .. } => panic!("refused: {reason}"),
         }
     }
 
     fn taken(inbox: &mut Inbox<()>) -> Vec<(u128, u64)> {
-        std::iter::from_fn(|| inbox.take()).map(|(q, _)| (q.incarnation, q.sequence)).collect()
+        std::iter::from_fn(|| inbox.take(0)).map(|(q, _)| (q.incarnation, q.sequence)).collect()
     }
 
     #[test]
@@ -556,7 +928,7 @@ mod tests {
         }
         let _ = taken(&mut inbox);
         // A restarted producer: new incarnation, generation 1.
-        match inbox.handshake(&p, 2, 1, 0, ()) {
+        match inbox.handshake(&p, 2, 1, 0, (), 0) {
             Admission::Refused { code: CloseCode::StaleGeneration, detail, .. } => assert_eq!(detail, 5),
             other => panic!("expected a refusal, got {other:?}"),
         }
@@ -580,7 +952,7 @@ mod tests {
         assert!(matches!(inbox.take_frame(&p, c, g, u64::MAX, msg(0)), Taken::Invalid(_)));
         assert_eq!(inbox.take_frame(&p, c, g, 3, msg(3)), Taken::Duplicate);
         assert!(matches!(inbox.take_frame(&p, c, 1, 3, msg(3)), Taken::Invalid(_)));
-        assert!(matches!(inbox.handshake(&p, 1, u64::MAX, 0, ()), Admission::Refused { .. }));
+        assert!(matches!(inbox.handshake(&p, 1, u64::MAX, 0, (), 0), Admission::Refused { .. }));
         // The last deliverable sequence is u64::MAX - 1.
         let q: Arc<str> = "q".into();
         let (c, ..) = admit(&mut inbox, &q, 1, 1, u64::MAX - 1);
@@ -593,7 +965,7 @@ mod tests {
         let mut inbox = Inbox::new(rules());
         let p: Arc<str> = "p".into();
         for g in [GENERATION_LIMIT, u64::MAX] {
-            match inbox.handshake(&p, 1, g, 0, ()) {
+            match inbox.handshake(&p, 1, g, 0, (), 0) {
                 Admission::Refused { code: CloseCode::Protocol, .. } => {}
                 other => panic!("generation {g}: expected a protocol refusal, got {other:?}"),
             }
@@ -601,7 +973,7 @@ mod tests {
         // A squatter's first handshake far up is admitted, but the latest
         // recorded rises by MAX_GENERATION_JUMP at most...
         admit(&mut inbox, &p, 9, GENERATION_LIMIT - 1, 0);
-        let stale = |inbox: &mut Inbox<()>, g| match inbox.handshake(&p, 1, g, 0, ()) {
+        let stale = |inbox: &mut Inbox<()>, g| match inbox.handshake(&p, 1, g, 0, (), 0) {
             Admission::Refused { code: CloseCode::StaleGeneration, detail, .. } => detail,
             other => panic!("expected a stale refusal, got {other:?}"),
         };
@@ -618,9 +990,9 @@ mod tests {
     fn a_stopped_inbox_admits_nobody() {
         let mut inbox: Inbox<u8> = Inbox::new(rules());
         let p: Arc<str> = "p".into();
-        assert!(matches!(inbox.handshake(&p, 1, 1, 0, 7), Admission::Welcome { .. }));
+        assert!(matches!(inbox.handshake(&p, 1, 1, 0, 7, 0), Admission::Welcome { .. }));
         assert_eq!(inbox.stop(), [7], "the admitted connection is to be closed");
-        match inbox.handshake(&"q".into(), 1, 1, 0, 8) {
+        match inbox.handshake(&"q".into(), 1, 1, 0, 8, 0) {
             Admission::Refused { code: CloseCode::Normal, .. } => {}
             other => panic!("expected a normal refusal, got {other:?}"),
         }
@@ -636,17 +1008,17 @@ mod tests {
         assert_eq!(inbox.take_frame(&p, c, 1, 2, msg(2)), Taken::Full(msg(2)));
         assert_eq!(inbox.take_frame(&p, c, 1, 4, msg(4)), Taken::Buffered);
         assert_eq!(inbox.take_frame(&p, c, 1, 5, msg(5)), Taken::Overflow);
-        let _ = inbox.take();
+        let _ = inbox.take(0);
         assert_eq!(inbox.take_frame(&p, c, 1, 2, msg(2)), Taken::Delivered { count: 1 });
         // The buffer goes with its connection.
-        inbox.closed(&p, c);
+        inbox.closed(&p, c, 0);
         let (c, _, received) = admit(&mut inbox, &p, 1, 2, 0);
         assert_eq!(received, 3);
         assert_eq!(inbox.take_frame(&p, c, 2, 3, msg(3)), Taken::Full(msg(3)));
     }
 
     fn take_all(inbox: &mut Inbox<()>) -> Vec<Queued> {
-        std::iter::from_fn(|| inbox.take().map(|(q, _)| q)).collect()
+        std::iter::from_fn(|| inbox.take(0).map(|(q, _)| q)).collect()
     }
 
     fn again(q: &Queued) -> Queued {
@@ -654,7 +1026,7 @@ mod tests {
     }
 
     fn commit(inbox: &mut Inbox<()>, q: &Queued) -> bool {
-        inbox.commit(q).is_some()
+        inbox.commit(q, 0).is_some()
     }
 
     #[test]
@@ -665,7 +1037,7 @@ mod tests {
         for s in 0..5 {
             let _ = inbox.take_frame(&p, c, 1, s, msg(s));
         }
-        let got: Vec<Queued> = std::iter::from_fn(|| inbox.take().map(|(q, _)| q)).take(3).collect();
+        let got: Vec<Queued> = std::iter::from_fn(|| inbox.take(0).map(|(q, _)| q)).take(3).collect();
         assert_eq!(inbox.poll_ack(&p, c, true), None, "taken is not committed");
         // A commit that jumps (0 and 1 at once) still wakes the connection.
         assert!(commit(&mut inbox, &got[1]), "the first commit since an ack wakes");
@@ -685,7 +1057,7 @@ mod tests {
         for s in 0..6 {
             let _ = inbox.take_frame(&p, c, 1, s, msg(s));
         }
-        let got: Vec<Queued> = std::iter::from_fn(|| inbox.take().map(|(q, _)| q)).take(4).collect();
+        let got: Vec<Queued> = std::iter::from_fn(|| inbox.take(0).map(|(q, _)| q)).take(4).collect();
         // Given back in reverse order (as locals drop when a handler
         // unwinds): both come back, in sequence order, before 4 and 5.
         assert!(inbox.release(again(&got[3])));
@@ -735,6 +1107,21 @@ mod tests {
         assert_eq!(order, [("q".into(), 0), ("p".into(), 0), ("p".into(), 1)]);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 2_000,
+            failure_persistence: None,
+            rng_algorithm: proptest::test_runner::RngAlgorithm::ChaCha,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+        /// The fuzz target's driver, on random bytes (seeded by proptest's
+        /// default seed for this test, so the same cases every run).
+        #[test]
+        fn any_sequence_of_operations_keeps_the_inbox_consistent(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            super::drive::run(&data);
+        }
+    }
+
     #[test]
     fn a_forgotten_stream_takes_its_queue_and_its_give_backs_with_it() {
         let mut inbox = Inbox::new(Rules { commit_on_take: false, incarnations: 1, ..rules() });
@@ -743,7 +1130,7 @@ mod tests {
         for s in 0..3 {
             let _ = inbox.take_frame(&p, c, 1, s, msg(s));
         }
-        let held = inbox.take().expect("queued").0;
+        let held = inbox.take(0).expect("queued").0;
         // Incarnation 2 pushes 1 out (one remembered); its queue goes.
         admit(&mut inbox, &p, 2, 2, 0);
         assert_eq!(inbox.queued(), 0, "nothing of a forgotten stream is delivered");
@@ -751,7 +1138,7 @@ mod tests {
         let (c, next, _) = admit(&mut inbox, &p, 1, 3, 1);
         assert_eq!(next, 1);
         assert!(!inbox.release(again(&held)), "a give-back of the old stream is void");
-        assert!(inbox.commit(&held).is_none(), "and so is its commit");
+        assert!(inbox.commit(&held, 0).is_none(), "and so is its commit");
         for s in 1..3 {
             let _ = inbox.take_frame(&p, c, 3, s, msg(s));
         }

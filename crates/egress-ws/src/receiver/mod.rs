@@ -7,9 +7,14 @@
 
 mod inbox;
 
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_inbox(data: &[u8]) {
+    inbox::drive::run(data);
+}
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -61,11 +66,41 @@ pub struct ReceiverConfig {
     /// beyond that they are dropped (the producer's replay brings them
     /// back). They are dropped too when their connection ends.
     pub max_buffered: usize,
+    /// How many payload bytes per stream may wait out of order (beyond,
+    /// dropped like frames beyond `max_buffered`).
+    pub max_buffered_bytes: usize,
+    /// How many payload bytes may wait out of order, all streams together.
+    pub max_buffered_bytes_total: usize,
     /// How many deliveries may wait for the application in
     /// [`Receiver::recv`]. When it is full, the receiver stops reading the
     /// producers' connections (and their windows fill): backpressure, not
     /// memory growth. It keeps the connections alive meanwhile.
     pub delivery_buffer: usize,
+    /// How many payload bytes may wait for the application (as
+    /// `delivery_buffer`; one delivery always fits, and a filled gap may
+    /// release up to a stream's buffered bytes past it).
+    pub delivery_buffer_bytes: usize,
+    /// How many TCP connections may be open at once (upgrading, handshaking
+    /// or admitted). Beyond, a new one is answered `503 Service
+    /// Unavailable` and closed at once.
+    pub max_connections: usize,
+    /// How long an admitted connection may go without a message from its
+    /// producer (a frame, or the pong to the receiver's keepalive ping)
+    /// while the receiver reads it, and how long any write to it may take;
+    /// then the receiver closes it. (While the delivery buffer is full the
+    /// receiver does not read, and does not count.) A frame must arrive
+    /// whole within it.
+    pub idle_timeout: Duration,
+    /// How many producer ids the receiver remembers at once. A new one
+    /// beyond is admitted only if an idle one (no connection, nothing
+    /// waiting for the application) can be forgotten; otherwise it is
+    /// refused with close code 6 (Busy).
+    pub max_producers: usize,
+    /// How long a producer id may sit idle before it is forgotten. A
+    /// forgotten producer is admitted again like a new one: its streams
+    /// resume where its handshake says (at-least-once for what it had
+    /// delivered but not yet seen acknowledged).
+    pub producer_idle: Duration,
     /// Decoding limits, and the payload limit the welcome announces.
     pub limits: Limits,
     /// How long a new TCP connection has to complete the WebSocket upgrade
@@ -90,7 +125,14 @@ impl Default for ReceiverConfig {
             ack_every: 32,
             ack_interval: Duration::from_millis(5),
             max_buffered: 4_096,
+            max_buffered_bytes: 8 << 20,
+            max_buffered_bytes_total: 64 << 20,
             delivery_buffer: 65_536,
+            delivery_buffer_bytes: 64 << 20,
+            max_connections: 1_024,
+            idle_timeout: Duration::from_secs(10),
+            max_producers: 10_000,
+            producer_idle: Duration::from_secs(600),
             limits: Limits::default(),
             handshake_timeout: Duration::from_secs(5),
             keepalive: Duration::from_secs(1),
@@ -154,7 +196,8 @@ impl Receipt {
     fn commit(mut self) {
         let Some(q) = self.queued.take() else { return };
         if let Some(shared) = self.shared.upgrade() {
-            let wake = shared.inbox.lock().commit(&q);
+            let now = shared.now();
+            let wake = shared.inbox.lock().commit(&q, now);
             if let Some(signal) = wake {
                 signal.notify.notify_one();
             }
@@ -226,6 +269,28 @@ pub struct ReceiverStats {
     pub rejected: u64,
     /// Deliveries given back uncommitted (each handed over again).
     pub released: u64,
+    /// TCP connections open now.
+    pub open_connections: usize,
+    /// Connections answered 503 because `max_connections` were open.
+    pub refused_capacity: u64,
+    /// Handshakes refused as Busy: `max_producers` held, none idle.
+    pub refused_busy: u64,
+    /// Connections closed because nothing came in time: no upgrade and
+    /// handshake within `handshake_timeout`.
+    pub handshake_timeouts: u64,
+    /// Admitted connections closed for silence or a write that did not
+    /// complete, within `idle_timeout`.
+    pub idle_closed: u64,
+    /// Producer ids held now.
+    pub producers: usize,
+    /// Producer ids forgotten so far.
+    pub evictions: u64,
+    /// Payload bytes waiting out of order now.
+    pub bytes_buffered: usize,
+    /// Deliveries, and their payload bytes, waiting for the application now.
+    pub queued: usize,
+    /// (See `queued`.)
+    pub bytes_queued: usize,
 }
 
 /// How the receiver signals one connection's task.
@@ -246,10 +311,22 @@ struct Shared {
     /// Bumped when the queue had been full and an entry left it.
     space: watch::Sender<u64>,
     /// Connections refused before admission (protocol, version, timeout).
-    rejected: std::sync::atomic::AtomicU64,
+    rejected: AtomicU64,
+    /// When the receiver started: the inbox's time is milliseconds since.
+    started: Instant,
+    /// TCP connections open now.
+    open: AtomicUsize,
+    refused_capacity: AtomicU64,
+    handshake_timeouts: AtomicU64,
+    idle_closed: AtomicU64,
 }
 
 impl Shared {
+    /// The inbox's time: milliseconds since the receiver started.
+    fn now(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
     fn stop_all(&self) {
         for signal in self.inbox.lock().stop() {
             signal.stop.store(true, Ordering::Release);
@@ -306,13 +383,23 @@ impl Receiver {
             incarnations: config.incarnations_per_producer.max(1),
             commit_on_take: config.ack_mode == AckMode::OnTake,
             ack_every: u64::try_from(config.ack_every.max(1)).unwrap_or(u64::MAX),
+            max_buffered_bytes: config.max_buffered_bytes,
+            max_buffered_bytes_total: config.max_buffered_bytes_total,
+            queue_bytes: config.delivery_buffer_bytes,
+            max_producers: config.max_producers.max(1),
+            producer_idle: u64::try_from(config.producer_idle.as_millis()).unwrap_or(u64::MAX),
         };
         let shared = Arc::new(Shared {
             config,
             inbox: Mutex::new(Inbox::new(rules)),
             ready: Notify::new(),
             space: watch::Sender::new(0),
-            rejected: std::sync::atomic::AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            started: Instant::now(),
+            open: AtomicUsize::new(0),
+            refused_capacity: AtomicU64::new(0),
+            handshake_timeouts: AtomicU64::new(0),
+            idle_closed: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Receiver { local_addr, shared, accept })
@@ -339,16 +426,13 @@ impl Receiver {
 
     /// A delivery if one is ready.
     pub fn try_recv(&mut self) -> Option<Delivery> {
-        let (q, wake, freed) = {
-            let mut inbox = self.shared.inbox.lock();
-            let was_full = inbox.queued() >= self.shared.config.delivery_buffer.max(1);
-            let (q, wake) = inbox.take()?;
-            (q, wake, was_full)
-        };
+        let now = self.shared.now();
+        let (q, wake) = self.shared.inbox.lock().take(now)?;
         if let Some(signal) = wake {
             signal.notify.notify_one();
         }
-        if freed {
+        // Connections waiting for room (by count or by bytes) try again.
+        if self.shared.space.receiver_count() > 0 {
             self.shared.space.send_modify(|v| *v = v.wrapping_add(1));
         }
         Some(self.delivery(q))
@@ -381,7 +465,11 @@ impl Receiver {
 
     /// What it has seen so far.
     pub fn stats(&self) -> ReceiverStats {
-        let c = self.shared.inbox.lock().counts;
+        let (c, held) = {
+            let inbox = self.shared.inbox.lock();
+            (inbox.counts, inbox.held())
+        };
+        let s = &self.shared;
         ReceiverStats {
             delivered: c.taken,
             skipped: c.skipped,
@@ -389,8 +477,18 @@ impl Receiver {
             overflow: c.overflow,
             connections: c.connections,
             fenced: c.fenced,
-            rejected: c.refused + self.shared.rejected.load(Ordering::Relaxed),
+            rejected: c.refused + s.rejected.load(Ordering::Relaxed),
             released: c.released,
+            open_connections: s.open.load(Ordering::Relaxed),
+            refused_capacity: s.refused_capacity.load(Ordering::Relaxed),
+            refused_busy: c.busy,
+            handshake_timeouts: s.handshake_timeouts.load(Ordering::Relaxed),
+            idle_closed: s.idle_closed.load(Ordering::Relaxed),
+            producers: held.producers,
+            evictions: c.evictions,
+            bytes_buffered: held.buffered_bytes,
+            queued: held.queued,
+            bytes_queued: held.queued_bytes,
         }
     }
 
@@ -416,9 +514,21 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
+                if shared.open.load(Ordering::Acquire) >= shared.config.max_connections.max(1) {
+                    // No task, no wait: the answer fits a fresh socket's
+                    // buffer, and the socket closes when it drops.
+                    let _ = stream.try_write(
+                        b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+                    );
+                    shared.refused_capacity.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(%peer, "egress receiver: at its connection bound, a connection refused");
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
+                shared.open.fetch_add(1, Ordering::AcqRel);
                 let shared = shared.clone();
                 tokio::spawn(async move {
+                    let _open = Open(&shared);
                     if let Err(e) = serve(stream, &shared).await {
                         tracing::warn!(%peer, error = %e, "egress receiver closed a connection");
                     }
@@ -432,6 +542,15 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// Counts a connection open for as long as its task lives.
+struct Open<'a>(&'a Shared);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Why a connection ended badly.
 #[derive(Debug, thiserror::Error)]
 enum ServeError {
@@ -439,22 +558,39 @@ enum ServeError {
     Ws(#[from] tokio_tungstenite::tungstenite::Error),
     #[error("protocol: {0}")]
     Protocol(String),
+    #[error("{0}")]
+    Timeout(&'static str),
 }
 
 type Ws = tokio_tungstenite::WebSocketStream<TcpStream>;
 
-/// Sends a close frame and closes.
+/// Sends a close frame and closes, giving up after a second (a peer that
+/// does not read must not hold the task).
 async fn close(ws: &mut Ws, code: CloseCode, detail: u64, reason: impl Into<String>) {
     let frame = Frame::Close { code, detail, reason: reason.into() };
-    let _ = ws.send(Message::Binary(frame.encode())).await;
-    let _ = ws.close(None).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = ws.send(Message::Binary(frame.encode())).await;
+        let _ = ws.close(None).await;
+    })
+    .await;
+}
+
+/// Sends `message`, or fails if it takes longer than `limit` (a peer that
+/// does not read).
+async fn send_within(ws: &mut Ws, message: Message, limit: Duration) -> Result<(), ServeError> {
+    match tokio::time::timeout(limit, ws.send(message)).await {
+        Ok(sent) => sent.map_err(ServeError::Ws),
+        Err(_) => Err(ServeError::Timeout("a write to the producer did not complete in time")),
+    }
 }
 
 /// Reads the next binary message as a frame; `Ok(None)` when the peer
-/// closed.
-async fn next_frame(ws: &mut Ws, limits: Limits) -> Result<Option<Frame>, FrameError> {
+/// closed. Anything heard (pings and pongs included) is noted in `heard`.
+async fn next_frame(ws: &mut Ws, limits: Limits, heard: &mut Instant) -> Result<Option<Frame>, FrameError> {
     loop {
-        match ws.next().await {
+        let message = ws.next().await;
+        *heard = Instant::now();
+        match message {
             None | Some(Ok(Message::Close(_))) => return Ok(None),
             Some(Ok(Message::Binary(bytes))) => {
                 return Frame::decode(&bytes, limits).map(Some).map_err(FrameError::Decode);
@@ -512,7 +648,8 @@ struct Admitted<'a> {
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
-        self.shared.inbox.lock().closed(&self.producer, self.conn);
+        let now = self.shared.now();
+        self.shared.inbox.lock().closed(&self.producer, self.conn, now);
     }
 }
 
@@ -522,7 +659,7 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
     // The upgrade and the handshake, within one timeout from accept.
     let opened = tokio::time::timeout(config.handshake_timeout, async {
         let mut ws = tokio_tungstenite::accept_async_with_config(stream, Some(ws_config(config.limits))).await?;
-        let first = next_frame(&mut ws, config.limits).await;
+        let first = next_frame(&mut ws, config.limits, &mut Instant::now()).await;
         Ok::<_, ServeError>((ws, first))
     })
     .await;
@@ -534,7 +671,8 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
         }
         Err(_) => {
             refused();
-            return Err(ServeError::Protocol("no handshake in time".into()));
+            shared.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
+            return Err(ServeError::Timeout("no upgrade and handshake in time"));
         }
     };
     let first = match first {
@@ -555,7 +693,8 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
     };
     let producer: Arc<str> = producer.into();
     let signal = Arc::new(Signal::default());
-    let admission = shared.inbox.lock().handshake(&producer, incarnation, generation, resume_from, signal.clone());
+    let now = shared.now();
+    let admission = shared.inbox.lock().handshake(&producer, incarnation, generation, resume_from, signal.clone(), now);
     let (conn, next, received) = match admission {
         Admission::Welcome { conn, next, received, fenced } => {
             if let Some(old) = fenced {
@@ -565,6 +704,9 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
             (conn, next, received)
         }
         Admission::Refused { code, detail, reason } => {
+            if code == CloseCode::Busy {
+                tracing::info!(%producer, "egress receiver: at its producer bound, a handshake refused");
+            }
             close(&mut ws, code, detail, reason.clone()).await;
             return Err(ServeError::Protocol(reason));
         }
@@ -574,7 +716,8 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
         max_payload: u32::try_from(config.limits.max_payload).unwrap_or(u32::MAX),
         keepalive_ms: u32::try_from(config.keepalive.as_millis()).unwrap_or(u32::MAX),
     };
-    ws.send(Message::Binary(Frame::Welcome { generation, next, received, terms }.encode())).await?;
+    let welcome = Message::Binary(Frame::Welcome { generation, next, received, terms }.encode());
+    send_within(&mut ws, welcome, config.idle_timeout).await?;
     Connection { shared, ws, signal, admitted, generation, acks: Acks::new(config, generation) }.run().await
 }
 
@@ -606,10 +749,14 @@ impl Connection<'_> {
         let mut keepalive = tokio::time::interval(config.keepalive.max(Duration::from_millis(1)));
         keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sent = Instant::now();
+        // When the producer was last heard: a frame, a ping or a pong.
+        let mut heard = Instant::now();
+        let idle = config.idle_timeout;
         loop {
             let deadline = self.acks.deadline();
+            let silent_at = heard + idle;
             let step = tokio::select! {
-                frame = next_frame(&mut self.ws, config.limits), if waiting.is_none() => match frame {
+                frame = next_frame(&mut self.ws, config.limits, &mut heard), if waiting.is_none() => match frame {
                     Ok(Some(frame)) => self.frame(frame, &mut space, &mut waiting),
                     Ok(None) => return Ok(()),
                     Err(e) => {
@@ -625,13 +772,24 @@ impl Connection<'_> {
                         return Ok(());
                     }
                     let (sequence, content) = waiting.take().expect("invariant broken: waiting checked above");
-                    self.offer(sequence, content, &mut space, &mut waiting)
+                    let step = self.offer(sequence, content, &mut space, &mut waiting);
+                    if waiting.is_none() {
+                        // Reading again: silence counts from now.
+                        heard = Instant::now();
+                    }
+                    step
                 }
                 () = self.signal.notify.notified() => self.signalled().await,
                 () = sleep_until(deadline) => Step::Ack,
+                () = tokio::time::sleep_until(silent_at), if waiting.is_none() => {
+                    self.shared.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(producer = %self.admitted.producer, "egress receiver: a silent connection closed");
+                    close(&mut self.ws, CloseCode::Normal, 0, "nothing heard in time").await;
+                    return Err(ServeError::Timeout("nothing heard from the producer in time"));
+                }
                 _ = keepalive.tick() => {
                     if last_sent.elapsed() >= config.keepalive {
-                        self.ws.send(Message::Ping(Bytes::new())).await?;
+                        self.send(Message::Ping(Bytes::new())).await?;
                         last_sent = Instant::now();
                     }
                     Step::Go
@@ -650,11 +808,21 @@ impl Connection<'_> {
             let due = self.acks.due(Instant::now(), self.shared, &self.admitted);
             if !due.is_empty() {
                 for frame in due {
-                    self.ws.send(Message::Binary(frame.encode())).await?;
+                    self.send(Message::Binary(frame.encode())).await?;
                 }
                 last_sent = Instant::now();
             }
         }
+    }
+
+    /// Sends within `idle_timeout`, or ends the connection (counted).
+    async fn send(&mut self, message: Message) -> Result<(), ServeError> {
+        let sent = send_within(&mut self.ws, message, self.shared.config.idle_timeout).await;
+        if matches!(sent, Err(ServeError::Timeout(_))) {
+            self.shared.idle_closed.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(producer = %self.admitted.producer, "egress receiver: a connection that does not read closed");
+        }
+        sent
     }
 
     fn frame(&mut self, frame: Frame, space: &mut watch::Receiver<u64>, waiting: &mut Option<(u64, Content)>) -> Step {

@@ -1,0 +1,305 @@
+#![allow(clippy::unwrap_used)]
+//! Every resource of the receiver is bounded, every timeout starts when it
+//! must, and a hostile peer takes nothing from the others: connections that
+//! never upgrade or go silent, a connection cap, out-of-order and queued
+//! bytes, the producer table, a resume point above a buffer. Each test
+//! asserts the bound through the receiver's own counters, and that a
+//! well-behaved producer still delivers exactly once and in order.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{LIMIT, drained, next_frame, payload, policy, receive_in_order, sender_config};
+use egress_reactive::{AsyncContext, AsyncEgressCell};
+use egress_ws::protocol::{CloseCode, Frame};
+use egress_ws::{Content, Receiver, ReceiverConfig, ReceiverStats, Sender};
+use futures_util::SinkExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+
+type Client = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
+
+fn send(frame: Frame) -> Message {
+    Message::Binary(frame.encode())
+}
+
+/// Waits until `ok(stats)` holds, polling the receiver's counters.
+async fn until(receiver: &Receiver, what: &str, ok: impl Fn(&ReceiverStats) -> bool) -> ReceiverStats {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let stats = receiver.stats();
+        if ok(&stats) {
+            return stats;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether the peer closed `stream` (a read sees the end, or an error).
+async fn closed(stream: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 512];
+    loop {
+        match tokio::time::timeout(LIMIT, stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// A raw producer `name`, admitted at `generation`.
+async fn producer(receiver: &Receiver, name: &str, generation: u64, resume_from: u64) -> Client {
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}", receiver.local_addr())).await.unwrap();
+    let hello = Frame::Handshake { producer: name.into(), incarnation: 1, generation, resume_from };
+    ws.send(send(hello)).await.unwrap();
+    match next_frame(&mut ws).await {
+        Some(Frame::Welcome { .. }) => ws,
+        other => panic!("{name}: expected a welcome, got {other:?}"),
+    }
+}
+
+fn data(generation: u64, sequence: u64, payload: Bytes) -> Message {
+    send(Frame::Data { generation, sequence, attempt: 1, payload })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_upgrade_are_closed_at_the_handshake_timeout() {
+    let config = ReceiverConfig { handshake_timeout: Duration::from_millis(300), ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let addr = receiver.local_addr();
+    // 40 that send nothing, 10 half an HTTP request.
+    let mut idle = Vec::new();
+    for i in 0..50 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        if i % 5 == 0 {
+            s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        }
+        idle.push(s);
+    }
+    // Meanwhile a real producer delivers.
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(1));
+    cell.enqueue_all((0..20).map(payload));
+    receive_in_order(&mut receiver, 0, 20).await;
+    drained(&cell, 20).await;
+    let stats = until(&receiver, "the idle ones closed", |s| s.handshake_timeouts >= 50).await;
+    assert_eq!(stats.open_connections, 1, "only the producer's is left: {stats:?}");
+    for s in &mut idle {
+        assert!(closed(s).await, "the receiver closed it");
+    }
+    sender.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cap_answers_503_and_the_timeouts_free_it() {
+    let config = ReceiverConfig {
+        max_connections: 8,
+        handshake_timeout: Duration::from_millis(300),
+        ..ReceiverConfig::default()
+    };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let addr = receiver.local_addr();
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(TcpStream::connect(addr).await.unwrap());
+    }
+    until(&receiver, "8 open", |s| s.open_connections == 8).await;
+    let mut ninth = TcpStream::connect(addr).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(LIMIT, ninth.read_to_end(&mut answer)).await.unwrap().unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 503"), "{:?}", String::from_utf8_lossy(&answer));
+    assert_eq!(receiver.stats().refused_capacity, 1);
+    // The idle ones time out; a real producer gets in.
+    until(&receiver, "the idle ones closed", |s| s.open_connections == 0).await;
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(2));
+    cell.enqueue_all((0..10).map(payload));
+    receive_in_order(&mut receiver, 0, 10).await;
+    drained(&cell, 10).await;
+    sender.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_half_sent_connections_are_closed_at_the_idle_timeout() {
+    let config = ReceiverConfig {
+        idle_timeout: Duration::from_millis(400),
+        keepalive: Duration::from_millis(100),
+        ..ReceiverConfig::default()
+    };
+    let receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    // One admitted and then silent (it never reads, so never answers a
+    // ping); one that sends half a frame and stops.
+    let silent = producer(&receiver, "silent", 1, 0).await;
+    let mut half = producer(&receiver, "half", 1, 0).await;
+    let tcp = match half.get_mut() {
+        tokio_tungstenite::MaybeTlsStream::Plain(tcp) => tcp,
+        _ => unreachable!("plain TCP"),
+    };
+    // A masked binary frame header announcing 126 bytes, then 3 of them.
+    tcp.write_all(&[0x82, 0x80 | 126, 0x00, 126, 1, 2, 3, 4, 9, 9, 9]).await.unwrap();
+    let stats = until(&receiver, "both closed", |s| s.idle_closed >= 2).await;
+    assert_eq!(stats.open_connections, 0, "{stats:?}");
+    drop((silent, half));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_slower_than_the_idle_timeout_is_not_a_silent_producer() {
+    // The delivery buffer fills and the receiver stops reading: that
+    // silence is the receiver's, not the producer's, and does not count.
+    let config = ReceiverConfig {
+        idle_timeout: Duration::from_millis(300),
+        keepalive: Duration::from_millis(100),
+        delivery_buffer: 4,
+        ..ReceiverConfig::default()
+    };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(3));
+    cell.enqueue_all((0..40).map(payload));
+    until(&receiver, "the buffer full", |s| s.queued == 4).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    receive_in_order(&mut receiver, 0, 40).await;
+    drained(&cell, 40).await;
+    let stats = sender.shutdown().await;
+    assert_eq!((receiver.stats().idle_closed, stats.reconnects), (0, 0), "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_bytes_are_bounded_and_go_with_their_connection() {
+    let config = ReceiverConfig {
+        max_buffered_bytes: 64 << 10,
+        max_buffered_bytes_total: 128 << 10,
+        ..ReceiverConfig::default()
+    };
+    let receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let big = Bytes::from(vec![7u8; 32 << 10]);
+    let mut clients = Vec::new();
+    for p in 0..4 {
+        let mut ws = producer(&receiver, &format!("p{p}"), 1, 0).await;
+        // Sequence 0 never comes: everything waits above the gap.
+        for sequence in 1..=8 {
+            ws.send(data(1, sequence, big.clone())).await.unwrap();
+        }
+        clients.push(ws);
+    }
+    let stats =
+        until(&receiver, "every frame seen", |s| s.overflow + (s.bytes_buffered / (32 << 10)) as u64 >= 32).await;
+    assert!(stats.bytes_buffered <= 128 << 10, "{stats:?}");
+    assert!(stats.overflow >= 32 - 4, "{stats:?}");
+    drop(clients);
+    let stats = until(&receiver, "freed", |s| s.open_connections == 0).await;
+    assert_eq!(stats.bytes_buffered, 0, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_bytes_are_bounded() {
+    let config = ReceiverConfig { delivery_buffer_bytes: 100 << 10, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let big = |i: u64| Bytes::from(vec![u8::try_from(i).unwrap(); 32 << 10]);
+    let mut ws = producer(&receiver, "p", 1, 0).await;
+    tokio::spawn(async move {
+        for sequence in 0..20 {
+            if ws.send(data(1, sequence, big(sequence))).await.is_err() {
+                return;
+            }
+        }
+        // Keep the connection while the application catches up.
+        while next_frame(&mut ws).await.is_some() {}
+    });
+    let stats = until(&receiver, "the buffer full", |s| s.queued >= 3).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stats_later = receiver.stats();
+    assert!(stats_later.bytes_queued <= 100 << 10, "{stats:?} {stats_later:?}");
+    for i in 0..20 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        assert_eq!((d.sequence, d.content), (i, Content::Message(big(i))));
+        assert!(receiver.stats().bytes_queued <= 100 << 10);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_producer_table_is_bounded_and_idle_ids_are_forgotten() {
+    let config =
+        ReceiverConfig { max_producers: 5, producer_idle: Duration::from_millis(200), ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let url = format!("ws://{}", receiver.local_addr());
+    let mut held = Vec::new();
+    for p in 0..5 {
+        held.push(producer(&receiver, &format!("p{p}"), 1, 0).await);
+    }
+    // A sixth while all five are connected: refused as busy.
+    let (mut sixth, _) = tokio_tungstenite::connect_async(url.clone()).await.unwrap();
+    sixth
+        .send(send(Frame::Handshake { producer: "p5".into(), incarnation: 1, generation: 1, resume_from: 0 }))
+        .await
+        .unwrap();
+    match next_frame(&mut sixth).await {
+        Some(Frame::Close { code: CloseCode::Busy, .. }) => {}
+        other => panic!("expected a busy refusal, got {other:?}"),
+    }
+    assert_eq!(receiver.stats().refused_busy, 1);
+    // They leave; each is idle (nothing waits for the application), so a
+    // new id takes the place of the one idle the longest...
+    drop(held);
+    until(&receiver, "all gone", |s| s.open_connections == 0).await;
+    let _p5 = producer(&receiver, "p5", 1, 0).await;
+    let stats = receiver.stats();
+    assert_eq!((stats.producers, stats.evictions), (5, 1), "{stats:?}");
+    // ...and after the idle time every idle one goes at the next change.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let _p6 = producer(&receiver, "p6", 1, 0).await;
+    let stats = receiver.stats();
+    assert_eq!((stats.producers, stats.evictions), (2, 5), "{stats:?}");
+    // A forgotten id is admitted like a new one, from its resume point.
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender =
+        Sender::spawn(cell.clone(), url, egress_ws::SenderConfig { producer: "p0".into(), ..sender_config(4) });
+    cell.enqueue_all((0..5).map(payload));
+    for i in 0..5 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        assert_eq!((&*d.producer, d.sequence), ("p0", i));
+    }
+    drained(&cell, 5).await;
+    sender.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_point_above_a_gap_does_not_wedge_the_stream() {
+    // 0..9 delivered, 20..29 buffered above the gap; the producer
+    // reconnects saying it holds nothing below 20. The stream resumes at
+    // 20, its resend of 20..29 is delivered, and acknowledged.
+    let config = ReceiverConfig { ack_every: 1, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let mut first = producer(&receiver, "p", 1, 0).await;
+    for sequence in (0..10).chain(20..30) {
+        first.send(data(1, sequence, payload(sequence))).await.unwrap();
+    }
+    for i in 0..10 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        assert_eq!(d.sequence, i);
+    }
+    let mut second = producer(&receiver, "p", 2, 20).await;
+    for sequence in 20..30 {
+        second.send(data(2, sequence, payload(sequence))).await.unwrap();
+    }
+    for i in 20..30 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        assert_eq!((d.sequence, d.content), (i, Content::Message(payload(i))));
+    }
+    loop {
+        match next_frame(&mut second).await {
+            Some(Frame::Ack { through: 29, .. }) => break,
+            Some(Frame::Ack { .. }) => {}
+            other => panic!("expected acks up to 29, got {other:?}"),
+        }
+    }
+    drop(first);
+}
