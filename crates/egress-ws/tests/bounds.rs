@@ -303,3 +303,22 @@ async fn a_resume_point_above_a_gap_does_not_wedge_the_stream() {
     }
     drop(first);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_out_of_generations_stops_its_sender_without_a_panic_or_a_loop() {
+    let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let cx = AsyncContext::new();
+    let options = egress_reactive::CellOptions::new().generation(egress_core::Generation(u64::MAX));
+    let cell = AsyncEgressCell::with_options(&cx, policy(), options);
+    cell.enqueue_all((0..3).map(payload));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(5));
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while sender.failure().is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", sender.stats());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = sender.stats();
+    assert_eq!((stats.connections, stats.failed_attempts), (0, 0), "it never connected: {stats:?}");
+    assert_eq!(receiver.stats().connections, 0);
+    assert_eq!(cell.pending_len().get_untracked(), 3, "nothing lost");
+}
