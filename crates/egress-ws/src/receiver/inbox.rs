@@ -768,6 +768,15 @@ pub(crate) mod drive {
                         inbox.handshake(&producer, incarnation, generation, resume_from, 0, now)
                     {
                         assert!(next <= received, "welcome: next {next} above received {received}");
+                        // The producer says everything below `resume_from`
+                        // was acknowledged: give-backs there are covered by
+                        // its word, not by a commit.
+                        let stream = inbox.producers[&producer].streams.iter().find(|(i, _)| *i == incarnation);
+                        if let Some((_, s)) = stream
+                            && let Some(seen) = seen.get_mut(&s.id)
+                        {
+                            seen.outstanding = seen.outstanding.split_off(&resume_from);
+                        }
                         conns.push((producer, conn, generation));
                     }
                 }
@@ -1120,6 +1129,27 @@ mod tests {
         fn any_sequence_of_operations_keeps_the_inbox_consistent(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
             super::drive::run(&data);
         }
+    }
+
+    /// The fuzzer's first find, a flaw of the driver's model: a handshake
+    /// whose `resume_from` is above a give-back covers it (the producer
+    /// says it was acknowledged), and an ack may then cover it too.
+    #[test]
+    fn the_driver_lets_a_resume_point_cover_a_give_back() {
+        super::drive::run(&[
+            1, // commit on `commit`, not on take
+            0, 0, 1, 0, // a, incarnation 0, generation 1, from 0
+            1, 0, 0, 1, // frame 0
+            2, 0, // take it
+            4, 0, // give it back
+            0, 0, 2, 1, // a again, generation 2, from 1
+            1, 1, 1, 1, // frame 1 on the new connection
+            2, 0, // take 0 again (given back)
+            2, 0, // take 1
+            3, 1, // commit 1 only
+            5, 0, // the first connection ends
+            6, 0, // ack, forced: covers 0 and 1
+        ]);
     }
 
     #[test]
