@@ -111,13 +111,15 @@ impl<F: CellFlavor<Value>> ShellSession<F> {
             Projection::Exhausted => c.exhausted(),
             Projection::Generation => c.generation(),
             Projection::Received => c.received_through(),
+            Projection::Durable => c.durable_through(),
+            Projection::PersistError => c.persist_error(),
         }
     }
 
     /// How many times each reader has run, reading each first (so a dirty
     /// reader runs now).
-    fn revisions(&self) -> Result<[u32; 8], String> {
-        let mut out = [0; 8];
+    fn revisions(&self) -> Result<[u32; 10], String> {
+        let mut out = [0; 10];
         for (i, p) in Projection::ALL.iter().enumerate() {
             self.state_of(*p)?;
             out[i] = self.reader(*p).runs();
@@ -144,6 +146,8 @@ impl<F: CellFlavor<Value>> ShellSession<F> {
             Projection::Exhausted => json!(read(c.exhausted())?.to_vec()),
             Projection::Generation => json!(read(c.generation())?),
             Projection::Received => json!(read(c.received_through())?),
+            Projection::Durable => json!(read(c.durable_through())?),
+            Projection::PersistError => json!(read(c.persist_error())?),
         })
     }
 

@@ -59,6 +59,8 @@ pub const fn invalidation_key(projection: Projection) -> &'static str {
         Projection::Exhausted => "exhausted",
         Projection::Generation => "generation",
         Projection::Received => "received_through",
+        Projection::Durable => "durable_through",
+        Projection::PersistError => "persist_error",
     }
 }
 
@@ -164,6 +166,10 @@ pub mod returns {
             ClaimOutcome::Blocked { sequence } => json!({"claim": "blocked", "sequence": sequence}),
             ClaimOutcome::Isolating { probe } => json!({"claim": "isolating", "probe": probe}),
             ClaimOutcome::StaleGeneration { current } => json!({"claim": "stale_generation", "current": current}),
+            ClaimOutcome::Unpersisted { sequence } => json!({"claim": "unpersisted", "sequence": sequence}),
+            ClaimOutcome::GenerationUnpersisted { generation } => {
+                json!({"claim": "generation_unpersisted", "generation": generation})
+            }
         }
     }
 

@@ -23,11 +23,16 @@ pub enum Projection {
     /// The receipt watermark: the highest sequence the peer is known to hold
     /// (with everything below it), acknowledged or not.
     Received,
+    /// Durability, with a journal: the durable watermark, how many records
+    /// are not yet durable, whether the generation is.
+    Durable,
+    /// The last failure to persist.
+    PersistError,
 }
 
 impl Projection {
     /// Every projection, in declaration order.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 10] = [
         Self::Pending,
         Self::Inflight,
         Self::AckedThrough,
@@ -36,9 +41,11 @@ impl Projection {
         Self::Exhausted,
         Self::Generation,
         Self::Received,
+        Self::Durable,
+        Self::PersistError,
     ];
 
-    const fn bit(self) -> u8 {
+    const fn bit(self) -> u16 {
         1 << self as u8
     }
 }
@@ -55,7 +62,7 @@ impl Projection {
 /// ```
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[must_use]
-pub struct Changes(u8);
+pub struct Changes(u16);
 
 impl Changes {
     /// Nothing changed.
@@ -69,7 +76,7 @@ impl Changes {
 
     /// The set as a bit mask: bit `i` stands for `Projection::ALL[i]`.
     #[must_use]
-    pub const fn bits(self) -> u8 {
+    pub const fn bits(self) -> u16 {
         self.0
     }
 

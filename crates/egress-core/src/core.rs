@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use crate::changes::{Changes, Projection};
+use crate::durable::Journal;
 use crate::envelope::{Envelope, Exhausted, Record};
 use crate::ids::{Generation, Sequence, Time};
 use crate::outcome::{AckOutcome, ClaimOutcome, Transition};
@@ -153,6 +154,8 @@ pub struct EgressCore<T> {
     /// The receipt watermark moved since the last reconnect.
     pub(crate) progressed: bool,
     pub(crate) isolation: Isolation,
+    /// What the store holds, for a core built by `restore`.
+    pub(crate) journal: Option<Box<Journal>>,
 }
 
 /// Whether records are sent one at a time, to isolate one that kills its
@@ -193,6 +196,7 @@ impl<T> EgressCore<T> {
             retry: None,
             progressed: false,
             isolation: Isolation::Off,
+            journal: None,
         }
     }
 
@@ -350,19 +354,22 @@ impl<T> EgressCore<T> {
     // ----- inputs --------------------------------------------------------
 
     /// Queues `payload` under the next sequence and returns that sequence.
+    /// With a journal it is claimable once durable (see
+    /// [`poll_ready`](Self::poll_ready)).
     ///
-    /// Changes: pending.
+    /// Changes: pending; durable, with a journal.
     pub fn enqueue(&mut self, payload: T) -> Transition<Sequence> {
         let sequence = self.next_sequence;
         self.pending.push_new(Record::new(sequence, payload));
         self.next_sequence = sequence.next();
-        Transition::new(sequence, Changes::NONE.with(Projection::Pending))
+        Transition::new(sequence, self.enqueue_changes())
     }
 
     /// Queues every payload in order and returns the range of sequences
     /// assigned: one transition, one invalidation, for many records.
     ///
-    /// Changes: pending, if anything was queued.
+    /// Changes: pending (and durable, with a journal), if anything was
+    /// queued.
     pub fn enqueue_all(&mut self, payloads: impl IntoIterator<Item = T>) -> Transition<Range<Sequence>> {
         let first = self.next_sequence;
         for payload in payloads {
@@ -370,12 +377,12 @@ impl<T> EgressCore<T> {
         }
         let range = first..self.next_sequence;
         let changed = !range.is_empty();
-        Transition::new(range, Changes::NONE.with_if(Projection::Pending, changed))
+        Transition::new(range, if changed { self.enqueue_changes() } else { Changes::NONE })
     }
 
     /// Why the pending record `head` cannot be claimed now, if it cannot.
     /// The checks in the order their outcomes are reported: an ordering
-    /// rule, then isolation, then the window.
+    /// rule, then isolation, then the window, then durability.
     fn refusal_for<'a>(&self, head: Sequence) -> Option<ClaimOutcome<'a, T>> {
         if self.policy.ordering() == Ordering::Strict {
             let parked = self.parked.first_sequence();
@@ -394,7 +401,7 @@ impl<T> EgressCore<T> {
         if head >= self.window_end() {
             return Some(ClaimOutcome::WindowFull);
         }
-        None
+        self.durability_refusal(head)
     }
 
     /// Moves the lowest pending record into flight and hands out a view of
@@ -406,7 +413,9 @@ impl<T> EgressCore<T> {
     /// [`Ordering::Strict`], `Blocked` by the lowest parked or exhausted
     /// sequence below the lowest pending one; `Isolating` (a probe is in
     /// flight alone); `WindowFull` (the lowest pending sequence lies at or
-    /// beyond [`window_end`](Self::window_end)).
+    /// beyond [`window_end`](Self::window_end)); with a journal,
+    /// `GenerationUnpersisted` (the current generation is not durable) and
+    /// `Unpersisted` (the record is not).
     ///
     /// Changes: pending and inflight, when claimed.
     pub fn claim(&mut self, generation: Generation) -> Transition<ClaimOutcome<'_, T>> {

@@ -3,6 +3,7 @@
 
 use crate::changes::{Changes, Projection};
 use crate::core::{EgressCore, Isolation};
+use crate::durable::DeadMark;
 use crate::envelope::{Exhausted, Record};
 use crate::ids::{Generation, Sequence, Time};
 use crate::outcome::{FailOutcome, ScheduleOutcome, Transition};
@@ -77,14 +78,16 @@ impl<T> EgressCore<T> {
     /// too) it is held among the exhausted records. Returns the projection
     /// it went to.
     pub(crate) fn bury(&mut self, mut record: Record<T>, reason: DeadReason) -> Projection {
+        let sequence = record.sequence;
         if record.dead.is_none() && self.policy.dead_letters() == DeadLetters::Skip {
             record.dead = Some(reason);
             record.fresh_budget();
             self.pending.put_back(record);
+            self.note_dead(sequence, Some(DeadMark { reason, held: false }));
             Projection::Pending
         } else {
-            let sequence = record.sequence;
             self.exhausted.insert(sequence, Exhausted { generation: self.generation, reason, record });
+            self.note_dead(sequence, Some(DeadMark { reason, held: true }));
             Projection::Exhausted
         }
     }
@@ -153,7 +156,9 @@ impl<T> EgressCore<T> {
             return Transition::unchanged(ScheduleOutcome::UnknownSequence { sequence });
         };
         record.fresh_budget();
+        let mark = record.dead.map(|reason| DeadMark { reason, held: false });
         self.pending.put_back(record);
+        self.note_dead(sequence, mark);
         let changes = Changes::NONE
             .with(Projection::Exhausted)
             .with(Projection::Pending)

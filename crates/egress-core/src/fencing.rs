@@ -31,7 +31,9 @@ impl<T> EgressCore<T> {
     /// Changes: generation; pending, when anything is pending afterwards
     /// (every envelope now carries the new generation); inflight and parked,
     /// if they held records; exhausted, if a record died and is held; retry,
-    /// if its record was replayed from parked.
+    /// if its record was replayed from parked; durable, with a journal, if
+    /// the generation was durable (the new one is not, until written: see
+    /// [`generation_durable`](Self::generation_durable)).
     pub fn reconnect(&mut self, generation: Generation) -> Transition<ReconnectOutcome> {
         if generation < self.generation {
             return Transition::unchanged(ReconnectOutcome::StaleGeneration { current: self.generation });
@@ -39,6 +41,7 @@ impl<T> EgressCore<T> {
         if generation == self.generation {
             return Transition::unchanged(ReconnectOutcome::Unchanged);
         }
+        let was_durable = self.is_journaled() && self.generation_durable();
         self.generation = generation;
         let had_inflight = !self.inflight.is_empty();
         let had_parked = !self.parked.is_empty();
@@ -83,7 +86,8 @@ impl<T> EgressCore<T> {
             .with_if(Projection::Inflight, had_inflight)
             .with_if(Projection::Parked, had_parked)
             .with_if(Projection::Exhausted, held)
-            .with_if(Projection::Retry, retry_cleared);
+            .with_if(Projection::Retry, retry_cleared)
+            .with_if(Projection::Durable, was_durable);
         Transition::new(ReconnectOutcome::Advanced { generation, replayed, dead }, changes)
     }
 

@@ -75,6 +75,12 @@ number_space!(
     "t="
 );
 number_space!(
+    /// The number of a [`Ready`](crate::Ready): one batch of writes a store
+    /// makes durable in one transaction.
+    Epoch(u64),
+    "e"
+);
+number_space!(
     /// A span of time in the same ticks as [`Time`].
     Delay(u64),
     "+"

@@ -48,6 +48,7 @@
 
 mod changes;
 mod core;
+mod durable;
 mod envelope;
 mod failures;
 mod fencing;
@@ -61,8 +62,11 @@ mod window;
 
 pub use crate::changes::{Changes, Projection};
 pub use crate::core::{EgressCore, Isolation};
+pub use crate::durable::{
+    AdoptOutcome, DeadMark, PersistError, PersistOutcome, Ready, RestoreError, Restored, RestoredRecord,
+};
 pub use crate::envelope::Envelope;
-pub use crate::ids::{Attempt, Delay, Generation, Incarnation, Sequence, Time};
+pub use crate::ids::{Attempt, Delay, Epoch, Generation, Incarnation, Sequence, Time};
 pub use crate::outcome::{
     AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,
 };

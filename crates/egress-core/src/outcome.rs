@@ -79,6 +79,18 @@ pub enum ClaimOutcome<'a, T> {
         /// The record in flight alone.
         probe: Sequence,
     },
+    /// The record at the head is not durable yet: wait for the store
+    /// ([`persisted`](crate::EgressCore::persisted)). Only with a journal.
+    Unpersisted {
+        /// The record waiting.
+        sequence: Sequence,
+    },
+    /// The current generation is not durable yet, so nothing goes out under
+    /// it. Only with a journal.
+    GenerationUnpersisted {
+        /// The generation waiting.
+        generation: Generation,
+    },
     /// Refused: see [`Refusal::StaleGeneration`].
     StaleGeneration {
         /// The core's generation.

@@ -89,6 +89,12 @@ impl<T> PendingQueue<T> {
         self.len() != before
     }
 
+    /// The newly enqueued records from sequence `from` on, in order.
+    pub(crate) fn fresh_from(&self, from: Sequence) -> impl Iterator<Item = &Record<T>> + '_ {
+        let at = self.fresh.partition_point(|r| r.sequence < from);
+        self.fresh.range(at..)
+    }
+
     /// The records in sequence order.
     pub(crate) fn iter(&self) -> Merge<'_, T> {
         Merge { fresh: self.fresh.iter().peekable(), returned: self.returned.values().peekable() }

@@ -144,11 +144,26 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
     /// # Panics
     /// Outside a tokio runtime.
     #[track_caller]
-    pub fn with_options(cx: &AsyncContext, policy: Policy, mut options: CellOptions) -> Self {
-        let at = Location::caller();
+    pub fn with_options(cx: &AsyncContext, policy: Policy, options: CellOptions) -> Self {
+        let core = EgressCore::with_generation(policy, options.generation_of());
+        Self::build(cx, core, options, Location::caller())
+    }
+
+    /// A cell over `core` as it is, such as one rebuilt from a store by
+    /// [`EgressCore::restore`] (see
+    /// [`EgressCellOf::from_core`](crate::EgressCellOf::from_core)).
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    #[track_caller]
+    pub fn from_core(cx: &AsyncContext, core: EgressCore<T>, options: CellOptions) -> Self {
+        Self::build(cx, core, options, Location::caller())
+    }
+
+    fn build(cx: &AsyncContext, core: EgressCore<T>, mut options: CellOptions, at: &'static Location<'static>) -> Self {
         let clock = options.take_clock(|| Arc::new(TokioClock::new()));
         let handle: &Handle<Threaded> = cx;
-        let cell = EgressCellOf::build(handle, policy, options, clock, at);
+        let cell = EgressCellOf::build(handle, core, options, clock, at);
         let bell = Arc::new(Notify::new());
         let task =
             Arc::new(TimerTask { task: parking_lot::Mutex::new(None), stopped: false.into(), bell: bell.clone() });

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_core::{
-    AckOutcome, Changes, ClaimOutcome, DeadReason, EgressCore, Envelope, FailOutcome, FailureKind, Generation,
-    Incarnation, JitterSample, Policy, Projection, ReceivedOutcome, ReconnectOutcome, Retry, ScheduleOutcome, Sequence,
-    Time,
+    AckOutcome, AdoptOutcome, Changes, ClaimOutcome, DeadReason, EgressCore, Envelope, Epoch, FailOutcome, FailureKind,
+    Generation, Incarnation, JitterSample, PersistError, PersistOutcome, Policy, Projection, Ready, ReceivedOutcome,
+    ReconnectOutcome, Retry, ScheduleOutcome, Sequence, Time,
 };
 
 use super::clock::{Clock, MonotonicClock};
@@ -110,6 +110,10 @@ impl CellOptions {
         self
     }
 
+    pub(crate) const fn generation_of(&self) -> Generation {
+        self.generation
+    }
+
     pub(crate) fn take_clock(&mut self, default: impl FnOnce() -> Arc<dyn Clock>) -> Arc<dyn Clock> {
         self.clock.take().unwrap_or_else(default)
     }
@@ -156,13 +160,13 @@ pub struct Inner<T: 'static, F: Flavor> {
     pub(crate) handle: Handle<F>,
     state: F::Ptr<F::Cell<State<T>>>,
     /// One trigger per [`Projection`], in declaration order.
-    triggers: [Key; 8],
+    triggers: [Key; 10],
     /// Notified when a transition not made by an attachment makes a claim
     /// possible: what attachments track.
     pub(crate) wake: Key,
     /// The count readers, pushed computeds kept up to date eagerly (O(1)
     /// per transition), in the order of [`COUNTED`].
-    counts: [Computed<usize, F>; 5],
+    counts: [Computed<usize, F>; 6],
     clock: Arc<dyn Clock>,
 }
 
@@ -172,12 +176,13 @@ const INFLIGHT_LEN: usize = 1;
 const WINDOW_ROOM: usize = 2;
 const PARKED_LEN: usize = 3;
 const EXHAUSTED_LEN: usize = 4;
+const UNPERSISTED_LEN: usize = 5;
 
 /// The projections each count follows, in [`Inner::counts`] order: a count
 /// is recounted when a transition changes one of them. The window's room
 /// follows what moves its end (the watermark), what fills it (claims), and
 /// isolation (claims, failures, receipts, reconnects).
-const COUNTED: [Changes; 5] = [
+const COUNTED: [Changes; 6] = [
     Changes::NONE.with(Projection::Pending),
     Changes::NONE.with(Projection::Inflight),
     Changes::NONE
@@ -187,6 +192,7 @@ const COUNTED: [Changes; 5] = [
         .with(Projection::Generation),
     Changes::NONE.with(Projection::Parked),
     Changes::NONE.with(Projection::Exhausted),
+    Changes::NONE.with(Projection::Durable),
 ];
 
 #[inline]
@@ -196,7 +202,8 @@ fn count<T>(core: &EgressCore<T>, which: usize) -> usize {
         INFLIGHT_LEN => core.inflight_len(),
         WINDOW_ROOM => core.window_room(),
         PARKED_LEN => core.parked_len(),
-        _ => core.exhausted_len(),
+        EXHAUSTED_LEN => core.exhausted_len(),
+        _ => core.unpersisted_len(),
     }
 }
 
@@ -250,8 +257,8 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// What to notify for `changes`: the triggers of the lazy readers, the
     /// counts whose value changed (recounted here, from `core`), and the
     /// wake trigger.
-    fn keys(&self, entered: &Entered, core: &EgressCore<T>, changes: Changes, wake: bool) -> ([Key; 14], usize) {
-        let mut keys = [self.wake; 14];
+    fn keys(&self, entered: &Entered, core: &EgressCore<T>, changes: Changes, wake: bool) -> ([Key; 17], usize) {
+        let mut keys = [self.wake; 17];
         let mut n = 0;
         let bits = changes.bits();
         for (i, trigger) in self.triggers.iter().enumerate() {
@@ -454,6 +461,8 @@ pub trait CellFlavor<T: Clone + 'static>:
     + Holds<Reader<T, Generation, ByEq, Self>>
     + Holds<Reader<T, Snapshot<Envelope<T>>, Never, Self>>
     + Holds<Reader<T, Snapshot<ParkedRecord<T>>, Never, Self>>
+    + Holds<Reader<T, Option<PersistError>, ByEq, Self>>
+    + Holds<Reader<T, bool, ByEq, Self>>
 {
     /// The clock of a cell built without one.
     fn default_clock() -> Arc<dyn Clock> {
@@ -474,6 +483,9 @@ struct Readers<T: 'static, F: Flavor> {
     received_through: Computed<Option<Sequence>, F>,
     retry: Computed<Option<Retry>, F>,
     generation: Computed<Generation, F>,
+    durable_through: Computed<Option<Sequence>, F>,
+    generation_durable: Computed<bool, F>,
+    persist_error: Computed<Option<PersistError>, F>,
 }
 
 /// What the clones of a cell share.
@@ -614,12 +626,27 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     #[track_caller]
     pub fn with_options(cx: &Handle<F>, policy: Policy, mut options: CellOptions) -> Self {
         let clock = options.take_clock(F::default_clock);
-        Self::build(cx, policy, options, clock, Location::caller())
+        let core = EgressCore::with_generation(policy, options.generation);
+        Self::build(cx, core, options, clock, Location::caller())
+    }
+
+    /// A cell over `core`, as it is: for a core rebuilt by
+    /// [`EgressCore::restore`] from a store, whose journal the cell then
+    /// projects ([`durable_through`](Self::durable_through),
+    /// [`unpersisted_len`](Self::unpersisted_len),
+    /// [`persist_error`](Self::persist_error)) and whose writes a store's
+    /// relay drives ([`poll_ready`](Self::poll_ready)). The options'
+    /// generation is ignored (the core has one); give the stored
+    /// incarnation, so that the receiver knows the sequence space.
+    #[track_caller]
+    pub fn from_core(cx: &Handle<F>, core: EgressCore<T>, mut options: CellOptions) -> Self {
+        let clock = options.take_clock(F::default_clock);
+        Self::build(cx, core, options, clock, Location::caller())
     }
 
     pub(crate) fn build(
         cx: &Handle<F>,
-        policy: Policy,
+        core: EgressCore<T>,
         options: CellOptions,
         clock: Arc<dyn Clock>,
         at: &'static Location<'static>,
@@ -628,10 +655,9 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         let seed = options.jitter_seed.unwrap_or_else(random);
         let incarnation =
             options.incarnation.unwrap_or_else(|| Incarnation(u128::from(random()) << 64 | u128::from(random())));
-        let core = EgressCore::with_generation(policy, options.generation);
         let (scope, (inner, readers)) = cx.scope(|| {
             let triggers = Projection::ALL.map(|_| cx.trigger(at));
-            let counts = [PENDING_LEN, INFLIGHT_LEN, WINDOW_ROOM, PARKED_LEN, EXHAUSTED_LEN]
+            let counts = [PENDING_LEN, INFLIGHT_LEN, WINDOW_ROOM, PARKED_LEN, EXHAUSTED_LEN, UNPERSISTED_LEN]
                 .map(|which| cx.pushed(count(&core, which), at));
             let state = F::ptr(ValueCell::new(State { core, rng: seed }));
             let inner = Inner { handle: cx.clone(), state, triggers, wake: cx.trigger(at), counts, clock };
@@ -661,6 +687,9 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
                 received_through: reader(&inner, Projection::Received, ByEq, EgressCore::received_through, at),
                 retry: reader(&inner, Projection::Retry, ByEq, EgressCore::retry, at),
                 generation: reader(&inner, Projection::Generation, ByEq, EgressCore::generation, at),
+                durable_through: reader(&inner, Projection::Durable, ByEq, EgressCore::durable_through, at),
+                generation_durable: reader(&inner, Projection::Durable, ByEq, EgressCore::generation_durable, at),
+                persist_error: reader(&inner, Projection::PersistError, ByEq, |c| c.persist_error().cloned(), at),
             };
             (inner, readers)
         });
@@ -736,6 +765,30 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// How many records are exhausted.
     pub fn exhausted_len(&self) -> &Computed<usize, F> {
         &self.shared.inner.counts[EXHAUSTED_LEN]
+    }
+
+    /// Every sequence at or below it is durable (`None` without a journal,
+    /// or while nothing is). See [`EgressCore::durable_through`].
+    pub fn durable_through(&self) -> &Computed<Option<Sequence>, F> {
+        &self.shared.readers.durable_through
+    }
+
+    /// How many records are enqueued and not yet durable: the "saving…"
+    /// count. Always 0 without a journal.
+    pub fn unpersisted_len(&self) -> &Computed<usize, F> {
+        &self.shared.inner.counts[UNPERSISTED_LEN]
+    }
+
+    /// Whether the current generation is durable, so that a handshake may
+    /// use it. Always `true` without a journal.
+    pub fn generation_durable(&self) -> &Computed<bool, F> {
+        &self.shared.readers.generation_durable
+    }
+
+    /// The last failure to persist, until a later write succeeds: sending
+    /// stalls on what is not durable meanwhile, visibly.
+    pub fn persist_error(&self) -> &Computed<Option<PersistError>, F> {
+        &self.shared.readers.persist_error
     }
 
     /// Disposes every node the cell created: its readers (reads of them fail
@@ -927,6 +980,64 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// order, and returns their sequences. See [`EgressCore::handle_timeout`].
     pub fn handle_timeout(&self, now: Time) -> Vec<Sequence> {
         self.shared.inner.handle_timeout(now)
+    }
+
+    // ----- the journal -----------------------------------------------
+
+    /// What the store must write next, with copies of the payloads to
+    /// append, if anything (see [`EgressCore::poll_ready`]): one at a time,
+    /// until reported by [`persisted`](Self::persisted) or
+    /// [`persist_failed`](Self::persist_failed). For a store's relay.
+    ///
+    /// # Panics
+    /// A payload's `Clone` that panics: the epoch is failed first (so the
+    /// journal does not wait for a report that never comes), then the panic
+    /// goes on.
+    pub fn poll_ready(&self) -> Option<(Ready, Vec<(Sequence, T)>)> {
+        let (ready, panic) = self.shared.inner.apply(By::Caller, |s| {
+            let Some(ready) = s.core.poll_ready() else { return ((None, None), Changes::NONE) };
+            let copied = catch_unwind(AssertUnwindSafe(|| {
+                s.core.unwritten(ready.appends.clone()).map(|(q, p)| (q, p.clone())).collect::<Vec<_>>()
+            }));
+            match copied {
+                Ok(appends) => ((Some((ready, appends)), None), Changes::NONE),
+                Err(panic) => {
+                    let t = s.core.persist_failed(ready.epoch, "a payload's Clone panicked");
+                    ((None, Some(panic)), t.changes)
+                }
+            }
+        });
+        if let Some(panic) = panic {
+            resume_unwind(panic);
+        }
+        ready
+    }
+
+    /// The store wrote `epoch`. See [`EgressCore::persisted`]; wakes the
+    /// attachments when records became claimable.
+    pub fn persisted(&self, epoch: Epoch) -> PersistOutcome {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.persisted(epoch);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// The store could not write `epoch`. See [`EgressCore::persist_failed`].
+    pub fn persist_failed(&self, epoch: Epoch, reason: impl Into<String>) -> PersistOutcome {
+        let reason = reason.into();
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.persist_failed(epoch, reason);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// Takes a record the store appended itself under `sequence` (inside an
+    /// application's transaction). See [`EgressCore::adopt`].
+    pub fn adopt(&self, sequence: Sequence, payload: T) -> AdoptOutcome {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.adopt(sequence, payload);
+            (t.outcome, t.changes)
+        })
     }
 
     // ----- attachments -----------------------------------------------

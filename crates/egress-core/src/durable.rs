@@ -1,0 +1,481 @@
+//! Durability: what a store must write, what it reported durable, and the
+//! gates that keep a record off the wire until it is (R1) and a handshake
+//! off the wire until its generation is (R2).
+//!
+//! The core does no I/O here either. A core built by
+//! [`EgressCore::restore`] keeps a *journal*: [`poll_ready`] hands out one
+//! numbered [`Ready`] at a time (everything to write since the last one),
+//! the store writes it in one transaction, and reports back with
+//! [`persisted`] or [`persist_failed`]. A record is claimable only once
+//! its append is durable, and no claim is made under a generation that is
+//! not. Acknowledgements and dead letters are written lazily: losing such
+//! a write after a crash costs a replay (the receiver's welcome trims it)
+//! or another try of a dead letter, never a record.
+//!
+//! [`poll_ready`]: EgressCore::poll_ready
+//! [`persisted`]: EgressCore::persisted
+//! [`persist_failed`]: EgressCore::persist_failed
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use crate::changes::{Changes, Projection};
+use crate::core::{EgressCore, Isolation};
+use crate::envelope::{Exhausted, Record};
+use crate::ids::{Epoch, Generation, Sequence};
+use crate::outcome::Transition;
+use crate::parked::ParkedSet;
+use crate::pending::PendingQueue;
+use crate::policy::Policy;
+use crate::retry::DeadReason;
+use crate::window::Window;
+
+/// How a dead letter is kept: as a tombstone sent in its place, or held
+/// back (see [`DeadLetters`](crate::DeadLetters)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DeadMark {
+    /// Why it died.
+    pub reason: DeadReason,
+    /// `true`: held among the exhausted records; `false`: a tombstone.
+    pub held: bool,
+}
+
+/// Everything a store must write for one epoch, in one transaction. Handed
+/// out by [`EgressCore::poll_ready`]; report it with
+/// [`persisted`](EgressCore::persisted) or
+/// [`persist_failed`](EgressCore::persist_failed).
+///
+/// Writes are idempotent (an append of a sequence already stored with the
+/// same payload, a watermark that only rises), so a store may retry a
+/// failed epoch's contents; after a failure the next `Ready` carries them
+/// again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ready {
+    /// Its number: epochs rise by one per `Ready`.
+    pub epoch: Epoch,
+    /// Records to append: their payloads are
+    /// [`EgressCore::unwritten`]'s. Not claimable until this epoch is
+    /// persisted.
+    pub appends: Range<Sequence>,
+    /// Raise the stored acknowledgement watermark to this, and prune the
+    /// records at or below it. May lag (R3): a lost write costs replays the
+    /// receiver's welcome trims.
+    pub acked_through: Option<Sequence>,
+    /// Store this generation before any handshake under it (R2).
+    pub generation: Option<Generation>,
+    /// Records whose dead-letter state changed: `Some` dead, `None` alive
+    /// again (a requeue). A lost write makes a dead letter try again after a
+    /// restart, the safe direction.
+    pub dead: Vec<(Sequence, Option<DeadMark>)>,
+    /// Whether the transaction must reach the disk before it is reported
+    /// (appends and generations must; watermarks and dead letters may wait
+    /// for the next synced commit).
+    pub must_sync: bool,
+}
+
+/// A stored failure to persist an epoch, as the core keeps it: shown by
+/// [`EgressCore::persist_error`] until a later epoch is persisted.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct PersistError {
+    /// The epoch that failed.
+    pub epoch: Epoch,
+    /// What the store said.
+    pub reason: String,
+}
+
+/// What [`persisted`](EgressCore::persisted) and
+/// [`persist_failed`](EgressCore::persist_failed) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PersistOutcome {
+    /// Taken: the durable watermark is now `durable_through`.
+    Recorded {
+        /// Every sequence at or below it is durable.
+        durable_through: Option<Sequence>,
+    },
+    /// Refused: `epoch` is not the one being written (already reported, or
+    /// never handed out). Nothing changed.
+    UnknownEpoch {
+        /// The epoch named.
+        epoch: Epoch,
+    },
+}
+
+/// What [`adopt`](EgressCore::adopt) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdoptOutcome {
+    /// The record is pending under `sequence`, durable already.
+    Adopted {
+        /// Its sequence.
+        sequence: Sequence,
+    },
+    /// Refused: a store assigns sequences in order, and the next one the
+    /// core expects is `expected` (a record skipped or adopted twice).
+    OutOfOrder {
+        /// The sequence the core expects.
+        expected: Sequence,
+        /// The sequence named.
+        found: Sequence,
+    },
+    /// Refused: records enqueued through the core are not yet durable, so
+    /// the store would assign their sequences again. A stream takes either
+    /// appends through the core or appends by the store, not both at once.
+    Unwritten {
+        /// The first sequence not durable.
+        from: Sequence,
+    },
+}
+
+/// What a store recovered for one stream, for [`EgressCore::restore`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restored<T> {
+    /// The stored generation: the next handshake goes above it.
+    pub generation: Generation,
+    /// The sequence the next record takes.
+    pub next_sequence: Sequence,
+    /// The stored acknowledgement watermark.
+    pub acked_through: Option<Sequence>,
+    /// Every stored record above `acked_through`, ascending, without a gap,
+    /// up to `next_sequence - 1`.
+    pub records: Vec<RestoredRecord<T>>,
+}
+
+impl<T> Restored<T> {
+    /// Nothing stored: a new stream at generation 0.
+    #[must_use]
+    pub const fn empty() -> Self {
+        Restored { generation: Generation(0), next_sequence: Sequence(0), acked_through: None, records: Vec::new() }
+    }
+}
+
+/// One stored record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoredRecord<T> {
+    /// Its sequence.
+    pub sequence: Sequence,
+    /// Its payload.
+    pub payload: T,
+    /// `Some` for a dead letter.
+    pub dead: Option<DeadMark>,
+}
+
+/// Why a snapshot cannot be restored. Nothing is built; the store's data is
+/// not consistent with the rules it was written under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RestoreError {
+    /// A record is missing: the receiver would wait for it forever.
+    #[error("record {expected} is missing (found {found:?} in its place)")]
+    Gap {
+        /// The sequence expected.
+        expected: Sequence,
+        /// What was found instead (`None`: the records ended).
+        found: Option<Sequence>,
+    },
+    /// A record lies outside `(acked_through, next_sequence)`.
+    #[error("record {sequence} lies outside the stored range")]
+    OutOfRange {
+        /// The sequence found.
+        sequence: Sequence,
+    },
+    /// The acknowledgement watermark is at or above `next_sequence`.
+    #[error("acknowledged through {acked_through} but the next sequence is {next_sequence}")]
+    AckedBeyondNext {
+        /// The stored watermark.
+        acked_through: Sequence,
+        /// The stored next sequence.
+        next_sequence: Sequence,
+    },
+}
+
+/// What the core knows of the store: what it handed out, what is durable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Journal {
+    /// Every sequence below it is durable.
+    durable_next: Sequence,
+    /// Every sequence below it was handed out in a `Ready`.
+    written_next: Sequence,
+    durable_generation: Generation,
+    written_generation: Generation,
+    written_acked: Option<Sequence>,
+    /// Dead-letter changes not yet handed out, latest per sequence.
+    dead: BTreeMap<Sequence, Option<DeadMark>>,
+    /// The epoch being written, with its dead-letter changes (given back
+    /// on a failure), and the epoch after it.
+    writing: Option<(Epoch, BTreeMap<Sequence, Option<DeadMark>>)>,
+    next_epoch: Epoch,
+    error: Option<PersistError>,
+}
+
+impl<T> EgressCore<T> {
+    /// Rebuilds a core from what a store recovered: every record not dead
+    /// is pending under the stored generation, tombstones pending as
+    /// tombstones, held dead letters held; nothing is in flight or parked,
+    /// and no backoff or attempt count carries over. Every restored record
+    /// may have been sent before the crash, so acknowledgements may cover
+    /// all of them. The core keeps a journal from now on (see
+    /// [`poll_ready`](Self::poll_ready)); `Restored::empty()` starts a new
+    /// durable stream.
+    ///
+    /// # Errors
+    /// A record missing, out of range, or a watermark at or above the next
+    /// sequence: [`RestoreError`].
+    pub fn restore(policy: Policy, snapshot: Restored<T>) -> Result<Self, RestoreError> {
+        let Restored { generation, next_sequence, acked_through, records } = snapshot;
+        if let Some(a) = acked_through
+            && a >= next_sequence
+        {
+            return Err(RestoreError::AckedBeyondNext { acked_through: a, next_sequence });
+        }
+        let first = acked_through.map_or(Sequence(0), |a| a.next());
+        let mut expected = first;
+        let mut pending = PendingQueue::default();
+        let mut exhausted = BTreeMap::new();
+        for r in records {
+            if r.sequence >= next_sequence || r.sequence < first {
+                return Err(RestoreError::OutOfRange { sequence: r.sequence });
+            }
+            if r.sequence != expected {
+                return Err(RestoreError::Gap { expected, found: Some(r.sequence) });
+            }
+            expected = r.sequence.next();
+            let mut record = Record::new(r.sequence, r.payload);
+            match r.dead {
+                Some(DeadMark { reason, held: true }) => {
+                    exhausted.insert(r.sequence, Exhausted { generation, reason, record });
+                }
+                dead => {
+                    record.dead = dead.map(|d| d.reason);
+                    pending.push_new(record);
+                }
+            }
+        }
+        if expected != next_sequence {
+            return Err(RestoreError::Gap { expected, found: None });
+        }
+        let last = next_sequence.0.checked_sub(1).map(Sequence);
+        Ok(Self {
+            policy,
+            generation,
+            next_sequence,
+            pending,
+            inflight: Window::default(),
+            parked: ParkedSet::default(),
+            exhausted,
+            acked_through,
+            received_through: acked_through,
+            sent_through: last,
+            retry: None,
+            progressed: false,
+            isolation: Isolation::Off,
+            journal: Some(Box::new(Journal {
+                durable_next: next_sequence,
+                written_next: next_sequence,
+                durable_generation: generation,
+                written_generation: generation,
+                written_acked: acked_through,
+                dead: BTreeMap::new(),
+                writing: None,
+                next_epoch: Epoch(0),
+                error: None,
+            })),
+        })
+    }
+
+    /// Whether the core keeps a journal (it was built by
+    /// [`restore`](Self::restore)): records are claimable only once
+    /// durable.
+    #[must_use]
+    pub fn is_journaled(&self) -> bool {
+        self.journal.is_some()
+    }
+
+    /// Every sequence at or below it is durable. `None` without a journal,
+    /// or while nothing is.
+    #[must_use]
+    pub fn durable_through(&self) -> Option<Sequence> {
+        self.journal.as_ref().and_then(|j| j.durable_next.0.checked_sub(1).map(Sequence))
+    }
+
+    /// How many records are enqueued and not yet durable: a chat UI's
+    /// "saving…" count. Always 0 without a journal.
+    #[must_use]
+    pub fn unpersisted_len(&self) -> usize {
+        self.journal
+            .as_ref()
+            .map_or(0, |j| usize::try_from(self.next_sequence.0 - j.durable_next.0).unwrap_or(usize::MAX))
+    }
+
+    /// Whether the current generation is durable, so that a handshake may
+    /// use it (R2). Always `true` without a journal.
+    #[must_use]
+    pub fn generation_durable(&self) -> bool {
+        self.journal.as_ref().is_none_or(|j| j.durable_generation >= self.generation)
+    }
+
+    /// The last failure to persist, until a later epoch is persisted.
+    #[must_use]
+    pub fn persist_error(&self) -> Option<&PersistError> {
+        self.journal.as_ref().and_then(|j| j.error.as_ref())
+    }
+
+    /// The records of `range` not yet written, with their payloads, for the
+    /// store to append ([`Ready::appends`]). Records outside what is
+    /// unwritten are skipped.
+    pub fn unwritten(&self, range: Range<Sequence>) -> impl Iterator<Item = (Sequence, &T)> + '_ {
+        // Records not yet durable are never claimed, acknowledged or
+        // failed: they are the tail of pending's fresh part.
+        let durable = self.journal.as_ref().map_or(self.next_sequence, |j| j.durable_next);
+        let (from, to) = (range.start.max(durable), range.end.min(self.next_sequence));
+        self.pending.fresh_from(from).take_while(move |r| r.sequence < to).map(|r| (r.sequence, &r.payload))
+    }
+
+    /// What the store must write next, if anything: one [`Ready`] at a time.
+    /// Until it is reported ([`persisted`](Self::persisted) or
+    /// [`persist_failed`](Self::persist_failed)) this returns `None`, and
+    /// what happens meanwhile goes into the next one: group commit.
+    ///
+    /// Changes nothing observable.
+    pub fn poll_ready(&mut self) -> Option<Ready> {
+        let acked = self.acked_through;
+        let (generation, next) = (self.generation, self.next_sequence);
+        let j = self.journal.as_deref_mut()?;
+        if j.writing.is_some() {
+            return None;
+        }
+        let appends = j.written_next..next;
+        let acked_through = acked.filter(|a| j.written_acked.is_none_or(|w| *a > w));
+        let new_generation = (generation > j.written_generation).then_some(generation);
+        if appends.is_empty() && acked_through.is_none() && new_generation.is_none() && j.dead.is_empty() {
+            return None;
+        }
+        let epoch = j.next_epoch;
+        j.next_epoch = Epoch(epoch.0.wrapping_add(1));
+        j.written_next = next;
+        j.written_acked = acked_through.or(j.written_acked);
+        j.written_generation = generation;
+        let dead = std::mem::take(&mut j.dead);
+        let ready = Ready {
+            epoch,
+            must_sync: !appends.is_empty() || new_generation.is_some(),
+            appends,
+            acked_through,
+            generation: new_generation,
+            dead: dead.iter().map(|(s, d)| (*s, *d)).collect(),
+        };
+        j.writing = Some((epoch, dead));
+        Some(ready)
+    }
+
+    /// The store wrote epoch `epoch`: its appends are durable (and
+    /// claimable), its generation may be used in a handshake, and a stored
+    /// failure is cleared.
+    ///
+    /// Refused with `UnknownEpoch` unless `epoch` is the one being written.
+    ///
+    /// Changes: durable, if the durable watermark or the generation's
+    /// durability moved; persist_error, if one was shown.
+    pub fn persisted(&mut self, epoch: Epoch) -> Transition<PersistOutcome> {
+        let generation = self.generation;
+        let Some(j) = self.journal.as_deref_mut().filter(|j| j.writing.as_ref().is_some_and(|(e, _)| *e == epoch))
+        else {
+            return Transition::unchanged(PersistOutcome::UnknownEpoch { epoch });
+        };
+        j.writing = None;
+        let was_durable = j.durable_generation >= generation;
+        let moved = j.durable_next != j.written_next;
+        j.durable_next = j.written_next;
+        j.durable_generation = j.written_generation;
+        let generation_moved = was_durable != (j.durable_generation >= generation);
+        let cleared = j.error.take().is_some();
+        let changes = Changes::NONE
+            .with_if(Projection::Durable, moved || generation_moved)
+            .with_if(Projection::PersistError, cleared);
+        Transition::new(PersistOutcome::Recorded { durable_through: self.durable_through() }, changes)
+    }
+
+    /// The store could not write epoch `epoch` (`reason` is what it said):
+    /// nothing of it counts as durable, the error is shown, and the next
+    /// [`poll_ready`](Self::poll_ready) carries its contents again. Sending
+    /// stalls on what is not durable rather than losing anything.
+    ///
+    /// Refused with `UnknownEpoch` unless `epoch` is the one being written.
+    ///
+    /// Changes: persist_error, if it differs from the one shown.
+    pub fn persist_failed(&mut self, epoch: Epoch, reason: impl Into<String>) -> Transition<PersistOutcome> {
+        let durable_through = self.durable_through();
+        let Some(j) = self.journal.as_deref_mut().filter(|j| j.writing.as_ref().is_some_and(|(e, _)| *e == epoch))
+        else {
+            return Transition::unchanged(PersistOutcome::UnknownEpoch { epoch });
+        };
+        let (_, dead) = j.writing.take().expect("checked above");
+        for (sequence, mark) in dead {
+            j.dead.entry(sequence).or_insert(mark);
+        }
+        j.written_next = j.durable_next;
+        j.written_generation = j.durable_generation;
+        // The watermark is written again if it is above what is known to be
+        // stored; not knowing, write it again.
+        j.written_acked = None;
+        let error = PersistError { epoch, reason: reason.into() };
+        let changed = j.error.as_ref().is_none_or(|e| e.reason != error.reason);
+        j.error = Some(error);
+        Transition::new(
+            PersistOutcome::Recorded { durable_through },
+            Changes::NONE.with_if(Projection::PersistError, changed),
+        )
+    }
+
+    /// Takes a record the store appended itself (inside an application's
+    /// transaction) under `sequence`: durable already, so claimable at once.
+    ///
+    /// Refused with `OutOfOrder` unless `sequence` is
+    /// [`next_sequence`](Self::next_sequence), and with `Unwritten` while
+    /// records enqueued through the core are not durable yet.
+    ///
+    /// Changes: pending; durable, with a journal.
+    pub fn adopt(&mut self, sequence: Sequence, payload: T) -> Transition<AdoptOutcome> {
+        if sequence != self.next_sequence {
+            return Transition::unchanged(AdoptOutcome::OutOfOrder { expected: self.next_sequence, found: sequence });
+        }
+        if let Some(j) = self.journal.as_deref()
+            && j.durable_next != self.next_sequence
+        {
+            return Transition::unchanged(AdoptOutcome::Unwritten { from: j.durable_next });
+        }
+        let _ = self.enqueue(payload);
+        let journaled = self.journal.is_some();
+        if let Some(j) = self.journal.as_deref_mut() {
+            j.written_next = self.next_sequence;
+            j.durable_next = self.next_sequence;
+        }
+        Transition::new(
+            AdoptOutcome::Adopted { sequence },
+            Changes::NONE.with(Projection::Pending).with_if(Projection::Durable, journaled),
+        )
+    }
+
+    /// Notes, for the journal, that the record `sequence` died or came back.
+    pub(crate) fn note_dead(&mut self, sequence: Sequence, mark: Option<DeadMark>) {
+        if let Some(j) = self.journal.as_deref_mut() {
+            j.dead.insert(sequence, mark);
+        }
+    }
+
+    /// The durability gates on claiming `head`: the generation, then the
+    /// record.
+    pub(crate) fn durability_refusal<'a>(&self, head: Sequence) -> Option<crate::outcome::ClaimOutcome<'a, T>> {
+        let j = self.journal.as_deref()?;
+        if j.durable_generation < self.generation {
+            return Some(crate::outcome::ClaimOutcome::GenerationUnpersisted { generation: self.generation });
+        }
+        (head >= j.durable_next).then_some(crate::outcome::ClaimOutcome::Unpersisted { sequence: head })
+    }
+
+    /// Enqueue's changes beyond pending: with a journal, the record is not
+    /// durable.
+    pub(crate) fn enqueue_changes(&self) -> Changes {
+        Changes::NONE.with(Projection::Pending).with_if(Projection::Durable, self.journal.is_some())
+    }
+}

@@ -1,0 +1,413 @@
+//! The journal under crashes: a property test that drives a journaled core
+//! and a model of a store through random operations, crashes at any point
+//! (dropping whatever was not reported durable, or keeping a write whose
+//! report was lost), restores from the store, and checks after every step:
+//!
+//! 1. no sequence that reached the wire is ever bound to another payload
+//!    (R1), and nothing goes out under a generation not stored (R2);
+//! 2. no durable record is lost: after a restore every stored record above
+//!    the stored watermark is back, alive or dead as stored;
+//! 3. restoring what a fully written core stored gives back the same
+//!    pending and dead records, sequence and generation;
+//! 4. the durability projections change exactly when their flags say.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+
+use egress_core::{
+    AdoptOutcome, ClaimOutcome, DeadLetters, DeadMark, EgressCore, Epoch, FailureKind, Generation, JitterSample,
+    PersistOutcome, Policy, Projection, Ready, RestoreError, Restored, RestoredRecord, Sequence, Time,
+};
+use proptest::prelude::*;
+
+/// A store, as plainly as possible: what a transaction leaves behind.
+#[derive(Clone, Debug, Default)]
+struct Disk {
+    generation: u64,
+    next: u64,
+    acked: Option<u64>,
+    records: BTreeMap<u64, (u32, Option<DeadMark>)>,
+}
+
+impl Disk {
+    /// Applies one `Ready` as a store's transaction would.
+    fn apply(&mut self, ready: &Ready, core: &EgressCore<u32>) {
+        let appended: Vec<(Sequence, u32)> = core.unwritten(ready.appends.clone()).map(|(s, p)| (s, *p)).collect();
+        assert_eq!(appended.len() as u64, ready.appends.end.0 - ready.appends.start.0, "every append has its payload");
+        for (s, p) in appended {
+            assert_eq!(s.0, self.next, "appends are contiguous");
+            self.records.insert(s.0, (p, None));
+            self.next = s.0 + 1;
+        }
+        if let Some(g) = ready.generation {
+            self.generation = self.generation.max(g.0);
+        }
+        for (s, mark) in &ready.dead {
+            if let Some(r) = self.records.get_mut(&s.0) {
+                r.1 = *mark;
+            }
+        }
+        if let Some(a) = ready.acked_through {
+            let a = self.acked.map_or(a.0, |old| old.max(a.0));
+            self.acked = Some(a);
+            self.records = self.records.split_off(&(a + 1));
+        }
+    }
+
+    fn snapshot(&self) -> Restored<u32> {
+        Restored {
+            generation: Generation(self.generation),
+            next_sequence: Sequence(self.next),
+            acked_through: self.acked.map(Sequence),
+            records: self
+                .records
+                .iter()
+                .map(|(s, (p, d))| RestoredRecord { sequence: Sequence(*s), payload: *p, dead: *d })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Enqueue,
+    Adopt,
+    Claim,
+    Ack(u8),
+    Fail(bool),
+    Reconnect,
+    Timeout(u8),
+    Requeue,
+    /// Write the next `Ready` and report it.
+    Persist,
+    /// Write it, but fail the report.
+    PersistFail,
+    /// The process dies: a write in progress lands (`true`) or not.
+    Crash(bool),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => Just(Op::Enqueue),
+        1 => Just(Op::Adopt),
+        4 => Just(Op::Claim),
+        3 => any::<u8>().prop_map(Op::Ack),
+        2 => any::<bool>().prop_map(Op::Fail),
+        1 => Just(Op::Reconnect),
+        1 => any::<u8>().prop_map(Op::Timeout),
+        1 => Just(Op::Requeue),
+        4 => Just(Op::Persist),
+        1 => Just(Op::PersistFail),
+        1 => any::<bool>().prop_map(Op::Crash),
+    ]
+}
+
+/// The durability projections' values, to check the change flags.
+fn durable_view(core: &EgressCore<u32>) -> (Option<Sequence>, usize, bool) {
+    (core.durable_through(), core.unpersisted_len(), core.generation_durable())
+}
+
+fn run(policy: &Policy, ops: &[Op]) {
+    let mut disk = Disk::default();
+    let mut core = EgressCore::restore(*policy, disk.snapshot()).expect("an empty store restores");
+    // What went on the wire, over every incarnation: sequence -> payload.
+    let mut wire: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut payloads = 0u32;
+    let mut writing: Option<Ready> = None;
+    let mut now = 0u64;
+    for op in ops {
+        let (before, error_before) = (durable_view(&core), core.persist_error().cloned());
+        let g = core.generation();
+        let changes = match op {
+            Op::Enqueue => {
+                payloads += 1;
+                core.enqueue(payloads).changes
+            }
+            Op::Adopt => {
+                // A store-side append: only when nothing enqueued through the
+                // core is unwritten, as a store that shares its counter would.
+                let next = core.next_sequence();
+                payloads += 1;
+                let t = core.adopt(next, payloads);
+                match t.outcome {
+                    AdoptOutcome::Adopted { sequence } => {
+                        assert_eq!(sequence.0, disk.next, "the store's counter and the core's agree");
+                        disk.records.insert(sequence.0, (payloads, None));
+                        disk.next += 1;
+                    }
+                    AdoptOutcome::Unwritten { .. } => assert!(t.changes.is_empty()),
+                    AdoptOutcome::OutOfOrder { .. } => panic!("adopting next_sequence is in order"),
+                }
+                t.changes
+            }
+            Op::Claim => {
+                let durable = core.durable_through();
+                let gen_ok = core.generation_durable();
+                let t = core.claim(g);
+                if let ClaimOutcome::Claimed(e) = t.outcome {
+                    assert!(gen_ok && g.0 <= disk.generation, "claimed under a generation not stored (R2)");
+                    assert!(durable.is_some_and(|d| e.sequence <= d), "claimed a record not durable (R1)");
+                    let stored = disk.records.get(&e.sequence.0).map(|r| r.0);
+                    assert_eq!(stored, Some(*e.payload), "the wire carries what is stored");
+                    let bound = *wire.entry(e.sequence.0).or_insert(*e.payload);
+                    assert_eq!(bound, *e.payload, "a sequence on the wire bound to another payload");
+                }
+                t.changes
+            }
+            Op::Ack(k) => {
+                let Some(sent) = core.sent_through() else { continue };
+                let base = core.acked_through().map_or(0, |a| a.0 + 1);
+                if base > sent.0 {
+                    continue;
+                }
+                let through = base + u64::from(*k) % (sent.0 - base + 1);
+                core.ack(g, Sequence(through)).changes
+            }
+            Op::Fail(permanent) => {
+                let Some(s) = core.inflight().next().map(|e| e.sequence) else { continue };
+                let kind = if *permanent { FailureKind::Permanent } else { FailureKind::Transient };
+                core.fail(g, s, kind, Time(now), JitterSample::ZERO).changes
+            }
+            Op::Reconnect => core.reconnect(Generation(g.0 + 1)).changes,
+            Op::Timeout(d) => {
+                now += u64::from(*d);
+                core.handle_timeout(Time(now)).changes
+            }
+            Op::Requeue => {
+                let Some(s) = core.exhausted().next().map(|e| e.sequence) else { continue };
+                core.requeue(g, s).changes
+            }
+            Op::Persist | Op::PersistFail => {
+                let ready = match writing.take() {
+                    Some(r) => r,
+                    None => match core.poll_ready() {
+                        Some(r) => r,
+                        None => continue,
+                    },
+                };
+                assert!(core.poll_ready().is_none(), "one Ready at a time");
+                if matches!(op, Op::Persist) {
+                    disk.apply(&ready, &core);
+                    let t = core.persisted(ready.epoch);
+                    assert!(matches!(t.outcome, PersistOutcome::Recorded { .. }));
+                    assert!(matches!(core.persisted(ready.epoch).outcome, PersistOutcome::UnknownEpoch { .. }));
+                    t.changes
+                } else {
+                    let t = core.persist_failed(ready.epoch, "disk full");
+                    assert!(matches!(t.outcome, PersistOutcome::Recorded { .. }));
+                    assert!(core.persist_error().is_some());
+                    t.changes
+                }
+            }
+            Op::Crash(lands) => {
+                // A write in progress may or may not have committed.
+                if let Some(r) = writing.take().or_else(|| core.poll_ready()).filter(|_| *lands) {
+                    disk.apply(&r, &core);
+                }
+                let restored = EgressCore::restore(*policy, disk.snapshot()).expect("the store restores");
+                // Nothing durable is lost.
+                let live: Vec<(u64, u32)> = restored.pending().map(|e| (e.sequence.0, *e.payload)).collect();
+                let held: Vec<(u64, u32)> = restored.exhausted().map(|e| (e.sequence.0, *e.payload)).collect();
+                let mut all: Vec<(u64, u32)> = live.iter().chain(&held).copied().collect();
+                all.sort_unstable();
+                let stored: Vec<(u64, u32)> = disk.records.iter().map(|(s, (p, _))| (*s, *p)).collect();
+                assert_eq!(all, stored, "a restore brings back every stored record");
+                core = restored;
+                assert!(core.generation_durable() && core.unpersisted_len() == 0);
+                continue;
+            }
+        };
+        // Writes handed out by other ops stay in progress until an op
+        // persists, fails or crashes them.
+        if writing.is_none() {
+            writing = core.poll_ready();
+        }
+        let after = durable_view(&core);
+        assert_eq!(changes.contains(Projection::Durable), before != after, "durable flag after {op:?}");
+        assert_eq!(
+            changes.contains(Projection::PersistError),
+            error_before.map(|e| e.reason) != core.persist_error().map(|e| e.reason.clone()),
+            "persist_error flag after {op:?}"
+        );
+        assert!(core.durable_through().is_none_or(|d| d < core.next_sequence()));
+    }
+    // Written in full, a restore is the identity on what survives a crash.
+    loop {
+        let ready = match writing.take() {
+            Some(r) => r,
+            None => match core.poll_ready() {
+                Some(r) => r,
+                None => break,
+            },
+        };
+        disk.apply(&ready, &core);
+        let _ = core.persisted(ready.epoch);
+    }
+    let restored = EgressCore::restore(*policy, disk.snapshot()).expect("the store restores");
+    let view = |c: &EgressCore<u32>| {
+        let mut live: Vec<(u64, u32, bool)> = c
+            .pending()
+            .chain(c.inflight())
+            .chain(c.parked().map(|p| egress_core::Envelope {
+                generation: c.generation(),
+                sequence: p.sequence,
+                attempt: p.attempt,
+                payload: p.payload,
+                dead: p.dead,
+            }))
+            .map(|e| (e.sequence.0, *e.payload, e.dead.is_some()))
+            .collect();
+        live.sort_unstable();
+        let held: Vec<(u64, u32)> = c.exhausted().map(|e| (e.sequence.0, *e.payload)).collect();
+        (live, held, c.next_sequence(), c.generation())
+    };
+    assert_eq!(view(&restored), view(&core), "restore after a full write gives the same state back");
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    (1usize..5, 0u32..3, 0u32..3, any::<bool>()).prop_map(|(limit, budget, replays, hold)| {
+        Policy::builder()
+            .inflight_limit(limit)
+            .retry_budget(budget)
+            .replay_limit(replays)
+            .dead_letters(if hold { DeadLetters::Hold } else { DeadLetters::Skip })
+            .build()
+            .expect("a valid policy")
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(2_000),
+        failure_persistence: None,
+        rng_algorithm: proptest::test_runner::RngAlgorithm::ChaCha,
+        ..ProptestConfig::default()
+    })]
+    #[test]
+    fn crashes_at_any_point_lose_nothing_and_rebind_nothing(policy in policy(), ops in prop::collection::vec(op(), 0..120)) {
+        run(&policy, &ops);
+    }
+}
+
+#[test]
+fn a_record_is_claimed_only_once_durable_and_a_generation_used_only_once_stored() {
+    let mut core: EgressCore<&str> = EgressCore::restore(Policy::default(), Restored::empty()).unwrap();
+    let g = core.generation();
+    let t = core.enqueue("a");
+    assert!(t.changes.contains(Projection::Durable));
+    assert_eq!((core.unpersisted_len(), core.durable_through()), (1, None));
+    assert_eq!(core.claim(g).outcome, ClaimOutcome::Unpersisted { sequence: Sequence(0) });
+    assert!(!core.can_claim());
+    let ready = core.poll_ready().unwrap();
+    assert_eq!((ready.appends.clone(), ready.must_sync), (Sequence(0)..Sequence(1), true));
+    assert_eq!(core.unwritten(ready.appends.clone()).map(|(_, p)| *p).collect::<Vec<_>>(), ["a"]);
+    // Still being written: not claimable, and the next enqueue waits for
+    // the next Ready.
+    let _ = core.enqueue("b");
+    assert!(core.poll_ready().is_none());
+    assert_eq!(core.claim(g).outcome, ClaimOutcome::Unpersisted { sequence: Sequence(0) });
+    let t = core.persisted(ready.epoch);
+    assert_eq!(t.outcome, PersistOutcome::Recorded { durable_through: Some(Sequence(0)) });
+    assert_eq!(t.changes.iter().collect::<Vec<_>>(), [Projection::Durable]);
+    assert!(core.can_claim());
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(e) if e.sequence == Sequence(0)));
+    assert_eq!(core.claim(g).outcome, ClaimOutcome::Unpersisted { sequence: Sequence(1) });
+
+    // A new generation goes out only once stored.
+    let t = core.reconnect(Generation(1));
+    assert!(t.changes.contains(Projection::Durable) && !core.generation_durable());
+    let g = Generation(1);
+    assert_eq!(core.claim(g).outcome, ClaimOutcome::GenerationUnpersisted { generation: g });
+    // A second reconnect before the write changes no durability.
+    assert!(!core.reconnect(Generation(2)).changes.contains(Projection::Durable));
+    let g = Generation(2);
+    let ready = core.poll_ready().unwrap();
+    assert_eq!((ready.generation, ready.appends.clone()), (Some(g), Sequence(1)..Sequence(2)));
+    let _ = core.persisted(ready.epoch);
+    assert!(core.generation_durable());
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(e) if e.sequence == Sequence(0)));
+}
+
+#[test]
+fn a_failed_write_is_shown_counts_for_nothing_and_is_written_again() {
+    let mut core: EgressCore<&str> = EgressCore::restore(Policy::default(), Restored::empty()).unwrap();
+    let _ = core.enqueue("a");
+    let first = core.poll_ready().unwrap();
+    let t = core.persist_failed(first.epoch, "disk I/O error");
+    assert_eq!(t.changes.iter().collect::<Vec<_>>(), [Projection::PersistError]);
+    assert_eq!(core.persist_error().map(|e| (e.epoch, e.reason.as_str())), Some((first.epoch, "disk I/O error")));
+    assert_eq!((core.durable_through(), core.unpersisted_len()), (None, 1));
+    // The same failure again changes nothing observable.
+    let again = core.poll_ready().unwrap();
+    assert_eq!(again.appends, first.appends);
+    assert_ne!(again.epoch, first.epoch);
+    assert!(core.persist_failed(again.epoch, "disk I/O error").changes.is_empty());
+    // A report of an epoch not being written is refused.
+    let third = core.poll_ready().unwrap();
+    assert_eq!(core.persisted(Epoch(99)).outcome, PersistOutcome::UnknownEpoch { epoch: Epoch(99) });
+    assert_eq!(core.persisted(first.epoch).changes, egress_core::Changes::NONE);
+    let t = core.persisted(third.epoch);
+    assert!(t.changes.contains(Projection::PersistError) && t.changes.contains(Projection::Durable));
+    assert!(core.persist_error().is_none());
+}
+
+#[test]
+fn acks_and_dead_letters_are_written_lazily_and_only_once() {
+    let policy = Policy::builder().dead_letters(DeadLetters::Hold).build().unwrap();
+    let mut core: EgressCore<&str> = EgressCore::restore(policy, Restored::empty()).unwrap();
+    let g = core.generation();
+    let _ = core.enqueue_all(["a", "b"]);
+    let r = core.poll_ready().unwrap();
+    let _ = core.persisted(r.epoch);
+    let _ = core.claim(g);
+    let _ = core.claim(g);
+    let _ = core.ack(g, Sequence(0));
+    let _ = core.fail(g, Sequence(1), FailureKind::Permanent, Time(0), JitterSample::ZERO);
+    let r = core.poll_ready().unwrap();
+    let held = DeadMark { reason: egress_core::DeadReason::Permanent, held: true };
+    assert_eq!(
+        (r.acked_through, r.dead.clone(), r.must_sync),
+        (Some(Sequence(0)), vec![(Sequence(1), Some(held))], false)
+    );
+    assert!(core.persisted(r.epoch).changes.is_empty(), "nothing observable became durable");
+    assert!(core.poll_ready().is_none(), "written once");
+    let _ = core.requeue(g, Sequence(1));
+    assert_eq!(core.poll_ready().unwrap().dead, vec![(Sequence(1), None)]);
+}
+
+#[test]
+fn restore_refuses_a_store_that_breaks_its_rules() {
+    let rec = |s: u64| RestoredRecord { sequence: Sequence(s), payload: (), dead: None };
+    let snap = |acked: Option<u64>, next: u64, records: Vec<RestoredRecord<()>>| Restored {
+        generation: Generation(3),
+        next_sequence: Sequence(next),
+        acked_through: acked.map(Sequence),
+        records,
+    };
+    let restore = |s| EgressCore::restore(Policy::default(), s).map(|_| ());
+    assert_eq!(
+        restore(snap(None, 3, vec![rec(0), rec(2)])),
+        Err(RestoreError::Gap { expected: Sequence(1), found: Some(Sequence(2)) })
+    );
+    assert_eq!(
+        restore(snap(None, 3, vec![rec(0), rec(1)])),
+        Err(RestoreError::Gap { expected: Sequence(2), found: None })
+    );
+    assert_eq!(
+        restore(snap(Some(1), 3, vec![rec(1), rec(2)])),
+        Err(RestoreError::OutOfRange { sequence: Sequence(1) })
+    );
+    assert_eq!(restore(snap(None, 1, vec![rec(0), rec(1)])), Err(RestoreError::OutOfRange { sequence: Sequence(1) }));
+    assert_eq!(
+        restore(snap(Some(3), 3, vec![])),
+        Err(RestoreError::AckedBeyondNext { acked_through: Sequence(3), next_sequence: Sequence(3) })
+    );
+    // At the top of the sequence space.
+    assert!(restore(snap(Some(u64::MAX - 1), u64::MAX, vec![])).is_ok());
+    let core = EgressCore::restore(Policy::default(), snap(Some(4), 7, vec![rec(5), rec(6)])).unwrap();
+    assert_eq!(
+        (core.sent_through(), core.acked_through(), core.pending_len()),
+        (Some(Sequence(6)), Some(Sequence(4)), 2)
+    );
+    assert_eq!(core.generation(), Generation(3));
+}
