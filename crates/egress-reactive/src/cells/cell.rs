@@ -110,6 +110,7 @@ impl CellOptions {
         self
     }
 
+    #[cfg(feature = "async")]
     pub(crate) const fn generation_of(&self) -> Generation {
         self.generation
     }
