@@ -423,6 +423,11 @@ async fn connection(
     };
     let generation = Generation(next);
     let _ = cell.reconnect(generation);
+    // A durable cell stores the generation before any handshake uses it.
+    tokio::select! {
+        () = cell.generation_stored() => {}
+        _ = stop.changed() => return lost(End::Stop),
+    }
     let connecting = tokio::time::timeout(config.connect_timeout, async {
         let (mut ws, _) = tokio_tungstenite::connect_async(url).await.map_err(|e| End::Lost(e.to_string()))?;
         let resume_from = cell.acked_through().get_untracked().map_or(0, |s| s.get().saturating_add(1));

@@ -225,6 +225,27 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
     }
 }
 
+impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
+    /// Waits until the current generation is durable: at once without a
+    /// journal, or once the store wrote it. A transport calls this between
+    /// [`reconnect`](EgressCellOf::reconnect) and its handshake, so that no
+    /// handshake uses a generation a crash could take back (a restarted
+    /// producer would then reuse it, and be refused as stale). Returns at
+    /// once if the cell is disposed.
+    pub async fn generation_stored(&self) {
+        use tokio_stream::StreamExt;
+        if self.cell.is_disposed() || self.cell.generation_durable().get_untracked() {
+            return;
+        }
+        let mut stored = self.cell.inner().handle.watch(self.cell.generation_durable());
+        while let Some(now) = stored.next().await {
+            if now || self.cell.is_disposed() {
+                return;
+            }
+        }
+    }
+}
+
 /// Sleeps until the earliest parked record is due, then makes it pending;
 /// wakes early when the parked set changes.
 async fn run_timer<T: Clone + Send + Sync + 'static>(inner: Inner<T, Threaded>, bell: Arc<Notify>) {

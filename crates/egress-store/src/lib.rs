@@ -1,0 +1,115 @@
+//! Durable egress on SQLite: what an egress cell enqueues survives a crash
+//! of its process, and a restarted producer continues its own sequence
+//! space where it stopped.
+//!
+//! ```text
+//!  app ──enqueue──▶ cell (core + journal) ──poll_ready──▶ Relay ──one tx──▶ SQLite
+//!   │                  ▲      │ claims only durable records      │
+//!   │                  │      └──────▶ transport (egress-ws)      │
+//!   │                  └──persisted / persist_failed / adopt──────┘
+//!   └──Outbox::append(&tx) inside the app's own transaction ─────▶ SQLite
+//! ```
+//!
+//! The core decides and does no I/O ([`egress_core::EgressCore::restore`],
+//! [`poll_ready`](egress_core::EgressCore::poll_ready)); the [`Relay`] is
+//! the one task that writes. The rules it keeps:
+//!
+//! - **R1:** a sequence reaches the wire only after its record is durable
+//!   (claims are gated on the journal), so a crash can never bind a sent
+//!   sequence to another payload.
+//! - **R2:** a generation is durable before a handshake uses it (the
+//!   sender waits for [`generation_durable`](egress_reactive::EgressCellOf::generation_durable)).
+//! - **R3:** acknowledgements are written lazily, with the next commit; one
+//!   lost in a crash costs a replay that the receiver's welcome trims.
+//! - **R4:** dead letters are stored with their state, so a tombstone stays
+//!   a tombstone (and does not stall a cumulative-ack receiver) across
+//!   restarts.
+//! - A failed commit is shown ([`persist_error`](egress_reactive::EgressCellOf::persist_error)),
+//!   retried with a bounded backoff, and stalls sending rather than losing
+//!   anything.
+//!
+//! Appends come either from the cell's `enqueue` (the relay writes them
+//! in groups) or from an [`Outbox`] inside the application's own
+//! transaction (the relay notices the commit and adopts them).
+
+mod sqlite;
+
+#[cfg(feature = "relay")]
+mod relay;
+
+use std::ops::Range;
+
+use egress_core::{RestoreError, Sequence};
+
+#[cfg(feature = "relay")]
+pub use crate::relay::{Durable, Relay, RelayConfig, RelayStats, open_durable};
+pub use crate::sqlite::{Loaded, Outbox, SCHEMA_VERSION, SqliteStore, migrate};
+
+/// Why the store could not do what was asked. Nothing was written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// SQLite refused (a full disk, an I/O error, a locked database, a
+    /// missing table).
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A pragma the store depends on did not take.
+    #[error("pragma {name} is {found}, expected {expected}")]
+    Pragma {
+        /// The pragma.
+        name: &'static str,
+        /// What was set.
+        expected: String,
+        /// What SQLite reports.
+        found: String,
+    },
+    /// The database was written by a newer version of this library.
+    #[error("schema version {found} is newer than this library's {supported}")]
+    SchemaTooNew {
+        /// The database's version.
+        found: u32,
+        /// The newest this library knows.
+        supported: u32,
+    },
+    /// A number that does not fit where it goes (a stored value that is
+    /// negative, or a sequence above `i64::MAX`).
+    #[error("{what} out of range: {value}")]
+    OutOfRange {
+        /// What it is.
+        what: &'static str,
+        /// Its value.
+        value: i128,
+    },
+    /// The stream's stored counter is not where the appends continue it:
+    /// another writer appended to the stream meanwhile.
+    #[error("stream {stream}: the stored counter is at {stored}, the appends start at {expected}")]
+    Conflict {
+        /// The stream.
+        stream: String,
+        /// The stored next sequence.
+        stored: u64,
+        /// Where the appends start.
+        expected: u64,
+    },
+    /// The payloads given do not match the appends of the `Ready`.
+    #[error("the Ready appends {expected:?} but {given} payloads were given")]
+    Appends {
+        /// The appends of the `Ready`.
+        expected: Range<Sequence>,
+        /// How many payloads came.
+        given: usize,
+    },
+    /// The stream has no row.
+    #[error("unknown stream {0}")]
+    UnknownStream(String),
+    /// The stored records break the core's rules (a gap, a record out of
+    /// range).
+    #[error("the stored stream cannot be restored: {0}")]
+    Restore(#[from] RestoreError),
+    /// A message serde could not encode.
+    #[error("encode: {0}")]
+    Encode(serde_json::Error),
+    /// The relay's blocking task panicked or was cancelled.
+    #[error("the store's task ended: {0}")]
+    Task(String),
+}

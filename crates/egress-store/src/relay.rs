@@ -1,0 +1,339 @@
+//! The relay: the one task that writes a durable cell's journal into its
+//! store, and adopts what applications appended through the outbox.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use egress_core::{AdoptOutcome, EgressCore, Policy};
+use egress_reactive::{AsyncContext, AsyncEgressCell, CellOptions, Effect, Threaded};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::{SqliteStore, StoreError};
+
+/// How a [`Relay`] writes and polls.
+#[derive(Clone, Debug)]
+pub struct RelayConfig {
+    /// How often to look for records appended through the
+    /// [`Outbox`](crate::Outbox) by other connections (a cheap
+    /// `PRAGMA data_version`).
+    pub poll_interval: Duration,
+    /// The first wait after a failed commit; it doubles per failure in a
+    /// row...
+    pub retry_base: Duration,
+    /// ...up to this.
+    pub retry_max: Duration,
+    /// At most this many records adopted per read.
+    pub adopt_batch: usize,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            poll_interval: Duration::from_millis(20),
+            retry_base: Duration::from_millis(20),
+            retry_max: Duration::from_secs(2),
+            adopt_batch: 1024,
+        }
+    }
+}
+
+/// What a relay has done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Transactions committed (one per `Ready`).
+    pub commits: u64,
+    /// Records appended by those commits.
+    pub appended: u64,
+    /// Commits that failed (each retried after a backoff).
+    pub failures: u64,
+    /// Records adopted from the outbox.
+    pub adopted: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    commits: AtomicU64,
+    appended: AtomicU64,
+    failures: AtomicU64,
+    adopted: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> RelayStats {
+        RelayStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            appended: self.appended.load(Ordering::Relaxed),
+            failures: self.failures.load(Ordering::Relaxed),
+            adopted: self.adopted.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The task that makes a cell's records durable: whenever the cell's
+/// journal has something to write (records enqueued, a new generation, an
+/// acknowledgement, a dead letter), it takes one
+/// [`Ready`](egress_core::Ready), commits it as one transaction on a
+/// blocking thread, and reports it to the cell ([`persisted`], which makes
+/// the records claimable, or [`persist_failed`], which shows the error;
+/// the write is retried after a backoff). Everything enqueued while a
+/// commit runs goes into the next one: group commit. It also polls the
+/// database for records applications appended through the
+/// [`Outbox`](crate::Outbox), and adopts them in order.
+///
+/// Dropping the relay aborts its task; what was not committed is not
+/// durable (and was never sent). [`shutdown`](Self::shutdown) writes what
+/// is pending first.
+///
+/// [`persisted`]: egress_reactive::EgressCellOf::persisted
+/// [`persist_failed`]: egress_reactive::EgressCellOf::persist_failed
+pub struct Relay {
+    task: Option<JoinHandle<()>>,
+    effect: Effect<Threaded>,
+    stop: watch::Sender<bool>,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay").field("stats", &self.stats()).finish_non_exhaustive()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        self.effect.dispose();
+    }
+}
+
+/// A durable cell and the relay that writes it.
+#[derive(Debug)]
+pub struct Durable {
+    /// The cell: enqueue here, attach a transport (or spawn a sender) here.
+    pub cell: AsyncEgressCell<Bytes>,
+    /// Its relay.
+    pub relay: Relay,
+}
+
+/// Opens the store at `path`, restores `stream` from it and starts its
+/// relay: the cell continues the stream's incarnation, generation and
+/// sequences, with every record not yet acknowledged pending again (in
+/// order, nothing in flight, no backoff carried over). The load runs on the
+/// calling thread, once.
+///
+/// # Errors
+/// The store's ([`SqliteStore::open`], [`SqliteStore::load`]), or stored
+/// data that breaks the core's rules ([`StoreError::Restore`]).
+///
+/// # Panics
+/// Outside a tokio runtime.
+pub fn open_durable(
+    cx: &AsyncContext,
+    path: impl AsRef<Path>,
+    stream: &str,
+    policy: Policy,
+    options: CellOptions,
+    config: RelayConfig,
+) -> Result<Durable, StoreError> {
+    let mut store = SqliteStore::open(path)?;
+    let loaded = store.load(stream)?;
+    let core = EgressCore::restore(policy, loaded.restored)?;
+    let cell = AsyncEgressCell::from_core(cx, core, options.incarnation(loaded.incarnation));
+    let relay = Relay::spawn(cx, &cell, store, stream, config);
+    Ok(Durable { cell, relay })
+}
+
+impl Relay {
+    /// Starts the relay of `cell` (a cell over a core restored from
+    /// `store`'s `stream`) on the current tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn(
+        cx: &AsyncContext,
+        cell: &AsyncEgressCell<Bytes>,
+        store: SqliteStore,
+        stream: impl Into<String>,
+        config: RelayConfig,
+    ) -> Relay {
+        let bell = Arc::new(Notify::new());
+        // Whatever the journal may have to write moves one of these.
+        let effect = cx.effect({
+            let bell = bell.clone();
+            let watched = (
+                cell.unpersisted_len().clone(),
+                cell.generation().clone(),
+                cell.acked_through().clone(),
+                cell.exhausted_len().clone(),
+                cell.pending_len().clone(),
+            );
+            move || {
+                let _ = watched.0.try_get();
+                let _ = watched.1.try_get();
+                let _ = watched.2.try_get();
+                let _ = watched.3.try_get();
+                let _ = watched.4.try_get();
+                bell.notify_one();
+            }
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let counters = Arc::new(Counters::default());
+        let store = Arc::new(Mutex::new(store));
+        let task = tokio::spawn(run(cell.clone(), store, stream.into(), config, bell, stop_rx, counters.clone()));
+        Relay { task: Some(task), effect, stop, counters }
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> RelayStats {
+        self.counters.snapshot()
+    }
+
+    /// Writes what the journal holds, checkpoints the database, and stops;
+    /// returns the stats.
+    pub async fn shutdown(mut self) -> RelayStats {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        self.counters.snapshot()
+    }
+}
+
+/// Runs `f` on the store on a blocking thread.
+async fn blocking<R: Send + 'static>(
+    store: &Arc<Mutex<SqliteStore>>,
+    f: impl FnOnce(&mut SqliteStore) -> Result<R, StoreError> + Send + 'static,
+) -> Result<R, StoreError> {
+    let store = store.clone();
+    match tokio::task::spawn_blocking(move || f(&mut store.lock())).await {
+        Ok(result) => result,
+        Err(e) => Err(StoreError::Task(e.to_string())),
+    }
+}
+
+/// Commits one `Ready` if the journal has one; returns whether it did
+/// anything, and the error if the commit failed.
+async fn write_once(
+    cell: &AsyncEgressCell<Bytes>,
+    store: &Arc<Mutex<SqliteStore>>,
+    stream: &Arc<str>,
+    counters: &Counters,
+) -> Option<Result<(), StoreError>> {
+    let (ready, appends) = cell.poll_ready()?;
+    let epoch = ready.epoch;
+    let n = appends.len() as u64;
+    let s = stream.clone();
+    let result = blocking(store, move |st| st.apply(&s, &ready, &appends)).await;
+    match &result {
+        Ok(()) => {
+            let _ = cell.persisted(epoch);
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            counters.appended.fetch_add(n, Ordering::Relaxed);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "egress relay: a commit failed");
+            let _ = cell.persist_failed(epoch, e.to_string());
+            counters.failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Some(result)
+}
+
+/// Adopts what applications appended; returns whether a full batch came
+/// (there may be more).
+async fn adopt(
+    cell: &AsyncEgressCell<Bytes>,
+    store: &Arc<Mutex<SqliteStore>>,
+    stream: &Arc<str>,
+    batch: usize,
+    force: bool,
+    counters: &Counters,
+) -> Result<bool, StoreError> {
+    if cell.unpersisted_len().get_untracked() != 0 {
+        return Ok(false);
+    }
+    let from = cell.next_sequence();
+    let s = stream.clone();
+    let rows =
+        blocking(store, move |st| if st.changed()? || force { st.appended(&s, from, batch) } else { Ok(Vec::new()) })
+            .await?;
+    let full = rows.len() == batch;
+    for (sequence, payload) in rows {
+        match cell.adopt(sequence, payload) {
+            AdoptOutcome::Adopted { .. } => {
+                counters.adopted.fetch_add(1, Ordering::Relaxed);
+            }
+            other => {
+                tracing::debug!(?other, "egress relay: adoption stopped");
+                return Ok(false);
+            }
+        }
+    }
+    Ok(full)
+}
+
+async fn run(
+    cell: AsyncEgressCell<Bytes>,
+    store: Arc<Mutex<SqliteStore>>,
+    stream: String,
+    config: RelayConfig,
+    bell: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+    counters: Arc<Counters>,
+) {
+    let stream: Arc<str> = stream.into();
+    let mut failures: u32 = 0;
+    let mut more = true;
+    loop {
+        let rung = bell.notified();
+        tokio::pin!(rung);
+        rung.as_mut().enable();
+        if *stop.borrow() {
+            while let Some(Ok(())) = write_once(&cell, &store, &stream, &counters).await {}
+            let _ = blocking(&store, |st| st.checkpoint()).await;
+            return;
+        }
+        match write_once(&cell, &store, &stream, &counters).await {
+            Some(Ok(())) => {
+                failures = 0;
+                continue;
+            }
+            Some(Err(_)) => {
+                let wait = backoff(&config, failures);
+                failures = failures.saturating_add(1);
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    _ = stop.changed() => {}
+                }
+                continue;
+            }
+            None => {}
+        }
+        match adopt(&cell, &store, &stream, config.adopt_batch.max(1), more, &counters).await {
+            Ok(full) => {
+                more = full;
+                if full {
+                    continue;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "egress relay: reading the outbox failed"),
+        }
+        tokio::select! {
+            () = &mut rung => {}
+            () = tokio::time::sleep(config.poll_interval) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// `retry_base * 2^failures`, capped at `retry_max`.
+fn backoff(config: &RelayConfig, failures: u32) -> Duration {
+    config.retry_base.saturating_mul(1u32 << failures.min(20)).min(config.retry_max)
+}

@@ -1,0 +1,481 @@
+//! The SQLite store: schema, pragmas, recovery, group commit, and the
+//! transactional outbox's append.
+
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use egress_core::{DeadMark, DeadReason, Generation, Incarnation, Ready, Restored, RestoredRecord, Sequence};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use crate::StoreError;
+
+/// The schema, one migration per version: `PRAGMA user_version` counts the
+/// ones applied. Never edit a migration that shipped; add one.
+const MIGRATIONS: &[&str] = &["
+    CREATE TABLE egress_stream (
+        stream TEXT PRIMARY KEY NOT NULL,
+        incarnation BLOB NOT NULL,
+        generation INTEGER NOT NULL,
+        next_sequence INTEGER NOT NULL,
+        acked_through INTEGER
+    ) STRICT;
+    CREATE TABLE egress_outbox (
+        stream TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        payload BLOB NOT NULL,
+        dead_reason INTEGER,
+        dead_held INTEGER,
+        PRIMARY KEY (stream, seq)
+    ) STRICT, WITHOUT ROWID;
+"];
+
+/// The schema version this library writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Installs (or upgrades) egress's tables on `conn`, in one transaction:
+/// for an application that opens its own connection to the database its
+/// business data lives in, before the first
+/// [`Outbox::append`](crate::Outbox::append). Idempotent.
+///
+/// # Errors
+/// A database written by a newer version of this library
+/// ([`StoreError::SchemaTooNew`]), or SQLite's error.
+pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let result = (|| {
+        let version: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        let supported = u32::try_from(MIGRATIONS.len()).unwrap_or(u32::MAX);
+        if version > supported {
+            return Err(StoreError::SchemaTooNew { found: version, supported });
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            conn.execute_batch(sql)?;
+            conn.pragma_update(None, "user_version", u32::try_from(i + 1).unwrap_or(u32::MAX))?;
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => conn.execute_batch("COMMIT")?,
+        Err(_) => {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+    }
+    result
+}
+
+/// A durable home for egress streams in one SQLite database: WAL,
+/// `synchronous=FULL` for the commits that must reach the disk (appends and
+/// generations), `NORMAL` for the rest, every write in `BEGIN IMMEDIATE`.
+/// The pragmas are read back after being set: a setting SQLite ignored is
+/// an error, not a surprise.
+///
+/// One `SqliteStore` is one connection, the stream's single writer: the
+/// relay ([`Relay`](crate::Relay)) owns it and commits each
+/// [`Ready`] as one transaction (group commit: everything enqueued while
+/// the previous commit ran goes into the next). Applications append from
+/// their own connections with [`Outbox`](crate::Outbox).
+///
+/// Numbers are stored as SQLite integers: a sequence or generation above
+/// `i64::MAX` cannot be stored and fails the write with
+/// [`StoreError::OutOfRange`] (the wire protocol caps generations at 2^63
+/// already).
+#[derive(Debug)]
+pub struct SqliteStore {
+    conn: Connection,
+    /// The `synchronous` setting now in force: 2 (FULL) or 1 (NORMAL).
+    synchronous: u8,
+    data_version: Option<i64>,
+}
+
+/// What [`SqliteStore::load`] found for a stream: the incarnation of its
+/// sequence space and the snapshot to [`restore`](egress_core::EgressCore::restore)
+/// from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Loaded {
+    /// The stream's incarnation, kept for its life: a restarted producer
+    /// continues the same sequence space.
+    pub incarnation: Incarnation,
+    /// The stored state.
+    pub restored: Restored<Bytes>,
+}
+
+fn to_i64(what: &'static str, value: u64) -> Result<i64, StoreError> {
+    i64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value: i128::from(value) })
+}
+
+fn to_u64(what: &'static str, value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value: i128::from(value) })
+}
+
+fn dead_code(reason: DeadReason) -> i64 {
+    match reason {
+        DeadReason::Permanent => 0,
+        DeadReason::Retries => 1,
+        DeadReason::Replays => 2,
+    }
+}
+
+fn dead_of(code: Option<i64>, held: Option<i64>) -> Result<Option<DeadMark>, StoreError> {
+    let Some(code) = code else { return Ok(None) };
+    let reason = match code {
+        0 => DeadReason::Permanent,
+        1 => DeadReason::Retries,
+        2 => DeadReason::Replays,
+        other => return Err(StoreError::OutOfRange { what: "dead_reason", value: i128::from(other) }),
+    };
+    Ok(Some(DeadMark { reason, held: held.unwrap_or(0) != 0 }))
+}
+
+/// A new incarnation: 128 bits from the standard library's randomly seeded
+/// hasher.
+fn fresh_incarnation() -> [u8; 16] {
+    use std::hash::BuildHasher;
+    let random = || std::collections::hash_map::RandomState::new().hash_one(0u64);
+    (u128::from(random()) << 64 | u128::from(random())).to_be_bytes()
+}
+
+/// Creates the stream's row if it has none (generation 0, nothing stored).
+fn ensure_stream(conn: &Connection, stream: &str) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO egress_stream (stream, incarnation, generation, next_sequence, acked_through)
+         VALUES (?1, ?2, 0, 0, NULL) ON CONFLICT (stream) DO NOTHING",
+        params![stream, fresh_incarnation().as_slice()],
+    )?;
+    Ok(())
+}
+
+/// The stream's row: generation, next sequence, acknowledgement watermark.
+fn stream_row(conn: &Connection, stream: &str) -> Result<(u64, u64, Option<u64>), StoreError> {
+    let (g, n, a): (i64, i64, Option<i64>) = conn
+        .query_row(
+            "SELECT generation, next_sequence, acked_through FROM egress_stream WHERE stream = ?1",
+            [stream],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?
+        .ok_or_else(|| StoreError::UnknownStream(stream.to_owned()))?;
+    Ok((to_u64("generation", g)?, to_u64("next_sequence", n)?, a.map(|a| to_u64("acked_through", a)).transpose()?))
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the database at `path`, sets and checks its
+    /// pragmas, and installs or upgrades the schema.
+    ///
+    /// # Errors
+    /// SQLite's error; a pragma that did not take ([`StoreError::Pragma`]:
+    /// WAL needs a file, not `:memory:`); a schema newer than this library.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Pragma { name: "journal_mode", expected: "wal".into(), found: mode });
+        }
+        let mut store = SqliteStore { conn, synchronous: 0, data_version: None };
+        store.set_synchronous(true)?;
+        migrate(&store.conn)?;
+        Ok(store)
+    }
+
+    /// Sets `synchronous` to FULL (`sync`) or NORMAL, and checks it took.
+    fn set_synchronous(&mut self, sync: bool) -> Result<(), StoreError> {
+        let want: u8 = if sync { 2 } else { 1 };
+        if self.synchronous == want {
+            return Ok(());
+        }
+        self.conn.pragma_update(None, "synchronous", want)?;
+        let found: u8 = self.conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+        if found != want {
+            return Err(StoreError::Pragma {
+                name: "synchronous",
+                expected: want.to_string(),
+                found: found.to_string(),
+            });
+        }
+        self.synchronous = want;
+        Ok(())
+    }
+
+    /// The connection, for reads (and for tests that need to break it).
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Loads `stream` for a restart: its incarnation and every stored record
+    /// above its acknowledgement watermark, in order (a new stream is
+    /// created, empty, at generation 0). Every record not yet acknowledged
+    /// is held in memory by the core, so this is as large as what is
+    /// unacknowledged.
+    ///
+    /// # Errors
+    /// SQLite's error, or a stored value out of range.
+    pub fn load(&mut self, stream: &str) -> Result<Loaded, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        ensure_stream(&tx, stream)?;
+        let incarnation: Vec<u8> =
+            tx.query_row("SELECT incarnation FROM egress_stream WHERE stream = ?1", [stream], |r| r.get(0))?;
+        let incarnation = <[u8; 16]>::try_from(incarnation.as_slice())
+            .map_err(|_| StoreError::OutOfRange { what: "incarnation length", value: incarnation.len() as i128 })?;
+        let (generation, next, acked) = stream_row(&tx, stream)?;
+        let from = acked.map_or(0, |a| a.saturating_add(1));
+        let mut records = Vec::new();
+        {
+            let mut select = tx.prepare(
+                "SELECT seq, payload, dead_reason, dead_held FROM egress_outbox
+                 WHERE stream = ?1 AND seq >= ?2 ORDER BY seq",
+            )?;
+            let mut rows = select.query(params![stream, to_i64("sequence", from)?])?;
+            while let Some(row) = rows.next()? {
+                let sequence = Sequence(to_u64("seq", row.get(0)?)?);
+                let payload: Vec<u8> = row.get(1)?;
+                let dead = dead_of(row.get(2)?, row.get(3)?)?;
+                records.push(RestoredRecord { sequence, payload: Bytes::from(payload), dead });
+            }
+        }
+        tx.commit()?;
+        Ok(Loaded {
+            incarnation: Incarnation(u128::from_be_bytes(incarnation)),
+            restored: Restored {
+                generation: Generation(generation),
+                next_sequence: Sequence(next),
+                acked_through: acked.map(Sequence),
+                records,
+            },
+        })
+    }
+
+    /// Writes one [`Ready`] of `stream` as one transaction: the appends
+    /// (`appends`, the payloads of `ready.appends`, in order), the
+    /// generation, the dead letters, the acknowledgement watermark with the
+    /// records at or below it pruned. Synced to the disk before it returns
+    /// when `ready.must_sync`.
+    ///
+    /// The appends must continue the stream's stored counter: a stream
+    /// whose counter moved (an application appended through the
+    /// [`Outbox`](crate::Outbox) meanwhile) refuses them with
+    /// [`StoreError::Conflict`], and nothing of the transaction is written.
+    /// The same appends written before (a commit whose report was lost) are
+    /// taken as written.
+    ///
+    /// # Errors
+    /// SQLite's error (a full disk, a locked database), a conflict, or a
+    /// number out of range; nothing is written then.
+    pub fn apply(&mut self, stream: &str, ready: &Ready, appends: &[(Sequence, Bytes)]) -> Result<(), StoreError> {
+        let range = ready.appends.clone();
+        let count = range.end.0.saturating_sub(range.start.0);
+        if appends.len() as u64 != count || appends.iter().zip(range.start.0..).any(|((s, _), e)| s.0 != e) {
+            return Err(StoreError::Appends { expected: range, given: appends.len() });
+        }
+        self.set_synchronous(ready.must_sync)?;
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        ensure_stream(&tx, stream)?;
+        let (_, next, _) = stream_row(&tx, stream)?;
+        if !range.is_empty() {
+            if next == range.start.0 {
+                let mut insert =
+                    tx.prepare_cached("INSERT INTO egress_outbox (stream, seq, payload) VALUES (?1, ?2, ?3)")?;
+                for (sequence, payload) in appends {
+                    insert.execute(params![stream, to_i64("sequence", sequence.0)?, payload.as_ref()])?;
+                }
+                tx.execute(
+                    "UPDATE egress_stream SET next_sequence = ?2 WHERE stream = ?1",
+                    params![stream, to_i64("sequence", range.end.0)?],
+                )?;
+            } else if next >= range.end.0 && Self::holds(&tx, stream, appends)? {
+                // Written before: a commit whose report was lost.
+            } else {
+                return Err(StoreError::Conflict { stream: stream.to_owned(), stored: next, expected: range.start.0 });
+            }
+        }
+        if let Some(g) = ready.generation {
+            tx.execute(
+                "UPDATE egress_stream SET generation = MAX(generation, ?2) WHERE stream = ?1",
+                params![stream, to_i64("generation", g.0)?],
+            )?;
+        }
+        for (sequence, mark) in &ready.dead {
+            tx.execute(
+                "UPDATE egress_outbox SET dead_reason = ?3, dead_held = ?4 WHERE stream = ?1 AND seq = ?2",
+                params![
+                    stream,
+                    to_i64("sequence", sequence.0)?,
+                    mark.map(|m| dead_code(m.reason)),
+                    mark.map(|m| i64::from(m.held)),
+                ],
+            )?;
+        }
+        if let Some(a) = ready.acked_through {
+            let a = to_i64("acked_through", a.0)?;
+            tx.execute(
+                "UPDATE egress_stream SET acked_through = MAX(COALESCE(acked_through, -1), ?2) WHERE stream = ?1",
+                params![stream, a],
+            )?;
+            tx.execute("DELETE FROM egress_outbox WHERE stream = ?1 AND seq <= ?2", params![stream, a])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Whether the stored records of `stream` are exactly `appends`.
+    fn holds(conn: &Connection, stream: &str, appends: &[(Sequence, Bytes)]) -> Result<bool, StoreError> {
+        let mut select = conn.prepare_cached("SELECT payload FROM egress_outbox WHERE stream = ?1 AND seq = ?2")?;
+        for (sequence, payload) in appends {
+            let stored: Option<Vec<u8>> =
+                select.query_row(params![stream, to_i64("sequence", sequence.0)?], |r| r.get(0)).optional()?;
+            if stored.as_deref() != Some(payload.as_ref()) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether another connection committed since the last call (`true` the
+    /// first time): SQLite's `PRAGMA data_version`, which a connection's own
+    /// commits do not move. Cheap enough to poll.
+    ///
+    /// # Errors
+    /// SQLite's error.
+    pub fn changed(&mut self) -> Result<bool, StoreError> {
+        let version: i64 = self.conn.query_row("PRAGMA data_version", [], |r| r.get(0))?;
+        Ok(self.data_version.replace(version) != Some(version))
+    }
+
+    /// Up to `limit` records of `stream` from sequence `from` on, in order:
+    /// what applications appended that the cell has not adopted yet.
+    ///
+    /// # Errors
+    /// SQLite's error, or a stored value out of range.
+    pub fn appended(
+        &mut self,
+        stream: &str,
+        from: Sequence,
+        limit: usize,
+    ) -> Result<Vec<(Sequence, Bytes)>, StoreError> {
+        let mut select = self.conn.prepare_cached(
+            "SELECT seq, payload FROM egress_outbox WHERE stream = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3",
+        )?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut rows = select.query(params![stream, to_i64("sequence", from.0)?, limit])?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            let payload: Vec<u8> = row.get(1)?;
+            out.push((Sequence(to_u64("seq", row.get(0)?)?), Bytes::from(payload)));
+        }
+        Ok(out)
+    }
+
+    /// Checkpoints the WAL into the database file and truncates it, for a
+    /// clean close.
+    ///
+    /// # Errors
+    /// SQLite's error.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+}
+
+/// Appends to an egress stream from inside the application's own
+/// transaction: the record and the stream's counter commit or roll back
+/// with the application's writes, so a rolled-back append consumes no
+/// sequence and a committed one is durable when the transaction is. The
+/// stream's [`Relay`](crate::Relay) notices the commit and adopts the
+/// record into its cell.
+///
+/// A stream takes appends either from its cell's `enqueue` or from an
+/// `Outbox`, not both at once: while records enqueued through the cell are
+/// not yet durable, an append here moves the counter under them and their
+/// write fails with [`StoreError::Conflict`] (shown as the cell's
+/// `persist_error`), and nothing is lost or overwritten.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use egress_store::{Outbox, migrate};
+///
+/// let dir = std::env::temp_dir().join(format!("egress-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let mut conn = rusqlite::Connection::open(dir.join("app.db"))?;
+/// migrate(&conn)?;
+/// conn.execute_batch("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, item TEXT)")?;
+/// let outbox = Outbox::new("orders");
+///
+/// let tx = conn.transaction()?;
+/// tx.execute("INSERT INTO orders (item) VALUES ('tea')", [])?;
+/// let first = outbox.append_json(&tx, &serde_json::json!({"order": "tea"}))?;
+/// tx.commit()?;
+///
+/// let tx = conn.transaction()?;
+/// let _ = outbox.append_json(&tx, &serde_json::json!({"order": "cake"}))?;
+/// tx.rollback()?; // consumes no sequence
+///
+/// let tx = conn.transaction()?;
+/// let second = outbox.append(&tx, b"raw bytes")?;
+/// tx.commit()?;
+/// assert_eq!((first.0, second.0), (0, 1));
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outbox {
+    stream: String,
+}
+
+impl Outbox {
+    /// The outbox of `stream`.
+    pub fn new(stream: impl Into<String>) -> Self {
+        Outbox { stream: stream.into() }
+    }
+
+    /// The stream's name.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// Appends `payload` on `conn`, which may be a `rusqlite::Transaction`
+    /// or `Savepoint` (they dereference to a `Connection`): inside the
+    /// caller's transaction, under a savepoint of its own, so that a failed
+    /// append leaves the caller's transaction as it was. Outside a
+    /// transaction it commits by itself. Returns the sequence assigned.
+    ///
+    /// # Errors
+    /// SQLite's error (the schema missing: call [`migrate`] first), or the
+    /// counter out of range; nothing is appended then.
+    pub fn append(&self, conn: &Connection, payload: &[u8]) -> Result<Sequence, StoreError> {
+        conn.execute_batch("SAVEPOINT egress_append")?;
+        let result = (|| {
+            ensure_stream(conn, &self.stream)?;
+            let sequence: i64 = conn.query_row(
+                "UPDATE egress_stream SET next_sequence = next_sequence + 1 WHERE stream = ?1
+                 RETURNING next_sequence - 1",
+                [&self.stream],
+                |r| r.get(0),
+            )?;
+            conn.execute(
+                "INSERT INTO egress_outbox (stream, seq, payload) VALUES (?1, ?2, ?3)",
+                params![self.stream, sequence, payload],
+            )?;
+            Ok(Sequence(to_u64("sequence", sequence)?))
+        })();
+        match result {
+            Ok(_) => conn.execute_batch("RELEASE egress_append")?,
+            Err(_) => {
+                let _ = conn.execute_batch("ROLLBACK TO egress_append; RELEASE egress_append");
+            }
+        }
+        result
+    }
+
+    /// Appends `message` as JSON (see [`append`](Self::append)).
+    ///
+    /// # Errors
+    /// A message serde cannot encode, or [`append`](Self::append)'s.
+    pub fn append_json<M: serde::Serialize + ?Sized>(
+        &self,
+        conn: &Connection,
+        message: &M,
+    ) -> Result<Sequence, StoreError> {
+        let payload = serde_json::to_vec(message).map_err(StoreError::Encode)?;
+        self.append(conn, &payload)
+    }
+}

@@ -1,0 +1,316 @@
+//! The SQLite store against real databases in temporary directories: its
+//! pragmas, recovery, group commit, the transactional outbox, and what a
+//! refused commit (a full disk, a locked database) does to a durable cell.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use egress_core::{DeadLetters, DeadReason, EgressCore, FailureKind, Generation, Policy, Sequence};
+use egress_reactive::{AsyncContext, AsyncTransport, CellOptions, SendError};
+use egress_store::{Outbox, Relay, RelayConfig, SqliteStore, StoreError, migrate, open_durable};
+use tokio::sync::mpsc;
+
+/// A fresh directory under the system's temporary one, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "egress-store-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn db(&self) -> PathBuf {
+        self.0.join("egress.db")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes everything the core's journal holds into `store`.
+fn flush(core: &mut EgressCore<Bytes>, store: &mut SqliteStore, stream: &str) {
+    while let Some(ready) = core.poll_ready() {
+        let appends: Vec<_> = core.unwritten(ready.appends.clone()).map(|(s, p)| (s, p.clone())).collect();
+        store.apply(stream, &ready, &appends).unwrap();
+        let _ = core.persisted(ready.epoch);
+    }
+}
+
+#[test]
+fn the_pragmas_it_depends_on_are_checked_after_being_set() {
+    let dir = TempDir::new();
+    let store = SqliteStore::open(dir.db()).unwrap();
+    let mode: String = store.connection().query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+    let sync: i64 = store.connection().query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+    assert_eq!((mode.as_str(), sync), ("wal", 2));
+    // An in-memory database cannot be in WAL mode: refused, not ignored.
+    match SqliteStore::open(":memory:") {
+        Err(StoreError::Pragma { name: "journal_mode", found, .. }) => assert_eq!(found, "memory"),
+        other => panic!("expected a pragma error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_schema_from_a_newer_version_is_refused_and_migrations_are_idempotent() {
+    let dir = TempDir::new();
+    drop(SqliteStore::open(dir.db()).unwrap());
+    let conn = rusqlite::Connection::open(dir.db()).unwrap();
+    migrate(&conn).unwrap();
+    let version: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, egress_store::SCHEMA_VERSION);
+    conn.pragma_update(None, "user_version", 99).unwrap();
+    drop(conn);
+    match SqliteStore::open(dir.db()) {
+        Err(StoreError::SchemaTooNew { found: 99, supported }) => assert_eq!(supported, egress_store::SCHEMA_VERSION),
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_restart_continues_the_stream_with_what_is_unacknowledged_and_dead_letters_as_they_were() {
+    let dir = TempDir::new();
+    let policy = Policy::builder().inflight_limit(8).dead_letters(DeadLetters::Skip).build().unwrap();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let loaded = store.load("s").unwrap();
+    let incarnation = loaded.incarnation;
+    let mut core = EgressCore::restore(policy, loaded.restored).unwrap();
+    let _ = core.enqueue_all((0..5).map(|i| Bytes::from(format!("m{i}"))));
+    let _ = core.reconnect(Generation(3));
+    flush(&mut core, &mut store, "s");
+    let g = Generation(3);
+    for _ in 0..5 {
+        let _ = core.claim(g);
+    }
+    let _ = core.ack(g, Sequence(1));
+    let _ = core.fail(g, Sequence(3), FailureKind::Permanent, egress_core::Time(0), egress_core::JitterSample::ZERO);
+    flush(&mut core, &mut store, "s");
+    // Enqueued, never written: lost with the process, and never sent.
+    let _ = core.enqueue(Bytes::from_static(b"unwritten"));
+    drop((core, store));
+
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let loaded = store.load("s").unwrap();
+    assert_eq!(loaded.incarnation, incarnation, "the sequence space continues");
+    let core = EgressCore::restore(policy, loaded.restored).unwrap();
+    assert_eq!((core.generation(), core.next_sequence(), core.acked_through()), (g, Sequence(5), Some(Sequence(1))));
+    let pending: Vec<(u64, Bytes, Option<DeadReason>)> =
+        core.pending().map(|e| (e.sequence.0, e.payload.clone(), e.dead)).collect();
+    assert_eq!(
+        pending,
+        [
+            (2, Bytes::from("m2"), None),
+            (3, Bytes::from("m3"), Some(DeadReason::Permanent)),
+            (4, Bytes::from("m4"), None)
+        ]
+    );
+    // Acknowledged records were pruned.
+    let rows: i64 = store.connection().query_row("SELECT COUNT(*) FROM egress_outbox", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 3);
+}
+
+#[test]
+fn a_write_whose_report_was_lost_is_taken_as_written_and_a_moved_counter_is_a_conflict() {
+    let dir = TempDir::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let mut core = EgressCore::restore(Policy::default(), store.load("s").unwrap().restored).unwrap();
+    let _ = core.enqueue(Bytes::from_static(b"a"));
+    let ready = core.poll_ready().unwrap();
+    let appends = vec![(Sequence(0), Bytes::from_static(b"a"))];
+    store.apply("s", &ready, &appends).unwrap();
+    // The report was lost: the core fails the epoch and writes it again.
+    let _ = core.persist_failed(ready.epoch, "lost");
+    let again = core.poll_ready().unwrap();
+    store.apply("s", &again, &appends).unwrap();
+    let _ = core.persisted(again.epoch);
+    // Another writer moved the counter: the next appends are refused whole.
+    let outbox = Outbox::new("s");
+    assert_eq!(outbox.append(store.connection(), b"theirs").unwrap(), Sequence(1));
+    let _ = core.enqueue(Bytes::from_static(b"mine"));
+    let ready = core.poll_ready().unwrap();
+    let err = store.apply("s", &ready, &[(Sequence(1), Bytes::from_static(b"mine"))]).unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { stored: 2, expected: 1, .. }), "{err}");
+    let stored: Vec<u8> =
+        store.connection().query_row("SELECT payload FROM egress_outbox WHERE seq = 1", [], |r| r.get(0)).unwrap();
+    assert_eq!(stored, b"theirs", "nothing overwritten");
+    // Payloads that do not match the Ready are refused before any write.
+    let err = store.apply("s", &ready, &[]).unwrap_err();
+    assert!(matches!(err, StoreError::Appends { given: 0, .. }), "{err}");
+}
+
+#[test]
+fn an_append_rolled_back_with_the_callers_transaction_consumes_no_sequence() {
+    let dir = TempDir::new();
+    drop(SqliteStore::open(dir.db()).unwrap());
+    let mut conn = rusqlite::Connection::open(dir.db()).unwrap();
+    conn.execute_batch("CREATE TABLE orders (item TEXT)").unwrap();
+    let outbox = Outbox::new("orders");
+    let tx = conn.transaction().unwrap();
+    tx.execute("INSERT INTO orders VALUES ('tea')", []).unwrap();
+    assert_eq!(outbox.append_json(&tx, &serde_json::json!({"order": "tea"})).unwrap(), Sequence(0));
+    tx.commit().unwrap();
+    let tx = conn.transaction().unwrap();
+    assert_eq!(outbox.append(&tx, b"rolled back").unwrap(), Sequence(1));
+    tx.rollback().unwrap();
+    let mut tx = conn.transaction().unwrap();
+    {
+        // Under a savepoint of the caller's, rolled back alone.
+        let sp = tx.savepoint().unwrap();
+        assert_eq!(outbox.append(&sp, b"in a savepoint").unwrap(), Sequence(1));
+        sp.finish().unwrap(); // rolled back: the default
+    }
+    assert_eq!(outbox.append(&tx, b"second").unwrap(), Sequence(1));
+    tx.commit().unwrap();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let restored = store.load("orders").unwrap().restored;
+    let payloads: Vec<Bytes> = restored.records.into_iter().map(|r| r.payload).collect();
+    assert_eq!(payloads, [Bytes::from(r#"{"order":"tea"}"#), Bytes::from("second")]);
+    let orders: i64 = conn.query_row("SELECT COUNT(*) FROM orders", [], |r| r.get(0)).unwrap();
+    assert_eq!(orders, 1);
+}
+
+/// A transport that hands every envelope to the test.
+struct Channel(mpsc::UnboundedSender<(u64, Bytes)>);
+
+impl AsyncTransport<Bytes> for Channel {
+    async fn send(&mut self, envelope: egress_core::Envelope<Bytes>) -> Result<(), SendError> {
+        self.0.send((envelope.sequence.0, envelope.payload)).map_err(|_| SendError::transient("gone"))
+    }
+}
+
+fn config() -> RelayConfig {
+    RelayConfig {
+        poll_interval: Duration::from_millis(5),
+        retry_base: Duration::from_millis(5),
+        ..RelayConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_database_stalls_sending_visibly_and_loses_nothing() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let store = SqliteStore::open(dir.db()).unwrap();
+    // The relay gives up on a lock after 50 ms (then retries).
+    store.connection().busy_timeout(Duration::from_millis(50)).unwrap();
+    let (cell, relay) = start(&cx, store, "s");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _link = cell.attach(Channel(tx));
+    cell.enqueue(Bytes::from_static(b"first"));
+    assert_eq!(rx.recv().await.unwrap(), (0, Bytes::from_static(b"first")));
+    // Another writer holds the database's write lock.
+    let blocker = rusqlite::Connection::open(dir.db()).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    cell.enqueue(Bytes::from_static(b"second"));
+    let error = wait_for(&cell, |c| c.persist_error().get_untracked()).await;
+    assert!(error.reason.contains("locked") || error.reason.contains("busy"), "{}", error.reason);
+    assert_eq!(
+        (cell.unpersisted_len().get_untracked(), cell.durable_through().get_untracked()),
+        (1, Some(Sequence(0)))
+    );
+    assert!(rx.try_recv().is_err(), "nothing goes out before it is durable");
+    blocker.execute_batch("ROLLBACK").unwrap();
+    drop(blocker);
+    // A retry commits it: the error clears and the record goes out.
+    assert_eq!(rx.recv().await.unwrap(), (1, Bytes::from_static(b"second")));
+    assert!(cell.persist_error().get_untracked().is_none());
+    assert!(relay.stats().failures >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stalls_sending_visibly_and_loses_nothing() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let store = SqliteStore::open(dir.db()).unwrap();
+    // The application's data fills the database up to its size limit.
+    let app = rusqlite::Connection::open(dir.db()).unwrap();
+    app.execute_batch("CREATE TABLE filler (b BLOB)").unwrap();
+    app.execute("INSERT INTO filler VALUES (zeroblob(1000000))", []).unwrap();
+    let pages: i64 = store.connection().query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
+    let _: i64 =
+        store.connection().query_row(&format!("PRAGMA max_page_count = {}", pages + 2), [], |r| r.get(0)).unwrap();
+    let (cell, relay) = start(&cx, store, "s");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _link = cell.attach(Channel(tx));
+    let big = Bytes::from(vec![7u8; 200_000]);
+    cell.enqueue(big.clone());
+    let error = wait_for(&cell, |c| c.persist_error().get_untracked()).await;
+    assert!(error.reason.contains("full"), "{}", error.reason);
+    assert_eq!((cell.unpersisted_len().get_untracked(), cell.durable_through().get_untracked()), (1, None));
+    assert!(rx.try_recv().is_err(), "nothing goes out before it is durable");
+    // Space comes back (the application deletes its data): a retry commits
+    // the record, the error clears and the record goes out, whole.
+    app.execute_batch("DROP TABLE filler").unwrap();
+    assert_eq!(rx.recv().await.unwrap(), (0, big));
+    assert!(cell.persist_error().get_untracked().is_none());
+    assert!(relay.stats().failures >= 1);
+}
+
+/// A cell restored from `store`'s `stream`, and its relay.
+fn start(cx: &AsyncContext, mut store: SqliteStore, stream: &str) -> (egress_reactive::AsyncEgressCell<Bytes>, Relay) {
+    let loaded = store.load(stream).unwrap();
+    let core = EgressCore::restore(Policy::default(), loaded.restored).unwrap();
+    let cell =
+        egress_reactive::AsyncEgressCell::from_core(cx, core, CellOptions::new().incarnation(loaded.incarnation));
+    let relay = Relay::spawn(cx, &cell, store, stream, config());
+    (cell, relay)
+}
+
+/// Polls `f` on the cell until it gives `Some` (the relay works on its own
+/// tasks; each poll yields to them).
+async fn wait_for<T>(
+    cell: &egress_reactive::AsyncEgressCell<Bytes>,
+    f: impl Fn(&egress_reactive::AsyncEgressCell<Bytes>) -> Option<T>,
+) -> T {
+    for _ in 0..2_000 {
+        if let Some(v) = f(cell) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_adopts_what_applications_append_in_their_own_transactions() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable(&cx, dir.db(), "orders", Policy::default(), CellOptions::new(), config()).unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _link = durable.cell.attach(Channel(tx));
+    let app = Arc::new(parking_lot::Mutex::new(rusqlite::Connection::open(dir.db()).unwrap()));
+    let outbox = Outbox::new("orders");
+    for i in 0..50u32 {
+        let mut conn = app.lock();
+        let t = conn.transaction().unwrap();
+        let _ = outbox.append_json(&t, &serde_json::json!({ "n": i })).unwrap();
+        if i % 5 == 4 {
+            t.rollback().unwrap();
+        } else {
+            t.commit().unwrap();
+        }
+    }
+    let mut got = Vec::new();
+    while got.len() < 40 {
+        got.push(rx.recv().await.unwrap());
+    }
+    let expected: Vec<(u64, Bytes)> = (0..50u32)
+        .filter(|i| i % 5 != 4)
+        .enumerate()
+        .map(|(s, i)| (s as u64, Bytes::from(format!(r#"{{"n":{i}}}"#))))
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(durable.relay.stats().adopted, 40);
+}
