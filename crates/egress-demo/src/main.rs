@@ -6,6 +6,7 @@
 //! cargo run --release -p egress-demo                      # receiver + sender in one process, with chaos
 //! cargo run --release -p egress-demo -- --messages 1000000 --seed 7 --summary-json out.json
 //! cargo run --release -p egress-demo -- restarts          # sender and receiver processes killed and restarted
+//! cargo run --release -p egress-demo -- --durable         # the same, the sender on SQLite: exactly once across its crashes
 //! cargo run --release -p egress-demo -- receive --listen 127.0.0.1:9000
 //! cargo run --release -p egress-demo -- send --url ws://127.0.0.1:9000
 //! ```
@@ -40,16 +41,22 @@ egress-demo: an egress cell over WebSocket, through killed connections
 USAGE:
   egress-demo [--messages N] [--chaos | --no-chaos] [--chaos-ms MS] [--seed S] [--summary-json PATH]
       receiver and sender in one process (the default: 100000 messages, chaos on)
-  egress-demo restarts [--messages N] [--kills K] [--kill-ms MS] [--seed S] [--summary-json PATH]
+  egress-demo restarts [--messages N] [--kills K] [--kill-ms MS] [--kill WHO] [--db PATH] [--seed S] [--summary-json PATH]
       a receiver process and a sender process, killed in turn (SIGKILL) and
       restarted at random moments, K kills in all (default 100000 messages,
       6 kills about every 300 ms); says what held
+  egress-demo --durable [--db PATH] [restarts options]
+      restarts with the sender on SQLite (--db, default a new file in the
+      temporary directory): every sender run continues one stream, and what
+      the receiver's application is handed is exactly once and in order
+      across every sender crash
   egress-demo receive --listen ADDR [--messages N] [--print]
       the receiving half: prints what arrived once N messages are in (and
       keeps acknowledging for a second after the last); with --print, prints
       each delivery as a line and commits it once the line is out, forever
-  egress-demo send --url ws://ADDR [--messages N] [--seed S] [--summary-json PATH]
-      the sending half (a new incarnation each run: it starts over from 0)
+  egress-demo send --url ws://ADDR [--messages N] [--db PATH] [--seed S] [--summary-json PATH]
+      the sending half (without --db a new incarnation each run: it starts
+      over from 0; with --db it continues the stored stream where it stopped)
 
   --messages N      how many messages (default 100000)
   --chaos           kill connections at random moments (default in one process)
@@ -59,6 +66,8 @@ USAGE:
   --summary-json P  also write the summary as JSON to P
   --kills K         restarts: how many process kills (default 6)
   --kill-ms MS      restarts: the mean time between kills (default 300)
+  --kill WHO        restarts: sender, receiver or both (default both)
+  --db PATH         the sender's SQLite database (restarts starts it afresh)
 ";
 
 pub(crate) struct Options {
@@ -72,6 +81,10 @@ pub(crate) struct Options {
     print: bool,
     kills: u64,
     kill_ms: u64,
+    db: Option<String>,
+    durable: bool,
+    kill_sender: bool,
+    kill_receiver: bool,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Options> {
@@ -86,6 +99,10 @@ fn parse(args: &[String]) -> anyhow::Result<Options> {
         print: false,
         kills: 6,
         kill_ms: 300,
+        db: None,
+        durable: false,
+        kill_sender: true,
+        kill_receiver: true,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -102,6 +119,16 @@ fn parse(args: &[String]) -> anyhow::Result<Options> {
             "--print" => o.print = true,
             "--kills" => o.kills = value()?.parse().context("--kills takes a number")?,
             "--kill-ms" => o.kill_ms = value()?.parse().context("--kill-ms takes a number")?,
+            "--kill" => {
+                (o.kill_sender, o.kill_receiver) = match value()?.as_str() {
+                    "sender" => (true, false),
+                    "receiver" => (false, true),
+                    "both" => (true, true),
+                    other => bail!("--kill takes sender, receiver or both, not {other:?}"),
+                }
+            }
+            "--db" => o.db = Some(value()?.clone()),
+            "--durable" => o.durable = true,
             other => bail!("unknown option {other:?}\n\n{HELP}"),
         }
     }
@@ -125,7 +152,10 @@ async fn main() -> anyhow::Result<()> {
         Some("receive") => receive(parse(&args[1..])?).await,
         Some("restarts") => restarts::run(parse(&args[1..])?).await,
         Some("send") => send(parse(&args[1..])?).await,
-        _ => together(parse(&args)?).await,
+        _ => {
+            let o = parse(&args)?;
+            if o.durable || o.db.is_some() { restarts::run(o).await } else { together(o).await }
+        }
     }
 }
 
@@ -343,12 +373,27 @@ async fn send(o: Options) -> anyhow::Result<()> {
     let url = o.url.clone().context("send needs --url ws://ADDR")?;
     let cx = AsyncContext::new();
     let options = egress_reactive::CellOptions::new().jitter_seed(o.seed);
-    let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::with_options(&cx, policy()?, options);
+    // With a store, message i is record i of one stream: a restarted sender
+    // finds the messages already durable in the store (sent or not) and
+    // enqueues the rest.
+    let (cell, relay) = match &o.db {
+        Some(db) => {
+            let d = egress_store::open_durable(&cx, db, "egress-demo", policy()?, options, Default::default())
+                .with_context(|| format!("opening {db}"))?;
+            (d.cell, Some(d.relay))
+        }
+        None => (AsyncEgressCell::with_options(&cx, policy()?, options), None),
+    };
+    let first = cell.next_sequence().get().min(o.messages);
     let (bar, _effect, retries) = progress(&cx, &cell, o.messages);
-    say!("egress-demo send: {} messages to {url}, incarnation {:032x}", o.messages, cell.incarnation().get());
+    say!(
+        "egress-demo send: {} messages to {url}, incarnation {:032x}, {first} stored already",
+        o.messages,
+        cell.incarnation().get()
+    );
     let started = Instant::now();
     let sender = Sender::spawn(cell.clone(), url, sender_config(o.seed));
-    for chunk in (0..o.messages).collect::<Vec<_>>().chunks(1_000) {
+    for chunk in (first..o.messages).collect::<Vec<_>>().chunks(1_000) {
         cell.enqueue_all(chunk.iter().map(|&i| payload(i)));
         tokio::task::yield_now().await;
     }
@@ -358,6 +403,9 @@ async fn send(o: Options) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     bar.finish();
     let stats = sender.shutdown().await;
+    if let Some(relay) = relay {
+        let _ = relay.shutdown().await;
+    }
     finish(
         json!({
             "messages": o.messages,

@@ -17,6 +17,14 @@
 //!   are counted, not hidden;
 //! - across sender restarts every message is delivered at least once, and
 //!   the last run's incarnation is delivered whole.
+//!
+//! With `--durable` (or `--db PATH`) the sender keeps its stream in SQLite
+//! (`egress-store`): every sender run continues the one incarnation where
+//! the last one stopped, nothing sent is ever bound to another message, and
+//! when only senders are killed (`--kill sender`) the receiver's
+//! application is handed every message exactly once, in order. Killing the
+//! receiver still re-delivers what it took just before dying: it keeps its
+//! state in memory only.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -124,9 +132,11 @@ fn start_receiver(addr: &str, run: u64, lines: &mpsc::UnboundedSender<(u64, Stri
 }
 
 fn start_sender(url: &str, o: &Options, run: u64) -> anyhow::Result<Child> {
+    let db = o.db.iter().flat_map(|db| ["--db", db.as_str()]);
     Command::new(exe()?)
         .args(["send", "--url", url, "--messages", &o.messages.to_string()])
         .args(["--seed", &o.seed.wrapping_add(run).to_string()])
+        .args(db)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -134,16 +144,30 @@ fn start_sender(url: &str, o: &Options, run: u64) -> anyhow::Result<Child> {
         .context("starting the sender process")
 }
 
-pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
+pub(crate) async fn run(mut o: Options) -> anyhow::Result<()> {
+    if o.durable && o.db.is_none() {
+        let path = std::env::temp_dir().join(format!("egress-demo-{}.db", std::process::id()));
+        o.db = Some(path.to_string_lossy().into_owned());
+    }
+    // A stream starts afresh: message i is record i.
+    if let Some(db) = &o.db {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{db}{suffix}"));
+        }
+    }
+    if !o.kill_sender && !o.kill_receiver {
+        bail!("--kill names nobody");
+    }
     // A free port on loopback, for every receiver run.
     let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string();
     let url = format!("ws://{addr}");
     crate::say!(
-        "egress-demo restarts: {} messages; a receiver and a sender process on {addr}, {} kills about every {} ms (seed {})",
+        "egress-demo restarts: {} messages; a receiver and a sender process on {addr}, {} kills about every {} ms (seed {}){}",
         o.messages,
         o.kills,
         o.kill_ms,
-        o.seed
+        o.seed,
+        o.db.as_deref().map(|db| format!("; the sender on SQLite at {db}")).unwrap_or_default()
     );
     let started = Instant::now();
     let (lines, mut read) = mpsc::unbounded_channel();
@@ -172,7 +196,8 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
             break;
         }
         kills += 1;
-        if kills % 2 == 0 {
+        let receiver_turn = if o.kill_sender && o.kill_receiver { kills % 2 == 0 } else { o.kill_receiver };
+        if receiver_turn {
             receiver.kill().await.context("killing the receiver")?;
             killed_receivers += 1;
             receiver_runs += 1;
@@ -182,9 +207,13 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
             sender.kill().await.context("killing the sender")?;
             killed_senders += 1;
             sender_runs += 1;
-            crate::say!(
-                "  killed the sender process (SIGKILL); sender run {sender_runs} starts over as a new incarnation"
-            );
+            if o.db.is_some() {
+                crate::say!("  killed the sender process (SIGKILL); sender run {sender_runs} continues from its store");
+            } else {
+                crate::say!(
+                    "  killed the sender process (SIGKILL); sender run {sender_runs} starts over as a new incarnation"
+                );
+            }
             sender = start_sender(&url, &o, sender_runs)?;
         }
     }
@@ -212,7 +241,15 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
         delivered += s.delivered;
     }
     let every_message = log.messages.iter().all(|&m| m);
-    let held = status.success() && gaps == 0 && out_of_order == 0 && every_message && log.malformed == 0;
+    let mut held = status.success() && gaps == 0 && out_of_order == 0 && every_message && log.malformed == 0;
+    // With a store: one incarnation over every sender run, and exactly once
+    // when no receiver died.
+    let durable = o.db.is_some();
+    let one_stream = log.streams.len() == 1;
+    let exactly_once = every_message && redelivered == 0 && delivered == o.messages && gaps == 0 && out_of_order == 0;
+    if durable {
+        held &= one_stream && (killed_receivers > 0 || exactly_once);
+    }
     finish(
         json!({
             "messages": o.messages,
@@ -226,16 +263,27 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
             "redelivered_after_receiver_restarts": redelivered,
             "every_message_delivered_at_least_once": every_message,
             "last_sender_run_acknowledged_everything": status.success(),
+            "sender_on_sqlite": durable,
+            "exactly_once_in_order": exactly_once,
             "seconds": elapsed.as_secs_f64(),
         }),
         o.summary_json.as_deref(),
     )?;
-    crate::say!(
-        "\nWhat held: within each incarnation, every receiver run handed the stream over in order, with no \
-         gap; {redelivered} deliveries repeated messages taken just before a receiver was killed (it has no \
-         store); across {sender_runs} sender runs (each a new incarnation, no store) every message arrived at \
-         least once."
-    );
+    if durable {
+        crate::say!(
+            "\nWhat held: {sender_runs} sender runs continued one stream from SQLite ({} incarnation seen); every \
+             receiver run handed it over in order, with no gap; {redelivered} deliveries repeated messages taken \
+             just before a receiver was killed (it keeps no store); exactly once and in order: {exactly_once}.",
+            log.streams.len()
+        );
+    } else {
+        crate::say!(
+            "\nWhat held: within each incarnation, every receiver run handed the stream over in order, with no \
+             gap; {redelivered} deliveries repeated messages taken just before a receiver was killed (it has no \
+             store); across {sender_runs} sender runs (each a new incarnation, no store) every message arrived at \
+             least once."
+        );
+    }
     if !held {
         bail!("a delivery rule was broken (see the summary)");
     }

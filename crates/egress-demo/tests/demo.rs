@@ -161,3 +161,29 @@ fn killed_and_restarted_processes_lose_nothing_and_say_what_held() {
     assert!(killed >= 1, "a process was killed: {s}");
     let _ = std::fs::remove_file(path);
 }
+
+#[test]
+fn a_sender_on_sqlite_killed_again_and_again_delivers_exactly_once_in_order() {
+    let path = temp("durable");
+    let db = std::env::temp_dir().join(format!("egress-demo-{}-durable.db", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
+        .args(["--durable", "--kill", "sender", "--messages", "200000", "--kills", "6", "--kill-ms", "80"])
+        .args(["--seed", "9", "--db"])
+        .arg(&db)
+        .arg("--summary-json")
+        .arg(&path)
+        .output()
+        .expect("the demo runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let s = summary(&path);
+    // The chaos happened: every kill landed before the stream was done.
+    assert_eq!(s["sender_processes_killed"], 6, "{s}");
+    assert_eq!(s["receiver_processes_killed"], 0, "{s}");
+    assert_eq!(s["incarnations_seen"], 1, "one stream across every sender run: {s}");
+    assert_eq!(s["exactly_once_in_order"], true, "{s}");
+    assert_eq!(s["deliveries"], 200_000, "{s}");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    let _ = std::fs::remove_file(path);
+}
