@@ -9,6 +9,7 @@
 mod adapters;
 mod alloc;
 mod cells;
+mod durable;
 mod prng;
 mod suite;
 mod ws;
@@ -54,6 +55,7 @@ USAGE:
   egress-bench cells [--sizes N,M] [--libs X,Y] [--timeout SECS]
   egress-bench cells-child LIB N [RUNS]      (one measurement; used by `cells`)
   egress-bench ws [--messages N] [--runs K]
+  egress-bench durable [--appends N] [--groups G,H] [--messages M] [--runs K] [--dir PATH]
 
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
@@ -74,6 +76,15 @@ the same acks, alternating, best of K
 runs (default 5) of N messages (default 200000); and the time from a killed
 connection to the first replayed frame acknowledged (median of K).
 
+durable: appends per second on SQLite (WAL, synchronous=FULL, 64-byte
+payloads): egress's journal and store (a core, SqliteStore::apply per
+group) against a plain rusqlite loop making the same inserts and counter
+update in the same groups, alternating, K runs (default 5) of N appends
+(default 20000) per group size (default 1,64); the median and p99 of each
+commit; and durable messages per second end to end over loopback WebSocket
+(M messages, default 100000, the relay grouping commits as they come).
+--dir: where the databases go (default the system's temporary directory).
+
 Repetitions within a test stop after a 3 s budget (the fastest of those
 completed counts), so slow libraries do not stretch the run.
 ";
@@ -86,6 +97,7 @@ fn main() -> anyhow::Result<()> {
         Some("cells") => cells_table(&args[1..]),
         Some("cells-child") => cells_child(&args[1..]),
         Some("ws") => ws_table(&args[1..]),
+        Some("durable") => durable_table(&args[1..]),
         Some("--help") | Some("-h") | None => {
             print!("{HELP}");
             Ok(())
@@ -396,6 +408,88 @@ fn run_cells_child(exe: &std::path::Path, lib: &str, n: usize, timeout: Duration
 }
 
 /// `ws`: the WebSocket benchmark table.
+fn durable_table(args: &[String]) -> anyhow::Result<()> {
+    let (mut n, mut groups, mut messages, mut runs) = (20_000u64, vec![1u64, 64], 100_000u64, 5usize);
+    let mut dir = std::env::temp_dir().join(format!("egress-bench-durable-{}", std::process::id()));
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--appends" => n = value()?.parse()?,
+            "--groups" => groups = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--messages" => messages = value()?.parse()?,
+            "--runs" => runs = value()?.parse::<usize>()?.max(1),
+            "--dir" => dir = value()?.into(),
+            other => bail!("unknown option {other:?}\n\n{HELP}"),
+        }
+    }
+    std::fs::create_dir_all(&dir)?;
+    println!(
+        "| group | plain rusqlite rows/s (best of {runs}) | egress rows/s | egress / plain | plain commit p50 / p99 | egress commit p50 / p99 |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for &group in &groups {
+        let group = group.max(1);
+        let (mut best_plain, mut best_egress) = (Duration::MAX, Duration::MAX);
+        let (mut plain_commits, mut egress_commits) = (Vec::new(), Vec::new());
+        let mut ratios = Vec::new();
+        for run in 0..runs {
+            // Alternate which goes first: fsync cost drifts within minutes.
+            let (p, e) = if run % 2 == 0 {
+                let p = durable::plain(&dir, n, group);
+                (p, durable::egress(&dir, n, group))
+            } else {
+                let e = durable::egress(&dir, n, group);
+                (durable::plain(&dir, n, group), e)
+            };
+            eprintln!(
+                "group {group} run {run}: plain {:.0} rows/s, egress {:.0} rows/s",
+                rate(n, p.total),
+                rate(n, e.total)
+            );
+            ratios.push(p.total.as_secs_f64() / e.total.as_secs_f64());
+            best_plain = best_plain.min(p.total);
+            best_egress = best_egress.min(e.total);
+            plain_commits.extend(p.commits);
+            egress_commits.extend(e.commits);
+        }
+        ratios.sort_by(f64::total_cmp);
+        let q = |c: &mut Vec<Duration>, x| ms(durable::quantile(c, x));
+        println!(
+            "| {group} | {:.0} | {:.0} | {:.2}x (median of runs {:.2}x) | {:.2} / {:.2} ms | {:.2} / {:.2} ms |",
+            rate(n, best_plain),
+            rate(n, best_egress),
+            best_plain.as_secs_f64() / best_egress.as_secs_f64(),
+            ratios[ratios.len() / 2],
+            q(&mut plain_commits, 0.5),
+            q(&mut plain_commits, 0.99),
+            q(&mut egress_commits, 0.5),
+            q(&mut egress_commits, 0.99),
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (mut best_durable, mut best_memory) = (Duration::MAX, Duration::MAX);
+    for run in 0..runs {
+        let d = rt.block_on(durable::end_to_end(&dir, messages));
+        let m = rt.block_on(ws::egress(messages));
+        eprintln!(
+            "end to end run {run}: durable {:.0} msg/s, in memory {:.0} msg/s",
+            rate(messages, d),
+            rate(messages, m)
+        );
+        best_durable = best_durable.min(d);
+        best_memory = best_memory.min(m);
+    }
+    println!(
+        "\nEnd to end over loopback WebSocket (window 256, {messages} messages of 64 bytes, best of {runs}): durable on SQLite {:.0} msg/s; the same cell in memory {:.0} msg/s (32-byte messages).",
+        rate(messages, best_durable),
+        rate(messages, best_memory)
+    );
+    println!("{n} appends of 64 bytes per group size; WAL, synchronous=FULL; run of {}.", date());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
 fn ws_table(args: &[String]) -> anyhow::Result<()> {
     let mut n = 200_000u64;
     let mut runs = 5usize;

@@ -137,22 +137,19 @@ fn fresh_incarnation() -> [u8; 16] {
 
 /// Creates the stream's row if it has none (generation 0, nothing stored).
 fn ensure_stream(conn: &Connection, stream: &str) -> Result<(), StoreError> {
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO egress_stream (stream, incarnation, generation, next_sequence, acked_through)
          VALUES (?1, ?2, 0, 0, NULL) ON CONFLICT (stream) DO NOTHING",
-        params![stream, fresh_incarnation().as_slice()],
-    )?;
+    )?
+    .execute(params![stream, fresh_incarnation().as_slice()])?;
     Ok(())
 }
 
 /// The stream's row: generation, next sequence, acknowledgement watermark.
 fn stream_row(conn: &Connection, stream: &str) -> Result<(u64, u64, Option<u64>), StoreError> {
     let (g, n, a): (i64, i64, Option<i64>) = conn
-        .query_row(
-            "SELECT generation, next_sequence, acked_through FROM egress_stream WHERE stream = ?1",
-            [stream],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
+        .prepare_cached("SELECT generation, next_sequence, acked_through FROM egress_stream WHERE stream = ?1")?
+        .query_row([stream], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?
         .ok_or_else(|| StoreError::UnknownStream(stream.to_owned()))?;
     Ok((to_u64("generation", g)?, to_u64("next_sequence", n)?, a.map(|a| to_u64("acked_through", a)).transpose()?))
@@ -269,8 +266,14 @@ impl SqliteStore {
         }
         self.set_synchronous(ready.must_sync)?;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        ensure_stream(&tx, stream)?;
-        let (_, next, _) = stream_row(&tx, stream)?;
+        let next = match stream_row(&tx, stream) {
+            Ok((_, next, _)) => next,
+            Err(StoreError::UnknownStream(_)) => {
+                ensure_stream(&tx, stream)?;
+                stream_row(&tx, stream)?.1
+            }
+            Err(e) => return Err(e),
+        };
         if !range.is_empty() {
             if next == range.start.0 {
                 let mut insert =
@@ -278,10 +281,8 @@ impl SqliteStore {
                 for (sequence, payload) in appends {
                     insert.execute(params![stream, to_i64("sequence", sequence.0)?, payload.as_ref()])?;
                 }
-                tx.execute(
-                    "UPDATE egress_stream SET next_sequence = ?2 WHERE stream = ?1",
-                    params![stream, to_i64("sequence", range.end.0)?],
-                )?;
+                tx.prepare_cached("UPDATE egress_stream SET next_sequence = ?2 WHERE stream = ?1")?
+                    .execute(params![stream, to_i64("sequence", range.end.0)?])?;
             } else if next >= range.end.0 && Self::holds(&tx, stream, appends)? {
                 // Written before: a commit whose report was lost.
             } else {
@@ -289,29 +290,28 @@ impl SqliteStore {
             }
         }
         if let Some(g) = ready.generation {
-            tx.execute(
-                "UPDATE egress_stream SET generation = MAX(generation, ?2) WHERE stream = ?1",
-                params![stream, to_i64("generation", g.0)?],
-            )?;
+            tx.prepare_cached("UPDATE egress_stream SET generation = MAX(generation, ?2) WHERE stream = ?1")?
+                .execute(params![stream, to_i64("generation", g.0)?])?;
         }
         for (sequence, mark) in &ready.dead {
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE egress_outbox SET dead_reason = ?3, dead_held = ?4 WHERE stream = ?1 AND seq = ?2",
-                params![
-                    stream,
-                    to_i64("sequence", sequence.0)?,
-                    mark.map(|m| dead_code(m.reason)),
-                    mark.map(|m| i64::from(m.held)),
-                ],
-            )?;
+            )?
+            .execute(params![
+                stream,
+                to_i64("sequence", sequence.0)?,
+                mark.map(|m| dead_code(m.reason)),
+                mark.map(|m| i64::from(m.held)),
+            ])?;
         }
         if let Some(a) = ready.acked_through {
             let a = to_i64("acked_through", a.0)?;
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE egress_stream SET acked_through = MAX(COALESCE(acked_through, -1), ?2) WHERE stream = ?1",
-                params![stream, a],
-            )?;
-            tx.execute("DELETE FROM egress_outbox WHERE stream = ?1 AND seq <= ?2", params![stream, a])?;
+            )?
+            .execute(params![stream, a])?;
+            tx.prepare_cached("DELETE FROM egress_outbox WHERE stream = ?1 AND seq <= ?2")?
+                .execute(params![stream, a])?;
         }
         tx.commit()?;
         Ok(())
