@@ -4,7 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use egress_core::{DeadLetters, Delay, FailureKind, Generation, JitterSample, Ordering, Policy, Sequence, Time};
+use egress_core::{
+    DeadLetters, DeadMark, DeadReason, Delay, EgressCore, FailureKind, Generation, JitterSample, Ordering, Policy,
+    Restored, RestoredRecord, Sequence, Time,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -21,8 +24,42 @@ pub struct Fixture {
     pub generation: u64,
     /// The policy, as integers in ticks.
     pub policy: FixturePolicy,
+    /// A store's snapshot to restore from: the core keeps a journal (an
+    /// extension of this corpus, in `conformance/durable/`).
+    pub restored: Option<FixtureRestored>,
     /// The steps, in order.
     pub steps: Vec<Step>,
+}
+
+/// A store's snapshot, as a fixture gives it (`generation` is the
+/// fixture's).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FixtureRestored {
+    /// The next sequence.
+    pub next_sequence: u64,
+    /// The acknowledgement watermark.
+    #[serde(default)]
+    pub acked_through: Option<u64>,
+    /// The stored records, in order.
+    #[serde(default)]
+    pub records: Vec<FixtureRecord>,
+}
+
+/// One stored record.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FixtureRecord {
+    /// Its sequence.
+    pub sequence: u64,
+    /// Its payload.
+    pub payload: Value,
+    /// Why it died, for a dead letter.
+    #[serde(default)]
+    pub dead: Option<DeadReason>,
+    /// Whether a dead letter is held (otherwise a tombstone).
+    #[serde(default)]
+    pub held: bool,
 }
 
 /// A fixture's policy.
@@ -74,6 +111,8 @@ struct RawFixture {
     model: String,
     generation: u64,
     policy: FixturePolicy,
+    #[serde(default)]
+    restored: Option<FixtureRestored>,
     steps: Vec<RawStep>,
 }
 
@@ -99,11 +138,26 @@ struct OpFields {
     retry_after: Option<u64>,
     now: Option<u64>,
     jitter_sample: Option<f64>,
+    epoch: Option<u64>,
+    reason: Option<String>,
 }
 
 /// The op types, as fixtures name them.
-pub const OP_TYPES: [&str; 9] =
-    ["enqueue", "claim", "ack", "received", "fail", "retry_now", "handle_timeout", "requeue", "reconnect"];
+pub const OP_TYPES: [&str; 13] = [
+    "enqueue",
+    "claim",
+    "ack",
+    "received",
+    "fail",
+    "retry_now",
+    "handle_timeout",
+    "requeue",
+    "reconnect",
+    "poll_ready",
+    "persisted",
+    "persist_failed",
+    "adopt",
+];
 
 /// A fixture operation, tagged by `"type"`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -176,6 +230,27 @@ pub enum Op {
         /// The new generation.
         generation: u64,
     },
+    /// `poll_ready()`, with the payloads of its appends.
+    PollReady,
+    /// `persisted(epoch)`.
+    Persisted {
+        /// The epoch written.
+        epoch: u64,
+    },
+    /// `persist_failed(epoch, reason)`.
+    PersistFailed {
+        /// The epoch that failed.
+        epoch: u64,
+        /// What the store said.
+        reason: String,
+    },
+    /// `adopt(sequence, payload)`.
+    Adopt {
+        /// The sequence the store assigned.
+        sequence: u64,
+        /// Any JSON value.
+        payload: Value,
+    },
 }
 
 /// The failure kinds a fixture may name.
@@ -189,7 +264,11 @@ pub enum FailKindName {
 }
 
 /// The keys `expected` may hold.
-pub const STATE_KEYS: [&str; 10] = [
+pub const STATE_KEYS: [&str; 14] = [
+    "durable_through",
+    "unpersisted_len",
+    "generation_durable",
+    "persist_error",
     "generation",
     "next_sequence",
     "pending",
@@ -204,8 +283,18 @@ pub const STATE_KEYS: [&str; 10] = [
 
 /// The readers `expected.invalidates` may name (`generation` is an
 /// extension of this corpus).
-pub const INVALIDATION_KEYS: [&str; 8] =
-    ["pending", "inflight", "acked_through", "retry", "parked", "exhausted", "generation", "received_through"];
+pub const INVALIDATION_KEYS: [&str; 10] = [
+    "pending",
+    "inflight",
+    "acked_through",
+    "retry",
+    "parked",
+    "exhausted",
+    "generation",
+    "received_through",
+    "durable",
+    "persist_error",
+];
 
 /// A fixture that cannot be run: unreadable, not JSON, or not the schema.
 #[derive(Debug, thiserror::Error)]
@@ -297,6 +386,7 @@ impl Fixture {
             model: raw.model,
             generation: raw.generation,
             policy: raw.policy,
+            restored: raw.restored,
             steps,
         };
         fixture.validate(file)?;
@@ -311,6 +401,9 @@ impl Fixture {
             return Err(FixtureError::new(file, "model", format!("expected \"EgressCore\", got {:?}", self.model)));
         }
         self.policy.to_policy().map_err(|e| FixtureError::new(file, "policy", e.to_string()))?;
+        if self.restored.is_some() {
+            self.core().map_err(|e| FixtureError::new(file, "restored", e))?;
+        }
         for (i, step) in self.steps.iter().enumerate() {
             if let Op::Fail { kind: Some(FailKindName::Permanent), retry_after: Some(_), .. } = step.op {
                 return Err(FixtureError::new(
@@ -355,6 +448,35 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// The core a target starts from: restored from `restored` when
+    /// present (a journal), otherwise empty at `generation`.
+    ///
+    /// # Errors
+    /// The policy's or the snapshot's refusal, in words.
+    pub fn core(&self) -> Result<EgressCore<Value>, String> {
+        let policy = self.policy.to_policy().map_err(|e| e.to_string())?;
+        let Some(r) = &self.restored else {
+            return Ok(EgressCore::with_generation(policy, Generation(self.generation)));
+        };
+        let snapshot = Restored {
+            generation: Generation(self.generation),
+            next_sequence: Sequence(r.next_sequence),
+            acked_through: r.acked_through.map(Sequence),
+            records: r
+                .records
+                .iter()
+                .map(|x| RestoredRecord {
+                    sequence: Sequence(x.sequence),
+                    payload: x.payload.clone(),
+                    dead: x.dead.map(|reason| DeadMark { reason, held: x.held }),
+                })
+                .collect(),
+        };
+        EgressCore::restore(policy, snapshot).map_err(|e| e.to_string())
+    }
+}
+
 impl FixturePolicy {
     /// The validated core policy.
     ///
@@ -396,6 +518,10 @@ fn decode_op(value: Value) -> Result<Op, (String, String)> {
         "ack" | "received" => &["generation", "through"],
         "fail" => &["generation", "sequence", "kind", "retry_after", "now", "jitter_sample"],
         "handle_timeout" => &["now"],
+        "poll_ready" => &[],
+        "persisted" => &["epoch"],
+        "persist_failed" => &["epoch", "reason"],
+        "adopt" => &["sequence", "payload"],
         _ => &["generation", "sequence"],
     };
     let present = [
@@ -407,6 +533,8 @@ fn decode_op(value: Value) -> Result<Op, (String, String)> {
         ("retry_after", fields.retry_after.is_some()),
         ("now", fields.now.is_some()),
         ("jitter_sample", fields.jitter_sample.is_some()),
+        ("epoch", fields.epoch.is_some()),
+        ("reason", fields.reason.is_some()),
     ];
     if let Some((name, _)) = present.iter().find(|(name, here)| *here && !allowed.contains(name)) {
         return Err((format!(".{name}"), format!("not a field of a {ty} op; expected some of {allowed:?}")));
@@ -434,6 +562,18 @@ fn decode_op(value: Value) -> Result<Op, (String, String)> {
             jitter_sample: fields.jitter_sample,
         },
         "handle_timeout" => Op::HandleTimeout { now: fields.now.unwrap_or(0) },
+        "poll_ready" => Op::PollReady,
+        "persisted" => Op::Persisted { epoch: need("epoch", fields.epoch)? },
+        "persist_failed" => Op::PersistFailed {
+            epoch: need("epoch", fields.epoch)?,
+            reason: fields
+                .reason
+                .ok_or_else(|| (".reason".to_owned(), "a persist_failed op needs reason".to_owned()))?,
+        },
+        "adopt" => Op::Adopt {
+            sequence: need("sequence", fields.sequence)?,
+            payload: payload.ok_or_else(|| (".payload".into(), "an adopt op needs payload".into()))?,
+        },
         "retry_now" => Op::RetryNow {
             generation: need("generation", fields.generation)?,
             sequence: need("sequence", fields.sequence)?,

@@ -41,17 +41,17 @@ struct ShellSession<F: Flavor> {
     _keep: Box<dyn Any>,
 }
 
-fn setup(fixture: &Fixture) -> Result<(egress_core::Policy, CellOptions, ManualClock), String> {
-    let policy = fixture.policy.to_policy().map_err(|e| e.to_string())?;
+fn setup(fixture: &Fixture) -> Result<(egress_core::EgressCore<Value>, CellOptions, ManualClock), String> {
+    let core = fixture.core()?;
     let clock = ManualClock::new();
     let options = CellOptions::new().generation(Generation(fixture.generation)).clock(clock.clone()).jitter_seed(0);
-    Ok((policy, options, clock))
+    Ok((core, options, clock))
 }
 
 /// A session of a synchronous cell on graph `cx`, which the session keeps.
 fn on_graph<F: CellFlavor<Value>>(cx: Ctx<F>, fixture: &Fixture) -> Result<Box<dyn Session>, String> {
-    let (policy, options, clock) = setup(fixture)?;
-    let cell = EgressCellOf::with_options(&cx.handle(), policy, options);
+    let (core, options, clock) = setup(fixture)?;
+    let cell = EgressCellOf::from_core(&cx.handle(), core, options);
     Ok(Box::new(ShellSession { cell, clock, _keep: Box::new(cx) }))
 }
 
@@ -81,7 +81,7 @@ impl Target for AsyncTarget {
     }
 
     fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String> {
-        let (policy, options, clock) = setup(fixture)?;
+        let (core, options, clock) = setup(fixture)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -89,7 +89,7 @@ impl Target for AsyncTarget {
         let cx = AsyncContext::new();
         let cell = {
             let _entered = runtime.enter();
-            AsyncEgressCell::with_options(&cx, policy, options)
+            AsyncEgressCell::from_core(&cx, core, options)
         };
         let inner = (*cell).clone();
         // Dropped in order: the async cell (its timer's abort), then the
@@ -173,6 +173,18 @@ impl<F: CellFlavor<Value>> ShellSession<F> {
                 returns::schedule("requeue", &c.requeue(Generation(*generation), Sequence(*sequence)))
             }
             Op::Reconnect { generation } => returns::reconnect(&c.reconnect(Generation(*generation))),
+            Op::PollReady => match c.poll_ready() {
+                Some((ready, appends)) => {
+                    let payloads: Vec<Value> = appends.into_iter().map(|(_, p)| p).collect();
+                    returns::ready(Some(&ready), &payloads)
+                }
+                None => returns::ready(None, &[]),
+            },
+            Op::Persisted { epoch } => returns::persist(&c.persisted(egress_core::Epoch(*epoch))),
+            Op::PersistFailed { epoch, reason } => {
+                returns::persist(&c.persist_failed(egress_core::Epoch(*epoch), reason.clone()))
+            }
+            Op::Adopt { sequence, payload } => returns::adopt(&c.adopt(Sequence(*sequence), payload.clone())),
         }
     }
 }
@@ -187,6 +199,19 @@ impl<F: CellFlavor<Value>> Session for ShellSession<F> {
             state.insert(invalidation_key(p).to_owned(), self.state_of(p)?);
         }
         state.insert("next_sequence".into(), json!(self.cell.next_sequence()));
+        let read = |r: Result<Value, String>| r.unwrap_or_else(Value::String);
+        state.insert(
+            "durable_through".into(),
+            read(self.cell.durable_through().try_get().map(|v| json!(v)).map_err(|e| e.to_string())),
+        );
+        state.insert(
+            "unpersisted_len".into(),
+            read(self.cell.unpersisted_len().try_get().map(|v| json!(v)).map_err(|e| e.to_string())),
+        );
+        state.insert(
+            "generation_durable".into(),
+            read(self.cell.generation_durable().try_get().map(|v| json!(v)).map_err(|e| e.to_string())),
+        );
         let invalidated = Projection::ALL
             .iter()
             .enumerate()

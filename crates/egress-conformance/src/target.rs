@@ -59,7 +59,7 @@ pub const fn invalidation_key(projection: Projection) -> &'static str {
         Projection::Exhausted => "exhausted",
         Projection::Generation => "generation",
         Projection::Received => "received_through",
-        Projection::Durable => "durable_through",
+        Projection::Durable => "durable",
         Projection::PersistError => "persist_error",
     }
 }
@@ -79,6 +79,10 @@ pub fn state_of(core: &EgressCore<Value>) -> Map<String, Value> {
     state.insert("parked".into(), Value::Array(parked));
     state.insert("exhausted".into(), json!(core.exhausted().collect::<Vec<_>>()));
     state.insert("received_through".into(), json!(core.received_through()));
+    state.insert("durable_through".into(), json!(core.durable_through()));
+    state.insert("unpersisted_len".into(), json!(core.unpersisted_len()));
+    state.insert("generation_durable".into(), json!(core.generation_durable()));
+    state.insert("persist_error".into(), json!(core.persist_error()));
     state
 }
 
@@ -139,6 +143,26 @@ pub fn apply_to_core(core: &mut EgressCore<Value>, op: &Op) -> (Value, egress_co
         Op::Reconnect { generation } => {
             let t = core.reconnect(Generation(*generation));
             (returns::reconnect(&t.outcome), t.changes)
+        }
+        Op::PollReady => {
+            let ready = core.poll_ready();
+            let payloads: Vec<Value> = ready
+                .as_ref()
+                .map(|r| core.unwritten(r.appends.clone()).map(|(_, p)| p.clone()).collect())
+                .unwrap_or_default();
+            (returns::ready(ready.as_ref(), &payloads), egress_core::Changes::NONE)
+        }
+        Op::Persisted { epoch } => {
+            let t = core.persisted(egress_core::Epoch(*epoch));
+            (returns::persist(&t.outcome), t.changes)
+        }
+        Op::PersistFailed { epoch, reason } => {
+            let t = core.persist_failed(egress_core::Epoch(*epoch), reason.clone());
+            (returns::persist(&t.outcome), t.changes)
+        }
+        Op::Adopt { sequence, payload } => {
+            let t = core.adopt(Sequence(*sequence), payload.clone());
+            (returns::adopt(&t.outcome), t.changes)
         }
     }
 }
@@ -229,6 +253,49 @@ pub mod returns {
         json!({"scheduled": scheduled})
     }
 
+    /// `{"ready": null}`, or the `Ready` with the payloads of its appends:
+    /// `{"ready": {"epoch", "appends": [start, end], "payloads",
+    /// "acked_through", "generation", "dead": [[S, {"reason", "held"} | null]],
+    /// "must_sync"}}`.
+    #[must_use]
+    pub fn ready(ready: Option<&egress_core::Ready>, payloads: &[Value]) -> Value {
+        let Some(r) = ready else { return json!({"ready": null}) };
+        let dead: Vec<Value> =
+            r.dead.iter().map(|(s, m)| json!([s, m.map(|m| json!({"reason": m.reason, "held": m.held}))])).collect();
+        json!({"ready": {
+            "epoch": r.epoch,
+            "appends": [r.appends.start, r.appends.end],
+            "payloads": payloads,
+            "acked_through": r.acked_through,
+            "generation": r.generation,
+            "dead": dead,
+            "must_sync": r.must_sync,
+        }})
+    }
+
+    /// The `persisted` and `persist_failed` shapes.
+    #[must_use]
+    pub fn persist(outcome: &egress_core::PersistOutcome) -> Value {
+        match outcome {
+            egress_core::PersistOutcome::Recorded { durable_through } => {
+                json!({"persist": "recorded", "durable_through": durable_through})
+            }
+            egress_core::PersistOutcome::UnknownEpoch { epoch } => json!({"persist": "unknown_epoch", "epoch": epoch}),
+        }
+    }
+
+    /// The `adopt` shapes.
+    #[must_use]
+    pub fn adopt(outcome: &egress_core::AdoptOutcome) -> Value {
+        match outcome {
+            egress_core::AdoptOutcome::Adopted { sequence } => json!({"adopt": "adopted", "sequence": sequence}),
+            egress_core::AdoptOutcome::OutOfOrder { expected, found } => {
+                json!({"adopt": "out_of_order", "expected": expected, "found": found})
+            }
+            egress_core::AdoptOutcome::Unwritten { from } => json!({"adopt": "unwritten", "from": from}),
+        }
+    }
+
     /// The `reconnect` shapes.
     #[must_use]
     pub fn reconnect(outcome: &ReconnectOutcome) -> Value {
@@ -258,8 +325,7 @@ impl Target for CoreTarget {
     }
 
     fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String> {
-        let policy = fixture.policy.to_policy().map_err(|e| e.to_string())?;
-        Ok(Box::new(CoreSession { core: EgressCore::with_generation(policy, Generation(fixture.generation)) }))
+        Ok(Box::new(CoreSession { core: fixture.core()? }))
     }
 }
 

@@ -26,6 +26,18 @@ fn every_fixture_passes_on_every_target() {
     assert_eq!(reports.len(), files.len() * targets().len());
 }
 
+/// The journal's fixtures (`conformance/durable/`, an extension the Coq
+/// model does not replay yet) pass on every target too.
+#[test]
+fn every_journal_fixture_passes_on_every_target() {
+    let files = collect_files(&[corpus_dir().join("../durable")]).expect("the folder is readable");
+    assert!(files.len() >= 5, "only {} journal fixtures", files.len());
+    let reports = run_files(&files, &targets()).expect("the fixtures are well formed");
+    let failures: Vec<String> = reports.iter().filter(|r| !r.passed()).map(ToString::to_string).collect();
+    assert!(failures.is_empty(), "failing fixtures:\n{}", failures.join("\n"));
+    assert_eq!(reports.len(), files.len() * targets().len());
+}
+
 fn load_value(name: &str) -> Value {
     let text = std::fs::read_to_string(corpus_dir().join(name)).expect("fixture exists");
     serde_json::from_str(&text).expect("fixture is JSON")

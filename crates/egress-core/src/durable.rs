@@ -402,7 +402,8 @@ impl<T> EgressCore<T> {
     ///
     /// Refused with `UnknownEpoch` unless `epoch` is the one being written.
     ///
-    /// Changes: persist_error, if it differs from the one shown.
+    /// Changes: persist_error (it names the epoch, so it always differs
+    /// from the one shown).
     pub fn persist_failed(&mut self, epoch: Epoch, reason: impl Into<String>) -> Transition<PersistOutcome> {
         let durable_through = self.durable_through();
         let Some(j) = self.journal.as_deref_mut().filter(|j| j.writing.as_ref().is_some_and(|(e, _)| *e == epoch))
@@ -419,7 +420,7 @@ impl<T> EgressCore<T> {
         // stored; not knowing, write it again.
         j.written_acked = None;
         let error = PersistError { epoch, reason: reason.into() };
-        let changed = j.error.as_ref().is_none_or(|e| e.reason != error.reason);
+        let changed = j.error.as_ref() != Some(&error);
         j.error = Some(error);
         Transition::new(
             PersistOutcome::Recorded { durable_through },
