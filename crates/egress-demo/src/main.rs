@@ -6,7 +6,7 @@
 //! cargo run --release -p egress-demo                      # receiver + sender in one process, with chaos
 //! cargo run --release -p egress-demo -- --messages 1000000 --seed 7 --summary-json out.json
 //! cargo run --release -p egress-demo -- restarts          # sender and receiver processes killed and restarted
-//! cargo run --release -p egress-demo -- --durable         # the same, the sender on SQLite: exactly once across its crashes
+//! cargo run --release -p egress-demo -- --durable         # the same, both sides on SQLite: exactly once across their crashes
 //! cargo run --release -p egress-demo -- receive --listen 127.0.0.1:9000
 //! cargo run --release -p egress-demo -- send --url ws://127.0.0.1:9000
 //! ```
@@ -46,14 +46,16 @@ USAGE:
       restarted at random moments, K kills in all (default 100000 messages,
       6 kills about every 300 ms); says what held
   egress-demo --durable [--db PATH] [restarts options]
-      restarts with the sender on SQLite (--db, default a new file in the
-      temporary directory): every sender run continues one stream, and what
-      the receiver's application is handed is exactly once and in order
-      across every sender crash
-  egress-demo receive --listen ADDR [--messages N] [--print]
+      restarts with both sides on SQLite (--db, default a new file in the
+      temporary directory; the receiver's is PATH.receiver): every sender
+      run continues one stream, every receiver run resumes from its
+      application's record, and the application's table is checked to hold
+      each message exactly once and in order across every kill
+  egress-demo receive --listen ADDR [--messages N] [--print [--db PATH]]
       the receiving half: prints what arrived once N messages are in (and
       keeps acknowledging for a second after the last); with --print, prints
-      each delivery as a line and commits it once the line is out, forever
+      each delivery as a line and commits it once the line is out, forever;
+      with --db, first writes it to its table with the receiver's record
   egress-demo send --url ws://ADDR [--messages N] [--db PATH] [--seed S] [--summary-json PATH]
       the sending half (without --db a new incarnation each run: it starts
       over from 0; with --db it continues the stored stream where it stopped)
@@ -67,7 +69,7 @@ USAGE:
   --kills K         restarts: how many process kills (default 6)
   --kill-ms MS      restarts: the mean time between kills (default 300)
   --kill WHO        restarts: sender, receiver or both (default both)
-  --db PATH         the sender's SQLite database (restarts starts it afresh)
+  --db PATH         the SQLite database (restarts starts it afresh)
 ";
 
 pub(crate) struct Options {
@@ -308,10 +310,22 @@ async fn receive(o: Options) -> anyhow::Result<()> {
     let listen = o.listen.as_deref().context("receive needs --listen ADDR")?;
     let addr: SocketAddr = listen.parse().with_context(|| format!("{listen} is not an address"))?;
     if o.print {
-        let config = ReceiverConfig { ack_mode: AckMode::Explicit, ..ReceiverConfig::default() };
+        let mut config = ReceiverConfig { ack_mode: AckMode::Explicit, ..ReceiverConfig::default() };
+        let log = match &o.db {
+            Some(db) => {
+                let log = Arc::new(egress_store::ReceivedLog::open(db).with_context(|| format!("opening {db}"))?);
+                config.resume = Some(log.clone());
+                let conn = rusqlite::Connection::open(db)?;
+                conn.execute_batch(
+                    "CREATE TABLE IF NOT EXISTS delivered (producer TEXT, incarnation TEXT, seq INTEGER, payload TEXT)",
+                )?;
+                Some(conn)
+            }
+            None => None,
+        };
         let receiver = Receiver::bind(addr, config).await?;
         say!("egress-demo receive: listening on ws://{}, printing each delivery", receiver.local_addr());
-        return print_deliveries(receiver).await;
+        return print_deliveries(receiver, log).await;
     }
     let mut receiver = Receiver::bind(addr, ReceiverConfig::default()).await?;
     say!("egress-demo receive: listening on ws://{}, waiting for {} messages", receiver.local_addr(), o.messages);
@@ -350,10 +364,43 @@ async fn receive(o: Options) -> anyhow::Result<()> {
 /// (`D producer incarnation sequence payload`, or `S ... reason` for a
 /// skipped one) and commits it only once the line is flushed, so that what
 /// a killed receiver acknowledged is exactly what reached its reader.
-async fn print_deliveries(mut receiver: Receiver) -> anyhow::Result<()> {
-    use std::io::Write as _;
+///
+/// With `--db`, the application's effect is a row in its `delivered` table,
+/// written with the receiver's record (`ReceivedLog::record`) in one
+/// transaction per batch of deliveries, before the deliveries are
+/// committed: a restarted receiver resumes each stream after the last row.
+async fn print_deliveries(mut receiver: Receiver, mut db: Option<rusqlite::Connection>) -> anyhow::Result<()> {
     loop {
-        let d = receiver.recv().await;
+        let mut batch = vec![receiver.recv().await];
+        while batch.len() < 1_000
+            && let Some(d) = receiver.try_recv()
+        {
+            batch.push(d);
+        }
+        if let Some(conn) = db.as_mut() {
+            let tx = conn.transaction()?;
+            for d in &batch {
+                let payload = d.payload().map(|p| String::from_utf8_lossy(p).into_owned());
+                tx.prepare_cached("INSERT INTO delivered VALUES (?1, ?2, ?3, ?4)")?.execute(rusqlite::params![
+                    &*d.producer,
+                    format!("{:032x}", d.incarnation.get()),
+                    i64::try_from(d.sequence)?,
+                    payload
+                ])?;
+                egress_store::ReceivedLog::record(&tx, &d.producer, d.incarnation, d.sequence)?;
+            }
+            tx.commit()?;
+        }
+        for d in batch {
+            print_one(&d)?;
+            d.commit();
+        }
+    }
+}
+
+fn print_one(d: &egress_ws::Delivery) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    {
         {
             let mut out = std::io::stdout().lock();
             let (producer, incarnation, sequence) = (&d.producer, d.incarnation.get(), d.sequence);
@@ -365,8 +412,8 @@ async fn print_deliveries(mut receiver: Receiver) -> anyhow::Result<()> {
             }
             out.flush()?;
         }
-        d.commit();
     }
+    Ok(())
 }
 
 async fn send(o: Options) -> anyhow::Result<()> {

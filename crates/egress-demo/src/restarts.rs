@@ -18,13 +18,13 @@
 //! - across sender restarts every message is delivered at least once, and
 //!   the last run's incarnation is delivered whole.
 //!
-//! With `--durable` (or `--db PATH`) the sender keeps its stream in SQLite
+//! With `--durable` (or `--db PATH`) both sides keep their state in SQLite
 //! (`egress-store`): every sender run continues the one incarnation where
-//! the last one stopped, nothing sent is ever bound to another message, and
-//! when only senders are killed (`--kill sender`) the receiver's
-//! application is handed every message exactly once, in order. Killing the
-//! receiver still re-delivers what it took just before dying: it keeps its
-//! state in memory only.
+//! the last one stopped, and the receiving application writes each delivery
+//! into its `delivered` table with the receiver's record in one
+//! transaction, from which every receiver run resumes. What is checked then
+//! is that table: each message exactly once, in order, whichever process
+//! was killed when.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -109,10 +109,22 @@ fn exe() -> anyhow::Result<std::path::PathBuf> {
     std::env::current_exe().context("the demo's own path")
 }
 
+/// The receiver's database, next to the sender's.
+fn receiver_db(o: &Options) -> Option<String> {
+    o.db.as_ref().map(|db| format!("{db}.receiver"))
+}
+
 /// Starts receiver run `run` on `addr`, its lines fed to `lines`.
-fn start_receiver(addr: &str, run: u64, lines: &mpsc::UnboundedSender<(u64, String)>) -> anyhow::Result<Child> {
+fn start_receiver(
+    addr: &str,
+    o: &Options,
+    run: u64,
+    lines: &mpsc::UnboundedSender<(u64, String)>,
+) -> anyhow::Result<Child> {
+    let db = receiver_db(o);
     let mut child = Command::new(exe()?)
         .args(["receive", "--listen", addr, "--print"])
+        .args(db.iter().flat_map(|db| ["--db", db.as_str()]))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -150,7 +162,7 @@ pub(crate) async fn run(mut o: Options) -> anyhow::Result<()> {
         o.db = Some(path.to_string_lossy().into_owned());
     }
     // A stream starts afresh: message i is record i.
-    if let Some(db) = &o.db {
+    for db in o.db.iter().chain(receiver_db(&o).iter()) {
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{db}{suffix}"));
         }
@@ -167,13 +179,13 @@ pub(crate) async fn run(mut o: Options) -> anyhow::Result<()> {
         o.kills,
         o.kill_ms,
         o.seed,
-        o.db.as_deref().map(|db| format!("; the sender on SQLite at {db}")).unwrap_or_default()
+        o.db.as_deref().map(|db| format!("; both on SQLite at {db} and {db}.receiver")).unwrap_or_default()
     );
     let started = Instant::now();
     let (lines, mut read) = mpsc::unbounded_channel();
     let mut log = Log { messages: vec![false; usize::try_from(o.messages).unwrap_or(usize::MAX)], ..Log::default() };
     let (mut receiver_runs, mut sender_runs) = (1u64, 1u64);
-    let mut receiver = start_receiver(&addr, receiver_runs, &lines)?;
+    let mut receiver = start_receiver(&addr, &o, receiver_runs, &lines)?;
     let mut sender = start_sender(&url, &o, sender_runs)?;
     let (mut killed_receivers, mut killed_senders) = (0u64, 0u64);
     let mut rng = o.seed | 1;
@@ -201,8 +213,16 @@ pub(crate) async fn run(mut o: Options) -> anyhow::Result<()> {
             receiver.kill().await.context("killing the receiver")?;
             killed_receivers += 1;
             receiver_runs += 1;
-            crate::say!("  killed the receiver process (SIGKILL); receiver run {receiver_runs} starts without memory");
-            receiver = start_receiver(&addr, receiver_runs, &lines)?;
+            if o.db.is_some() {
+                crate::say!(
+                    "  killed the receiver process (SIGKILL); receiver run {receiver_runs} resumes from its application's log"
+                );
+            } else {
+                crate::say!(
+                    "  killed the receiver process (SIGKILL); receiver run {receiver_runs} starts without memory"
+                );
+            }
+            receiver = start_receiver(&addr, &o, receiver_runs, &lines)?;
         } else {
             sender.kill().await.context("killing the sender")?;
             killed_senders += 1;
@@ -242,38 +262,57 @@ pub(crate) async fn run(mut o: Options) -> anyhow::Result<()> {
     }
     let every_message = log.messages.iter().all(|&m| m);
     let mut held = status.success() && gaps == 0 && out_of_order == 0 && every_message && log.malformed == 0;
-    // With a store: one incarnation over every sender run, and exactly once
-    // when no receiver died.
+    // With stores on both sides, what counts is the receiving application's
+    // durable log (a line printed after its commit may die with its
+    // process): one incarnation, each message once, in order.
     let durable = o.db.is_some();
     let one_stream = log.streams.len() == 1;
-    let exactly_once = every_message && redelivered == 0 && delivered == o.messages && gaps == 0 && out_of_order == 0;
-    if durable {
-        held &= one_stream && (killed_receivers > 0 || exactly_once);
+    let mut exactly_once =
+        every_message && redelivered == 0 && delivered == o.messages && gaps == 0 && out_of_order == 0;
+    let mut applied = None;
+    if let Some(db) = receiver_db(&o) {
+        let checked = check_applied(&db, o.messages)?;
+        exactly_once = checked.exactly_once;
+        applied = Some(checked);
+        held = status.success() && one_stream && exactly_once;
     }
-    finish(
-        json!({
-            "messages": o.messages,
-            "receiver_processes_killed": killed_receivers,
-            "sender_processes_killed": killed_senders,
-            "incarnations_seen": log.streams.len(),
+    let mut summary = json!({
+        "messages": o.messages,
+        "receiver_processes_killed": killed_receivers,
+        "sender_processes_killed": killed_senders,
+        "incarnations_seen": log.streams.len(),
+        "last_sender_run_acknowledged_everything": status.success(),
+        "exactly_once_in_order": exactly_once,
+        "seconds": elapsed.as_secs_f64(),
+    });
+    // Without stores, the printed lines are the application's log; with
+    // them, its table is (a line printed after a commit may die with the
+    // process, so lines are not counted).
+    let more = match &applied {
+        None => json!({
             "deliveries": delivered,
             "within_each_incarnation_in_order_without_gaps": gaps == 0 && out_of_order == 0,
             "gaps": gaps,
             "out_of_order": out_of_order,
             "redelivered_after_receiver_restarts": redelivered,
             "every_message_delivered_at_least_once": every_message,
-            "last_sender_run_acknowledged_everything": status.success(),
-            "sender_on_sqlite": durable,
-            "exactly_once_in_order": exactly_once,
-            "seconds": elapsed.as_secs_f64(),
         }),
-        o.summary_json.as_deref(),
-    )?;
+        Some(a) => json!({
+            "sender_and_receiver_on_sqlite": true,
+            "applied_rows": a.rows,
+            "applied_duplicates": a.duplicates,
+            "applied_out_of_order": a.out_of_order,
+        }),
+    };
+    if let (Some(map), Some(more)) = (summary.as_object_mut(), more.as_object()) {
+        map.extend(more.clone());
+    }
+    finish(summary, o.summary_json.as_deref())?;
     if durable {
         crate::say!(
-            "\nWhat held: {sender_runs} sender runs continued one stream from SQLite ({} incarnation seen); every \
-             receiver run handed it over in order, with no gap; {redelivered} deliveries repeated messages taken \
-             just before a receiver was killed (it keeps no store); exactly once and in order: {exactly_once}.",
+            "\nWhat held: {sender_runs} sender runs continued one stream from SQLite ({} incarnation seen), and \
+             {receiver_runs} receiver runs resumed it from the application's log in SQLite; the log holds each \
+             message exactly once and in order: {exactly_once}.",
             log.streams.len()
         );
     } else {
@@ -288,6 +327,41 @@ pub(crate) async fn run(mut o: Options) -> anyhow::Result<()> {
         bail!("a delivery rule was broken (see the summary)");
     }
     Ok(())
+}
+
+/// What the receiving application's durable log holds.
+struct Applied {
+    rows: u64,
+    duplicates: u64,
+    out_of_order: u64,
+    exactly_once: bool,
+}
+
+/// Reads the receiving application's `delivered` table in the order it was
+/// written: one incarnation, sequence i carrying message i, each once, from
+/// 0 to `n - 1`.
+fn check_applied(db: &str, n: u64) -> anyhow::Result<Applied> {
+    let conn = rusqlite::Connection::open(db).with_context(|| format!("opening {db}"))?;
+    let mut select = conn.prepare("SELECT incarnation, seq, payload FROM delivered ORDER BY rowid")?;
+    let mut rows = select.query([])?;
+    let (mut count, mut duplicates, mut out_of_order, mut expected) = (0u64, 0u64, 0u64, 0u64);
+    let mut incarnations = std::collections::HashSet::new();
+    let mut seen = std::collections::HashSet::new();
+    while let Some(row) = rows.next()? {
+        let (incarnation, seq, payload): (String, i64, Option<String>) = (row.get(0)?, row.get(1)?, row.get(2)?);
+        let seq = u64::try_from(seq)?;
+        incarnations.insert(incarnation);
+        count += 1;
+        if !seen.insert(seq) {
+            duplicates += 1;
+        }
+        if seq != expected || payload.as_deref() != Some(format!("message {seq}").as_str()) {
+            out_of_order += 1;
+        }
+        expected = seq + 1;
+    }
+    let exactly_once = count == n && duplicates == 0 && out_of_order == 0 && incarnations.len() == 1;
+    Ok(Applied { rows: count, duplicates, out_of_order, exactly_once })
 }
 
 #[cfg(test)]

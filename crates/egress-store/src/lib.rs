@@ -28,6 +28,10 @@
 //!   retried with a bounded backoff, and stalls sending rather than losing
 //!   anything.
 //!
+//! On the receiving side, a [`ReceivedLog`] records what the application
+//! committed in the application's own transaction, and the reference
+//! receiver resumes from it after a restart (feature `receiver`).
+//!
 //! Appends come either from the cell's `enqueue` (the relay writes them
 //! in groups) or from an [`Outbox`] inside the application's own
 //! transaction (the relay notices the commit and adopts them).
@@ -43,7 +47,14 @@ use egress_core::{RestoreError, Sequence};
 
 #[cfg(feature = "relay")]
 pub use crate::relay::{Durable, Relay, RelayConfig, RelayStats, open_durable};
-pub use crate::sqlite::{Loaded, Outbox, SCHEMA_VERSION, SqliteStore, migrate};
+pub use crate::sqlite::{Loaded, Outbox, ReceivedLog, SCHEMA_VERSION, SqliteStore, migrate};
+
+#[cfg(feature = "receiver")]
+impl egress_ws::Resume for ReceivedLog {
+    fn resume(&self, producer: &str, incarnation: egress_core::Incarnation) -> Result<Option<u64>, String> {
+        self.next(producer, incarnation).map_err(|e| e.to_string())
+    }
+}
 
 /// Why the store could not do what was asked. Nothing was written.
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,8 @@ use crate::StoreError;
 
 /// The schema, one migration per version: `PRAGMA user_version` counts the
 /// ones applied. Never edit a migration that shipped; add one.
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
     CREATE TABLE egress_stream (
         stream TEXT PRIMARY KEY NOT NULL,
         incarnation BLOB NOT NULL,
@@ -28,10 +29,19 @@ const MIGRATIONS: &[&str] = &["
         dead_held INTEGER,
         PRIMARY KEY (stream, seq)
     ) STRICT, WITHOUT ROWID;
-"];
+",
+    "
+    CREATE TABLE egress_received (
+        producer TEXT NOT NULL,
+        incarnation BLOB NOT NULL,
+        next INTEGER NOT NULL,
+        PRIMARY KEY (producer, incarnation)
+    ) STRICT, WITHOUT ROWID;
+",
+];
 
 /// The schema version this library writes.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Installs (or upgrades) egress's tables on `conn`, in one transaction:
 /// for an application that opens its own connection to the database its
@@ -477,5 +487,70 @@ impl Outbox {
     ) -> Result<Sequence, StoreError> {
         let payload = serde_json::to_vec(message).map_err(StoreError::Encode)?;
         self.append(conn, &payload)
+    }
+}
+
+/// The receiving application's durable record of what it committed, per
+/// producer stream: for exactly once across restarts of the receiver
+/// itself, not only of the producer.
+///
+/// In the transaction that makes a delivery's effect durable, call
+/// [`record`](Self::record); commit the transaction, then commit the
+/// `egress_ws::Delivery`. Give the receiver the log as its
+/// `ReceiverConfig::resume`: a stream it does not hold (after its own
+/// restart) starts where the log says, so nothing the application
+/// committed is handed to it again, whenever the receiver died.
+///
+/// One row per producer stream, kept until the application deletes it.
+#[derive(Debug)]
+pub struct ReceivedLog {
+    conn: parking_lot::Mutex<Connection>,
+}
+
+impl ReceivedLog {
+    /// Opens the log in the database at `path` (creating the schema), with
+    /// a connection of its own for the receiver's lookups.
+    ///
+    /// # Errors
+    /// As [`SqliteStore::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let store = SqliteStore::open(path)?;
+        Ok(ReceivedLog { conn: parking_lot::Mutex::new(store.conn) })
+    }
+
+    /// Records, on `conn` (the application's transaction), that every
+    /// sequence of `producer`'s stream `incarnation` up to `sequence` is
+    /// committed. The record only rises.
+    ///
+    /// # Errors
+    /// SQLite's error (the schema missing: call [`migrate`] first), or a
+    /// sequence out of range.
+    pub fn record(
+        conn: &Connection,
+        producer: &str,
+        incarnation: Incarnation,
+        sequence: u64,
+    ) -> Result<(), StoreError> {
+        let next = to_i64("sequence", sequence.saturating_add(1))?;
+        conn.prepare_cached(
+            "INSERT INTO egress_received (producer, incarnation, next) VALUES (?1, ?2, ?3)
+             ON CONFLICT (producer, incarnation) DO UPDATE SET next = MAX(next, excluded.next)",
+        )?
+        .execute(params![producer, incarnation.0.to_be_bytes().as_slice(), next])?;
+        Ok(())
+    }
+
+    /// The sequence that comes next on `producer`'s stream `incarnation`,
+    /// if the log has it.
+    ///
+    /// # Errors
+    /// SQLite's error, or a stored value out of range.
+    pub fn next(&self, producer: &str, incarnation: Incarnation) -> Result<Option<u64>, StoreError> {
+        let conn = self.conn.lock();
+        let next: Option<i64> = conn
+            .prepare_cached("SELECT next FROM egress_received WHERE producer = ?1 AND incarnation = ?2")?
+            .query_row(params![producer, incarnation.0.to_be_bytes().as_slice()], |r| r.get(0))
+            .optional()?;
+        next.map(|n| to_u64("next", n)).transpose()
     }
 }

@@ -314,3 +314,29 @@ async fn the_relay_adopts_what_applications_append_in_their_own_transactions() {
     assert_eq!(got, expected);
     assert_eq!(durable.relay.stats().adopted, 40);
 }
+
+#[test]
+fn the_received_log_rises_with_the_applications_commits_only() {
+    use egress_core::Incarnation;
+    use egress_store::ReceivedLog;
+    let dir = TempDir::new();
+    let log = ReceivedLog::open(dir.db()).unwrap();
+    let mut app = rusqlite::Connection::open(dir.db()).unwrap();
+    let inc = Incarnation(0xfeed);
+    assert_eq!(log.next("p", inc).unwrap(), None);
+    let tx = app.transaction().unwrap();
+    ReceivedLog::record(&tx, "p", inc, 4).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(log.next("p", inc).unwrap(), Some(5));
+    // Rolled back with the application's transaction: not recorded.
+    let tx = app.transaction().unwrap();
+    ReceivedLog::record(&tx, "p", inc, 9).unwrap();
+    tx.rollback().unwrap();
+    assert_eq!(log.next("p", inc).unwrap(), Some(5));
+    // Only rises; other streams are apart.
+    ReceivedLog::record(&app, "p", inc, 2).unwrap();
+    ReceivedLog::record(&app, "p", Incarnation(1), 0).unwrap();
+    assert_eq!((log.next("p", inc).unwrap(), log.next("p", Incarnation(1)).unwrap()), (Some(5), Some(1)));
+    // A sequence the store cannot hold is a typed error.
+    assert!(matches!(ReceivedLog::record(&app, "p", inc, u64::MAX - 1), Err(StoreError::OutOfRange { .. })));
+}

@@ -48,5 +48,5 @@ pub use proxy::{Chaos, ChaosProxy};
 pub fn fuzz_inbox(data: &[u8]) {
     receiver::fuzz_inbox(data);
 }
-pub use receiver::{AckFaults, AckMode, Content, Delivery, Receiver, ReceiverConfig, ReceiverStats};
+pub use receiver::{AckFaults, AckMode, Content, Delivery, Receiver, ReceiverConfig, ReceiverStats, Resume};
 pub use sender::{Sender, SenderConfig, SenderStats, TooLarge, WsTransport};

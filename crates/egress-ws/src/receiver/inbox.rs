@@ -300,14 +300,25 @@ impl<W: Clone> Inbox<W> {
         }
     }
 
+    /// Whether the inbox holds `producer`'s stream `incarnation` (if not, a
+    /// handshake for it starts a stream, from what the application's store
+    /// says if it has one).
+    pub(crate) fn holds(&self, producer: &str, incarnation: u128) -> bool {
+        self.producers.get(producer).is_some_and(|p| p.streams.iter().any(|(i, _)| *i == incarnation))
+    }
+
     /// A producer's handshake at time `now`: admits it under `generation`
-    /// (fencing its previous connection) or refuses it.
+    /// (fencing its previous connection) or refuses it. A stream it starts
+    /// begins at `resume_from`, or at `stored` if that is above: where the
+    /// application's durable log says the stream goes on.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn handshake(
         &mut self,
         producer: &Arc<str>,
         incarnation: u128,
         generation: u64,
         resume_from: u64,
+        stored: Option<u64>,
         wake: W,
         now: u64,
     ) -> Admission<W> {
@@ -382,7 +393,7 @@ impl<W: Clone> Inbox<W> {
             Some(i) => entry.streams.remove(i).1,
             None => {
                 self.next_stream += 1;
-                Stream::new(self.next_stream, resume_from)
+                Stream::new(self.next_stream, resume_from.max(stored.unwrap_or(0)))
             }
         };
         // Everything below `resume_from` was acknowledged to the producer,
@@ -764,8 +775,10 @@ pub(crate) mod drive {
                         r => u64::from(r % 16),
                     };
                     let incarnation = u128::from(arg % 3);
+                    // What an application's durable log might say.
+                    let stored = next().filter(|b| b & 1 == 1).map(|b| u64::from(b >> 1) % 16);
                     if let Admission::Welcome { conn, next, received, .. } =
-                        inbox.handshake(&producer, incarnation, generation, resume_from, 0, now)
+                        inbox.handshake(&producer, incarnation, generation, resume_from, stored, 0, now)
                     {
                         assert!(next <= received, "welcome: next {next} above received {received}");
                         // The producer says everything below `resume_from`
@@ -900,7 +913,7 @@ mod tests {
     }
 
     fn admit(inbox: &mut Inbox<()>, p: &Arc<str>, inc: u128, g: u64, resume: u64) -> (ConnId, u64, u64) {
-        match inbox.handshake(p, inc, g, resume, (), 0) {
+        match inbox.handshake(p, inc, g, resume, None, (), 0) {
             Admission::Welcome { conn, next, received, .. } => (conn, next, received),
             Admission::Refused { reason, .. } => panic!("refused: {reason}"),
         }
@@ -937,7 +950,7 @@ mod tests {
         }
         let _ = taken(&mut inbox);
         // A restarted producer: new incarnation, generation 1.
-        match inbox.handshake(&p, 2, 1, 0, (), 0) {
+        match inbox.handshake(&p, 2, 1, 0, None, (), 0) {
             Admission::Refused { code: CloseCode::StaleGeneration, detail, .. } => assert_eq!(detail, 5),
             other => panic!("expected a refusal, got {other:?}"),
         }
@@ -961,7 +974,7 @@ mod tests {
         assert!(matches!(inbox.take_frame(&p, c, g, u64::MAX, msg(0)), Taken::Invalid(_)));
         assert_eq!(inbox.take_frame(&p, c, g, 3, msg(3)), Taken::Duplicate);
         assert!(matches!(inbox.take_frame(&p, c, 1, 3, msg(3)), Taken::Invalid(_)));
-        assert!(matches!(inbox.handshake(&p, 1, u64::MAX, 0, (), 0), Admission::Refused { .. }));
+        assert!(matches!(inbox.handshake(&p, 1, u64::MAX, 0, None, (), 0), Admission::Refused { .. }));
         // The last deliverable sequence is u64::MAX - 1.
         let q: Arc<str> = "q".into();
         let (c, ..) = admit(&mut inbox, &q, 1, 1, u64::MAX - 1);
@@ -974,7 +987,7 @@ mod tests {
         let mut inbox = Inbox::new(rules());
         let p: Arc<str> = "p".into();
         for g in [GENERATION_LIMIT, u64::MAX] {
-            match inbox.handshake(&p, 1, g, 0, (), 0) {
+            match inbox.handshake(&p, 1, g, 0, None, (), 0) {
                 Admission::Refused { code: CloseCode::Protocol, .. } => {}
                 other => panic!("generation {g}: expected a protocol refusal, got {other:?}"),
             }
@@ -982,7 +995,7 @@ mod tests {
         // A squatter's first handshake far up is admitted, but the latest
         // recorded rises by MAX_GENERATION_JUMP at most...
         admit(&mut inbox, &p, 9, GENERATION_LIMIT - 1, 0);
-        let stale = |inbox: &mut Inbox<()>, g| match inbox.handshake(&p, 1, g, 0, (), 0) {
+        let stale = |inbox: &mut Inbox<()>, g| match inbox.handshake(&p, 1, g, 0, None, (), 0) {
             Admission::Refused { code: CloseCode::StaleGeneration, detail, .. } => detail,
             other => panic!("expected a stale refusal, got {other:?}"),
         };
@@ -999,9 +1012,9 @@ mod tests {
     fn a_stopped_inbox_admits_nobody() {
         let mut inbox: Inbox<u8> = Inbox::new(rules());
         let p: Arc<str> = "p".into();
-        assert!(matches!(inbox.handshake(&p, 1, 1, 0, 7, 0), Admission::Welcome { .. }));
+        assert!(matches!(inbox.handshake(&p, 1, 1, 0, None, 7, 0), Admission::Welcome { .. }));
         assert_eq!(inbox.stop(), [7], "the admitted connection is to be closed");
-        match inbox.handshake(&"q".into(), 1, 1, 0, 8, 0) {
+        match inbox.handshake(&"q".into(), 1, 1, 0, None, 8, 0) {
             Admission::Refused { code: CloseCode::Normal, .. } => {}
             other => panic!("expected a normal refusal, got {other:?}"),
         }

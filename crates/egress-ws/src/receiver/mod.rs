@@ -116,6 +116,33 @@ pub struct ReceiverConfig {
     /// Faults injected into the acknowledgements this receiver sends, for
     /// tests and demos (none by default).
     pub ack_faults: AckFaults,
+    /// Where the application durably records what it committed, for
+    /// exactly once across restarts of the receiver itself (see
+    /// [`Resume`]). `None` (the default): the receiver's state lives in
+    /// memory only.
+    pub resume: Option<Arc<dyn Resume>>,
+}
+
+/// The application's durable record of what it committed, consulted when
+/// a handshake names a stream the receiver does not hold (after a restart
+/// of the receiver, or once the stream was forgotten): the stream starts
+/// where the record says, so that nothing the application committed is
+/// delivered to it again.
+///
+/// The application writes the record in the same transaction as its own
+/// effect of the delivery (`egress_store::ReceivedLog::record` does it for
+/// SQLite), and commits the [`Delivery`] once that transaction commits:
+/// whatever the moment the receiver dies, a delivery's effect and its
+/// record are both durable or both not.
+pub trait Resume: std::fmt::Debug + Send + Sync + 'static {
+    /// The sequence the record says comes next on `producer`'s stream
+    /// `incarnation` (every one below it was committed durably), or `None`
+    /// if it has none. Called on a blocking thread. An error refuses the
+    /// handshake with close code 5 (Retry): the producer comes back.
+    ///
+    /// # Errors
+    /// The store's, in words.
+    fn resume(&self, producer: &str, incarnation: Incarnation) -> Result<Option<u64>, String>;
 }
 
 impl Default for ReceiverConfig {
@@ -138,6 +165,7 @@ impl Default for ReceiverConfig {
             keepalive: Duration::from_secs(1),
             incarnations_per_producer: 4,
             ack_faults: AckFaults::default(),
+            resume: None,
         }
     }
 }
@@ -653,6 +681,20 @@ impl Drop for Admitted<'_> {
     }
 }
 
+/// What the application's record says of a stream the inbox does not hold
+/// (`None` without a record, or when the inbox holds it: memory is ahead).
+async fn stored(shared: &Shared, producer: &Arc<str>, incarnation: u128) -> Result<Option<u64>, String> {
+    let Some(resume) = shared.config.resume.clone() else { return Ok(None) };
+    if shared.inbox.lock().holds(producer, incarnation) {
+        return Ok(None);
+    }
+    let producer = producer.clone();
+    match tokio::task::spawn_blocking(move || resume.resume(&producer, Incarnation(incarnation))).await {
+        Ok(result) => result,
+        Err(e) => Err(format!("the record's lookup failed: {e}")),
+    }
+}
+
 async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
     let config = &shared.config;
     let refused = || shared.rejected.fetch_add(1, Ordering::Relaxed);
@@ -692,9 +734,19 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
         return Err(ServeError::Protocol(format!("expected a handshake, got {first:?}")));
     };
     let producer: Arc<str> = producer.into();
+    let stored = match stored(shared, &producer, incarnation).await {
+        Ok(stored) => stored,
+        Err(why) => {
+            refused();
+            tracing::warn!(%producer, %why, "egress receiver: the application's record could not be read");
+            close(&mut ws, CloseCode::Retry, 0, "the receiver's store is unavailable").await;
+            return Err(ServeError::Protocol(why));
+        }
+    };
     let signal = Arc::new(Signal::default());
     let now = shared.now();
-    let admission = shared.inbox.lock().handshake(&producer, incarnation, generation, resume_from, signal.clone(), now);
+    let admission =
+        shared.inbox.lock().handshake(&producer, incarnation, generation, resume_from, stored, signal.clone(), now);
     let (conn, next, received) = match admission {
         Admission::Welcome { conn, next, received, fenced } => {
             if let Some(old) = fenced {
