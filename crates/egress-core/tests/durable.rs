@@ -415,3 +415,15 @@ fn restore_refuses_a_store_that_breaks_its_rules() {
     );
     assert_eq!(core.generation(), Generation(3));
 }
+
+#[test]
+fn without_a_journal_nothing_of_durability_changes_or_gates() {
+    let mut core: EgressCore<&str> = EgressCore::new(Policy::default());
+    assert!(!core.is_journaled());
+    assert!(!core.enqueue("a").changes.contains(Projection::Durable));
+    assert!(!core.reconnect(Generation(1)).changes.contains(Projection::Durable));
+    assert!(core.poll_ready().is_none());
+    assert_eq!((core.durable_through(), core.unpersisted_len(), core.generation_durable()), (None, 0, true));
+    assert!(matches!(core.claim(Generation(1)).outcome, ClaimOutcome::Claimed(_)));
+    assert!(EgressCore::<&str>::restore(Policy::default(), Restored::empty()).unwrap().is_journaled());
+}
