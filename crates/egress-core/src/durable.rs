@@ -127,6 +127,32 @@ pub enum AdoptOutcome {
     },
 }
 
+/// What [`rebase`](EgressCore::rebase) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RebaseOutcome {
+    /// `adopted` records of the other writer were taken in order, and the
+    /// `moved` records the core had enqueued, never written nor sent, now
+    /// follow them under new sequences.
+    Rebased {
+        /// Records taken from the store.
+        adopted: usize,
+        /// Records renumbered.
+        moved: usize,
+    },
+    /// Refused: the other writer's records must start at `expected` (the
+    /// first sequence not durable) and follow each other.
+    OutOfOrder {
+        /// The sequence expected.
+        expected: Sequence,
+        /// The sequence found.
+        found: Sequence,
+    },
+    /// Refused: a `Ready` is being written; report it first.
+    Writing,
+    /// Refused: the core keeps no journal.
+    NotJournaled,
+}
+
 /// What a store recovered for one stream, for [`EgressCore::restore`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Restored<T> {
@@ -454,6 +480,63 @@ impl<T> EgressCore<T> {
         Transition::new(
             AdoptOutcome::Adopted { sequence },
             Changes::NONE.with(Projection::Pending).with_if(Projection::Durable, journaled),
+        )
+    }
+
+    /// Takes records another writer appended to the store (an application's
+    /// transactional outbox) under the sequences the core had given to
+    /// records it enqueued but has not written: those were never durable,
+    /// so never sent, and they move behind the other writer's records,
+    /// under new sequences, in the same order. A store refuses a write
+    /// whose sequences another writer took (`Conflict`); its relay fails
+    /// the epoch, reads the other writer's records and calls this. (A
+    /// sequence `enqueue` returned is final once durable.)
+    ///
+    /// Refused unless the core keeps a journal, while a `Ready` is being
+    /// written, and unless `appended` starts at the first sequence not
+    /// durable and goes on without a gap. Nothing changes then.
+    ///
+    /// Changes: pending and durable, if anything was taken.
+    pub fn rebase(&mut self, appended: Vec<(Sequence, T)>) -> Transition<RebaseOutcome> {
+        let next = self.next_sequence;
+        let Some(j) = self.journal.as_deref_mut() else {
+            return Transition::unchanged(RebaseOutcome::NotJournaled);
+        };
+        if j.writing.is_some() {
+            return Transition::unchanged(RebaseOutcome::Writing);
+        }
+        let from = j.durable_next;
+        for (i, (sequence, _)) in appended.iter().enumerate() {
+            let expected = Sequence(from.0.saturating_add(i as u64));
+            if *sequence != expected {
+                return Transition::unchanged(RebaseOutcome::OutOfOrder { expected, found: *sequence });
+            }
+        }
+        let k = appended.len() as u64;
+        if k == 0 {
+            return Transition::unchanged(RebaseOutcome::Rebased { adopted: 0, moved: 0 });
+        }
+        if next.0.checked_add(k).is_none() {
+            return Transition::unchanged(RebaseOutcome::OutOfOrder { expected: from, found: Sequence(u64::MAX) });
+        }
+        // Never durable, so never claimed: the tail of pending's fresh part.
+        let mut moved = self.pending.split_fresh(from);
+        let count = moved.len();
+        for (sequence, payload) in appended {
+            self.pending.push_new(crate::envelope::Record::new(sequence, payload));
+        }
+        for record in &mut moved {
+            record.sequence = Sequence(record.sequence.0 + k);
+        }
+        for record in moved {
+            self.pending.push_new(record);
+        }
+        self.next_sequence = Sequence(next.0 + k);
+        j.durable_next = Sequence(from.0 + k);
+        j.written_next = j.durable_next;
+        Transition::new(
+            RebaseOutcome::Rebased { adopted: k as usize, moved: count },
+            Changes::NONE.with(Projection::Pending).with(Projection::Durable),
         )
     }
 

@@ -95,6 +95,12 @@ impl<T> PendingQueue<T> {
         self.fresh.range(at..)
     }
 
+    /// Takes the newly enqueued records from sequence `from` on, in order.
+    pub(crate) fn split_fresh(&mut self, from: Sequence) -> VecDeque<Record<T>> {
+        let at = self.fresh.partition_point(|r| r.sequence < from);
+        self.fresh.split_off(at)
+    }
+
     /// The records in sequence order.
     pub(crate) fn iter(&self) -> Merge<'_, T> {
         Merge { fresh: self.fresh.iter().peekable(), returned: self.returned.values().peekable() }

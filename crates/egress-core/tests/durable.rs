@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use egress_core::{
     AdoptOutcome, ClaimOutcome, DeadLetters, DeadMark, EgressCore, Epoch, FailureKind, Generation, JitterSample,
-    PersistOutcome, Policy, Projection, Ready, RestoreError, Restored, RestoredRecord, Sequence, Time,
+    PersistOutcome, Policy, Projection, Ready, RebaseOutcome, RestoreError, Restored, RestoredRecord, Sequence, Time,
 };
 use proptest::prelude::*;
 
@@ -30,10 +30,14 @@ struct Disk {
 }
 
 impl Disk {
-    /// Applies one `Ready` as a store's transaction would.
-    fn apply(&mut self, ready: &Ready, core: &EgressCore<u32>) {
+    /// Applies one `Ready` as a store's transaction would; refuses it whole
+    /// (`false`) when another writer took its sequences.
+    fn apply(&mut self, ready: &Ready, core: &EgressCore<u32>) -> bool {
         let appended: Vec<(Sequence, u32)> = core.unwritten(ready.appends.clone()).map(|(s, p)| (s, *p)).collect();
         assert_eq!(appended.len() as u64, ready.appends.end.0 - ready.appends.start.0, "every append has its payload");
+        if !appended.is_empty() && self.next != ready.appends.start.0 {
+            return false;
+        }
         for (s, p) in appended {
             assert_eq!(s.0, self.next, "appends are contiguous");
             self.records.insert(s.0, (p, None));
@@ -52,6 +56,7 @@ impl Disk {
             self.acked = Some(a);
             self.records = self.records.split_off(&(a + 1));
         }
+        true
     }
 
     fn snapshot(&self) -> Restored<u32> {
@@ -72,6 +77,8 @@ impl Disk {
 enum Op {
     Enqueue,
     Adopt,
+    /// Another writer appends to the store (an application's outbox).
+    Outside,
     Claim,
     Ack(u8),
     Fail(bool),
@@ -90,6 +97,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => Just(Op::Enqueue),
         1 => Just(Op::Adopt),
+        1 => Just(Op::Outside),
         4 => Just(Op::Claim),
         3 => any::<u8>().prop_map(Op::Ack),
         2 => any::<bool>().prop_map(Op::Fail),
@@ -124,21 +132,28 @@ fn run(policy: &Policy, ops: &[Op]) {
                 core.enqueue(payloads).changes
             }
             Op::Adopt => {
-                // A store-side append: only when nothing enqueued through the
-                // core is unwritten, as a store that shares its counter would.
-                let next = core.next_sequence();
-                payloads += 1;
-                let t = core.adopt(next, payloads);
+                // The relay adopts what another writer appended to the
+                // store, in order (refused while the core's own appends
+                // are not durable).
+                let from = core.next_sequence().0;
+                let theirs: Vec<(u64, u32)> = disk.records.range(from..).map(|(s, (p, _))| (*s, *p)).collect();
+                let Some(&(first, payload)) = theirs.first() else { continue };
+                let t = core.adopt(Sequence(first), payload);
                 match t.outcome {
-                    AdoptOutcome::Adopted { sequence } => {
-                        assert_eq!(sequence.0, disk.next, "the store's counter and the core's agree");
-                        disk.records.insert(sequence.0, (payloads, None));
-                        disk.next += 1;
+                    AdoptOutcome::Adopted { sequence } => assert_eq!(sequence.0, first),
+                    AdoptOutcome::Unwritten { .. } => {
+                        assert!(t.changes.is_empty());
+                        assert!(core.unpersisted_len() > 0);
                     }
-                    AdoptOutcome::Unwritten { .. } => assert!(t.changes.is_empty()),
-                    AdoptOutcome::OutOfOrder { .. } => panic!("adopting next_sequence is in order"),
+                    AdoptOutcome::OutOfOrder { .. } => panic!("the store's next record is the core's next sequence"),
                 }
                 t.changes
+            }
+            Op::Outside => {
+                payloads += 1;
+                disk.records.insert(disk.next, (payloads, None));
+                disk.next += 1;
+                continue;
             }
             Op::Claim => {
                 let durable = core.durable_through();
@@ -186,8 +201,20 @@ fn run(policy: &Policy, ops: &[Op]) {
                     },
                 };
                 assert!(core.poll_ready().is_none(), "one Ready at a time");
-                if matches!(op, Op::Persist) {
-                    disk.apply(&ready, &core);
+                if matches!(op, Op::Persist) && !disk.apply(&ready, &core) {
+                    // Refused: the other writer's records are taken, and
+                    // the core's unwritten ones move behind them.
+                    let failed = core.persist_failed(ready.epoch, "conflict").changes;
+                    let from = core.durable_through().map_or(0, |d| d.0 + 1);
+                    let theirs: Vec<(Sequence, u32)> =
+                        disk.records.range(from..).map(|(s, (p, _))| (Sequence(*s), *p)).collect();
+                    let before_next = core.next_sequence();
+                    let t = core.rebase(theirs.clone());
+                    assert!(matches!(t.outcome, RebaseOutcome::Rebased { .. }), "{:?}", t.outcome);
+                    assert_eq!(core.next_sequence().0, before_next.0 + theirs.len() as u64);
+                    assert_eq!(core.durable_through().map(|d| d.0 + 1), Some(disk.next));
+                    failed.union(t.changes)
+                } else if matches!(op, Op::Persist) {
                     let t = core.persisted(ready.epoch);
                     assert!(matches!(t.outcome, PersistOutcome::Recorded { .. }));
                     assert!(matches!(core.persisted(ready.epoch).outcome, PersistOutcome::UnknownEpoch { .. }));
@@ -202,7 +229,7 @@ fn run(policy: &Policy, ops: &[Op]) {
             Op::Crash(lands) => {
                 // A write in progress may or may not have committed.
                 if let Some(r) = writing.take().or_else(|| core.poll_ready()).filter(|_| *lands) {
-                    disk.apply(&r, &core);
+                    let _ = disk.apply(&r, &core);
                 }
                 let restored = EgressCore::restore(*policy, disk.snapshot()).expect("the store restores");
                 // Nothing durable is lost.
@@ -240,8 +267,19 @@ fn run(policy: &Policy, ops: &[Op]) {
                 None => break,
             },
         };
-        disk.apply(&ready, &core);
-        let _ = core.persisted(ready.epoch);
+        if disk.apply(&ready, &core) {
+            let _ = core.persisted(ready.epoch);
+        } else {
+            let _ = core.persist_failed(ready.epoch, "conflict");
+            let from = core.durable_through().map_or(0, |d| d.0 + 1);
+            let theirs = disk.records.range(from..).map(|(s, (p, _))| (Sequence(*s), *p)).collect();
+            let _ = core.rebase(theirs);
+        }
+    }
+    // And what other writers appended is adopted.
+    let from = core.next_sequence().0;
+    for (s, (p, _)) in disk.records.range(from..) {
+        assert!(matches!(core.adopt(Sequence(*s), *p).outcome, AdoptOutcome::Adopted { .. }));
     }
     let restored = EgressCore::restore(*policy, disk.snapshot()).expect("the store restores");
     let view = |c: &EgressCore<u32>| {

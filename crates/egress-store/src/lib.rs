@@ -102,6 +102,13 @@ pub enum StoreError {
         /// Where the appends start.
         expected: u64,
     },
+    /// Another store loaded the stream since this one did: it is that
+    /// store's now, and this one's writes are refused.
+    #[error("stream {stream} was taken over by another store")]
+    Fenced {
+        /// The stream.
+        stream: String,
+    },
     /// The payloads given do not match the appends of the `Ready`.
     #[error("the Ready appends {expected:?} but {given} payloads were given")]
     Appends {

@@ -53,6 +53,15 @@ pub struct RelayStats {
     pub failures: u64,
     /// Records adopted from the outbox.
     pub adopted: u64,
+    /// Times the cell's own appends met an application's outbox appends
+    /// and moved behind them (see `EgressCore::rebase`).
+    pub rebases: u64,
+    /// Times adoption stopped at a record out of order (a gap another
+    /// writer left in the stream): the records after it wait.
+    pub adoption_stalls: u64,
+    /// Whether the relay stopped because another store took the stream
+    /// over.
+    pub fenced: bool,
 }
 
 #[derive(Default)]
@@ -61,6 +70,9 @@ struct Counters {
     appended: AtomicU64,
     failures: AtomicU64,
     adopted: AtomicU64,
+    rebases: AtomicU64,
+    adoption_stalls: AtomicU64,
+    fenced: std::sync::atomic::AtomicBool,
 }
 
 impl Counters {
@@ -70,6 +82,9 @@ impl Counters {
             appended: self.appended.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
             adopted: self.adopted.load(Ordering::Relaxed),
+            rebases: self.rebases.load(Ordering::Relaxed),
+            adoption_stalls: self.adoption_stalls.load(Ordering::Relaxed),
+            fenced: self.fenced.load(Ordering::Relaxed),
         }
     }
 }
@@ -85,9 +100,17 @@ impl Counters {
 /// database for records applications appended through the
 /// [`Outbox`](crate::Outbox), and adopts them in order.
 ///
-/// Dropping the relay aborts its task; what was not committed is not
-/// durable (and was never sent). [`shutdown`](Self::shutdown) writes what
-/// is pending first.
+/// When the cell's own appends meet records an application appended
+/// through the outbox under the same sequences, the store refuses them
+/// whole; the relay then takes the application's records and moves the
+/// cell's (never written, never sent) behind them
+/// ([`rebase`](egress_reactive::EgressCellOf::rebase)). When another store
+/// takes the stream over ([`SqliteStore::load`] elsewhere), the relay
+/// shows the error and stops.
+///
+/// Each commit is reported to the cell by the blocking thread that made
+/// it, so dropping the relay (which aborts its task) never leaves a commit
+/// unreported. [`shutdown`](Self::shutdown) writes what is pending first.
 ///
 /// [`persisted`]: egress_reactive::EgressCellOf::persisted
 /// [`persist_failed`]: egress_reactive::EgressCellOf::persist_failed
@@ -218,30 +241,47 @@ async fn blocking<R: Send + 'static>(
     }
 }
 
-/// Commits one `Ready` if the journal has one; returns whether it did
-/// anything, and the error if the commit failed.
+/// Commits one `Ready` if the journal has one, and reports it to the cell
+/// from the blocking thread itself (so that an aborted relay leaves no
+/// commit unreported); on a conflict with outbox appends, rebases the
+/// cell's onto them. Returns whether it did anything, and the error if the
+/// commit failed.
 async fn write_once(
     cell: &AsyncEgressCell<Bytes>,
     store: &Arc<Mutex<SqliteStore>>,
     stream: &Arc<str>,
-    counters: &Counters,
+    counters: &Arc<Counters>,
 ) -> Option<Result<(), StoreError>> {
     let (ready, appends) = cell.poll_ready()?;
-    let epoch = ready.epoch;
-    let n = appends.len() as u64;
-    let s = stream.clone();
-    let result = blocking(store, move |st| st.apply(&s, &ready, &appends)).await;
-    match &result {
-        Ok(()) => {
-            let _ = cell.persisted(epoch);
-            counters.commits.fetch_add(1, Ordering::Relaxed);
-            counters.appended.fetch_add(n, Ordering::Relaxed);
+    let (s, c, k) = (stream.clone(), cell.clone(), counters.clone());
+    let result = blocking(store, move |st| {
+        let epoch = ready.epoch;
+        let n = appends.len() as u64;
+        match st.apply(&s, &ready, &appends) {
+            Ok(()) => {
+                let _ = c.persisted(epoch);
+                k.commits.fetch_add(1, Ordering::Relaxed);
+                k.appended.fetch_add(n, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(StoreError::Conflict { stored, expected, .. }) if stored > expected => {
+                let _ = c.persist_failed(epoch, "appended by another writer meanwhile");
+                let theirs = st.appended(&s, egress_core::Sequence(expected), (stored - expected) as usize)?;
+                let outcome = c.rebase(theirs);
+                tracing::info!(?outcome, "egress relay: the cell's appends moved behind the outbox's");
+                k.rebases.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = c.persist_failed(epoch, e.to_string());
+                Err(e)
+            }
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "egress relay: a commit failed");
-            let _ = cell.persist_failed(epoch, e.to_string());
-            counters.failures.fetch_add(1, Ordering::Relaxed);
-        }
+    })
+    .await;
+    if let Err(e) = &result {
+        tracing::warn!(error = %e, "egress relay: a commit failed");
+        counters.failures.fetch_add(1, Ordering::Relaxed);
     }
     Some(result)
 }
@@ -270,8 +310,10 @@ async fn adopt(
             AdoptOutcome::Adopted { .. } => {
                 counters.adopted.fetch_add(1, Ordering::Relaxed);
             }
+            AdoptOutcome::Unwritten { .. } => return Ok(false),
             other => {
-                tracing::debug!(?other, "egress relay: adoption stopped");
+                tracing::warn!(?other, "egress relay: adoption stopped at a record out of order");
+                counters.adoption_stalls.fetch_add(1, Ordering::Relaxed);
                 return Ok(false);
             }
         }
@@ -304,6 +346,11 @@ async fn run(
             Some(Ok(())) => {
                 failures = 0;
                 continue;
+            }
+            Some(Err(StoreError::Fenced { .. })) => {
+                tracing::error!(%stream, "egress relay: another store took the stream over; stopping");
+                counters.fenced.store(true, Ordering::Relaxed);
+                return;
             }
             Some(Err(_)) => {
                 let wait = backoff(&config, failures);

@@ -38,10 +38,13 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (producer, incarnation)
     ) STRICT, WITHOUT ROWID;
 ",
+    "
+    ALTER TABLE egress_stream ADD COLUMN owner BLOB;
+",
 ];
 
 /// The schema version this library writes.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Installs (or upgrades) egress's tables on `conn`, in one transaction:
 /// for an application that opens its own connection to the database its
@@ -86,16 +89,25 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
 /// the previous commit ran goes into the next). Applications append from
 /// their own connections with [`Outbox`](crate::Outbox).
 ///
-/// Numbers are stored as SQLite integers: a sequence or generation above
-/// `i64::MAX` cannot be stored and fails the write with
+/// Numbers are stored as SQLite integers: the stored next sequence and the
+/// generation must stay below 2^63, so the last sequence a stream can take
+/// is `i64::MAX - 1`; beyond, the write fails with
 /// [`StoreError::OutOfRange`] (the wire protocol caps generations at 2^63
 /// already).
+///
+/// **One writer per stream.** [`load`](Self::load) makes this store the
+/// stream's owner (a fresh token in the stream's row); a later `load` by
+/// another store (another process, another relay) takes the stream over,
+/// and this one's writes are refused from then on
+/// ([`StoreError::Fenced`]), so two producers never write one stream.
 #[derive(Debug)]
 pub struct SqliteStore {
     conn: Connection,
     /// The `synchronous` setting now in force: 2 (FULL) or 1 (NORMAL).
     synchronous: u8,
     data_version: Option<i64>,
+    /// The owner token this store wrote into each stream it loaded.
+    owned: std::collections::HashMap<String, [u8; 16]>,
 }
 
 /// What [`SqliteStore::load`] found for a stream: the incarnation of its
@@ -179,7 +191,8 @@ impl SqliteStore {
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::Pragma { name: "journal_mode", expected: "wal".into(), found: mode });
         }
-        let mut store = SqliteStore { conn, synchronous: 0, data_version: None };
+        let mut store =
+            SqliteStore { conn, synchronous: 0, data_version: None, owned: std::collections::HashMap::new() };
         store.set_synchronous(true)?;
         migrate(&store.conn)?;
         Ok(store)
@@ -209,22 +222,30 @@ impl SqliteStore {
         &self.conn
     }
 
-    /// Loads `stream` for a restart: its incarnation and every stored record
-    /// above its acknowledgement watermark, in order (a new stream is
-    /// created, empty, at generation 0). Every record not yet acknowledged
-    /// is held in memory by the core, so this is as large as what is
-    /// unacknowledged.
+    /// Loads `stream` for a restart, and takes it over (see the type's
+    /// docs): its incarnation and every stored record above its
+    /// acknowledgement watermark, in order (a new stream is created, empty,
+    /// at generation 0). Every record not yet acknowledged is held in
+    /// memory by the core, so this is as large as what is unacknowledged.
     ///
     /// # Errors
-    /// SQLite's error, or a stored value out of range.
+    /// SQLite's error, or a stored value out of range (a generation at or
+    /// above `i64::MAX`, which no handshake could go above).
     pub fn load(&mut self, stream: &str) -> Result<Loaded, StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         ensure_stream(&tx, stream)?;
+        let owner = fresh_incarnation();
+        tx.prepare_cached("UPDATE egress_stream SET owner = ?2 WHERE stream = ?1")?
+            .execute(params![stream, owner.as_slice()])?;
         let incarnation: Vec<u8> =
             tx.query_row("SELECT incarnation FROM egress_stream WHERE stream = ?1", [stream], |r| r.get(0))?;
         let incarnation = <[u8; 16]>::try_from(incarnation.as_slice())
             .map_err(|_| StoreError::OutOfRange { what: "incarnation length", value: incarnation.len() as i128 })?;
         let (generation, next, acked) = stream_row(&tx, stream)?;
+        if generation >= i64::MAX as u64 {
+            let what = "generation (no handshake can go above it)";
+            return Err(StoreError::OutOfRange { what, value: generation.into() });
+        }
         let from = acked.map_or(0, |a| a.saturating_add(1));
         let mut records = Vec::new();
         {
@@ -241,6 +262,7 @@ impl SqliteStore {
             }
         }
         tx.commit()?;
+        self.owned.insert(stream.to_owned(), owner);
         Ok(Loaded {
             incarnation: Incarnation(u128::from_be_bytes(incarnation)),
             restored: Restored {
@@ -261,13 +283,15 @@ impl SqliteStore {
     /// The appends must continue the stream's stored counter: a stream
     /// whose counter moved (an application appended through the
     /// [`Outbox`](crate::Outbox) meanwhile) refuses them with
-    /// [`StoreError::Conflict`], and nothing of the transaction is written.
-    /// The same appends written before (a commit whose report was lost) are
-    /// taken as written.
+    /// [`StoreError::Conflict`], and nothing of the transaction is written
+    /// (the relay then takes the application's records and renumbers the
+    /// cell's, never sent: [`EgressCore::rebase`](egress_core::EgressCore::rebase)).
+    /// A stream another store has loaded since this one did is refused
+    /// with [`StoreError::Fenced`].
     ///
     /// # Errors
-    /// SQLite's error (a full disk, a locked database), a conflict, or a
-    /// number out of range; nothing is written then.
+    /// SQLite's error (a full disk, a locked database), a conflict, a
+    /// fence, or a number out of range; nothing is written then.
     pub fn apply(&mut self, stream: &str, ready: &Ready, appends: &[(Sequence, Bytes)]) -> Result<(), StoreError> {
         let range = ready.appends.clone();
         let count = range.end.0.saturating_sub(range.start.0);
@@ -284,6 +308,14 @@ impl SqliteStore {
             }
             Err(e) => return Err(e),
         };
+        if let Some(mine) = self.owned.get(stream) {
+            let owner: Option<Vec<u8>> = tx
+                .prepare_cached("SELECT owner FROM egress_stream WHERE stream = ?1")?
+                .query_row([stream], |r| r.get(0))?;
+            if owner.as_deref() != Some(mine.as_slice()) {
+                return Err(StoreError::Fenced { stream: stream.to_owned() });
+            }
+        }
         if !range.is_empty() {
             if next == range.start.0 {
                 let mut insert =
@@ -293,8 +325,6 @@ impl SqliteStore {
                 }
                 tx.prepare_cached("UPDATE egress_stream SET next_sequence = ?2 WHERE stream = ?1")?
                     .execute(params![stream, to_i64("sequence", range.end.0)?])?;
-            } else if next >= range.end.0 && Self::holds(&tx, stream, appends)? {
-                // Written before: a commit whose report was lost.
             } else {
                 return Err(StoreError::Conflict { stream: stream.to_owned(), stored: next, expected: range.start.0 });
             }
@@ -325,19 +355,6 @@ impl SqliteStore {
         }
         tx.commit()?;
         Ok(())
-    }
-
-    /// Whether the stored records of `stream` are exactly `appends`.
-    fn holds(conn: &Connection, stream: &str, appends: &[(Sequence, Bytes)]) -> Result<bool, StoreError> {
-        let mut select = conn.prepare_cached("SELECT payload FROM egress_outbox WHERE stream = ?1 AND seq = ?2")?;
-        for (sequence, payload) in appends {
-            let stored: Option<Vec<u8>> =
-                select.query_row(params![stream, to_i64("sequence", sequence.0)?], |r| r.get(0)).optional()?;
-            if stored.as_deref() != Some(payload.as_ref()) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
     }
 
     /// Whether another connection committed since the last call (`true` the

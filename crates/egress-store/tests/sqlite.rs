@@ -122,32 +122,56 @@ fn a_restart_continues_the_stream_with_what_is_unacknowledged_and_dead_letters_a
 }
 
 #[test]
-fn a_write_whose_report_was_lost_is_taken_as_written_and_a_moved_counter_is_a_conflict() {
+fn a_moved_counter_is_a_conflict_and_a_stream_taken_over_is_fenced() {
     let dir = TempDir::new();
     let mut store = SqliteStore::open(dir.db()).unwrap();
     let mut core = EgressCore::restore(Policy::default(), store.load("s").unwrap().restored).unwrap();
     let _ = core.enqueue(Bytes::from_static(b"a"));
-    let ready = core.poll_ready().unwrap();
-    let appends = vec![(Sequence(0), Bytes::from_static(b"a"))];
-    store.apply("s", &ready, &appends).unwrap();
-    // The report was lost: the core fails the epoch and writes it again.
-    let _ = core.persist_failed(ready.epoch, "lost");
-    let again = core.poll_ready().unwrap();
-    store.apply("s", &again, &appends).unwrap();
-    let _ = core.persisted(again.epoch);
-    // Another writer moved the counter: the next appends are refused whole.
+    flush(&mut core, &mut store, "s");
+    // Another writer moved the counter: the next appends are refused whole,
+    // even when the payloads are the same bytes.
     let outbox = Outbox::new("s");
-    assert_eq!(outbox.append(store.connection(), b"theirs").unwrap(), Sequence(1));
-    let _ = core.enqueue(Bytes::from_static(b"mine"));
+    assert_eq!(outbox.append(store.connection(), b"same").unwrap(), Sequence(1));
+    let _ = core.enqueue(Bytes::from_static(b"same"));
     let ready = core.poll_ready().unwrap();
-    let err = store.apply("s", &ready, &[(Sequence(1), Bytes::from_static(b"mine"))]).unwrap_err();
+    let err = store.apply("s", &ready, &[(Sequence(1), Bytes::from_static(b"same"))]).unwrap_err();
     assert!(matches!(err, StoreError::Conflict { stored: 2, expected: 1, .. }), "{err}");
-    let stored: Vec<u8> =
-        store.connection().query_row("SELECT payload FROM egress_outbox WHERE seq = 1", [], |r| r.get(0)).unwrap();
-    assert_eq!(stored, b"theirs", "nothing overwritten");
     // Payloads that do not match the Ready are refused before any write.
     let err = store.apply("s", &ready, &[]).unwrap_err();
     assert!(matches!(err, StoreError::Appends { given: 0, .. }), "{err}");
+    // The relay's answer: the other writer's record is taken, the core's
+    // moves behind it, and both are stored.
+    let _ = core.persist_failed(ready.epoch, "conflict");
+    let theirs = store.appended("s", Sequence(1), 10).unwrap();
+    assert!(matches!(core.rebase(theirs).outcome, egress_core::RebaseOutcome::Rebased { adopted: 1, moved: 1 }));
+    flush(&mut core, &mut store, "s");
+    let rows: Vec<(i64, Vec<u8>)> = store
+        .connection()
+        .prepare("SELECT seq, payload FROM egress_outbox ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(rows, [(0, b"a".to_vec()), (1, b"same".to_vec()), (2, b"same".to_vec())], "nothing lost");
+    // Another store takes the stream over: this one is fenced.
+    let mut other = SqliteStore::open(dir.db()).unwrap();
+    let _ = other.load("s").unwrap();
+    let _ = core.enqueue(Bytes::from_static(b"late"));
+    let ready = core.poll_ready().unwrap();
+    let err = store.apply("s", &ready, &[(Sequence(3), Bytes::from_static(b"late"))]).unwrap_err();
+    assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+}
+
+#[test]
+fn a_generation_no_handshake_can_go_above_is_refused_at_load() {
+    let dir = TempDir::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let _ = store.load("s").unwrap();
+    store.connection().execute("UPDATE egress_stream SET generation = ?1", [i64::MAX]).unwrap();
+    assert!(matches!(store.load("s"), Err(StoreError::OutOfRange { .. })));
+    store.connection().execute("UPDATE egress_stream SET generation = ?1", [i64::MAX - 1]).unwrap();
+    assert_eq!(store.load("s").unwrap().restored.generation, Generation(i64::MAX as u64 - 1));
 }
 
 #[test]
@@ -339,4 +363,86 @@ fn the_received_log_rises_with_the_applications_commits_only() {
     assert_eq!((log.next("p", inc).unwrap(), log.next("p", Incarnation(1)).unwrap()), (Some(5), Some(1)));
     // A sequence the store cannot hold is a typed error.
     assert!(matches!(ReceivedLog::record(&app, "p", inc, u64::MAX - 1), Err(StoreError::OutOfRange { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cell_and_an_outbox_on_one_stream_lose_nothing_and_never_wedge() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable(&cx, dir.db(), "s", Policy::default(), CellOptions::new(), config()).unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let link = durable.cell.attach(Channel(tx));
+    let app = std::thread::spawn({
+        let path = dir.db();
+        move || {
+            let conn = rusqlite::Connection::open(path).unwrap();
+            conn.busy_timeout(Duration::from_secs(5)).unwrap();
+            for i in 0..100 {
+                Outbox::new("s").append(&conn, format!("outbox {i}").as_bytes()).unwrap();
+            }
+        }
+    });
+    for i in 0..100 {
+        durable.cell.enqueue(Bytes::from(format!("cell {i}")));
+        if i % 10 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    app.join().unwrap();
+    let mut got = Vec::new();
+    while got.len() < 200 {
+        match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+            Ok(r) => {
+                let (sequence, payload) = r.unwrap();
+                let _ = link.ack(Sequence(sequence));
+                got.push((sequence, payload));
+            }
+            Err(_) => panic!(
+                "wedged after {} sends: {:?}, {:?}, error {:?}, unpersisted {}, pending {}, next {:?}",
+                got.len(),
+                durable.relay.stats(),
+                durable.cell,
+                durable.cell.persist_error().get_untracked(),
+                durable.cell.unpersisted_len().get_untracked(),
+                durable.cell.pending_len().get_untracked(),
+                durable.cell.next_sequence(),
+            ),
+        }
+    }
+    // Sequences 0..200 in order, each payload once, each source in its own
+    // order.
+    assert_eq!(got.iter().map(|(s, _)| *s).collect::<Vec<_>>(), (0..200).collect::<Vec<_>>());
+    let texts: Vec<String> = got.iter().map(|(_, p)| String::from_utf8(p.to_vec()).unwrap()).collect();
+    for source in ["cell", "outbox"] {
+        let mine: Vec<&String> = texts.iter().filter(|t| t.starts_with(source)).collect();
+        let expected: Vec<String> = (0..100).map(|i| format!("{source} {i}")).collect();
+        assert_eq!(mine, expected.iter().collect::<Vec<_>>(), "{source}: every record once, in order");
+    }
+    assert!(durable.cell.persist_error().get_untracked().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_dropped_mid_commit_leaves_it_reported_and_a_new_relay_goes_on() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let store = SqliteStore::open(dir.db()).unwrap();
+    let (cell, relay) = start(&cx, store, "s");
+    // A commit held in flight by another writer's lock.
+    let blocker = rusqlite::Connection::open(dir.db()).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    cell.enqueue_all((0..20).map(|i| Bytes::from(format!("m{i}"))));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(relay);
+    blocker.execute_batch("ROLLBACK").unwrap();
+    // A new relay on the same cell, over a store that loads the stream.
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let _ = store.load("s").unwrap();
+    let relay = Relay::spawn(&cx, &cell, store, "s", config());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _link = cell.attach(Channel(tx));
+    for i in 0..20u64 {
+        let (s, p) = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.expect("no wedge").unwrap();
+        assert_eq!((s, p), (i, Bytes::from(format!("m{i}"))));
+    }
+    assert!(!relay.stats().fenced);
 }

@@ -988,7 +988,9 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// What the store must write next, with copies of the payloads to
     /// append, if anything (see [`EgressCore::poll_ready`]): one at a time,
     /// until reported by [`persisted`](Self::persisted) or
-    /// [`persist_failed`](Self::persist_failed). For a store's relay.
+    /// [`persist_failed`](Self::persist_failed). For a store's relay only:
+    /// a `Ready` taken and never reported stops the journal (nothing is
+    /// written after it, and nothing more becomes claimable).
     ///
     /// # Panics
     /// A payload's `Clone` that panics: the epoch is failed first (so the
@@ -1037,6 +1039,16 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     pub fn adopt(&self, sequence: Sequence, payload: T) -> AdoptOutcome {
         self.shared.inner.apply(By::Caller, |s| {
             let t = s.core.adopt(sequence, payload);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// Takes records another writer appended to the store under the
+    /// sequences of records the cell enqueued but has not written (never
+    /// sent), which move behind them. See [`EgressCore::rebase`].
+    pub fn rebase(&self, appended: Vec<(Sequence, T)>) -> egress_core::RebaseOutcome {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.rebase(appended);
             (t.outcome, t.changes)
         })
     }
