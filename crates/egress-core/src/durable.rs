@@ -153,6 +153,29 @@ pub enum RebaseOutcome {
     NotJournaled,
 }
 
+/// Where one message stands: what a UI shows next to it, from "saving…"
+/// to "delivered". See [`EgressCore::status`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+pub enum MessageStatus {
+    /// Enqueued, not yet durable (only with a journal).
+    Saving,
+    /// Waiting to be sent (durable, with a journal).
+    Queued,
+    /// Sent, not yet acknowledged.
+    Sending,
+    /// The peer holds it (a receipt), not yet acknowledged.
+    Received,
+    /// A send failed; waiting for its backoff.
+    Retrying,
+    /// A dead letter, for this reason: held, or sent as a tombstone in its
+    /// place.
+    Dead(DeadReason),
+    /// Acknowledged: delivered, or (for a dead letter's tombstone) skipped.
+    /// Stays so: the core forgets the record, not the watermark.
+    Acknowledged,
+}
+
 /// What a store recovered for one stream, for [`EgressCore::restore`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Restored<T> {
@@ -538,6 +561,34 @@ impl<T> EgressCore<T> {
             RebaseOutcome::Rebased { adopted: k as usize, moved: count },
             Changes::NONE.with(Projection::Pending).with(Projection::Durable),
         )
+    }
+
+    /// Where the message `sequence` stands (`None`: never enqueued). A
+    /// message does not vanish from this view: once acknowledged it stays
+    /// [`MessageStatus::Acknowledged`]. O(log n).
+    #[must_use]
+    pub fn status(&self, sequence: Sequence) -> Option<MessageStatus> {
+        if sequence >= self.next_sequence {
+            return None;
+        }
+        if self.acked_through.is_some_and(|a| sequence <= a) {
+            return Some(MessageStatus::Acknowledged);
+        }
+        if let Some(e) = self.exhausted.get(&sequence) {
+            return Some(MessageStatus::Dead(e.reason));
+        }
+        let (record, live) = if let Some(p) = self.parked.get(sequence) {
+            (&p.record, MessageStatus::Retrying)
+        } else if let Some(r) = self.inflight.get(sequence) {
+            let held = self.received_through.is_some_and(|t| sequence <= t);
+            (r, if held { MessageStatus::Received } else { MessageStatus::Sending })
+        } else if let Some(r) = self.pending.get(sequence) {
+            let saving = self.journal.as_ref().is_some_and(|j| sequence >= j.durable_next);
+            (r, if saving { MessageStatus::Saving } else { MessageStatus::Queued })
+        } else {
+            return None;
+        };
+        Some(record.dead.map_or(live, MessageStatus::Dead))
     }
 
     /// Notes, for the journal, that the record `sequence` died or came back.

@@ -49,6 +49,10 @@ impl<T> ParkedSet<T> {
         self.by_due.insert(key);
     }
 
+    pub(crate) fn get(&self, sequence: Sequence) -> Option<&Parked<T>> {
+        self.by_sequence.get(&sequence)
+    }
+
     pub(crate) fn remove(&mut self, sequence: Sequence) -> Option<Parked<T>> {
         let parked = self.by_sequence.remove(&sequence)?;
         self.by_due.remove(&(parked.due, sequence));

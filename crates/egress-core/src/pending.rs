@@ -95,6 +95,15 @@ impl<T> PendingQueue<T> {
         self.fresh.range(at..)
     }
 
+    /// The record `sequence`, if pending.
+    pub(crate) fn get(&self, sequence: Sequence) -> Option<&Record<T>> {
+        let at = self.fresh.partition_point(|r| r.sequence < sequence);
+        match self.fresh.get(at) {
+            Some(r) if r.sequence == sequence => Some(r),
+            _ => self.returned.get(&sequence),
+        }
+    }
+
     /// Takes the newly enqueued records from sequence `from` on, in order.
     pub(crate) fn split_fresh(&mut self, from: Sequence) -> VecDeque<Record<T>> {
         let at = self.fresh.partition_point(|r| r.sequence < from);

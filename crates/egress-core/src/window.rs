@@ -48,6 +48,10 @@ impl<T> Window<T> {
         }
     }
 
+    pub(crate) fn get(&self, sequence: Sequence) -> Option<&Record<T>> {
+        self.records.get(self.position(sequence)?)
+    }
+
     pub(crate) fn remove(&mut self, sequence: Sequence) -> Option<Record<T>> {
         let record = self.records.remove(self.position(sequence)?);
         self.settle();

@@ -257,6 +257,7 @@ fn run(policy: &Policy, ops: &[Op]) {
             "persist_error flag after {op:?}"
         );
         assert!(core.durable_through().is_none_or(|d| d < core.next_sequence()));
+        check_statuses(&core);
     }
     // Written in full, a restore is the identity on what survives a crash.
     loop {
@@ -464,4 +465,39 @@ fn without_a_journal_nothing_of_durability_changes_or_gates() {
     assert_eq!((core.durable_through(), core.unpersisted_len(), core.generation_durable()), (None, 0, true));
     assert!(matches!(core.claim(Generation(1)).outcome, ClaimOutcome::Claimed(_)));
     assert!(EgressCore::<&str>::restore(Policy::default(), Restored::empty()).unwrap().is_journaled());
+}
+
+/// Every message below `next_sequence` has a status, and it agrees with
+/// where the record is.
+fn check_statuses(core: &EgressCore<u32>) {
+    use egress_core::MessageStatus as M;
+    let next = core.next_sequence().0;
+    assert_eq!(core.status(Sequence(next)), None);
+    let durable = core.durable_through().map_or(0, |d| d.0 + 1);
+    for e in core.pending() {
+        let expected = match e.dead {
+            Some(r) => M::Dead(r),
+            None if core.is_journaled() && e.sequence.0 >= durable => M::Saving,
+            None => M::Queued,
+        };
+        assert_eq!(core.status(e.sequence), Some(expected));
+    }
+    for e in core.inflight() {
+        let held = core.received_through().is_some_and(|r| e.sequence <= r);
+        let expected = e.dead.map_or(if held { M::Received } else { M::Sending }, M::Dead);
+        assert_eq!(core.status(e.sequence), Some(expected));
+    }
+    for p in core.parked() {
+        assert_eq!(core.status(p.sequence), Some(p.dead.map_or(M::Retrying, M::Dead)));
+    }
+    for e in core.exhausted() {
+        assert!(matches!(core.status(e.sequence), Some(M::Dead(_))));
+    }
+    if let Some(a) = core.acked_through() {
+        assert_eq!(core.status(a), Some(M::Acknowledged));
+        assert_eq!(core.status(Sequence(0)), Some(M::Acknowledged));
+    }
+    let listed = core.pending_len() + core.inflight_len() + core.parked_len() + core.exhausted_len();
+    let acked = core.acked_through().map_or(0, |a| a.0 + 1);
+    assert_eq!(listed as u64, next - acked, "every message below next_sequence is somewhere");
 }

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use egress_core::{AdoptOutcome, EgressCore, Policy};
-use egress_reactive::{AsyncContext, AsyncEgressCell, CellOptions, Effect, Threaded};
+use egress_core::{AdoptOutcome, EgressCore, Policy, Ready, Sequence};
+use egress_reactive::{AsyncContext, AsyncEgressCell, CellFlavor, CellOptions, Effect, EgressCellOf, Threaded};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -241,10 +241,75 @@ async fn blocking<R: Send + 'static>(
     }
 }
 
-/// Commits one `Ready` if the journal has one, and reports it to the cell
-/// from the blocking thread itself (so that an aborted relay leaves no
-/// commit unreported); on a conflict with outbox appends, rebases the
-/// cell's onto them. Returns whether it did anything, and the error if the
+/// What one commit did, for the counters.
+enum Committed {
+    /// Written: this many records appended.
+    Written(u64),
+    /// Refused for another writer's appends; the cell's moved behind them.
+    Rebased,
+}
+
+/// Writes one `Ready` of `cell`'s journal into `store` and reports it to the
+/// cell: `persisted`, or `persist_failed` (and, when another writer's
+/// appends took the sequences, a `rebase` onto them). The one
+/// implementation behind the [`Relay`] and [`SqliteStore::write_journal`].
+fn commit<F: CellFlavor<Bytes>>(
+    cell: &EgressCellOf<Bytes, F>,
+    store: &mut SqliteStore,
+    stream: &str,
+    ready: &Ready,
+    appends: &[(Sequence, Bytes)],
+) -> Result<Committed, StoreError> {
+    let epoch = ready.epoch;
+    match store.apply(stream, ready, appends) {
+        Ok(()) => {
+            let _ = cell.persisted(epoch);
+            Ok(Committed::Written(appends.len() as u64))
+        }
+        Err(StoreError::Conflict { stored, expected, .. }) if stored > expected => {
+            let _ = cell.persist_failed(epoch, "appended by another writer meanwhile");
+            let theirs =
+                store.appended(stream, Sequence(expected), usize::try_from(stored - expected).unwrap_or(usize::MAX))?;
+            let outcome = cell.rebase(theirs);
+            tracing::info!(?outcome, "egress relay: the cell's appends moved behind the outbox's");
+            Ok(Committed::Rebased)
+        }
+        Err(e) => {
+            let _ = cell.persist_failed(epoch, e.to_string());
+            Err(e)
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Writes everything `cell`'s journal holds for `stream`, one
+    /// transaction per `Ready`, on the calling thread: the relay of a
+    /// synchronous cell (a UI thread that owns its connection calls it from
+    /// its loop, after enqueues and acks). Returns how many records were
+    /// appended. The cell must be over a core restored from this store's
+    /// `stream` ([`load`](Self::load)).
+    ///
+    /// # Errors
+    /// The first commit that failed (shown by the cell's `persist_error`;
+    /// call again to retry).
+    pub fn write_journal<F: CellFlavor<Bytes>>(
+        &mut self,
+        cell: &EgressCellOf<Bytes, F>,
+        stream: &str,
+    ) -> Result<u64, StoreError> {
+        let mut written = 0;
+        while let Some((ready, appends)) = cell.poll_ready() {
+            if let Committed::Written(n) = commit(cell, self, stream, &ready, &appends)? {
+                written += n;
+            }
+        }
+        Ok(written)
+    }
+}
+
+/// Commits one `Ready` if the journal has one, reported to the cell from
+/// the blocking thread itself (so that an aborted relay leaves no commit
+/// unreported). Returns whether it did anything, and the error if the
 /// commit failed.
 async fn write_once(
     cell: &AsyncEgressCell<Bytes>,
@@ -255,28 +320,16 @@ async fn write_once(
     let (ready, appends) = cell.poll_ready()?;
     let (s, c, k) = (stream.clone(), cell.clone(), counters.clone());
     let result = blocking(store, move |st| {
-        let epoch = ready.epoch;
-        let n = appends.len() as u64;
-        match st.apply(&s, &ready, &appends) {
-            Ok(()) => {
-                let _ = c.persisted(epoch);
+        match commit(&c, st, &s, &ready, &appends)? {
+            Committed::Written(n) => {
                 k.commits.fetch_add(1, Ordering::Relaxed);
                 k.appended.fetch_add(n, Ordering::Relaxed);
-                Ok(())
             }
-            Err(StoreError::Conflict { stored, expected, .. }) if stored > expected => {
-                let _ = c.persist_failed(epoch, "appended by another writer meanwhile");
-                let theirs = st.appended(&s, egress_core::Sequence(expected), (stored - expected) as usize)?;
-                let outcome = c.rebase(theirs);
-                tracing::info!(?outcome, "egress relay: the cell's appends moved behind the outbox's");
+            Committed::Rebased => {
                 k.rebases.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) => {
-                let _ = c.persist_failed(epoch, e.to_string());
-                Err(e)
             }
         }
+        Ok(())
     })
     .await;
     if let Err(e) = &result {

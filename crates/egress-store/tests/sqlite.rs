@@ -446,3 +446,35 @@ async fn a_relay_dropped_mid_commit_leaves_it_reported_and_a_new_relay_goes_on()
     }
     assert!(!relay.stats().fenced);
 }
+
+#[test]
+fn a_synchronous_cell_writes_its_journal_from_its_own_loop() {
+    use egress_reactive::{Context, EgressCell};
+    let dir = TempDir::new();
+    let cx = Context::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let loaded = store.load("ui").unwrap();
+    let core = EgressCore::restore(Policy::default(), loaded.restored).unwrap();
+    let cell: EgressCell<Bytes> = EgressCell::from_core(&cx.handle(), core, CellOptions::new());
+    let sent = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    struct Wire(std::rc::Rc<std::cell::RefCell<Vec<u64>>>);
+    impl egress_reactive::Transport<Bytes> for Wire {
+        fn send(&mut self, e: egress_core::Envelope<Bytes>) -> Result<(), SendError> {
+            self.0.borrow_mut().push(e.sequence.0);
+            Ok(())
+        }
+    }
+    let _link = cell.attach(Wire(sent.clone()));
+    cell.enqueue_all((0..3).map(|i| Bytes::from(format!("m{i}"))));
+    assert!(sent.borrow().is_empty());
+    assert_eq!(store.write_journal(&cell, "ui").unwrap(), 3);
+    assert_eq!(*sent.borrow(), [0, 1, 2]);
+    assert_eq!(store.write_journal(&cell, "ui").unwrap(), 0, "nothing more to write");
+    // Another store takes the stream over: the next write fails, shown.
+    let mut other = SqliteStore::open(dir.db()).unwrap();
+    let restored = other.load("ui").unwrap().restored;
+    assert_eq!(restored.records.len(), 3);
+    cell.enqueue(Bytes::from_static(b"late"));
+    assert!(matches!(store.write_journal(&cell, "ui"), Err(StoreError::Fenced { .. })));
+    assert!(cell.persist_error().get().is_some());
+}

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use egress_core::{
     AckOutcome, AdoptOutcome, Changes, ClaimOutcome, DeadReason, EgressCore, Envelope, Epoch, FailOutcome, FailureKind,
-    Generation, Incarnation, JitterSample, PersistError, PersistOutcome, Policy, Projection, Ready, ReceivedOutcome,
-    ReconnectOutcome, Retry, ScheduleOutcome, Sequence, Time,
+    Generation, Incarnation, JitterSample, MessageStatus, PersistError, PersistOutcome, Policy, Projection, Ready,
+    ReceivedOutcome, ReconnectOutcome, Retry, ScheduleOutcome, Sequence, Time,
 };
 
 use super::clock::{Clock, MonotonicClock};
@@ -451,6 +451,37 @@ impl<T: 'static, P: 'static, F: Flavor> Compute<P> for Project<T, P, F> {
 
 type Reader<T, P, E, F> = ComputedObj<P, Project<T, P, F>, E, F>;
 
+/// What a [`status`](EgressCellOf::status) reader computes: one message's
+/// status, after tracking every projection it depends on.
+#[doc(hidden)]
+pub struct StatusOf<T: 'static, F: Flavor> {
+    inner: Inner<T, F>,
+    sequence: Sequence,
+}
+
+/// The projections a message's status follows.
+const STATUS_FOLLOWS: [Projection; 7] = [
+    Projection::Pending,
+    Projection::Inflight,
+    Projection::Parked,
+    Projection::Exhausted,
+    Projection::AckedThrough,
+    Projection::Received,
+    Projection::Durable,
+];
+
+impl<T: 'static, F: Flavor> Compute<Option<MessageStatus>> for StatusOf<T, F> {
+    fn compute(&self) -> Option<MessageStatus> {
+        let inner = &self.inner;
+        inner.handle.enter(|cell| {
+            for p in STATUS_FOLLOWS {
+                Handle::track(cell, inner.triggers[p as usize]);
+            }
+            inner.state.with(&Entered::by(cell), |s| s.core.status(self.sequence))
+        })
+    }
+}
+
 /// The flavours that can hold a cell of `T`: [`Local`] for any `T: Clone`,
 /// [`Threaded`] for `T: Clone + Send + Sync`. (It names the node types a
 /// cell creates, so that one generic implementation serves both.)
@@ -464,6 +495,7 @@ pub trait CellFlavor<T: Clone + 'static>:
     + Holds<Reader<T, Snapshot<ParkedRecord<T>>, Never, Self>>
     + Holds<Reader<T, Option<PersistError>, ByEq, Self>>
     + Holds<Reader<T, bool, ByEq, Self>>
+    + Holds<ComputedObj<Option<MessageStatus>, StatusOf<T, Self>, ByEq, Self>>
 {
     /// The clock of a cell built without one.
     fn default_clock() -> Arc<dyn Clock> {
@@ -784,6 +816,19 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// use it. Always `true` without a journal.
     pub fn generation_durable(&self) -> &Computed<bool, F> {
         &self.shared.readers.generation_durable
+    }
+
+    /// A reader of where the message `sequence` stands (see
+    /// [`EgressCore::status`]): "saving…", queued, sending, received,
+    /// retrying, dead, acknowledged. It recomputes when a projection the
+    /// status depends on changes and notifies only when the status does; an
+    /// acknowledged message stays acknowledged, so a UI keeps it until it
+    /// drops it itself. Each call makes a new computed, owned by the current
+    /// owner.
+    #[track_caller]
+    pub fn status(&self, sequence: Sequence) -> Computed<Option<MessageStatus>, F> {
+        let f = StatusOf { inner: self.shared.inner.clone(), sequence };
+        self.shared.inner.handle.make_computed(ByEq, f, Location::caller())
     }
 
     /// The last failure to persist, until a later write succeeds: sending

@@ -1,0 +1,69 @@
+#![allow(clippy::unwrap_used)]
+//! A cell over a journaled core, as a chat screen shows it: a message's
+//! status goes saving, queued, sending, acknowledged, one notification per
+//! change, and never vanishes; the durability readers follow the journal.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use egress_core::{EgressCore, FailureKind, MessageStatus as M, Policy, Restored, Sequence};
+use egress_reactive::{CellOptions, Context, EgressCell, SendError, Transport};
+
+struct Wire(Rc<RefCell<Vec<u64>>>);
+
+impl Transport<String> for Wire {
+    fn send(&mut self, envelope: egress_core::Envelope<String>) -> Result<(), SendError> {
+        self.0.borrow_mut().push(envelope.sequence.0);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_message_status_walks_from_saving_to_acknowledged_and_stays() {
+    let cx = Context::new();
+    let core = EgressCore::restore(Policy::default(), Restored::empty()).unwrap();
+    let cell: EgressCell<String> = EgressCell::from_core(&cx.handle(), core, CellOptions::new());
+    let wire = Rc::new(RefCell::new(Vec::new()));
+    let link = cell.attach(Wire(wire.clone()));
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let status = cell.status(Sequence(0));
+    let saving = cell.unpersisted_len().clone();
+    cx.effect({
+        let (status, seen, saving) = (status.clone(), seen.clone(), saving.clone());
+        move || seen.borrow_mut().push((status.get(), saving.get()))
+    });
+    cell.enqueue("hello".into());
+    assert!(wire.borrow().is_empty(), "not sent before it is durable");
+    let (ready, appends) = cell.poll_ready().unwrap();
+    assert_eq!(appends, [(Sequence(0), "hello".to_string())]);
+    let _ = cell.persisted(ready.epoch);
+    assert_eq!(*wire.borrow(), [0], "sent once durable");
+    assert_eq!(cell.durable_through().get(), Some(Sequence(0)));
+    let _ = link.ack(Sequence(0));
+    // Unrelated traffic does not re-notify a settled status.
+    cell.enqueue("later".into());
+    let (ready, _) = cell.poll_ready().unwrap();
+    let _ = cell.persisted(ready.epoch);
+    assert_eq!(
+        *seen.borrow(),
+        [
+            (None, 0),
+            (Some(M::Saving), 1),
+            // Durable, then claimed by the attachment: two transitions.
+            (Some(M::Queued), 0),
+            (Some(M::Sending), 0),
+            (Some(M::Acknowledged), 0),
+            (Some(M::Acknowledged), 1),
+            (Some(M::Acknowledged), 0)
+        ],
+    );
+    // (The effect ran exactly once per change of what it reads: the status
+    // reader recomputes on every transition of its projections, O(log n),
+    // and cuts off by equality.)
+    assert!(status.runs() >= 5);
+    // A failure is shown as retrying; a permanent one as dead.
+    let later = cell.status(Sequence(1));
+    assert_eq!(later.get(), Some(M::Sending));
+    let _ = link.fail(Sequence(1), FailureKind::Transient);
+    assert_eq!(later.get(), Some(M::Retrying));
+}
