@@ -140,10 +140,11 @@ struct OpFields {
     jitter_sample: Option<f64>,
     epoch: Option<u64>,
     reason: Option<String>,
+    after: Option<u64>,
 }
 
 /// The op types, as fixtures name them.
-pub const OP_TYPES: [&str; 13] = [
+pub const OP_TYPES: [&str; 15] = [
     "enqueue",
     "claim",
     "ack",
@@ -157,6 +158,8 @@ pub const OP_TYPES: [&str; 13] = [
     "persisted",
     "persist_failed",
     "adopt",
+    "enqueue_after",
+    "release",
 ];
 
 /// A fixture operation, tagged by `"type"`.
@@ -244,6 +247,18 @@ pub enum Op {
         /// What the store said.
         reason: String,
     },
+    /// `enqueue_after(payload, after)`.
+    EnqueueAfter {
+        /// Any JSON value.
+        payload: Value,
+        /// The flush epoch it waits for.
+        after: u64,
+    },
+    /// `release(through)`.
+    Release {
+        /// The flush epoch released.
+        through: u64,
+    },
     /// `adopt(sequence, payload)`.
     Adopt {
         /// The sequence the store assigned.
@@ -264,7 +279,8 @@ pub enum FailKindName {
 }
 
 /// The keys `expected` may hold.
-pub const STATE_KEYS: [&str; 14] = [
+pub const STATE_KEYS: [&str; 15] = [
+    "gated_len",
     "durable_through",
     "unpersisted_len",
     "generation_durable",
@@ -522,6 +538,8 @@ fn decode_op(value: Value) -> Result<Op, (String, String)> {
         "persisted" => &["epoch"],
         "persist_failed" => &["epoch", "reason"],
         "adopt" => &["sequence", "payload"],
+        "enqueue_after" => &["payload", "after"],
+        "release" => &["through"],
         _ => &["generation", "sequence"],
     };
     let present = [
@@ -535,6 +553,7 @@ fn decode_op(value: Value) -> Result<Op, (String, String)> {
         ("jitter_sample", fields.jitter_sample.is_some()),
         ("epoch", fields.epoch.is_some()),
         ("reason", fields.reason.is_some()),
+        ("after", fields.after.is_some()),
     ];
     if let Some((name, _)) = present.iter().find(|(name, here)| *here && !allowed.contains(name)) {
         return Err((format!(".{name}"), format!("not a field of a {ty} op; expected some of {allowed:?}")));
@@ -570,6 +589,11 @@ fn decode_op(value: Value) -> Result<Op, (String, String)> {
                 .reason
                 .ok_or_else(|| (".reason".to_owned(), "a persist_failed op needs reason".to_owned()))?,
         },
+        "enqueue_after" => Op::EnqueueAfter {
+            payload: payload.ok_or_else(|| (".payload".into(), "an enqueue_after op needs payload".into()))?,
+            after: need("after", fields.after)?,
+        },
+        "release" => Op::Release { through: need("through", fields.through)? },
         "adopt" => Op::Adopt {
             sequence: need("sequence", fields.sequence)?,
             payload: payload.ok_or_else(|| (".payload".into(), "an adopt op needs payload".into()))?,

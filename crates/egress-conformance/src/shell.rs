@@ -185,6 +185,10 @@ impl<F: CellFlavor<Value>> ShellSession<F> {
                 returns::persist(&c.persist_failed(egress_core::Epoch(*epoch), reason.clone()))
             }
             Op::Adopt { sequence, payload } => returns::adopt(&c.adopt(Sequence(*sequence), payload.clone())),
+            Op::EnqueueAfter { payload, after } => {
+                returns::enqueue(c.enqueue_after(payload.clone(), egress_core::FlushEpoch(*after)))
+            }
+            Op::Release { through } => returns::release(c.release(egress_core::FlushEpoch(*through))),
         }
     }
 }
@@ -199,6 +203,7 @@ impl<F: CellFlavor<Value>> Session for ShellSession<F> {
             state.insert(invalidation_key(p).to_owned(), self.state_of(p)?);
         }
         state.insert("next_sequence".into(), json!(self.cell.next_sequence()));
+        state.insert("gated_len".into(), json!(self.cell.with_core(egress_core::EgressCore::gated_len)));
         let read = |r: Result<Value, String>| r.unwrap_or_else(Value::String);
         state.insert(
             "durable_through".into(),

@@ -83,6 +83,7 @@ pub fn state_of(core: &EgressCore<Value>) -> Map<String, Value> {
     state.insert("unpersisted_len".into(), json!(core.unpersisted_len()));
     state.insert("generation_durable".into(), json!(core.generation_durable()));
     state.insert("persist_error".into(), json!(core.persist_error()));
+    state.insert("gated_len".into(), json!(core.gated_len()));
     state
 }
 
@@ -164,6 +165,14 @@ pub fn apply_to_core(core: &mut EgressCore<Value>, op: &Op) -> (Value, egress_co
             let t = core.adopt(Sequence(*sequence), payload.clone());
             (returns::adopt(&t.outcome), t.changes)
         }
+        Op::EnqueueAfter { payload, after } => {
+            let t = core.enqueue_after(payload.clone(), egress_core::FlushEpoch(*after));
+            (returns::enqueue(t.outcome), t.changes)
+        }
+        Op::Release { through } => {
+            let t = core.release(egress_core::FlushEpoch(*through));
+            (returns::release(t.outcome), t.changes)
+        }
     }
 }
 
@@ -191,6 +200,7 @@ pub mod returns {
             ClaimOutcome::Isolating { probe } => json!({"claim": "isolating", "probe": probe}),
             ClaimOutcome::StaleGeneration { current } => json!({"claim": "stale_generation", "current": current}),
             ClaimOutcome::Unpersisted { sequence } => json!({"claim": "unpersisted", "sequence": sequence}),
+            ClaimOutcome::Gated { sequence, epoch } => json!({"claim": "gated", "sequence": sequence, "epoch": epoch}),
             ClaimOutcome::GenerationUnpersisted { generation } => {
                 json!({"claim": "generation_unpersisted", "generation": generation})
             }
@@ -271,6 +281,12 @@ pub mod returns {
             "dead": dead,
             "must_sync": r.must_sync,
         }})
+    }
+
+    /// `{"released": K}`: how many records waited.
+    #[must_use]
+    pub fn release(waiting: usize) -> Value {
+        json!({"released": waiting})
     }
 
     /// The `persisted` and `persist_failed` shapes.

@@ -8,7 +8,7 @@ use std::ops::Range;
 use crate::changes::{Changes, Projection};
 use crate::durable::Journal;
 use crate::envelope::{Envelope, Exhausted, Record};
-use crate::ids::{Generation, Sequence, Time};
+use crate::ids::{FlushEpoch, Generation, Sequence, Time};
 use crate::outcome::{AckOutcome, ClaimOutcome, Transition};
 use crate::parked::ParkedSet;
 use crate::pending::PendingQueue;
@@ -156,6 +156,11 @@ pub struct EgressCore<T> {
     pub(crate) isolation: Isolation,
     /// What the store holds, for a core built by `restore`.
     pub(crate) journal: Option<Box<Journal>>,
+    /// Records that wait for a flush epoch of the application's state
+    /// (`enqueue_after`), by sequence: only those above `released`.
+    pub(crate) gates: BTreeMap<Sequence, FlushEpoch>,
+    /// Every flush epoch at or below it is released.
+    pub(crate) released: FlushEpoch,
 }
 
 /// Whether records are sent one at a time, to isolate one that kills its
@@ -197,6 +202,8 @@ impl<T> EgressCore<T> {
             progressed: false,
             isolation: Isolation::Off,
             journal: None,
+            gates: BTreeMap::new(),
+            released: FlushEpoch(0),
         }
     }
 
@@ -382,7 +389,8 @@ impl<T> EgressCore<T> {
 
     /// Why the pending record `head` cannot be claimed now, if it cannot.
     /// The checks in the order their outcomes are reported: an ordering
-    /// rule, then isolation, then the window, then durability.
+    /// rule, then isolation, then the window, then a flush gate, then
+    /// durability.
     fn refusal_for<'a>(&self, head: Sequence) -> Option<ClaimOutcome<'a, T>> {
         if self.policy.ordering() == Ordering::Strict {
             let parked = self.parked.first_sequence();
@@ -401,6 +409,9 @@ impl<T> EgressCore<T> {
         if head >= self.window_end() {
             return Some(ClaimOutcome::WindowFull);
         }
+        if let Some(&epoch) = self.gates.get(&head) {
+            return Some(ClaimOutcome::Gated { sequence: head, epoch });
+        }
         self.durability_refusal(head)
     }
 
@@ -415,7 +426,9 @@ impl<T> EgressCore<T> {
     /// flight alone); `WindowFull` (the lowest pending sequence lies at or
     /// beyond [`window_end`](Self::window_end)); with a journal,
     /// `GenerationUnpersisted` (the current generation is not durable) and
-    /// `Unpersisted` (the record is not).
+    /// `Unpersisted` (the record is not); before those, `Gated` (the
+    /// record waits for a flush epoch: see
+    /// [`enqueue_after`](Self::enqueue_after)).
     ///
     /// Changes: pending and inflight, when claimed.
     pub fn claim(&mut self, generation: Generation) -> Transition<ClaimOutcome<'_, T>> {

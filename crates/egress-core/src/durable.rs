@@ -22,7 +22,7 @@ use std::ops::Range;
 use crate::changes::{Changes, Projection};
 use crate::core::{EgressCore, Isolation};
 use crate::envelope::{Exhausted, Record};
-use crate::ids::{Epoch, Generation, Sequence};
+use crate::ids::{Epoch, FlushEpoch, Generation, Sequence};
 use crate::outcome::Transition;
 use crate::parked::ParkedSet;
 use crate::pending::PendingQueue;
@@ -318,6 +318,8 @@ impl<T> EgressCore<T> {
             retry: None,
             progressed: false,
             isolation: Isolation::Off,
+            gates: BTreeMap::new(),
+            released: FlushEpoch(0),
             journal: Some(Box::new(Journal {
                 durable_next: next_sequence,
                 written_next: next_sequence,
@@ -393,6 +395,11 @@ impl<T> EgressCore<T> {
         if j.writing.is_some() {
             return None;
         }
+        // A record waiting for a flush epoch is not written (nor anything
+        // after it) until released: what is stored after a crash never
+        // depends on state the application had not made durable.
+        let gate = self.gates.range(j.written_next..).next().map(|(s, _)| *s);
+        let next = gate.map_or(next, |g| g.min(next));
         let appends = j.written_next..next;
         let acked_through = acked.filter(|a| j.written_acked.is_none_or(|w| *a > w));
         let new_generation = (generation > j.written_generation).then_some(generation);
@@ -551,6 +558,8 @@ impl<T> EgressCore<T> {
         for record in &mut moved {
             record.sequence = Sequence(record.sequence.0 + k);
         }
+        let gates = self.gates.split_off(&from);
+        self.gates.extend(gates.into_iter().map(|(s, e)| (Sequence(s.0 + k), e)));
         for record in moved {
             self.pending.push_new(record);
         }
@@ -583,12 +592,61 @@ impl<T> EgressCore<T> {
             let held = self.received_through.is_some_and(|t| sequence <= t);
             (r, if held { MessageStatus::Received } else { MessageStatus::Sending })
         } else if let Some(r) = self.pending.get(sequence) {
-            let saving = self.journal.as_ref().is_some_and(|j| sequence >= j.durable_next);
+            let saving =
+                self.gates.contains_key(&sequence) || self.journal.as_ref().is_some_and(|j| sequence >= j.durable_next);
             (r, if saving { MessageStatus::Saving } else { MessageStatus::Queued })
         } else {
             return None;
         };
         Some(record.dead.map_or(live, MessageStatus::Dead))
+    }
+
+    /// Queues `payload`, like [`enqueue`](Self::enqueue), to go out only
+    /// once the application's state it depends on is durable: once
+    /// [`release`](Self::release) reaches `after` (at once if it has). It
+    /// waits in order: the records after it wait too. With a journal it is
+    /// not even written until then, so a crash never leaves a stored record
+    /// whose state was lost.
+    ///
+    /// Changes: pending; durable, with a journal or when it waits.
+    pub fn enqueue_after(&mut self, payload: T, after: FlushEpoch) -> Transition<Sequence> {
+        let t = self.enqueue(payload);
+        let waits = after > self.released;
+        if waits {
+            self.gates.insert(t.outcome, after);
+        }
+        Transition::new(t.outcome, t.changes.with_if(Projection::Durable, waits))
+    }
+
+    /// The application made its state durable through flush epoch
+    /// `through`: records waiting for it or an earlier one go on. Returns
+    /// how many were waiting.
+    ///
+    /// `Unchanged` (0, no change) when `through` is not above what was
+    /// released.
+    ///
+    /// Changes: durable, when it rose.
+    pub fn release(&mut self, through: FlushEpoch) -> Transition<usize> {
+        if through <= self.released {
+            return Transition::unchanged(0);
+        }
+        self.released = through;
+        let before = self.gates.len();
+        self.gates.retain(|_, e| *e > through);
+        Transition::new(before - self.gates.len(), Changes::NONE.with(Projection::Durable))
+    }
+
+    /// Every flush epoch at or below it is released (see
+    /// [`release`](Self::release)).
+    #[must_use]
+    pub const fn released(&self) -> FlushEpoch {
+        self.released
+    }
+
+    /// How many records wait for a flush epoch.
+    #[must_use]
+    pub fn gated_len(&self) -> usize {
+        self.gates.len()
     }
 
     /// Notes, for the journal, that the record `sequence` died or came back.

@@ -81,6 +81,14 @@ number_space!(
     "e"
 );
 number_space!(
+    /// A flush epoch of the application's own state: a record enqueued
+    /// with [`enqueue_after`](crate::EgressCore::enqueue_after) waits until
+    /// the application [`release`](crate::EgressCore::release)s its epoch,
+    /// having made the state it depends on durable. Epochs start at 1.
+    FlushEpoch(u64),
+    "f"
+);
+number_space!(
     /// A span of time in the same ticks as [`Time`].
     Delay(u64),
     "+"

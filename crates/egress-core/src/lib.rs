@@ -67,7 +67,7 @@ pub use crate::durable::{
     RestoredRecord,
 };
 pub use crate::envelope::Envelope;
-pub use crate::ids::{Attempt, Delay, Epoch, Generation, Incarnation, Sequence, Time};
+pub use crate::ids::{Attempt, Delay, Epoch, FlushEpoch, Generation, Incarnation, Sequence, Time};
 pub use crate::outcome::{
     AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,
 };

@@ -79,6 +79,15 @@ pub enum ClaimOutcome<'a, T> {
         /// The record in flight alone.
         probe: Sequence,
     },
+    /// The record at the head waits for the application's state it
+    /// depends on to be durable: until [`release`](crate::EgressCore::release)
+    /// reaches `epoch`.
+    Gated {
+        /// The record waiting.
+        sequence: Sequence,
+        /// The flush epoch it waits for.
+        epoch: crate::ids::FlushEpoch,
+    },
     /// The record at the head is not durable yet: wait for the store
     /// ([`persisted`](crate::EgressCore::persisted)). Only with a journal.
     Unpersisted {

@@ -15,8 +15,9 @@
 use std::collections::BTreeMap;
 
 use egress_core::{
-    AdoptOutcome, ClaimOutcome, DeadLetters, DeadMark, EgressCore, Epoch, FailureKind, Generation, JitterSample,
-    PersistOutcome, Policy, Projection, Ready, RebaseOutcome, RestoreError, Restored, RestoredRecord, Sequence, Time,
+    AdoptOutcome, ClaimOutcome, DeadLetters, DeadMark, EgressCore, Epoch, FailureKind, FlushEpoch, Generation,
+    JitterSample, PersistOutcome, Policy, Projection, Ready, RebaseOutcome, RestoreError, Restored, RestoredRecord,
+    Sequence, Time,
 };
 use proptest::prelude::*;
 
@@ -76,6 +77,10 @@ impl Disk {
 #[derive(Clone, Debug)]
 enum Op {
     Enqueue,
+    /// Enqueue waiting for a flush epoch of the application's state.
+    EnqueueAfter(u8),
+    /// The application made its state durable through an epoch.
+    Release(u8),
     Adopt,
     /// Another writer appends to the store (an application's outbox).
     Outside,
@@ -96,6 +101,8 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => Just(Op::Enqueue),
+        1 => any::<u8>().prop_map(Op::EnqueueAfter),
+        1 => any::<u8>().prop_map(Op::Release),
         1 => Just(Op::Adopt),
         1 => Just(Op::Outside),
         4 => Just(Op::Claim),
@@ -111,8 +118,8 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// The durability projections' values, to check the change flags.
-fn durable_view(core: &EgressCore<u32>) -> (Option<Sequence>, usize, bool) {
-    (core.durable_through(), core.unpersisted_len(), core.generation_durable())
+fn durable_view(core: &EgressCore<u32>) -> (Option<Sequence>, usize, bool, FlushEpoch, usize) {
+    (core.durable_through(), core.unpersisted_len(), core.generation_durable(), core.released(), core.gated_len())
 }
 
 fn run(policy: &Policy, ops: &[Op]) {
@@ -123,6 +130,10 @@ fn run(policy: &Policy, ops: &[Op]) {
     let mut payloads = 0u32;
     let mut writing: Option<Ready> = None;
     let mut now = 0u64;
+    // The flush epoch each payload waits for.
+    let mut gates: BTreeMap<u32, FlushEpoch> = BTreeMap::new();
+    // The epochs released before the last crash stay released: the
+    // application's state is durable.
     for op in ops {
         let (before, error_before) = (durable_view(&core), core.persist_error().cloned());
         let g = core.generation();
@@ -149,6 +160,17 @@ fn run(policy: &Policy, ops: &[Op]) {
                 }
                 t.changes
             }
+            Op::EnqueueAfter(e) => {
+                payloads += 1;
+                let after = FlushEpoch(u64::from(*e % 8));
+                let t = core.enqueue_after(payloads, after);
+                gates.insert(payloads, after);
+                t.changes
+            }
+            Op::Release(e) => {
+                let through = FlushEpoch(core.released().0 + u64::from(*e % 3));
+                core.release(through).changes
+            }
             Op::Outside => {
                 payloads += 1;
                 disk.records.insert(disk.next, (payloads, None));
@@ -158,8 +180,11 @@ fn run(policy: &Policy, ops: &[Op]) {
             Op::Claim => {
                 let durable = core.durable_through();
                 let gen_ok = core.generation_durable();
+                let released = core.released();
                 let t = core.claim(g);
                 if let ClaimOutcome::Claimed(e) = t.outcome {
+                    let gate = gates.get(e.payload).copied().unwrap_or(FlushEpoch(0));
+                    assert!(gate <= released, "claimed before the state it depends on was released");
                     assert!(gen_ok && g.0 <= disk.generation, "claimed under a generation not stored (R2)");
                     assert!(durable.is_some_and(|d| e.sequence <= d), "claimed a record not durable (R1)");
                     let stored = disk.records.get(&e.sequence.0).map(|r| r.0);
@@ -231,6 +256,14 @@ fn run(policy: &Policy, ops: &[Op]) {
                 if let Some(r) = writing.take().or_else(|| core.poll_ready()).filter(|_| *lands) {
                     let _ = disk.apply(&r, &core);
                 }
+                // Nothing stored waits for state the application had not
+                // released.
+                for (p, _) in disk.records.values() {
+                    assert!(
+                        gates.get(p).is_none_or(|g| *g <= core.released()),
+                        "a stored record's state was not durable"
+                    );
+                }
                 let restored = EgressCore::restore(*policy, disk.snapshot()).expect("the store restores");
                 // Nothing durable is lost.
                 let live: Vec<(u64, u32)> = restored.pending().map(|e| (e.sequence.0, *e.payload)).collect();
@@ -239,8 +272,11 @@ fn run(policy: &Policy, ops: &[Op]) {
                 all.sort_unstable();
                 let stored: Vec<(u64, u32)> = disk.records.iter().map(|(s, (p, _))| (*s, *p)).collect();
                 assert_eq!(all, stored, "a restore brings back every stored record");
+                let released = core.released();
                 core = restored;
                 assert!(core.generation_durable() && core.unpersisted_len() == 0);
+                // The application announces what of its state is durable.
+                let _ = core.release(released);
                 continue;
             }
         };
@@ -259,7 +295,9 @@ fn run(policy: &Policy, ops: &[Op]) {
         assert!(core.durable_through().is_none_or(|d| d < core.next_sequence()));
         check_statuses(&core);
     }
-    // Written in full, a restore is the identity on what survives a crash.
+    // Released and written in full, a restore is the identity on what
+    // survives a crash.
+    let _ = core.release(FlushEpoch(u64::MAX));
     loop {
         let ready = match writing.take() {
             Some(r) => r,
@@ -500,4 +538,38 @@ fn check_statuses(core: &EgressCore<u32>) {
     let listed = core.pending_len() + core.inflight_len() + core.parked_len() + core.exhausted_len();
     let acked = core.acked_through().map_or(0, |a| a.0 + 1);
     assert_eq!(listed as u64, next - acked, "every message below next_sequence is somewhere");
+}
+
+#[test]
+fn a_record_waits_for_the_flush_epoch_of_the_state_it_depends_on() {
+    // Without a journal: the claim waits, in order.
+    let mut core: EgressCore<&str> = EgressCore::new(Policy::default());
+    let g = core.generation();
+    let t = core.enqueue_after("reply", FlushEpoch(2));
+    assert!(t.changes.contains(Projection::Durable));
+    let _ = core.enqueue("after it");
+    assert_eq!(core.claim(g).outcome, ClaimOutcome::Gated { sequence: Sequence(0), epoch: FlushEpoch(2) });
+    assert_eq!(core.status(Sequence(0)), Some(egress_core::MessageStatus::Saving));
+    let t = core.release(FlushEpoch(1));
+    assert_eq!((t.outcome, t.changes.contains(Projection::Durable)), (0, true));
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Gated { .. }));
+    assert!(core.release(FlushEpoch(1)).changes.is_empty(), "not above what was released");
+    assert_eq!(core.release(FlushEpoch(2)).outcome, 1);
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(e) if *e.payload == "reply"));
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(e) if *e.payload == "after it"));
+    // Already released: no wait.
+    assert!(!core.enqueue_after("late", FlushEpoch(1)).changes.contains(Projection::Durable));
+    assert_eq!(core.gated_len(), 0);
+
+    // With a journal: not even written until released.
+    let mut core: EgressCore<&str> = EgressCore::restore(Policy::default(), Restored::empty()).unwrap();
+    let _ = core.enqueue("a");
+    let _ = core.enqueue_after("b", FlushEpoch(1));
+    let _ = core.enqueue("c");
+    let ready = core.poll_ready().unwrap();
+    assert_eq!(ready.appends, Sequence(0)..Sequence(1), "written up to the gate");
+    let _ = core.persisted(ready.epoch);
+    assert!(core.poll_ready().is_none());
+    let _ = core.release(FlushEpoch(1));
+    assert_eq!(core.poll_ready().unwrap().appends, Sequence(1)..Sequence(3));
 }

@@ -548,8 +548,10 @@ fn run(params: Params, start: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     ClaimOutcome::Blocked { sequence } => Out::Blocked(sequence.0),
                     ClaimOutcome::Isolating { probe } => Out::Isolating(probe.0),
                     ClaimOutcome::StaleGeneration { current } => Out::Stale(current.0),
-                    ClaimOutcome::Unpersisted { .. } | ClaimOutcome::GenerationUnpersisted { .. } => {
-                        panic!("a core without a journal refused a claim for durability")
+                    ClaimOutcome::Unpersisted { .. }
+                    | ClaimOutcome::GenerationUnpersisted { .. }
+                    | ClaimOutcome::Gated { .. } => {
+                        panic!("a core without a journal or gates refused a claim for durability")
                     }
                 };
                 (out, t.changes, model.claim(target), stale(off))

@@ -896,6 +896,25 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         })
     }
 
+    /// Queues `payload` to go out only once the application's state it
+    /// depends on is durable: once [`release`](Self::release) reaches
+    /// `after`. See [`EgressCore::enqueue_after`].
+    pub fn enqueue_after(&self, payload: T, after: egress_core::FlushEpoch) -> Sequence {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.enqueue_after(payload, after);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// The application made its state durable through flush epoch
+    /// `through`: what waited for it goes on. See [`EgressCore::release`].
+    pub fn release(&self, through: egress_core::FlushEpoch) -> usize {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.core.release(through);
+            (t.outcome, t.changes)
+        })
+    }
+
     /// Claims the next record under `generation` by hand (attachments do
     /// this for you) and passes the outcome to `f`, which must not call into
     /// the cell. The readers are invalidated after `f` returns.
