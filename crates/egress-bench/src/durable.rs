@@ -66,7 +66,11 @@ pub fn plain(dir: &Path, n: u64, group: u64) -> Run {
     let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).expect("wal");
     conn.pragma_update(None, "synchronous", 2).expect("full");
     egress_store::migrate(&conn).expect("schema");
-    conn.execute("INSERT INTO egress_stream VALUES ('bench', zeroblob(16), 0, 0, NULL)", []).expect("stream");
+    conn.execute(
+        "INSERT INTO egress_stream (stream, incarnation, generation, next_sequence) VALUES ('bench', zeroblob(16), 0, 0)",
+        [],
+    )
+    .expect("stream");
     let mut commits = Vec::new();
     let started = Instant::now();
     let mut i = 0;

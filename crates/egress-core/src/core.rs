@@ -391,6 +391,7 @@ impl<T> EgressCore<T> {
     /// The checks in the order their outcomes are reported: an ordering
     /// rule, then isolation, then the window, then a flush gate, then
     /// durability.
+    #[inline]
     fn refusal_for<'a>(&self, head: Sequence) -> Option<ClaimOutcome<'a, T>> {
         if self.policy.ordering() == Ordering::Strict {
             let parked = self.parked.first_sequence();
@@ -409,6 +410,16 @@ impl<T> EgressCore<T> {
         if head >= self.window_end() {
             return Some(ClaimOutcome::WindowFull);
         }
+        if self.gates.is_empty() && self.journal.is_none() {
+            return None;
+        }
+        self.gate_refusal(head)
+    }
+
+    /// The flush gate and the durability gates on claiming `head` (kept
+    /// out of line: a core without a journal or gates never gets here).
+    #[inline(never)]
+    fn gate_refusal<'a>(&self, head: Sequence) -> Option<ClaimOutcome<'a, T>> {
         if let Some(&epoch) = self.gates.get(&head) {
             return Some(ClaimOutcome::Gated { sequence: head, epoch });
         }

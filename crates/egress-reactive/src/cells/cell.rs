@@ -221,6 +221,29 @@ impl<T: 'static, F: Flavor> Clone for Inner<T, F> {
     }
 }
 
+/// The keys one transition notifies: at most one per trigger, one per
+/// count, and the wake trigger.
+struct Keys {
+    keys: [Key; 17],
+    n: usize,
+}
+
+impl Keys {
+    fn new(filler: Key) -> Self {
+        Keys { keys: [filler; 17], n: 0 }
+    }
+
+    #[inline]
+    fn push(&mut self, key: Key) {
+        self.keys[self.n] = key;
+        self.n += 1;
+    }
+
+    fn as_slice(&self) -> &[Key] {
+        &self.keys[..self.n]
+    }
+}
+
 /// Who made a transition: attachments' own claims and failures must not wake
 /// attachments (one run per sending pass).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -237,12 +260,14 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     pub(crate) fn apply<R>(&self, by: By, op: impl FnOnce(&mut State<T>) -> (R, Changes)) -> R {
         self.handle.enter(|cell| {
             let entered = Entered::by(cell);
-            let (outcome, (keys, n)) = self.state.with_mut(&entered, |s| {
+            let mut keys = Keys::new(self.wake);
+            let outcome = self.state.with_mut(&entered, |s| {
                 let (outcome, changes) = op(s);
                 let wake = by == By::Caller && !changes.is_empty() && s.core.can_claim();
-                (outcome, self.keys(&entered, &s.core, changes, wake))
+                self.keys(&entered, &s.core, changes, wake, &mut keys);
+                outcome
             });
-            self.notify(cell, &keys[..n]);
+            self.notify(cell, keys.as_slice());
             outcome
         })
     }
@@ -255,30 +280,25 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         }
     }
 
-    /// What to notify for `changes`: the triggers of the lazy readers, the
-    /// counts whose value changed (recounted here, from `core`), and the
-    /// wake trigger.
-    fn keys(&self, entered: &Entered, core: &EgressCore<T>, changes: Changes, wake: bool) -> ([Key; 17], usize) {
-        let mut keys = [self.wake; 17];
-        let mut n = 0;
+    /// What to notify for `changes`, into `keys` (the caller's, so that no
+    /// array is copied out): the triggers of the lazy readers, the counts
+    /// whose value changed (recounted here, from `core`), and the wake
+    /// trigger.
+    fn keys(&self, entered: &Entered, core: &EgressCore<T>, changes: Changes, wake: bool, keys: &mut Keys) {
         let bits = changes.bits();
         for (i, trigger) in self.triggers.iter().enumerate() {
             if bits >> i & 1 != 0 {
-                keys[n] = *trigger;
-                n += 1;
+                keys.push(*trigger);
             }
         }
         for (which, reader) in self.counts.iter().enumerate() {
-            if changes.bits() & COUNTED[which].bits() != 0 && reader.push(entered, count(core, which)) {
-                keys[n] = reader.key;
-                n += 1;
+            if bits & COUNTED[which].bits() != 0 && reader.push(entered, count(core, which)) {
+                keys.push(reader.key);
             }
         }
         if wake {
-            keys[n] = self.wake;
-            n += 1;
+            keys.push(self.wake);
         }
-        (keys, n)
     }
 
     /// Marks the readers of `changes` dirty without running effects: for an
@@ -289,8 +309,9 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         }
         self.handle.enter(|cell| {
             let entered = Entered::by(cell);
-            let (keys, n) = self.state.with(&entered, |s| self.keys(&entered, &s.core, changes, false));
-            run::mark(cell, &keys[..n]);
+            let mut keys = Keys::new(self.wake);
+            self.state.with(&entered, |s| self.keys(&entered, &s.core, changes, false, &mut keys));
+            run::mark(cell, keys.as_slice());
         });
     }
 
@@ -337,9 +358,9 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     where
         T: Clone,
     {
-        let now = self.clock.now();
+        let clock = &*self.clock;
         let (envelope, panic) = self.apply(By::Attachment, |s| {
-            let (envelope, changes, panic) = Self::claim_in(s, generation, now);
+            let (envelope, changes, panic) = Self::claim_in(s, generation, clock);
             ((envelope, panic), changes)
         });
         if let Some(panic) = panic {
@@ -355,7 +376,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     fn claim_in(
         s: &mut State<T>,
         generation: Generation,
-        now: Time,
+        clock: &dyn Clock,
     ) -> (Option<Envelope<T>>, Changes, Option<run::Panic>)
     where
         T: Clone,
@@ -367,6 +388,10 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         match catch_unwind(AssertUnwindSafe(|| envelope.cloned())) {
             Ok(envelope) => (Some(envelope), changes, None),
             Err(panic) => {
+                // The clock is read only here, on this rare path (not per
+                // claim); a clock that panics too makes the record due at
+                // once.
+                let now = catch_unwind(AssertUnwindSafe(|| clock.now())).unwrap_or(Time(0));
                 let jitter = s.jitter();
                 let failed = s.core.fail(generation, sequence, FailureKind::Transient, now, jitter);
                 (None, changes.union(failed.changes), Some(panic))
@@ -381,9 +406,9 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     where
         T: Clone,
     {
-        let now = self.clock.now();
+        let clock = &*self.clock;
         let (envelope, changes, panic) =
-            self.handle.enter(|cell| self.state.with_mut(&Entered::by(cell), |s| Self::claim_in(s, generation, now)));
+            self.handle.enter(|cell| self.state.with_mut(&Entered::by(cell), |s| Self::claim_in(s, generation, clock)));
         marks.changes = marks.changes.union(changes);
         if let Some(panic) = panic {
             resume_unwind(panic);
@@ -990,9 +1015,11 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         let inner = &self.shared.inner;
         inner.handle.enter(|cell| {
             let entered = Entered::by(cell);
-            let (outcome, (keys, n)) = inner.state.with_mut(&entered, |s| {
+            let mut keys = Keys::new(inner.wake);
+            let outcome = inner.state.with_mut(&entered, |s| {
                 let t = s.core.reconnect(generation);
-                (t.outcome, inner.keys(&entered, &s.core, t.changes, false))
+                inner.keys(&entered, &s.core, t.changes, false, &mut keys);
+                t.outcome
             });
             if matches!(outcome, ReconnectOutcome::Advanced { .. }) {
                 let fenced: Vec<Key> = self.shared.attachments.with_mut(&Entered::by(cell), |list| {
@@ -1004,7 +1031,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
                     inner.handle.dispose_node(key);
                 }
             }
-            inner.notify(cell, &keys[..n]);
+            inner.notify(cell, keys.as_slice());
             outcome
         })
     }
