@@ -55,7 +55,25 @@ pub fn egress(dir: &Path, n: u64, group: u64) -> Run {
         commits.push(t.elapsed());
         i = end;
     }
-    Run { total: started.elapsed(), commits }
+    let total = started.elapsed();
+    drop(store);
+    check_rows(&dir.join("egress.db"), n);
+    Run { total, commits }
+}
+
+/// Checks that the outbox at `path` holds sequences `0..n`, each once: a
+/// run that wrote less is not a faster run.
+fn check_rows(path: &Path, n: u64) {
+    let conn = rusqlite::Connection::open(path).expect("reopen");
+    let (count, lowest, highest): (i64, Option<i64>, Option<i64>) = conn
+        .query_row(
+            "SELECT COUNT(DISTINCT seq), MIN(seq), MAX(seq) FROM egress_outbox WHERE stream = 'bench'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .expect("count");
+    let want = (n as i64, (n > 0).then_some(0), n.checked_sub(1).map(|h| h as i64));
+    assert_eq!((count, lowest, highest), want, "{} holds every append once", path.display());
 }
 
 /// The same appends by hand: a plain rusqlite loop on the same schema, WAL,
@@ -93,7 +111,10 @@ pub fn plain(dir: &Path, n: u64, group: u64) -> Run {
         commits.push(t.elapsed());
         i = end;
     }
-    Run { total: started.elapsed(), commits }
+    let total = started.elapsed();
+    drop(conn);
+    check_rows(&dir.join("plain.db"), n);
+    Run { total, commits }
 }
 
 /// Seconds for `n` durable messages end to end: a cell on SQLite (its
