@@ -1,6 +1,6 @@
-//! `egress-conformance [--target NAME]... PATH...`: runs fixture files or
-//! folders against the named targets (default: all), one line per fixture
-//! and target. Exit status: 0 all passed, 1 a fixture failed, 2 bad usage
+//! `egress-conformance [--target NAME]... [--quiet] PATH...`: runs fixture
+//! files or folders against the named targets (default: all), one line per
+//! fixture and target (with `--quiet`, only the failures). Exit status: 0 all passed, 1 a fixture failed, 2 bad usage
 //! or a malformed fixture.
 
 use std::path::PathBuf;
@@ -8,13 +8,15 @@ use std::process::ExitCode;
 
 use egress_conformance::{Target, collect_files, run_files, targets};
 
-const USAGE: &str = "usage: egress-conformance [--target NAME]... PATH...\n\
-    runs the fixture files (or folders of *.json) against each target (default: all)";
+const USAGE: &str = "usage: egress-conformance [--target NAME]... [--quiet] PATH...\n\
+    runs the fixture files (or folders of *.json) against each target (default: all);\n\
+    --quiet prints only the failures and the summary";
 
 fn main() -> ExitCode {
     let known = targets();
     let mut chosen: Vec<&dyn Target> = Vec::new();
     let mut paths: Vec<PathBuf> = Vec::new();
+    let mut quiet = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -23,6 +25,7 @@ fn main() -> ExitCode {
                 println!("{USAGE}\ntargets: {}", names.join(", "));
                 return ExitCode::SUCCESS;
             }
+            "--quiet" | "-q" => quiet = true,
             "--target" | "-t" => {
                 let Some(name) = args.next() else {
                     eprintln!("--target needs a name\n{USAGE}");
@@ -56,7 +59,7 @@ fn main() -> ExitCode {
         }
     };
     let failed = reports.iter().filter(|r| !r.passed()).count();
-    for report in &reports {
+    for report in reports.iter().filter(|r| !quiet || !r.passed()) {
         println!("{report}");
     }
     println!("conformance: {} passed, {failed} failed", reports.len() - failed);
