@@ -3,7 +3,8 @@
     A transcription of the rules of [EgressCore] (crates/egress-core):
     every transition returns the new state, an outcome, and the set of
     projections it changed. Numbers are [N] (unbounded); where the Rust
-    core saturates at [u64::MAX] the model does so explicitly ([sat]). A
+    core saturates at [u64::MAX] or, for an attempt count, at [u32::MAX]
+    the model does so explicitly ([sat], [bump]). A
     payload is an opaque [nat] (the replay maps JSON payloads to indices).
     Jitter is outside the model: it is a float spread added after the
     backoff, and every fixture the replay judges runs with jitter 0.
@@ -18,6 +19,10 @@ Open Scope N_scope.
 
 Definition u64_max : N := 18446744073709551615.
 Definition sat (n : N) : N := N.min n u64_max.
+
+(** An attempt count is a [u32] in Rust and saturates there. *)
+Definition u32_max : N := 4294967295.
+Definition bump (a : N) : N := N.min (a + 1) u32_max.
 
 Inductive ordering := Pipelined | Strict.
 
@@ -167,7 +172,7 @@ Definition rises (rc : option N) (t : N) : bool :=
 (** ** What happens to a record *)
 
 Definition claimed (r : record) : record :=
-  mkRec (seq r) (att r + 1) (fails r) (reps r) false (dead r) (claims r + 1) (payload r).
+  mkRec (seq r) (bump (att r)) (fails r) (reps r) false (dead r) (claims r + 1) (payload r).
 Definition failed (r : record) : record :=
   mkRec (seq r) (att r) (fails r + 1) (reps r) (resend r) (dead r) (claims r) (payload r).
 Definition replayed (r : record) : record :=
@@ -202,7 +207,7 @@ Definition do_claim (st : state) (r : record) (rest : list record) :=
   (mkState (gen st) (next st) rest (inflight st ++ [claimed r]) (parked st) (exhausted st) (acked st) (recvd st)
            (Some (match sent st with Some s => N.max s (seq r) | None => seq r end)) (retry_st st) (progressed st)
            (match isol st with IReady => IProbe (seq r) | i => i end),
-   OClaimed (gen st) (seq r) (att r + 1) (payload r) (dead r),
+   OClaimed (gen st) (seq r) (bump (att r)) (payload r) (dead r),
    mkCh true true false false false false false false).
 
 (** Isolation, then the window. *)

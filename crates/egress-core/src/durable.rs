@@ -228,6 +228,16 @@ pub enum RestoreError {
         /// The sequence found.
         sequence: Sequence,
     },
+    /// `next_sequence` is above `i64::MAX`: fewer than 2^63 sequences
+    /// would be left to assign. Below the bound, running out takes 2^63
+    /// enqueues (292 years at a billion a second), so `enqueue` never
+    /// meets the end of the sequence space; the stores (SQLite and
+    /// PostgreSQL integers) cannot hold more anyway.
+    #[error("the next sequence {next_sequence} is above i64::MAX")]
+    SequenceSpace {
+        /// The stored next sequence.
+        next_sequence: Sequence,
+    },
     /// The acknowledgement watermark is at or above `next_sequence`.
     #[error("acknowledged through {acked_through} but the next sequence is {next_sequence}")]
     AckedBeyondNext {
@@ -268,10 +278,13 @@ impl<T> EgressCore<T> {
     /// durable stream.
     ///
     /// # Errors
-    /// A record missing, out of range, or a watermark at or above the next
-    /// sequence: [`RestoreError`].
+    /// A record missing, out of range, a watermark at or above the next
+    /// sequence, or a next sequence above `i64::MAX`: [`RestoreError`].
     pub fn restore(policy: Policy, snapshot: Restored<T>) -> Result<Self, RestoreError> {
         let Restored { generation, next_sequence, acked_through, records } = snapshot;
+        if next_sequence.0 > i64::MAX.unsigned_abs() {
+            return Err(RestoreError::SequenceSpace { next_sequence });
+        }
         if let Some(a) = acked_through
             && a >= next_sequence
         {

@@ -98,7 +98,8 @@ impl Sequence {
     /// The sequence after this one.
     ///
     /// # Panics
-    /// At `u64::MAX`, which would take 2^64 enqueues to reach.
+    /// At `u64::MAX`, which would take 2^64 enqueues to reach (2^63 after
+    /// a restore, which refuses a next sequence above `i64::MAX`).
     #[must_use]
     pub const fn next(self) -> Self {
         match self.0.checked_add(1) {

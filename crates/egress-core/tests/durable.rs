@@ -483,8 +483,17 @@ fn restore_refuses_a_store_that_breaks_its_rules() {
         restore(snap(Some(3), 3, vec![])),
         Err(RestoreError::AckedBeyondNext { acked_through: Sequence(3), next_sequence: Sequence(3) })
     );
-    // At the top of the sequence space.
-    assert!(restore(snap(Some(u64::MAX - 1), u64::MAX, vec![])).is_ok());
+    // The sequence space: up to i64::MAX, and not one above (an enqueue at
+    // u64::MAX would have nowhere to go).
+    let top = i64::MAX.unsigned_abs();
+    let mut core = EgressCore::restore(Policy::default(), snap(Some(top - 1), top, vec![])).expect("at the bound");
+    assert_eq!(core.enqueue(()).outcome, Sequence(top));
+    for next in [top + 1, u64::MAX] {
+        assert_eq!(
+            restore(snap(Some(next - 1), next, vec![])),
+            Err(RestoreError::SequenceSpace { next_sequence: Sequence(next) })
+        );
+    }
     let core = EgressCore::restore(Policy::default(), snap(Some(4), 7, vec![rec(5), rec(6)])).unwrap();
     assert_eq!(
         (core.sent_through(), core.acked_through(), core.pending_len()),
