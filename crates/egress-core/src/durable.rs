@@ -248,6 +248,26 @@ pub enum RestoreError {
     },
 }
 
+/// What [`EgressCore::restore`] found in the store: what a UI shows after a
+/// restart ("12 messages recovered, 1 dead"). It does not change
+/// afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Recovered {
+    /// The stored generation.
+    pub generation: Generation,
+    /// The stored next sequence.
+    pub next_sequence: Sequence,
+    /// The stored acknowledgement watermark.
+    pub acked_through: Option<Sequence>,
+    /// Records restored to pending, tombstones included.
+    pub pending: usize,
+    /// Of those, tombstones.
+    pub tombstones: usize,
+    /// Dead letters restored as held.
+    pub held: usize,
+}
+
 /// What the core knows of the store: what it handed out, what is durable.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Journal {
@@ -265,6 +285,7 @@ pub(crate) struct Journal {
     writing: Option<(Epoch, BTreeMap<Sequence, Option<DeadMark>>)>,
     next_epoch: Epoch,
     error: Option<PersistError>,
+    recovered: Recovered,
 }
 
 impl<T> EgressCore<T> {
@@ -294,6 +315,7 @@ impl<T> EgressCore<T> {
         let mut expected = first;
         let mut pending = PendingQueue::default();
         let mut exhausted = BTreeMap::new();
+        let mut tombstones = 0;
         for r in records {
             if r.sequence >= next_sequence || r.sequence < first {
                 return Err(RestoreError::OutOfRange { sequence: r.sequence });
@@ -309,6 +331,7 @@ impl<T> EgressCore<T> {
                 }
                 dead => {
                     record.dead = dead.map(|d| d.reason);
+                    tombstones += usize::from(dead.is_some());
                     pending.push_new(record);
                 }
             }
@@ -317,6 +340,14 @@ impl<T> EgressCore<T> {
             return Err(RestoreError::Gap { expected, found: None });
         }
         let last = next_sequence.0.checked_sub(1).map(Sequence);
+        let recovered = Recovered {
+            generation,
+            next_sequence,
+            acked_through,
+            pending: pending.len(),
+            tombstones,
+            held: exhausted.len(),
+        };
         Ok(Self {
             policy,
             generation,
@@ -343,8 +374,16 @@ impl<T> EgressCore<T> {
                 writing: None,
                 next_epoch: Epoch(0),
                 error: None,
+                recovered,
             })),
         })
+    }
+
+    /// What [`restore`](Self::restore) found in the store; `None` for a
+    /// core built by [`new`](Self::new).
+    #[must_use]
+    pub fn recovered(&self) -> Option<Recovered> {
+        self.journal.as_ref().map(|j| j.recovered)
     }
 
     /// Whether the core keeps a journal (it was built by

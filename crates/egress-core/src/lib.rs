@@ -63,8 +63,8 @@ mod window;
 pub use crate::changes::{Changes, Projection};
 pub use crate::core::{EgressCore, Isolation};
 pub use crate::durable::{
-    AdoptOutcome, DeadMark, MessageStatus, PersistError, PersistOutcome, Ready, RebaseOutcome, RestoreError, Restored,
-    RestoredRecord,
+    AdoptOutcome, DeadMark, MessageStatus, PersistError, PersistOutcome, Ready, RebaseOutcome, Recovered, RestoreError,
+    Restored, RestoredRecord,
 };
 pub use crate::envelope::Envelope;
 pub use crate::ids::{Attempt, Delay, Epoch, FlushEpoch, Generation, Incarnation, Sequence, Time};

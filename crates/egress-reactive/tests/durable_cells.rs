@@ -67,3 +67,29 @@ fn a_message_status_walks_from_saving_to_acknowledged_and_stays() {
     let _ = link.fail(Sequence(1), FailureKind::Transient);
     assert_eq!(later.get(), Some(M::Retrying));
 }
+
+#[test]
+fn a_cell_says_what_its_restore_found_and_a_new_one_says_nothing() {
+    use egress_core::{DeadMark, DeadReason, Generation, RestoredRecord};
+    let cx = Context::new();
+    let rec = |s: u64, dead: Option<DeadMark>| RestoredRecord { sequence: Sequence(s), payload: format!("m{s}"), dead };
+    let tomb = DeadMark { reason: DeadReason::Retries, held: false };
+    let held = DeadMark { reason: DeadReason::Permanent, held: true };
+    let snapshot = Restored {
+        generation: Generation(7),
+        next_sequence: Sequence(6),
+        acked_through: Some(Sequence(1)),
+        records: vec![rec(2, None), rec(3, None), rec(4, Some(tomb)), rec(5, Some(held))],
+    };
+    let core = EgressCore::restore(Policy::default(), snapshot).unwrap();
+    let cell: EgressCell<String> = EgressCell::from_core(&cx.handle(), core, CellOptions::new());
+    let found = cell.recovered().expect("restored");
+    assert_eq!(
+        (found.generation, found.next_sequence, found.acked_through, found.pending, found.tombstones, found.held),
+        (Generation(7), Sequence(6), Some(Sequence(1)), 3, 1, 1)
+    );
+    cell.enqueue("later".into());
+    assert_eq!(cell.recovered(), Some(found), "it does not change afterwards");
+    let fresh: EgressCell<String> = EgressCell::new(&cx.handle(), Policy::default());
+    assert_eq!(fresh.recovered(), None);
+}

@@ -856,6 +856,14 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         self.shared.inner.handle.make_computed(ByEq, f, Location::caller())
     }
 
+    /// What the store held when the cell's core was restored (see
+    /// [`EgressCore::recovered`]); `None` for a cell not built from a
+    /// restored core. It never changes, so it is a plain value, not a
+    /// reader.
+    pub fn recovered(&self) -> Option<egress_core::Recovered> {
+        self.with_core(EgressCore::recovered)
+    }
+
     /// The last failure to persist, until a later write succeeds: sending
     /// stalls on what is not durable meanwhile, visibly.
     pub fn persist_error(&self) -> &Computed<Option<PersistError>, F> {
