@@ -141,10 +141,11 @@ struct OpFields {
     epoch: Option<u64>,
     reason: Option<String>,
     after: Option<u64>,
+    appended: Option<Vec<(u64, Value)>>,
 }
 
 /// The op types, as fixtures name them.
-pub const OP_TYPES: [&str; 15] = [
+pub const OP_TYPES: [&str; 16] = [
     "enqueue",
     "claim",
     "ack",
@@ -160,6 +161,7 @@ pub const OP_TYPES: [&str; 15] = [
     "adopt",
     "enqueue_after",
     "release",
+    "rebase",
 ];
 
 /// A fixture operation, tagged by `"type"`.
@@ -265,6 +267,12 @@ pub enum Op {
         sequence: u64,
         /// Any JSON value.
         payload: Value,
+    },
+    /// `rebase(appended)`: another writer's records, `[sequence, payload]`
+    /// each.
+    Rebase {
+        /// The records in store order.
+        appended: Vec<(u64, Value)>,
     },
 }
 
@@ -540,6 +548,7 @@ fn decode_op(value: Value) -> Result<Op, (String, String)> {
         "adopt" => &["sequence", "payload"],
         "enqueue_after" => &["payload", "after"],
         "release" => &["through"],
+        "rebase" => &["appended"],
         _ => &["generation", "sequence"],
     };
     let present = [
@@ -554,6 +563,7 @@ fn decode_op(value: Value) -> Result<Op, (String, String)> {
         ("epoch", fields.epoch.is_some()),
         ("reason", fields.reason.is_some()),
         ("after", fields.after.is_some()),
+        ("appended", fields.appended.is_some()),
     ];
     if let Some((name, _)) = present.iter().find(|(name, here)| *here && !allowed.contains(name)) {
         return Err((format!(".{name}"), format!("not a field of a {ty} op; expected some of {allowed:?}")));
@@ -594,6 +604,11 @@ fn decode_op(value: Value) -> Result<Op, (String, String)> {
             after: need("after", fields.after)?,
         },
         "release" => Op::Release { through: need("through", fields.through)? },
+        "rebase" => Op::Rebase {
+            appended: fields
+                .appended
+                .ok_or_else(|| (".appended".to_owned(), "a rebase op needs appended".to_owned()))?,
+        },
         "adopt" => Op::Adopt {
             sequence: need("sequence", fields.sequence)?,
             payload: payload.ok_or_else(|| (".payload".into(), "an adopt op needs payload".into()))?,

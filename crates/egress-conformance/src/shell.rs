@@ -189,6 +189,7 @@ impl<F: CellFlavor<Value>> ShellSession<F> {
                 returns::enqueue(c.enqueue_after(payload.clone(), egress_core::FlushEpoch(*after)))
             }
             Op::Release { through } => returns::release(c.release(egress_core::FlushEpoch(*through))),
+            Op::Rebase { appended } => returns::rebase(&c.rebase(returns::appended(appended))),
         }
     }
 }

@@ -173,6 +173,10 @@ pub fn apply_to_core(core: &mut EgressCore<Value>, op: &Op) -> (Value, egress_co
             let t = core.release(egress_core::FlushEpoch(*through));
             (returns::release(t.outcome), t.changes)
         }
+        Op::Rebase { appended } => {
+            let t = core.rebase(returns::appended(appended));
+            (returns::rebase(&t.outcome), t.changes)
+        }
     }
 }
 
@@ -309,6 +313,27 @@ pub mod returns {
                 json!({"adopt": "out_of_order", "expected": expected, "found": found})
             }
             egress_core::AdoptOutcome::Unwritten { from } => json!({"adopt": "unwritten", "from": from}),
+        }
+    }
+
+    /// A rebase op's records, as the core takes them.
+    #[must_use]
+    pub fn appended(appended: &[(u64, Value)]) -> Vec<(Sequence, Value)> {
+        appended.iter().map(|(s, p)| (Sequence(*s), p.clone())).collect()
+    }
+
+    /// The `rebase` shapes.
+    #[must_use]
+    pub fn rebase(outcome: &egress_core::RebaseOutcome) -> Value {
+        match outcome {
+            egress_core::RebaseOutcome::Rebased { adopted, moved } => {
+                json!({"rebase": "rebased", "adopted": adopted, "moved": moved})
+            }
+            egress_core::RebaseOutcome::OutOfOrder { expected, found } => {
+                json!({"rebase": "out_of_order", "expected": expected, "found": found})
+            }
+            egress_core::RebaseOutcome::Writing => json!({"rebase": "writing"}),
+            egress_core::RebaseOutcome::NotJournaled => json!({"rebase": "not_journaled"}),
         }
     }
 
