@@ -33,3 +33,4 @@ Print Assumptions jinv_step.
 Print Assumptions crash_keeps_what_was_sent.
 Print Assumptions claims_are_durable.
 Print Assumptions wire_payload.
+Print Assumptions attempts_attached.

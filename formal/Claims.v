@@ -85,26 +85,30 @@ Definition all_held (P : record -> Prop) (st : state) : Prop :=
   Forall P (pending st) /\ Forall P (inflight st) /\ Forall (fun p => P (prec p)) (parked st) /\
   Forall (fun e => P (snd e)) (exhausted st).
 
-(** A property of a record that what happens to a record keeps. *)
+(** A property of a record that what happens to a record keeps, a claim
+    aside. *)
 Definition kept_by_transforms (P : record -> Prop) : Prop :=
-  forall r, P r -> P (claimed r) /\ P (failed r) /\ P (replayed r) /\ P (refunded r) /\ P (fresh r) /\
+  forall r, P r -> P (failed r) /\ P (replayed r) /\ P (refunded r) /\ P (fresh r) /\
                    forall rs, P (entomb rs r).
 
 Lemma all_held_step :
   forall P pol st o, kept_by_transforms P -> (forall p, o = Enqueue p -> P (mkRec (next st) 0 0 0 false None 0 p)) ->
+  (forall g r rest, o = Claim g -> pending st = r :: rest -> P (claimed r) /\
+     Forall P rest /\ Forall P (inflight st) /\ Forall (fun p => P (prec p)) (parked st) /\
+     Forall (fun e => P (snd e)) (exhausted st)) ->
   all_held P st -> all_held P (st_of (step pol st o)).
 Proof.
-  intros P pol st o K New H0. pose proof H0 as [Hp [Hi [Hk He]]].
+  intros P pol st o K New KC H0. pose proof H0 as [Hp [Hi [Hk He]]].
   destruct o; simpl step.
   - unfold enqueue, all_held; simpl. repeat split; auto.
     apply Forall_app. split; [exact Hp |]. constructor; [apply (New p eq_refl) | constructor].
   - unfold claim, claim_open, do_claim, stale. destruct (negb _); [exact H0 |].
     destruct (pending st) as [| r rest] eqn:Pd; [exact H0 |].
-    inversion Hp as [| ? ? Hr Hrest]; subst.
+    destruct (KC g r rest eq_refl eq_refl) as [Hc [Hrest [Hi' [Hk' He']]]].
     assert (C : forall sn iso, all_held P (mkState (gen st) (next st) rest (inflight st ++ [claimed r]) (parked st)
                   (exhausted st) (acked st) (recvd st) sn (retry_st st) (progressed st) iso)).
     { intros sn iso. unfold all_held; simpl. repeat split; try assumption.
-      apply Forall_app. split; [exact Hi |]. constructor; [apply (K r Hr) | constructor]. }
+      apply Forall_app. split; [exact Hi' |]. constructor; [exact Hc | constructor]. }
     split_goal; unfold st_of; simpl; try exact H0; apply C.
   - unfold ack, advance, stale. split_goal; unfold st_of; simpl; try exact H0;
       unfold all_held; simpl; repeat split; apply Forall_filter; assumption.
@@ -115,7 +119,7 @@ Proof.
   - unfold fail, stale. destruct (negb _); [exact H0 |].
     destruct (take seq s (inflight st)) as [[r rest] |] eqn:T; [| exact H0].
     destruct (Forall_take _ _ _ _ _ _ _ T Hi) as [Hr Hrest].
-    destruct (K r Hr) as [_ [Hf _]]. destruct (K _ Hf) as [_ [_ [_ [_ [_ He']]]]].
+    destruct (K r Hr) as [Hf _]. destruct (K _ Hf) as [_ [_ [_ [_ He']]]].
     destruct k; simpl; try destruct (budget pol <? fails r + 1);
       unfold bury; destruct (dead (failed r)), (hold pol); unfold all_held; simpl; repeat split; auto;
       apply Forall_insert_by; auto.
@@ -168,16 +172,27 @@ Definition attached (f : N -> nat) (r : record) : Prop := payload r = f (seq r).
 Lemma attached_kept : forall f, kept_by_transforms (attached f).
 Proof.
   intros f r H. unfold attached in *.
-  unfold claimed, failed, replayed, refunded, fresh, entomb; cbn [payload seq].
+  unfold failed, replayed, refunded, fresh, entomb; cbn [payload seq].
   repeat split; try (intros; exact H). destruct (resend r); exact H.
+Qed.
+
+Lemma attached_claim :
+  forall f st r rest, all_held (attached f) st -> pending st = r :: rest ->
+  attached f (claimed r) /\ Forall (attached f) rest /\ Forall (attached f) (inflight st) /\
+  Forall (fun p => attached f (prec p)) (parked st) /\ Forall (fun e => attached f (snd e)) (exhausted st).
+Proof.
+  intros f st r rest [Hp [Hi [Hk He]]] P. rewrite P in Hp. inversion Hp as [| ? ? Hr Hrest]; subst.
+  repeat split; try assumption.
 Qed.
 
 Lemma attached_step :
   forall pol st o f, Inv pol st -> all_held (attached f) st -> all_held (attached (assign f st o)) (st_of (step pol st o)).
 Proof.
   intros pol st o f I H. destruct o as [p | | | | | | | |]; simpl assign;
-    try (apply all_held_step; [apply attached_kept | intros q E; discriminate | exact H]).
-  apply all_held_step; [apply attached_kept | | ].
+    try (apply all_held_step;
+         [apply attached_kept | intros q E; discriminate |
+          intros g' r rest E P; try discriminate; injection E as <-; apply (attached_claim f st r rest H P) | exact H]).
+  apply all_held_step; [apply attached_kept | | intros g' r rest E; discriminate | ].
   - intros q E. injection E as <-. unfold attached. simpl. rewrite N.eqb_refl. reflexivity.
   - (* Every record held lies below [next], so the new assignment agrees on it. *)
     pose proof (held_below_next st (inv_conservation _ _ I)) as B.
@@ -208,5 +223,134 @@ Proof.
                 let (st', f') := exec pol st f ops in all_held (attached f') st').
   { induction ops as [| o os IH]; intros st f R H; simpl; [exact H |].
     apply IH; [apply reach_step; exact R |]. apply attached_step; [apply invariants_hold; exact R | exact H]. }
+  apply Gen; [apply reach_init |]. unfold all_held; simpl. repeat split; constructor.
+Qed.
+
+(** ** 15 (attempts). A record's attempt count is what the last claim of
+    its sequence reported, and 0 before any: attempts stay with their
+    sequence through failures, replays, receipts, requeues and tombstones. *)
+
+Definition attempt_of (fa : N -> N) (r : record) : Prop := att r = fa (seq r).
+
+(** What each sequence's attempt is after [o]: 0 at an enqueue, the
+    reported attempt at a claim. *)
+Definition assign_att (fa : N -> N) (pol : policy) (st : state) (o : op) : N -> N :=
+  match o with
+  | Enqueue _ => fun s => if s =? next st then 0 else fa s
+  | Claim _ =>
+      match out_of (step pol st o) with
+      | OClaimed _ s a _ _ => fun x => if x =? s then a else fa x
+      | _ => fa
+      end
+  | _ => fa
+  end.
+
+Fixpoint exec_att (pol : policy) (st : state) (fa : N -> N) (ops : list op) : state * (N -> N) :=
+  match ops with
+  | [] => (st, fa)
+  | o :: os => exec_att pol (st_of (step pol st o)) (assign_att fa pol st o) os
+  end.
+
+Lemma attempt_kept : forall fa, kept_by_transforms (attempt_of fa).
+Proof.
+  intros fa r H. unfold attempt_of in *.
+  unfold failed, replayed, refunded, fresh, entomb; cbn [att seq].
+  repeat split; try (intros; exact H). destruct (resend r); exact H.
+Qed.
+
+Lemma all_held_agree :
+  forall (P Q : record -> Prop) st, (forall r, In (seq r) (held st) -> P r -> Q r) -> all_held P st -> all_held Q st.
+Proof.
+  intros P Q st A [Hp [Hi [Hk He]]]. unfold all_held, held in *.
+  repeat split; rewrite Forall_forall in *; intros x Hx; apply A.
+  - apply in_or_app. left. apply in_map. exact Hx.
+  - apply Hp. exact Hx.
+  - apply in_or_app. right. apply in_or_app. left. apply in_map. exact Hx.
+  - apply Hi. exact Hx.
+  - apply in_or_app. right. apply in_or_app. right. apply in_or_app. left.
+    apply (in_map (fun p => seq (prec p))). exact Hx.
+  - apply Hk. exact Hx.
+  - apply in_or_app. right. apply in_or_app. right. apply in_or_app. right.
+    apply (in_map (fun e => seq (snd e))). exact Hx.
+  - apply He. exact Hx.
+Qed.
+
+(** In a reachable state the head of pending is the only record with its
+    sequence. *)
+Lemma head_unique :
+  forall pol st r rest, reachable pol st -> pending st = r :: rest ->
+  forall x, In (seq x) (map seq rest ++ map seq (inflight st) ++ map (fun p => seq (prec p)) (parked st)
+                        ++ map (fun e => seq (snd e)) (exhausted st)) -> seq x <> seq r.
+Proof.
+  intros pol st r rest R P x Hx E. pose proof (nothing_is_lost pol st (seq r) R) as C.
+  unfold held in C. rewrite P in C. simpl in C. fold (cnt (map seq rest ++ map seq (inflight st) ++ map (fun p => seq (prec p)) (parked st)
+                        ++ map (fun e => seq (snd e)) (exhausted st)) (seq r)) in C.
+  destruct (N.eq_dec (seq r) (seq r)) as [_ | N]; [| contradiction].
+  rewrite E in Hx. apply (count_occ_In N.eq_dec) in Hx.
+  destruct ((seq r <? next st) && unacked (acked st) (seq r)); unfold cnt in C; lia.
+Qed.
+
+Lemma attempt_step :
+  forall pol st o fa, reachable pol st -> all_held (attempt_of fa) st ->
+  all_held (attempt_of (assign_att fa pol st o)) (st_of (step pol st o)).
+Proof.
+  intros pol st o fa R H. pose proof (invariants_hold pol st R) as I.
+  destruct o as [p | g | | | | | | |]; [| | simpl assign_att; apply all_held_step;
+    [apply attempt_kept | intros q E; discriminate | intros g' r rest E; discriminate | exact H] ..].
+  - apply all_held_step; [apply attempt_kept | | intros g' r rest E; discriminate |].
+    + intros q E. unfold attempt_of. simpl. rewrite N.eqb_refl. reflexivity.
+    + apply (all_held_agree (attempt_of fa)); [| exact H].
+      intros r Hin A. unfold attempt_of in *. simpl.
+      destruct (held_below_next st (inv_conservation _ _ I) _ Hin) as [Lt _].
+      replace (seq r =? next st) with false by (symmetry; apply N.eqb_neq; lia). exact A.
+  - simpl assign_att. simpl step. unfold claim, claim_open, do_claim, stale.
+    destruct (negb _); [exact H |].
+    destruct (pending st) as [| r rest] eqn:P; [exact H |].
+    assert (U := head_unique pol st r rest R P).
+    destruct H as [Hp [Hi [Hk He]]]. rewrite P in Hp. inversion Hp as [| ? ? Hr Hrest]; subst.
+    assert (Other : forall Q (l : list Q) (key : Q -> record),
+              (forall q, In q l -> In (seq (key q)) (map seq rest ++ map seq (inflight st) ++ map (fun p => seq (prec p)) (parked st)
+                        ++ map (fun e => seq (snd e)) (exhausted st))) ->
+              Forall (fun q => attempt_of fa (key q)) l ->
+              Forall (fun q => attempt_of (fun x => if x =? seq r then bump (att r) else fa x) (key q)) l).
+    { intros Q l key In' F. rewrite Forall_forall in *. intros q Hq. unfold attempt_of in *.
+      replace (seq (key q) =? seq r) with false by (symmetry; apply N.eqb_neq; apply (U (key q)); apply In'; exact Hq).
+      apply F. exact Hq. }
+    assert (C : forall sn iso, all_held (attempt_of (fun x => if x =? seq r then bump (att r) else fa x))
+                  (mkState (gen st) (next st) rest (inflight st ++ [claimed r]) (parked st)
+                  (exhausted st) (acked st) (recvd st) sn (retry_st st) (progressed st) iso)).
+    { intros sn iso. unfold all_held; simpl. repeat split.
+      - apply (Other _ rest (fun q => q)); [| exact Hrest]. intros q Hq. apply in_or_app. left. apply in_map. exact Hq.
+      - apply Forall_app. split.
+        + apply (Other _ (inflight st) (fun q => q)); [| exact Hi]. intros q Hq.
+          apply in_or_app. right. apply in_or_app. left. apply in_map. exact Hq.
+        + constructor; [| constructor]. unfold attempt_of, claimed. simpl. rewrite N.eqb_refl. reflexivity.
+      - apply (Other _ (parked st) prec); [| exact Hk]. intros q Hq.
+        apply in_or_app. right. apply in_or_app. right. apply in_or_app. left.
+        apply (in_map (fun p => seq (prec p))). exact Hq.
+      - apply (Other _ (exhausted st) snd); [| exact He]. intros q Hq.
+        apply in_or_app. right. apply in_or_app. right. apply in_or_app. right.
+        apply (in_map (fun e => seq (snd e))). exact Hq. }
+    assert (H0 : all_held (attempt_of fa) st) by (unfold all_held; rewrite P; repeat split; assumption).
+    unfold st_of, out_of.
+    repeat (match goal with
+            | |- context [match ?x with _ => _ end] =>
+                lazymatch x with
+                | context [match _ with _ => _ end] => fail
+                | _ => let E := fresh "E" in destruct x eqn:E
+                end
+            end; cbn [fst snd]).
+    all: try exact H0; apply C.
+Qed.
+
+(** 15, for attempts. *)
+Theorem attempts_attached :
+  forall pol g fa0 ops, let (st, fa) := exec_att pol (init g) fa0 ops in all_held (attempt_of fa) st.
+Proof.
+  intros pol g fa0 ops.
+  assert (Gen : forall st fa, reachable pol st -> all_held (attempt_of fa) st ->
+                let (st', fa') := exec_att pol st fa ops in all_held (attempt_of fa') st').
+  { induction ops as [| o os IH]; intros st fa R H; simpl; [exact H |].
+    apply IH; [apply reach_step; exact R |]. apply attempt_step; assumption. }
   apply Gen; [apply reach_init |]. unfold all_held; simpl. repeat split; constructor.
 Qed.
