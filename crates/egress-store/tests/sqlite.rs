@@ -122,6 +122,64 @@ fn a_restart_continues_the_stream_with_what_is_unacknowledged_and_dead_letters_a
 }
 
 #[test]
+fn every_dead_letter_reason_survives_a_restart_as_a_tombstone_or_held() {
+    use egress_core::JitterSample;
+    let dir = TempDir::new();
+    for (stream, dead_letters) in [("skip", DeadLetters::Skip), ("hold", DeadLetters::Hold)] {
+        let policy = Policy::builder()
+            .inflight_limit(8)
+            .retry_budget(0)
+            .replay_limit(0)
+            .dead_letters(dead_letters)
+            .build()
+            .unwrap();
+        let mut store = SqliteStore::open(dir.db()).unwrap();
+        let mut core = EgressCore::restore(policy, store.load(stream).unwrap().restored).unwrap();
+        let _ = core.enqueue_all((0..3).map(|i| Bytes::from(format!("m{i}"))));
+        flush(&mut core, &mut store, stream);
+        let g = core.generation();
+        for _ in 0..3 {
+            let _ = core.claim(g);
+        }
+        let now = egress_core::Time(0);
+        let _ = core.fail(g, Sequence(0), FailureKind::Permanent, now, JitterSample::ZERO);
+        let _ = core.fail(g, Sequence(1), FailureKind::Transient, now, JitterSample::ZERO);
+        let _ = core.reconnect(Generation(g.0 + 1));
+        flush(&mut core, &mut store, stream);
+        drop((core, store));
+
+        let mut store = SqliteStore::open(dir.db()).unwrap();
+        let core = EgressCore::restore(policy, store.load(stream).unwrap().restored).unwrap();
+        let found: Vec<(u64, Option<DeadReason>)> = match dead_letters {
+            DeadLetters::Skip => core.pending().map(|e| (e.sequence.0, e.dead)).collect(),
+            _ => core.exhausted().map(|e| (e.sequence.0, e.dead)).collect(),
+        };
+        let reasons = [DeadReason::Permanent, DeadReason::Retries, DeadReason::Replays];
+        let want: Vec<(u64, Option<DeadReason>)> = (0..3).zip(reasons.map(Some)).collect();
+        assert_eq!(found, want, "{stream}: each record dead for its own reason, as it was");
+        let recovered = core.recovered().unwrap();
+        assert_eq!((recovered.tombstones, recovered.held), if stream == "skip" { (3, 0) } else { (0, 3) });
+    }
+}
+
+#[test]
+fn incarnations_are_random_in_all_128_bits() {
+    // Two halves from independent draws: a stream's incarnation and an
+    // owner token must not repeat across processes, so neither half may be
+    // constant (the chance that a correct draw gives a zero half is 2^-64).
+    let dir = TempDir::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let ids: Vec<[u8; 16]> =
+        (0..4).map(|i| store.load(&format!("s{i}")).unwrap().incarnation.0.to_be_bytes()).collect();
+    for id in &ids {
+        assert_ne!(id[..8], [0; 8], "the high half is drawn");
+        assert_ne!(id[8..], [0; 8], "the low half is drawn");
+    }
+    let highs: std::collections::BTreeSet<&[u8]> = ids.iter().map(|id| &id[..8]).collect();
+    assert_eq!(highs.len(), 4, "the high halves differ");
+}
+
+#[test]
 fn a_moved_counter_is_a_conflict_and_a_stream_taken_over_is_fenced() {
     let dir = TempDir::new();
     let mut store = SqliteStore::open(dir.db()).unwrap();
