@@ -199,9 +199,9 @@ Ltac close_lengths :=
         | apply exact_true, map_len_neq; rewrite ?len_insert, ?app_length; simpl; lia ].
 
 Lemma fail_exact :
-  forall pol st g s kd now, Exact st (st_of (fail pol st g s kd now)) (ch_of (fail pol st g s kd now)).
+  forall pol st g s kd now sp, Exact st (st_of (fail pol st g s kd now sp)) (ch_of (fail pol st g s kd now sp)).
 Proof.
-  intros pol st g s kd now. unfold fail, stale.
+  intros pol st g s kd now sp. unfold fail, stale.
   destruct (negb (g =? gen st)); [apply Exact_nochange |].
   destruct (take seq s (inflight st)) as [[r rest] |] eqn:T; [| apply Exact_nochange].
   pose proof (len_take _ seq s _ _ _ T) as LT.

@@ -156,7 +156,7 @@ Definition marks_ok (st : state) : Prop :=
 
 (** The ops that leave every number but the generation alone. *)
 Definition frame_op (o : op) : bool :=
-  match o with Fail _ _ _ _ | RetryNow _ _ | Timeout _ | Requeue _ _ | Reconnect _ => true | _ => false end.
+  match o with Fail _ _ _ _ _ | RetryNow _ _ | Timeout _ | Requeue _ _ | Reconnect _ => true | _ => false end.
 
 Lemma frame_step :
   forall pol st o, frame_op o = true ->

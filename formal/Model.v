@@ -6,8 +6,9 @@
     core saturates at [u64::MAX] or, for an attempt count, at [u32::MAX]
     the model does so explicitly ([sat], [bump]). A
     payload is an opaque [nat] (the replay maps JSON payloads to indices).
-    Jitter is outside the model: it is a float spread added after the
-    backoff, and every fixture the replay judges runs with jitter 0.
+    Jitter enters as a function from the backoff to the spread added to
+    it ([Fail]'s last argument): the model proves nothing about its size,
+    and the replay computes it as the Rust core does.
 
     Each record also carries [claims], its claims in the current budget:
     a ghost the Rust core does not keep, there to state the bound on sends
@@ -67,7 +68,7 @@ Inductive op :=
 | Claim (g : N)
 | Ack (g t : N)
 | Received (g t : N)
-| Fail (g s : N) (k : kind) (now : N)
+| Fail (g s : N) (k : kind) (now : N) (spread : N -> N)
 | RetryNow (g s : N)
 | Timeout (now : N)
 | Requeue (g s : N)
@@ -279,7 +280,13 @@ Definition received (st : state) (g t : N) :=
    ORecorded (match rc with Some x => x | None => t end) (length moved),
    mkCh (nonempty moved) (nonempty moved) false false false false false rose).
 
-Definition fail (pol : policy) (st : state) (g s : N) (kd : kind) (now : N) :=
+(** [spread] is the jitter: what is added to the backoff [b] (before
+    saturating), as a function of [b]. The Rust core computes it from the
+    policy's jitter and the caller's sample as [b * jitter * sample], a
+    float truncated to an integer; the model takes any function, and the
+    replay and the trace generator pass that same float computation. With
+    jitter 0 it is 0. *)
+Definition fail (pol : policy) (st : state) (g s : N) (kd : kind) (now : N) (spread : N -> N) :=
   if negb (g =? gen st) then stale st else
   match take seq s (inflight st) with
   | None => (st, OUnknown, nochange)
@@ -287,7 +294,7 @@ Definition fail (pol : policy) (st : state) (g s : N) (kd : kind) (now : N) :=
       let r1 := failed r in
       let k := fails r1 in
       let hint := match kd with RetryAfter d => Some d | _ => None end in
-      let b := backoff pol k hint in
+      let b := sat (backoff pol k hint + spread (backoff pol k hint)) in
       let dr := match kd with Permanent => Some DPermanent | _ => if budget pol <? k then Some DRetries else None end in
       let rt := mkRetry s (att r) b (match dr with Some _ => true | None => false end) in
       let ch_retry := negb (opt_retry_eqb (retry_st st) (Some rt)) in
@@ -379,7 +386,7 @@ Definition step (pol : policy) (st : state) (o : op) : state * outcome * changes
   | Claim g => claim pol st g
   | Ack g t => ack st g t
   | Received g t => received st g t
-  | Fail g s k now => fail pol st g s k now
+  | Fail g s k now spread => fail pol st g s k now spread
   | RetryNow g s => retry_now st g s
   | Timeout now => timeout st now
   | Requeue g s => requeue st g s

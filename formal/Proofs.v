@@ -43,7 +43,7 @@ Ltac unfold_ops :=
 
 Definition op_generation (o : op) : option N :=
   match o with
-  | Claim g | Ack g _ | Received g _ | Fail g _ _ _ | RetryNow g _ | Requeue g _ => Some g
+  | Claim g | Ack g _ | Received g _ | Fail g _ _ _ _ | RetryNow g _ | Requeue g _ => Some g
   | _ => None
   end.
 
@@ -109,16 +109,17 @@ Proof. intros. unfold backoff. lia. Qed.
 Theorem fail_backoff_within_ceiling :
   forall pol st g s kd now r,
   (forall d, kd <> RetryAfter d) ->
-  (out_of (step pol st (Fail g s kd now)) = ORetrying r \/ out_of (step pol st (Fail g s kd now)) = OExhausted r) ->
+  let o := Fail g s kd now (fun _ => 0) in
+  (out_of (step pol st o) = ORetrying r \/ out_of (step pol st o) = OExhausted r) ->
   rbackoff r <= ceiling pol.
 Proof.
-  intros pol st g s kd now r Hk Ho. simpl in Ho. unfold fail, stale in Ho.
+  intros pol st g s kd now r Hk o Ho. subst o. simpl in Ho. unfold fail, stale in Ho.
   destruct (negb (g =? gen st)); [simpl in Ho; destruct Ho; discriminate |].
   destruct (take seq s (inflight st)) as [[x rest] |]; [| simpl in Ho; destruct Ho; discriminate].
   destruct kd as [ | | d]; [ | | exfalso; exact (Hk d eq_refl)]; unfold bury in Ho;
     simpl in Ho; try destruct (budget pol <? fails x + 1); simpl in Ho;
     destruct (dead x), (hold pol); simpl in Ho;
-    destruct Ho as [Ho | Ho]; inversion Ho; subst; simpl; lia.
+    destruct Ho as [Ho | Ho]; inversion Ho; subst; simpl; unfold sat, backoff; lia.
 Qed.
 
 (** ** 2. The watermark never regresses *)

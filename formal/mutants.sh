@@ -35,6 +35,7 @@ mutants=(
   "a requeue keeps the spent budget#(insert (fresh r) (pending st))#(insert r (pending st))"
   "retry_now does not flag parked#OScheduled s, mkCh true false false cleared true false false false)#OScheduled s, mkCh true false false cleared false false false false)"
   "a reconnect keeps the retry state#(sent st) (if cleared then None else retry_st st)#(sent st) (retry_st st)"
+  "the jitter is not added#sat (backoff pol k hint + spread (backoff pol k hint))#sat (backoff pol k hint)"
   "a reconnect's count omits parked#OReconnected g (length (inflight st) + length (parked st))#OReconnected g (length (inflight st))"
 )
 

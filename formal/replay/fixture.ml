@@ -123,6 +123,27 @@ let change_key ch = function
   | "received_through" -> ch.c_recv
   | k -> raise (Bad ("unknown invalidates key " ^ k))
 
+(* The fixture's policy.jitter (set by [policy_of]): the model takes the
+   spread it adds to a backoff as a function, computed here as the Rust core
+   computes it, [b * jitter * sample] in floats, truncated. *)
+let jitter = ref 0.
+
+let spread sample : n -> n =
+  if !jitter = 0. || sample = 0. then fun _ -> N0
+  else
+    let j = !jitter in
+    fun b -> n_of_z (Big.of_float (Big.to_float (z_of_n b) *. j *. sample))
+
+let float_of k j =
+  match member k j with
+  | None -> 0.
+  | Some (`Float f) -> f
+  | Some (`Int i) -> float_of_int i
+  | Some (`Intlit s) -> float_of_string s
+  | Some _ -> raise (Bad ("non-numeric " ^ k))
+
+(* An op of a fixture: its type, the op, and its jitter sample (0 but for
+   a fail that carries one). *)
 let parse_op (j : Yojson.Safe.t) =
   let ty = str "type" j in
   let g () = num "generation" j and s () = num "sequence" j in
@@ -142,14 +163,14 @@ let parse_op (j : Yojson.Safe.t) =
           | _, Some _ -> RetryAfter (num "retry_after" j)
           | _ -> Transient
         in
-        Fail (g (), s (), kind, num_or "now" N0 j)
+        Fail (g (), s (), kind, num_or "now" N0 j, spread (float_of "jitter_sample" j))
     | "retry_now" -> RetryNow (g (), s ())
     | "handle_timeout" -> Timeout (num_or "now" N0 j)
     | "requeue" -> Requeue (g (), s ())
     | "reconnect" -> Reconnect (g ())
     | other -> raise (Bad ("unknown op " ^ other))
   in
-  (ty, op)
+  (ty, op, float_of "jitter_sample" j)
 
 let returns_json ty (o : outcome) : Yojson.Safe.t =
   let tag =
@@ -183,16 +204,13 @@ let returns_json ty (o : outcome) : Yojson.Safe.t =
 let show j = Yojson.Safe.to_string j
 
 
-(* The fixture's policy, as the model has it. A non-zero jitter is a Skip:
-   the model computes backoffs before jitter (a float spread). *)
+(* The fixture's policy, as the model has it; its jitter goes to [jitter]. *)
 let policy_of doc =
   let pol_j = match member "policy" doc with Some p -> p | None -> raise (Bad "no policy") in
   let ordering =
     match member "ordering" pol_j with Some (`String "strict") -> Strict | _ -> Pipelined
   in
-  (match member "jitter" pol_j with
-   | Some (`Int 0) | Some (`Float 0.) | None -> ()
-   | Some _ -> raise (Skip "non-zero policy.jitter: the model computes backoffs before jitter (a float spread)"));
+  jitter := float_of "jitter" pol_j;
   let hold =
     match member "dead_letters" pol_j with
     | Some (`String "hold") -> true
@@ -206,13 +224,15 @@ let policy_of doc =
 
 let policy_json pol : Yojson.Safe.t =
   `Assoc
-    [ ("inflight_limit", json_n pol.limit); ("retry_budget", json_n pol.budget); ("replay_limit", json_n pol.rlimit);
+    ([ ("inflight_limit", json_n pol.limit); ("retry_budget", json_n pol.budget); ("replay_limit", json_n pol.rlimit);
       ("retry_base", json_n pol.base); ("retry_ceiling", json_n pol.ceiling);
       ("ordering", `String (match pol.ordering_of with Strict -> "strict" | Pipelined -> "pipelined"));
       ("dead_letters", `String (if pol.hold then "hold" else "skip")) ]
+    @ if !jitter = 0. then [] else [ ("jitter", `Float !jitter) ])
 
-(* An op in the corpus's JSON; the inverse of [parse_op]. *)
-let op_json (o : op) : Yojson.Safe.t =
+(* An op in the corpus's JSON, with its jitter sample; the inverse of
+   [parse_op]. *)
+let op_json ?(sample = 0.) (o : op) : Yojson.Safe.t =
   let g x = ("generation", json_n x) and s x = ("sequence", json_n x) in
   let ty t = ("type", `String t) in
   match o with
@@ -220,14 +240,15 @@ let op_json (o : op) : Yojson.Safe.t =
   | Claim x -> `Assoc [ ty "claim"; g x ]
   | Ack (x, t) -> `Assoc [ ty "ack"; g x; ("through", json_n t) ]
   | Received (x, t) -> `Assoc [ ty "received"; g x; ("through", json_n t) ]
-  | Fail (x, q, k, now) ->
+  | Fail (x, q, k, now, _) ->
       let kind =
         match k with
         | Transient -> [ ("kind", `String "transient") ]
         | Permanent -> [ ("kind", `String "permanent") ]
         | RetryAfter d -> [ ("retry_after", json_n d) ]
       in
-      `Assoc ([ ty "fail"; g x; s q ] @ kind @ [ ("now", json_n now) ])
+      let sample = if sample = 0. then [] else [ ("jitter_sample", `Float sample) ] in
+      `Assoc ([ ty "fail"; g x; s q ] @ kind @ [ ("now", json_n now) ] @ sample)
   | RetryNow (x, q) -> `Assoc [ ty "retry_now"; g x; s q ]
   | Timeout now -> `Assoc [ ty "handle_timeout"; ("now", json_n now) ]
   | Requeue (x, q) -> `Assoc [ ty "requeue"; g x; s q ]
@@ -250,7 +271,7 @@ let change_keys =
    after it and every change flag; and, for each reader whose flag differs
    from whether its value changed, that reader's name (the change sets are
    meant to be exact). *)
-let annotate_step pol st o =
+let annotate_step pol st (o, sample) =
   let result = Model.step pol st o in
   let st' = st_of result and ch = ch_of result in
   let inexact =
@@ -262,6 +283,7 @@ let annotate_step pol st o =
   in
   let step =
     `Assoc
-      [ ("op", op_json o); ("returns", returns_json (op_type o) (out_of result)); ("expected", `Assoc expected) ]
+      [ ("op", op_json ~sample o); ("returns", returns_json (op_type o) (out_of result));
+        ("expected", `Assoc expected) ]
   in
   (st', step, inexact)

@@ -111,10 +111,10 @@ let op g st =
   in
   let k = if idle k && chance g 75 then 20 + int g 26 else k in
   match k with
-  | k when k < 18 -> Enqueue (payload_index (`String (Printf.sprintf "p%d" (List.length !payloads))))
-  | k when k < 46 -> Claim (generation_for g st)
-  | k when k < 56 -> Ack (generation_for g st, through g st)
-  | k when k < 62 -> Received (generation_for g st, through g st)
+  | k when k < 18 -> (Enqueue (payload_index (`String (Printf.sprintf "p%d" (List.length !payloads)))), 0.)
+  | k when k < 46 -> (Claim (generation_for g st), 0.)
+  | k when k < 56 -> (Ack (generation_for g st, through g st), 0.)
+  | k when k < 62 -> (Received (generation_for g st, through g st), 0.)
   | k when k < 74 ->
       let s = seq_from g (List.map (fun r -> r.seq) st.inflight) st in
       let kind =
@@ -124,18 +124,19 @@ let op g st =
         | 15 -> RetryAfter (near_max g)
         | _ -> RetryAfter (n (int g 30))
       in
-      Fail (generation_for g st, s, kind, now)
-  | k when k < 78 -> RetryNow (generation_for g st, seq_from g (List.map (fun p -> p.prec.seq) st.parked) st)
-  | k when k < 87 -> Timeout now
-  | k when k < 92 -> Requeue (generation_for g st, seq_from g (List.map (fun (_, r) -> r.seq) st.exhausted) st)
-  | _ -> Reconnect (reconnect_generation g st)
+      let sample = if !jitter = 0. || chance g 20 then 0. else float_of_int (int g 1025) /. 1024. in
+      (Fail (generation_for g st, s, kind, now, spread sample), sample)
+  | k when k < 78 -> (RetryNow (generation_for g st, seq_from g (List.map (fun p -> p.prec.seq) st.parked) st), 0.)
+  | k when k < 87 -> (Timeout now, 0.)
+  | k when k < 92 -> (Requeue (generation_for g st, seq_from g (List.map (fun (_, r) -> r.seq) st.exhausted) st), 0.)
+  | _ -> (Reconnect (reconnect_generation g st), 0.)
 
 let inexact_steps = ref 0
 
-let note_inexact file i o inexact =
+let note_inexact file i (o, sample) inexact =
   if inexact <> [] then begin
     incr inexact_steps;
-    Printf.printf "INEXACT %s step %d %s: flag and change differ for %s\n" file i (show (op_json o))
+    Printf.printf "INEXACT %s step %d %s: flag and change differ for %s\n" file i (show (op_json ~sample o))
       (String.concat ", " inexact)
   end
 
@@ -159,11 +160,13 @@ let trace seed i steps out =
   payloads := [];
   let g = { rng = Random.State.make [| seed; i |]; now = Big.zero } in
   let pol = policy g and g0 = first_generation g in
+  (* A third of the traces spread their backoffs by a jitter. *)
+  jitter := if chance g 67 then 0. else pick g [ 0.1; 0.25; 0.5; 1.0 ];
   let file = Filename.concat out (Printf.sprintf "trace-%d-%d.json" seed i) in
   let st = ref (init g0) and ops = ref [] in
   for _ = 1 to 1 + int g steps do
     let o = op g !st in
-    st := st_of (Model.step pol !st o);
+    st := st_of (Model.step pol !st (fst o));
     ops := o :: !ops
   done;
   let steps = annotate file pol g0 (List.rev !ops) in
@@ -180,7 +183,10 @@ let reannotate ?(from = 0) ?(count = 0) inp outp =
   let steps = List.filteri (fun i _ -> i < from || i >= from + count) steps in
   let ops =
     List.map
-      (fun s -> match member "op" s with Some o -> snd (parse_op o) | None -> raise (Bad "step without op"))
+      (fun s ->
+        match member "op" s with
+        | Some o -> let _, op, sample = parse_op o in (op, sample)
+        | None -> raise (Bad "step without op"))
       steps
   in
   let description = match member "description" doc with Some (`String d) -> d | _ -> "" in

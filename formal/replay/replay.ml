@@ -21,7 +21,7 @@ let run_fixture file =
     (fun i step_j ->
       if !failure = None then begin
         let op_j = match member "op" step_j with Some o -> o | None -> raise (Bad "step without op") in
-        let ty, op = parse_op op_j in
+        let ty, op, _ = parse_op op_j in
         let result = Model.step pol !st op in
         st := st_of result;
         let fail_at what want got =
