@@ -163,6 +163,33 @@ fn every_dead_letter_reason_survives_a_restart_as_a_tombstone_or_held() {
 }
 
 #[test]
+fn a_commit_syncs_fully_when_it_appends_and_normally_when_it_only_acknowledges() {
+    let dir = TempDir::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let sync =
+        |store: &SqliteStore| -> i64 { store.connection().query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap() };
+    let mut core = EgressCore::restore(Policy::default(), store.load("s").unwrap().restored).unwrap();
+    let _ = core.enqueue(Bytes::from_static(b"a"));
+    let ready = core.poll_ready().unwrap();
+    assert!(ready.must_sync);
+    let appends: Vec<_> = core.unwritten(ready.appends.clone()).map(|(s, p)| (s, p.clone())).collect();
+    store.apply("s", &ready, &appends).unwrap();
+    let _ = core.persisted(ready.epoch);
+    assert_eq!(sync(&store), 2, "an append is written with synchronous=FULL");
+    let g = core.generation();
+    let _ = core.claim(g);
+    let _ = core.ack(g, Sequence(0));
+    let ready = core.poll_ready().unwrap();
+    assert!(!ready.must_sync && ready.appends.is_empty());
+    store.apply("s", &ready, &[]).unwrap();
+    let _ = core.persisted(ready.epoch);
+    assert_eq!(sync(&store), 1, "an acknowledgement alone may lag: synchronous=NORMAL");
+    let _ = core.enqueue(Bytes::from_static(b"b"));
+    flush(&mut core, &mut store, "s");
+    assert_eq!(sync(&store), 2, "and back to FULL for the next append");
+}
+
+#[test]
 fn incarnations_are_random_in_all_128_bits() {
     // Two halves from independent draws: a stream's incarnation and an
     // owner token must not repeat across processes, so neither half may be
