@@ -15,7 +15,10 @@ use common::{LIMIT, drained, payload, policy, receive_in_order, sender_config};
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::{AckFaults, Chaos, ChaosProxy, Content, Receiver, ReceiverConfig, Sender, SenderConfig};
 
-async fn run_through_chaos(seed: u64, n: u64, faults: AckFaults) -> (u64, u64) {
+/// Runs `n` messages through a proxy killing connections on `seed`'s
+/// schedule; returns the kills, the sender's reconnects, and the
+/// receiver's stats.
+async fn run_through_chaos(seed: u64, n: u64, faults: AckFaults) -> (u64, u64, egress_ws::ReceiverStats) {
     let config = ReceiverConfig { ack_faults: faults, ..ReceiverConfig::default() };
     let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
     let chaos = Chaos { seed, mean_interval: Duration::from_millis(40) };
@@ -32,8 +35,17 @@ async fn run_through_chaos(seed: u64, n: u64, faults: AckFaults) -> (u64, u64) {
     receive_in_order(&mut receiver, 0, n).await;
     drained(&cell, n).await;
     let stats = sender.shutdown().await;
-    assert_eq!(receiver.stats().delivered, n);
-    (proxy.kills(), stats.reconnects)
+    let received = receiver.stats();
+    assert_eq!(received.delivered, n);
+    // Every connection after the first followed a kill (nothing else ends
+    // one here), so the kills counted bound the connections seen.
+    assert!(
+        received.connections.saturating_sub(1) <= proxy.kills(),
+        "{} connections after {} kills",
+        received.connections,
+        proxy.kills()
+    );
+    (proxy.kills(), stats.reconnects, received)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,7 +53,7 @@ async fn random_kills_lose_and_duplicate_nothing() {
     let mut kills = 0;
     let mut reconnects = 0;
     for seed in [1, 2, 3] {
-        let (k, r) = run_through_chaos(seed, 3_000, AckFaults::default()).await;
+        let (k, r, _) = run_through_chaos(seed, 3_000, AckFaults::default()).await;
         kills += k;
         reconnects += r;
     }
@@ -55,7 +67,14 @@ async fn random_kills_lose_and_duplicate_nothing() {
 async fn acks_dropped_duplicated_and_delayed_change_nothing() {
     let faults =
         AckFaults { drop: 0.3, duplicate: 0.3, delay_probability: 0.3, delay: Duration::from_millis(20), seed: 9 };
-    run_through_chaos(4, 3_000, faults).await;
+    let (_, _, stats) = run_through_chaos(4, 3_000, faults).await;
+    assert!(
+        stats.acks_dropped > 0 && stats.acks_duplicated > 0 && stats.acks_delayed > 0,
+        "the faults happened: {} dropped, {} duplicated, {} delayed",
+        stats.acks_dropped,
+        stats.acks_duplicated,
+        stats.acks_delayed
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,4 +159,26 @@ async fn many_producers_each_get_their_own_stream() {
         sender.shutdown().await;
     }
     assert!(proxy.kills() > 0, "the proxy killed connections");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_kills_on_demand_and_counts_what_it_killed() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let proxy = ChaosProxy::start(receiver.local_addr(), None).await.unwrap();
+    proxy.kill_all();
+    assert_eq!(proxy.kills(), 0, "nothing to kill yet, nothing counted");
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(30));
+    cell.enqueue(payload(0));
+    receive_in_order(&mut receiver, 0, 1).await;
+    drained(&cell, 1).await;
+    assert_eq!(receiver.stats().connections, 1);
+    proxy.kill_all();
+    assert_eq!(proxy.kills(), 1, "one kill, counted once");
+    cell.enqueue(payload(1));
+    receive_in_order(&mut receiver, 1, 2).await;
+    drained(&cell, 2).await;
+    assert!(receiver.stats().connections >= 2, "the sender came back after the kill");
+    sender.shutdown().await;
 }

@@ -319,6 +319,14 @@ pub struct ReceiverStats {
     pub queued: usize,
     /// (See `queued`.)
     pub bytes_queued: usize,
+    /// Acknowledgements not sent, sent twice, and held back, by
+    /// [`ReceiverConfig::ack_faults`] (0 without faults): a test that
+    /// injects them can check they happened.
+    pub acks_dropped: u64,
+    /// (See `acks_dropped`.)
+    pub acks_duplicated: u64,
+    /// (See `acks_dropped`.)
+    pub acks_delayed: u64,
 }
 
 /// How the receiver signals one connection's task.
@@ -347,6 +355,8 @@ struct Shared {
     refused_capacity: AtomicU64,
     handshake_timeouts: AtomicU64,
     idle_closed: AtomicU64,
+    /// Injected ack faults: dropped, duplicated, delayed.
+    ack_faults: [AtomicU64; 3],
 }
 
 impl Shared {
@@ -428,6 +438,7 @@ impl Receiver {
             refused_capacity: AtomicU64::new(0),
             handshake_timeouts: AtomicU64::new(0),
             idle_closed: AtomicU64::new(0),
+            ack_faults: Default::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Receiver { local_addr, shared, accept })
@@ -517,6 +528,9 @@ impl Receiver {
             bytes_buffered: held.buffered_bytes,
             queued: held.queued,
             bytes_queued: held.queued_bytes,
+            acks_dropped: s.ack_faults[0].load(Ordering::Relaxed),
+            acks_duplicated: s.ack_faults[1].load(Ordering::Relaxed),
+            acks_delayed: s.ack_faults[2].load(Ordering::Relaxed),
         }
     }
 
@@ -1009,10 +1023,19 @@ impl Acks {
         let ack = shared.inbox.lock().poll_ack(&a.producer, a.conn, time_up);
         if let Some((_, through)) = ack {
             self.since = None;
-            if !self.chance(self.faults.drop) {
+            let count = |i: usize| {
+                shared.ack_faults[i].fetch_add(1, Ordering::Relaxed);
+            };
+            if self.chance(self.faults.drop) {
+                count(0);
+            } else {
                 let copies = if self.chance(self.faults.duplicate) { 2 } else { 1 };
+                if copies == 2 {
+                    count(1);
+                }
                 for _ in 0..copies {
                     if self.chance(self.faults.delay_probability) {
+                        count(2);
                         self.delayed.push_back((now + self.faults.delay, through));
                     } else {
                         out.push(Frame::Ack { generation: self.generation, through });
