@@ -128,7 +128,7 @@ pub async fn end_to_end(dir: &Path, n: u64) -> Duration {
         .expect("open");
     let cell = durable.cell.clone();
     let url = format!("ws://{}", receiver.local_addr());
-    let sender = Sender::spawn(cell.clone(), url, SenderConfig::new("bench"));
+    let sender = Sender::spawn(cell.clone(), url, SenderConfig::new("bench")).expect("a ws:// URL");
     while sender.stats().connections == 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }

@@ -54,7 +54,7 @@ pub async fn egress(n: u64) -> Duration {
     let cx = AsyncContext::new();
     let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::new(&cx, policy());
     let url = format!("ws://{}", receiver.local_addr());
-    let sender = Sender::spawn(cell.clone(), url, sender_config());
+    let sender = Sender::spawn(cell.clone(), url, sender_config()).expect("a ws:// URL");
     // Connected before the clock starts, as the plain loop is.
     while cell.generation().get_untracked().get() == 0 || sender.stats().connections == 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -186,7 +186,8 @@ pub async fn recovery() -> Duration {
     let proxy = ChaosProxy::start(receiver.local_addr(), None).await.expect("proxy");
     let cx = AsyncContext::new();
     let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config());
+    let sender =
+        Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config()).expect("a ws:// URL");
     let n = 200_000u64;
     tokio::spawn(async move { drain(&mut receiver, n).await });
     for chunk in (0..n).collect::<Vec<_>>().chunks(4_096) {

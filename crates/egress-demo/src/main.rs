@@ -258,7 +258,7 @@ async fn together(o: Options) -> anyhow::Result<()> {
     let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::with_options(&cx, policy()?, options);
     let (bar, _effect, retries) = progress(&cx, &cell, o.messages);
     let started = Instant::now();
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(o.seed));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(o.seed))?;
     // The application side: check every delivery as it comes.
     let n = o.messages;
     let check = tokio::spawn(async move {
@@ -439,7 +439,7 @@ async fn send(o: Options) -> anyhow::Result<()> {
         cell.incarnation().get()
     );
     let started = Instant::now();
-    let sender = Sender::spawn(cell.clone(), url, sender_config(o.seed));
+    let sender = Sender::spawn(cell.clone(), url, sender_config(o.seed))?;
     for chunk in (first..o.messages).collect::<Vec<_>>().chunks(1_000) {
         cell.enqueue_all(chunk.iter().map(|&i| payload(i)));
         tokio::task::yield_now().await;

@@ -18,11 +18,11 @@
 //! use egress_ws::{Receiver, ReceiverConfig, Sender, SenderConfig};
 //!
 //! # #[tokio::main]
-//! # async fn main() -> std::io::Result<()> {
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await?;
 //! let cx = AsyncContext::new();
 //! let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::new(&cx, Policy::default());
-//! let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), SenderConfig::new("uplink"));
+//! let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), SenderConfig::new("uplink"))?;
 //! cell.enqueue(Bytes::from_static(b"hello"));
 //! let delivery = receiver.recv().await;
 //! assert_eq!((&*delivery.producer, delivery.sequence), ("uplink", 0));
@@ -49,4 +49,4 @@ pub fn fuzz_inbox(data: &[u8]) {
     receiver::fuzz_inbox(data);
 }
 pub use receiver::{AckFaults, AckMode, Content, Delivery, Receiver, ReceiverConfig, ReceiverStats, Resume};
-pub use sender::{Sender, SenderConfig, SenderStats, TooLarge, WsTransport};
+pub use sender::{Sender, SenderConfig, SenderStats, SpawnError, TooLarge, WsTransport};

@@ -214,7 +214,26 @@ impl std::fmt::Debug for WsTransport {
 ///
 /// The cell outlives the sender: [`shutdown`](Self::shutdown) it (a normal
 /// close), and spawn another sender on the same cell to continue. Dropping
-/// the `Sender` aborts its task.
+/// the `Sender` aborts its task at once, closing nothing: keep it for as
+/// long as it should send. A `Sender` not kept is a compile-time warning:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// # use egress_ws::{Sender, SenderConfig};
+/// # fn f(cell: egress_reactive::AsyncEgressCell<bytes::Bytes>) {
+/// Sender::spawn(cell, "ws://127.0.0.1:9000", SenderConfig::new("uplink")).unwrap();
+/// # }
+/// ```
+///
+/// ```no_run
+/// #![deny(unused_must_use)]
+/// # use egress_ws::{Sender, SenderConfig};
+/// # fn f(cell: egress_reactive::AsyncEgressCell<bytes::Bytes>) {
+/// let sender = Sender::spawn(cell, "ws://127.0.0.1:9000", SenderConfig::new("uplink")).unwrap();
+/// # drop(sender);
+/// # }
+/// ```
+#[must_use = "dropping a Sender aborts it at once: keep it, or call shutdown()"]
 pub struct Sender {
     task: JoinHandle<()>,
     stop: watch::Sender<bool>,
@@ -236,16 +255,25 @@ impl Drop for Sender {
 
 impl Sender {
     /// Starts the supervisor for `cell`, connecting to `url`
-    /// (`ws://host:port`).
+    /// (`ws://host[:port][/path]`).
+    ///
+    /// # Errors
+    /// A URL that no retry could make work: [`SpawnError`].
     ///
     /// # Panics
     /// Outside a tokio runtime.
-    pub fn spawn(cell: AsyncEgressCell<Bytes>, url: impl Into<String>, config: SenderConfig) -> Sender {
+    pub fn spawn(
+        cell: AsyncEgressCell<Bytes>,
+        url: impl Into<String>,
+        config: SenderConfig,
+    ) -> Result<Sender, SpawnError> {
+        let url = url.into();
+        check_url(&url)?;
         let (stop, stop_rx) = watch::channel(false);
         let kill = Arc::new(Notify::new());
         let counters = Arc::new(Counters::default());
-        let task = tokio::spawn(supervise(cell, url.into(), config, stop_rx, kill.clone(), counters.clone()));
-        Sender { task, stop, kill, counters }
+        let task = tokio::spawn(supervise(cell, url, config, stop_rx, kill.clone(), counters.clone()));
+        Ok(Sender { task, stop, kill, counters })
     }
 
     /// What it has done so far.
@@ -273,6 +301,55 @@ impl Sender {
         let _ = task.await;
         self.counters.snapshot()
     }
+}
+
+/// Why [`Sender::spawn`] refused a URL: retrying would never connect.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpawnError {
+    /// Not a URL a WebSocket client can connect to: unparsable, another
+    /// scheme than `ws`, or no host.
+    #[error("not a WebSocket URL: {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A `wss://` URL: TLS is not built into this sender yet.
+    #[error("{url:?}: wss:// needs TLS, which this sender does not support yet")]
+    TlsUnsupported {
+        /// The URL given.
+        url: String,
+    },
+}
+
+/// Checks that `url` is a `ws://` URL with a host (and a valid port).
+fn check_url(url: &str) -> Result<(), SpawnError> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let invalid = |reason: String| SpawnError::InvalidUrl { url: url.to_owned(), reason };
+    let request = url.into_client_request().map_err(|e| invalid(e.to_string()))?;
+    let uri = request.uri();
+    match uri.scheme_str() {
+        Some("ws") => {}
+        Some("wss") => return Err(SpawnError::TlsUnsupported { url: url.to_owned() }),
+        Some(other) => return Err(invalid(format!("the scheme is {other:?}, not \"ws\""))),
+        None => return Err(invalid("no scheme (expected ws://host:port)".into())),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(invalid("no host".into()));
+    }
+    // `Uri::port` is `None` for a port that is not a number: look at the
+    // authority itself (after any user info, and after an IPv6 literal).
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    let after_host = host_port.rsplit_once(']').map_or(host_port, |(_, rest)| rest);
+    if let Some((_, port)) = after_host.rsplit_once(':')
+        && port.parse::<u16>().is_err()
+    {
+        return Err(invalid(format!("the port {port:?} is not a number below 65536")));
+    }
+    Ok(())
 }
 
 /// Why a connection ended.

@@ -83,7 +83,7 @@ async fn connections_that_never_upgrade_are_closed_at_the_handshake_timeout() {
     // Meanwhile a real producer delivers.
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(1));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(1)).unwrap();
     cell.enqueue_all((0..20).map(payload));
     receive_in_order(&mut receiver, 0, 20).await;
     drained(&cell, 20).await;
@@ -118,7 +118,7 @@ async fn a_connection_cap_answers_503_and_the_timeouts_free_it() {
     until(&receiver, "the idle ones closed", |s| s.open_connections == 0).await;
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(2));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(2)).unwrap();
     cell.enqueue_all((0..10).map(payload));
     receive_in_order(&mut receiver, 0, 10).await;
     drained(&cell, 10).await;
@@ -161,7 +161,7 @@ async fn an_application_slower_than_the_idle_timeout_is_not_a_silent_producer() 
     let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(3));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(3)).unwrap();
     cell.enqueue_all((0..40).map(payload));
     until(&receiver, "the buffer full", |s| s.queued == 4).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
@@ -261,7 +261,8 @@ async fn the_producer_table_is_bounded_and_idle_ids_are_forgotten() {
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
     let sender =
-        Sender::spawn(cell.clone(), url, egress_ws::SenderConfig { producer: "p0".into(), ..sender_config(4) });
+        Sender::spawn(cell.clone(), url, egress_ws::SenderConfig { producer: "p0".into(), ..sender_config(4) })
+            .unwrap();
     cell.enqueue_all((0..5).map(payload));
     for i in 0..5 {
         let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
@@ -311,7 +312,7 @@ async fn a_cell_out_of_generations_stops_its_sender_without_a_panic_or_a_loop() 
     let options = egress_reactive::CellOptions::new().generation(egress_core::Generation(u64::MAX));
     let cell = AsyncEgressCell::with_options(&cx, policy(), options);
     cell.enqueue_all((0..3).map(payload));
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(5));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(5)).unwrap();
     let deadline = tokio::time::Instant::now() + LIMIT;
     while sender.failure().is_none() {
         assert!(tokio::time::Instant::now() < deadline, "{:?}", sender.stats());

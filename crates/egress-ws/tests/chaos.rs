@@ -25,7 +25,7 @@ async fn run_through_chaos(seed: u64, n: u64, faults: AckFaults) -> (u64, u64, e
     let proxy = ChaosProxy::start(receiver.local_addr(), Some(chaos)).await.unwrap();
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(seed));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(seed)).unwrap();
     for i in 0..n {
         cell.enqueue(payload(i));
         if i % 500 == 0 {
@@ -84,7 +84,7 @@ async fn a_receiver_that_restarts_without_memory_does_not_wedge() {
     let proxy = ChaosProxy::start(addr, None).await.unwrap();
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(5));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(5)).unwrap();
     for i in 0..1_000 {
         cell.enqueue(payload(i));
     }
@@ -114,13 +114,13 @@ async fn a_sender_restarted_on_the_same_cell_continues_the_stream() {
     let url = format!("ws://{}", proxy.local_addr());
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let first = Sender::spawn(cell.clone(), url.clone(), sender_config(6));
+    let first = Sender::spawn(cell.clone(), url.clone(), sender_config(6)).unwrap();
     for i in 0..2_000 {
         cell.enqueue(payload(i));
     }
     receive_in_order(&mut receiver, 0, 500).await;
     first.shutdown().await;
-    let second = Sender::spawn(cell.clone(), url, sender_config(7));
+    let second = Sender::spawn(cell.clone(), url, sender_config(7)).unwrap();
     receive_in_order(&mut receiver, 500, 2_000).await;
     drained(&cell, 2_000).await;
     second.shutdown().await;
@@ -139,7 +139,7 @@ async fn many_producers_each_get_their_own_stream() {
     for p in 0..3u64 {
         let cell = AsyncEgressCell::new(&cx, policy());
         let config = SenderConfig { producer: format!("producer-{p}"), ..sender_config(20 + p) };
-        let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), config);
+        let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), config).unwrap();
         for i in 0..1_000 {
             cell.enqueue(payload(i));
         }
@@ -169,7 +169,7 @@ async fn the_proxy_kills_on_demand_and_counts_what_it_killed() {
     assert_eq!(proxy.kills(), 0, "nothing to kill yet, nothing counted");
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(30));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(30)).unwrap();
     cell.enqueue(payload(0));
     receive_in_order(&mut receiver, 0, 1).await;
     drained(&cell, 1).await;

@@ -81,7 +81,7 @@ async fn acks_and_welcomes_beyond_what_was_sent_are_refused_and_lose_nothing() {
     for i in 0..50 {
         cell.enqueue(payload(i));
     }
-    let sender = Sender::spawn(cell.clone(), format!("ws://{liar_addr}"), sender_config(9));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{liar_addr}"), sender_config(9)).unwrap();
     receive_in_order(&mut real, 0, 50).await;
     drained(&cell, 50).await;
     let stats = sender.shutdown().await;
@@ -96,7 +96,7 @@ async fn a_restarted_producer_is_a_new_stream_readmitted_in_one_round_trip() {
     let cx = AsyncContext::new();
     // The first run of the producer, which had got to generation 25.
     let first = AsyncEgressCell::with_options(&cx, policy(), CellOptions::new().generation(Generation(25)));
-    let sender = Sender::spawn(first.clone(), url.clone(), sender_config(1));
+    let sender = Sender::spawn(first.clone(), url.clone(), sender_config(1)).unwrap();
     first.enqueue_all((0..1_000).map(payload));
     receive_in_order(&mut receiver, 0, 1_000).await;
     drained(&first, 1_000).await;
@@ -106,7 +106,7 @@ async fn a_restarted_producer_is_a_new_stream_readmitted_in_one_round_trip() {
     let second = AsyncEgressCell::new(&cx, policy());
     assert_ne!(second.incarnation(), first.incarnation());
     let started = tokio::time::Instant::now();
-    let sender = Sender::spawn(second.clone(), url, sender_config(2));
+    let sender = Sender::spawn(second.clone(), url, sender_config(2)).unwrap();
     second.enqueue_all((0..1_000).map(payload));
     for i in 0..1_000 {
         let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
@@ -128,7 +128,7 @@ async fn what_the_application_did_not_take_is_not_acknowledged_and_survives_shut
     let addr = first.local_addr();
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(3));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(3)).unwrap();
     cell.enqueue_all((0..100).map(payload));
     // The receiver holds a window's worth (the application took none)...
     let deadline = tokio::time::Instant::now() + LIMIT;
@@ -155,7 +155,7 @@ async fn explicit_commits_acknowledge_and_a_delivery_given_back_comes_again() {
     let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(4));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(4)).unwrap();
     cell.enqueue_all((0..10).map(payload));
     let mut taken = Vec::new();
     for i in 0..5 {
@@ -202,7 +202,7 @@ async fn a_handler_that_panics_gives_back_everything_it_held() {
     let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(11));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(11)).unwrap();
     cell.enqueue_all((0..10).map(payload));
     let first = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
     let second = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
@@ -253,7 +253,7 @@ async fn a_delivery_given_back_with_the_queue_full_wedges_no_other_producer() {
     }
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), url, sender_config(12));
+    let sender = Sender::spawn(cell.clone(), url, sender_config(12)).unwrap();
     cell.enqueue_all((0..20).map(payload));
     while receiver.next_for("producer-1") != Some(2) {
         assert!(tokio::time::Instant::now() < deadline);
@@ -327,7 +327,7 @@ async fn refusals_answered_at_once_back_off_when_nothing_gets_through() {
             backoff_max: Duration::from_secs(2),
             ..sender_config(13)
         };
-        let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config);
+        let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         let stats = sender.shutdown().await;
         let n = accepted.load(Ordering::SeqCst);
@@ -348,7 +348,7 @@ async fn a_stale_close_out_of_reach_does_not_use_up_the_generations() {
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
     cell.enqueue_all((0..10).map(payload));
-    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(14));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(14)).unwrap();
     let deadline = tokio::time::Instant::now() + LIMIT;
     while accepted.load(Ordering::SeqCst) < 3 {
         assert!(tokio::time::Instant::now() < deadline);
@@ -358,7 +358,7 @@ async fn a_stale_close_out_of_reach_does_not_use_up_the_generations() {
     assert!(stats.protocol_errors >= 2, "{stats:?}");
     assert!(cell.generation().get_untracked().get() < 100, "{:?}", cell.generation().get_untracked());
     let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(15));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(15)).unwrap();
     receive_in_order(&mut receiver, 0, 10).await;
     drained(&cell, 10).await;
     assert_eq!(sender.shutdown().await.protocol_errors, 0);
@@ -393,7 +393,7 @@ async fn an_ack_covering_a_held_record_that_was_never_sent_is_refused() {
     let hold = Policy::builder().dead_letters(egress_core::DeadLetters::Hold).retry_base(Delay(5)).build().unwrap();
     let cell = AsyncEgressCell::new(&cx, hold);
     cell.enqueue_all((0..10).map(|i| if i == 3 { Bytes::from(vec![b'x'; 100]) } else { payload(i) }));
-    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(16));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(16)).unwrap();
     let close = tokio::time::timeout(LIMIT, closed.recv()).await.unwrap().unwrap();
     assert_eq!(close.map(|(code, _)| code), Some(CloseCode::Protocol));
     let stats = sender.shutdown().await;
@@ -407,7 +407,7 @@ async fn a_record_above_the_receivers_limit_is_skipped_without_a_wedge() {
     let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(5));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(5)).unwrap();
     let big = Bytes::from(vec![b'x'; 2 << 20]);
     cell.enqueue_all((0..10).map(|i| if i == 3 { big.clone() } else { payload(i) }));
     for i in 0..10 {
@@ -470,7 +470,7 @@ async fn a_record_that_kills_its_connections_dies_of_replays_alone() {
     let policy = Policy::builder().inflight_limit(16).replay_limit(limit).retry_base(Delay(5)).build().unwrap();
     let cell = AsyncEgressCell::new(&cx, policy);
     let config = SenderConfig { backoff_max: Duration::from_millis(100), ..sender_config(6) };
-    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config);
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
     cell.enqueue_all((0..20).map(|i| if i == 5 { Bytes::from_static(b"POISON") } else { payload(i) }));
     for i in 0..20 {
         let (sequence, content) = tokio::time::timeout(LIMIT, delivered.recv()).await.unwrap().unwrap();
@@ -494,7 +494,7 @@ async fn a_slow_application_is_not_a_dead_receiver() {
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
     let config = SenderConfig { stall_timeout: Some(Duration::from_millis(300)), ..sender_config(7) };
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), config);
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), config).unwrap();
     cell.enqueue_all((0..500).map(payload));
     // The application reads nothing for five stall timeouts: the window
     // fills, nothing is acknowledged, and the connection stays up.
@@ -514,7 +514,7 @@ async fn clean_shutdowns_close_as_normal_and_count_as_nothing() {
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
     let url = format!("ws://{}", receiver.local_addr());
-    let sender = Sender::spawn(cell.clone(), url.clone(), sender_config(8));
+    let sender = Sender::spawn(cell.clone(), url.clone(), sender_config(8)).unwrap();
     cell.enqueue_all((0..10).map(payload));
     receive_in_order(&mut receiver, 0, 10).await;
     drained(&cell, 10).await;
@@ -522,7 +522,7 @@ async fn clean_shutdowns_close_as_normal_and_count_as_nothing() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!((receiver.stats().rejected, stats.protocol_errors), (0, 0));
     // The receiver shuts down under a connected sender: a normal close.
-    let sender = Sender::spawn(cell.clone(), url, sender_config(9));
+    let sender = Sender::spawn(cell.clone(), url, sender_config(9)).unwrap();
     cell.enqueue_all((10..20).map(payload));
     receive_in_order(&mut receiver, 10, 20).await;
     drained(&cell, 20).await;
@@ -559,7 +559,7 @@ async fn connections_that_die_after_their_welcome_do_not_reset_the_backoff() {
         backoff_max: Duration::from_secs(2),
         ..sender_config(10)
     };
-    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config);
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let stats = sender.shutdown().await;
     let n = accepted.load(Ordering::SeqCst);
@@ -578,7 +578,7 @@ async fn a_delivery_given_back_is_covered_by_no_commit_but_its_own() {
     let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(17));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(17)).unwrap();
     cell.enqueue_all((0..5).map(payload));
     recv(&mut receiver).await.commit();
     let one = recv(&mut receiver).await;
@@ -618,7 +618,7 @@ async fn a_squatter_cannot_lock_a_producer_id_out() {
     }
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), url, sender_config(18));
+    let sender = Sender::spawn(cell.clone(), url, sender_config(18)).unwrap();
     cell.enqueue_all((0..10).map(payload));
     receive_in_order(&mut receiver, 0, 10).await;
     drained(&cell, 10).await;

@@ -63,7 +63,7 @@ async fn hostile_input_closes_that_connection_and_nothing_else() {
     // A well-behaved producer still gets everything through.
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(8));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(8)).unwrap();
     for i in 0..100 {
         cell.enqueue(payload(i));
     }
@@ -108,4 +108,27 @@ async fn a_stale_generation_is_refused_with_the_latest_and_a_newer_one_fences_th
     assert_eq!(receiver.recv().await.sequence, 1);
     let stats = receiver.stats();
     assert_eq!((stats.duplicates, stats.fenced, stats.rejected), (1, 1, 1));
+}
+
+#[tokio::test]
+async fn a_url_no_retry_could_reach_is_refused_at_spawn() {
+    use egress_ws::SpawnError;
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, egress_core::Policy::default());
+    let spawn = |url: &str| Sender::spawn(cell.clone(), url, egress_ws::SenderConfig::new("p")).map(drop);
+    for (url, why) in [
+        ("127.0.0.1:9000", "no scheme"),
+        ("http://127.0.0.1:9000", "another scheme"),
+        ("ws://", "no host"),
+        ("ws://127.0.0.1:notaport", "a port that is no number"),
+        ("ws://127.0.0.1:70000", "a port above 65535"),
+        ("ws://[::1]:x/", "an IPv6 host with a port that is no number"),
+        ("not a url at all", "unparsable"),
+    ] {
+        assert!(matches!(spawn(url), Err(SpawnError::InvalidUrl { .. })), "{url:?} ({why}) is refused");
+    }
+    assert_eq!(spawn("wss://example.invalid"), Err(SpawnError::TlsUnsupported { url: "wss://example.invalid".into() }));
+    for url in ["ws://127.0.0.1:9", "ws://localhost/stream", "ws://[::1]:9000/x?y=1"] {
+        assert_eq!(spawn(url), Ok(()), "{url:?} is a ws:// URL");
+    }
 }

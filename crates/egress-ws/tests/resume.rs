@@ -65,7 +65,7 @@ async fn a_restarted_receiver_hands_over_nothing_its_application_recorded() {
     let cx = AsyncContext::new();
     let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::new(&cx, policy());
     cell.enqueue_all((0..20).map(payload));
-    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(7));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(7)).unwrap();
     assert_eq!(apply(&mut first, &record, 12).await, (0..12).collect::<Vec<_>>());
     // The receiver goes before the producer heard of what was applied.
     first.shutdown().await;
@@ -85,7 +85,7 @@ async fn a_record_that_cannot_be_read_refuses_the_handshake_and_the_producer_com
     let cx = AsyncContext::new();
     let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::new(&cx, policy());
     cell.enqueue_all((0..5).map(payload));
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(7));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(7)).unwrap();
     assert_eq!(apply(&mut receiver, &record, 5).await, (0..5).collect::<Vec<_>>());
     let stats = sender.shutdown().await;
     assert_eq!(record.lookups.load(Ordering::SeqCst), 3);

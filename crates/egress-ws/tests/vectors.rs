@@ -170,7 +170,8 @@ async fn run_sender_case(case: &Value) {
         backoff_max: Duration::from_millis(20),
         ..SenderConfig::new("p")
     };
-    let mut sender = Some(Sender::spawn(cell.clone(), format!("ws://{}", listener.local_addr().unwrap()), config));
+    let mut sender =
+        Some(Sender::spawn(cell.clone(), format!("ws://{}", listener.local_addr().unwrap()), config).unwrap());
     let mut conns = HashMap::new();
     for step in case["steps"].as_array().unwrap() {
         let conn = |k: &str| step.get(k).and_then(Value::as_u64);
