@@ -5,7 +5,15 @@
 //! machine, [`egress_core`], at the root, and the reactive graph,
 //! [`egress_reactive`], as [`reactive`] (its main types also at the root,
 //! with the egress cells: [`EgressCell`], [`ThreadSafeEgressCell`],
-//! [`AsyncEgressCell`]). The WebSocket transport joins them as it lands.
+//! [`AsyncEgressCell`]).
+//!
+//! Features (none by default):
+//!
+//! - `ws`: the WebSocket transport (`Sender`), the reference receiver and
+//!   the wire protocol, as `egress::ws` ([egress-ws](https://docs.rs/egress-ws)).
+//! - `store`: durable egress on SQLite (a transactional outbox, its relay,
+//!   restart recovery), as `egress::store`
+//!   ([egress-store](https://docs.rs/egress-store); needs Rust 1.89).
 //!
 //! ```
 //! use egress::{EgressCore, Policy};
@@ -21,6 +29,19 @@ pub use egress_core::*;
 /// The reactive graph in three flavours: see [`egress_reactive`].
 pub mod reactive {
     pub use egress_reactive::*;
+}
+
+/// The WebSocket transport, reference receiver and wire protocol (feature
+/// `ws`): see `egress_ws`.
+#[cfg(feature = "ws")]
+pub mod ws {
+    pub use egress_ws::*;
+}
+
+/// Durable egress on SQLite (feature `store`): see `egress_store`.
+#[cfg(feature = "store")]
+pub mod store {
+    pub use egress_store::*;
 }
 
 pub use egress_reactive::{

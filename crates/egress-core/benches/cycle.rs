@@ -45,7 +45,7 @@ impl CoreLoop {
             self.last = envelope.sequence;
             self.claimed += 1;
         }
-        if self.claimed % ACK_EVERY == 0 {
+        if self.claimed.is_multiple_of(ACK_EVERY) {
             let _ = black_box(self.core.ack(g, self.last));
         }
     }
@@ -90,7 +90,7 @@ impl DequeLoop {
             self.inflight.push_back(rec);
             self.claimed += 1;
         }
-        if self.claimed % ACK_EVERY == 0 {
+        if self.claimed.is_multiple_of(ACK_EVERY) {
             while self.inflight.front().is_some_and(|r| r.sequence <= self.last) {
                 black_box(self.inflight.pop_front());
             }

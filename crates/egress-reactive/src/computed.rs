@@ -403,10 +403,8 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
             }
             !g.batching()
         };
-        if top_level {
-            if let Err(e) = run::settle_and_flush(cell) {
-                panic!("{e}");
-            }
+        if top_level && let Err(e) = run::settle_and_flush(cell) {
+            panic!("{e}");
         }
         Ok(())
     }

@@ -83,7 +83,7 @@ pub trait NodeObj {
     fn run(&self, entered: &Entered) -> bool;
     /// Signal: the batch that wrote it ends; drop the value it replaced and
     /// return whether the current value differs from it. `aux` is the
-    /// node's [`Node::aux`].
+    /// node's auxiliary word (for a signal, where its value lives).
     /// `eq` is the signal's own equality, if it has one (an `F::EqFn<T>`).
     fn settle(&self, _entered: &Entered, _aux: u32, _eq: Option<&dyn std::any::Any>) -> bool {
         true

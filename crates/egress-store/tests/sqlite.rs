@@ -190,6 +190,24 @@ fn a_commit_syncs_fully_when_it_appends_and_normally_when_it_only_acknowledges()
 }
 
 #[test]
+fn changed_sees_other_connections_commits_and_not_its_own() {
+    let dir = TempDir::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    assert!(store.changed().unwrap(), "true the first time");
+    assert!(!store.changed().unwrap(), "nothing since");
+    let mut core = EgressCore::restore(Policy::default(), store.load("s").unwrap().restored).unwrap();
+    let _ = core.enqueue(Bytes::from_static(b"own"));
+    flush(&mut core, &mut store, "s");
+    assert!(!store.changed().unwrap(), "its own commits do not count");
+    let mut app = rusqlite::Connection::open(dir.db()).unwrap();
+    let tx = app.transaction().unwrap();
+    Outbox::new("s").append(&tx, b"theirs").unwrap();
+    tx.commit().unwrap();
+    assert!(store.changed().unwrap(), "another connection committed");
+    assert!(!store.changed().unwrap(), "and only once");
+}
+
+#[test]
 fn incarnations_are_random_in_all_128_bits() {
     // Two halves from independent draws: a stream's incarnation and an
     // owner token must not repeat across processes, so neither half may be

@@ -27,7 +27,7 @@ fn vectors() -> Value {
 }
 
 fn hex(s: &str) -> Bytes {
-    assert!(s.len() % 2 == 0, "odd hex {s}");
+    assert!(s.len().is_multiple_of(2), "odd hex {s}");
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect::<Vec<u8>>().into()
 }
 
