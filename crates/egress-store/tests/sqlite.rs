@@ -208,6 +208,20 @@ fn changed_sees_other_connections_commits_and_not_its_own() {
 }
 
 #[test]
+fn a_checkpoint_empties_the_wal_and_an_outbox_names_its_stream() {
+    let dir = TempDir::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let mut core = EgressCore::restore(Policy::default(), store.load("s").unwrap().restored).unwrap();
+    let _ = core.enqueue_all((0..50).map(|i| Bytes::from(format!("m{i}"))));
+    flush(&mut core, &mut store, "s");
+    let wal = std::path::PathBuf::from(format!("{}-wal", dir.db().display()));
+    assert!(std::fs::metadata(&wal).unwrap().len() > 0, "the commits went to the WAL");
+    store.checkpoint().unwrap();
+    assert_eq!(std::fs::metadata(&wal).unwrap().len(), 0, "checkpointed into the database and truncated");
+    assert_eq!(Outbox::new("orders").stream(), "orders");
+}
+
+#[test]
 fn incarnations_are_random_in_all_128_bits() {
     // Two halves from independent draws: a stream's incarnation and an
     // owner token must not repeat across processes, so neither half may be
