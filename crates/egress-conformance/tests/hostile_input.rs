@@ -64,7 +64,11 @@ fn mutate(value: &mut Value, path: &[usize], replacement: Value) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+    // PROPTEST_CASES lowers the count for a quick run (cargo-mutants).
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(2_000),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn mutated_fixtures_are_refused_or_run(

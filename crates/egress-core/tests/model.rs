@@ -719,7 +719,11 @@ fn check_invariants(core: &EgressCore<u32>, before: &EgressCore<u32>) -> Result<
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
+    // PROPTEST_CASES lowers the count for a quick run (cargo-mutants).
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(10_000),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn core_matches_the_reference_model(params in policy(), start in 0u64..3, ops in prop::collection::vec(op(), 1..60)) {
