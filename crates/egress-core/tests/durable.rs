@@ -494,6 +494,19 @@ fn restore_refuses_a_store_that_breaks_its_rules() {
             Err(RestoreError::SequenceSpace { next_sequence: Sequence(next) })
         );
     }
+    // What the restore found, as a UI shows it after a restart.
+    let tomb = |s: u64, held: bool| RestoredRecord {
+        sequence: Sequence(s),
+        payload: (),
+        dead: Some(DeadMark { reason: egress_core::DeadReason::Retries, held }),
+    };
+    let records = vec![rec(5), tomb(6, false), tomb(7, false), tomb(8, true)];
+    let found = EgressCore::restore(Policy::default(), snap(Some(4), 9, records)).unwrap().recovered().unwrap();
+    assert_eq!(
+        (found.generation, found.next_sequence, found.acked_through, found.pending, found.tombstones, found.held),
+        (Generation(3), Sequence(9), Some(Sequence(4)), 3, 2, 1)
+    );
+    assert_eq!(EgressCore::<()>::new(Policy::default()).recovered(), None, "nothing restored");
     let core = EgressCore::restore(Policy::default(), snap(Some(4), 7, vec![rec(5), rec(6)])).unwrap();
     assert_eq!(
         (core.sent_through(), core.acked_through(), core.pending_len()),

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! The core's readers and change sets as a shell uses them: the window's
 //! room through a claim, an ack, and isolation; what `enqueue_all` reports;
 //! the `Changes` set's operations and its `Debug` form.
