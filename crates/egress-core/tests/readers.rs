@@ -52,3 +52,16 @@ fn changes_unite_collect_and_print_as_sets() {
     assert_eq!(format!("{a:?}"), "{Pending, Inflight}");
     assert_eq!(format!("{:?}", Changes::NONE), "{}");
 }
+
+#[test]
+fn a_tombstone_says_so_and_a_live_record_does_not() {
+    use egress_core::{DeadLetters, FailureKind, JitterSample, Time};
+    let policy = Policy::builder().retry_budget(0).dead_letters(DeadLetters::Skip).build().unwrap();
+    let mut core: EgressCore<&str> = EgressCore::new(policy);
+    let _ = core.enqueue_all(["a", "b"]);
+    let g = core.generation();
+    let _ = core.claim(g);
+    let _ = core.fail(g, Sequence(0), FailureKind::Transient, Time(0), JitterSample::ZERO);
+    let tombstones: Vec<(u64, bool)> = core.pending().map(|e| (e.sequence.0, e.is_tombstone())).collect();
+    assert_eq!(tombstones, [(0, true), (1, false)]);
+}
