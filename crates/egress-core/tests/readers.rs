@@ -65,3 +65,24 @@ fn a_tombstone_says_so_and_a_live_record_does_not() {
     let tombstones: Vec<(u64, bool)> = core.pending().map(|e| (e.sequence.0, e.is_tombstone())).collect();
     assert_eq!(tombstones, [(0, true), (1, false)]);
 }
+
+#[test]
+fn pending_knows_its_length_across_fresh_and_returned_records() {
+    use egress_core::{FailureKind, JitterSample, Time};
+    let mut core: EgressCore<&str> = EgressCore::new(Policy::default());
+    let _ = core.enqueue_all(["a", "b", "c"]);
+    let g = core.generation();
+    let _ = core.claim(g);
+    let _ = core.fail(g, Sequence(0), FailureKind::Permanent, Time(0), JitterSample::ZERO);
+    // Sequence 0 came back (as a tombstone); 1 and 2 were never sent.
+    let pending = core.pending();
+    assert_eq!((pending.size_hint(), pending.len()), ((3, Some(3)), 3));
+    assert_eq!(core.pending().map(|e| e.sequence.0).collect::<Vec<_>>(), [0, 1, 2]);
+}
+
+#[test]
+fn dead_reasons_read_as_words() {
+    use egress_core::DeadReason;
+    let words: Vec<String> = DeadReason::ALL.iter().map(ToString::to_string).collect();
+    assert_eq!(words, ["refused permanently", "retry budget spent", "replay limit reached"]);
+}
