@@ -118,4 +118,19 @@ mod tests {
         assert!(w.sorted, "a single record is sorted again");
         assert!(!w.remove_through(Sequence(4)));
     }
+
+    #[test]
+    fn an_ack_that_leaves_records_out_of_order_keeps_them_marked_so() {
+        // 6 is retried after 7 went out: claim order [5, 7, 6].
+        let mut w = Window::default();
+        for s in [5, 7, 6] {
+            let _ = w.push(rec(s));
+        }
+        assert!(w.remove_through(Sequence(5)));
+        assert_eq!(order(&w), [7, 6]);
+        assert!(!w.sorted, "7 before 6 is not sorted");
+        // A later ack must find 6 behind 7 (a binary search would not).
+        assert!(w.remove_through(Sequence(6)));
+        assert_eq!(order(&w), [7]);
+    }
 }
