@@ -185,6 +185,23 @@ Proof.
   repeat split; try assumption.
 Qed.
 
+Lemma all_held_agree :
+  forall (P Q : record -> Prop) st, (forall r, In (seq r) (held st) -> P r -> Q r) -> all_held P st -> all_held Q st.
+Proof.
+  intros P Q st A [Hp [Hi [Hk He]]]. unfold all_held, held in *.
+  repeat split; rewrite Forall_forall in *; intros x Hx; apply A.
+  - apply in_or_app. left. apply in_map. exact Hx.
+  - apply Hp. exact Hx.
+  - apply in_or_app. right. apply in_or_app. left. apply in_map. exact Hx.
+  - apply Hi. exact Hx.
+  - apply in_or_app. right. apply in_or_app. right. apply in_or_app. left.
+    apply (in_map (fun p => seq (prec p))). exact Hx.
+  - apply Hk. exact Hx.
+  - apply in_or_app. right. apply in_or_app. right. apply in_or_app. right.
+    apply (in_map (fun e => seq (snd e))). exact Hx.
+  - apply He. exact Hx.
+Qed.
+
 Lemma attached_step :
   forall pol st o f, Inv pol st -> all_held (attached f) st -> all_held (attached (assign f st o)) (st_of (step pol st o)).
 Proof.
@@ -195,22 +212,10 @@ Proof.
   apply all_held_step; [apply attached_kept | | intros g' r rest E; discriminate | ].
   - intros q E. injection E as <-. unfold attached. simpl. rewrite N.eqb_refl. reflexivity.
   - (* Every record held lies below [next], so the new assignment agrees on it. *)
-    pose proof (held_below_next st (inv_conservation _ _ I)) as B.
-    destruct H as [Hp [Hi [Hk He]]].
-    assert (Agree : forall r, In (seq r) (held st) -> attached f r -> attached (fun s => if s =? next st then p else f s) r).
-    { intros r Hin A. unfold attached in *. destruct (B _ Hin) as [Lt _].
-      replace (seq r =? next st) with false by (symmetry; apply N.eqb_neq; lia). exact A. }
-    unfold all_held, held in *. repeat split; rewrite Forall_forall in *; intros x Hx; apply Agree.
-    + apply in_or_app. left. apply in_map. exact Hx.
-    + apply Hp. exact Hx.
-    + apply in_or_app. right. apply in_or_app. left. apply in_map. exact Hx.
-    + apply Hi. exact Hx.
-    + apply in_or_app. right. apply in_or_app. right. apply in_or_app. left.
-      apply (in_map (fun p => seq (prec p))). exact Hx.
-    + apply Hk. exact Hx.
-    + apply in_or_app. right. apply in_or_app. right. apply in_or_app. right.
-      apply (in_map (fun e => seq (snd e))). exact Hx.
-    + apply He. exact Hx.
+    apply (all_held_agree (attached f)); [| exact H].
+    intros r Hin A. unfold attached in *.
+    destruct (held_below_next st (inv_conservation _ _ I) _ Hin) as [Lt _].
+    replace (seq r =? next st) with false by (symmetry; apply N.eqb_neq; lia). exact A.
 Qed.
 
 (** 15. Run any operations from [init]: every record held at the end
@@ -258,22 +263,7 @@ Proof.
   repeat split; try (intros; exact H). destruct (resend r); exact H.
 Qed.
 
-Lemma all_held_agree :
-  forall (P Q : record -> Prop) st, (forall r, In (seq r) (held st) -> P r -> Q r) -> all_held P st -> all_held Q st.
-Proof.
-  intros P Q st A [Hp [Hi [Hk He]]]. unfold all_held, held in *.
-  repeat split; rewrite Forall_forall in *; intros x Hx; apply A.
-  - apply in_or_app. left. apply in_map. exact Hx.
-  - apply Hp. exact Hx.
-  - apply in_or_app. right. apply in_or_app. left. apply in_map. exact Hx.
-  - apply Hi. exact Hx.
-  - apply in_or_app. right. apply in_or_app. right. apply in_or_app. left.
-    apply (in_map (fun p => seq (prec p))). exact Hx.
-  - apply Hk. exact Hx.
-  - apply in_or_app. right. apply in_or_app. right. apply in_or_app. right.
-    apply (in_map (fun e => seq (snd e))). exact Hx.
-  - apply He. exact Hx.
-Qed.
+
 
 (** In a reachable state the head of pending is the only record with its
     sequence. *)
