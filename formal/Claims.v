@@ -160,21 +160,48 @@ Definition assign (f : N -> nat) (st : state) (o : op) : N -> nat :=
   | _ => f
   end.
 
-(** The state and the assignment after running [ops] from [st]. *)
-Fixpoint exec (pol : policy) (st : state) (f : N -> nat) (ops : list op) : state * (N -> nat) :=
+(** The state after running [ops] from [st], with a ghost [a] updated by
+    [upd] at each step. *)
+Fixpoint run_with {A} (upd : A -> state -> op -> A) (pol : policy) (st : state) (a : A) (ops : list op)
+    : state * A :=
   match ops with
-  | [] => (st, f)
-  | o :: os => exec pol (st_of (step pol st o)) (assign f st o) os
+  | [] => (st, a)
+  | o :: os => run_with upd pol (st_of (step pol st o)) (upd a st o) os
   end.
+
+(** A property of the state and the ghost that every step keeps from a
+    reachable state holds after any run from [init]. *)
+Lemma run_with_keeps :
+  forall A (upd : A -> state -> op -> A) (P : A -> state -> Prop) pol,
+  (forall st o a, reachable pol st -> P a st -> P (upd a st o) (st_of (step pol st o))) ->
+  forall ops st a, reachable pol st -> P a st -> let (st', a') := run_with upd pol st a ops in P a' st'.
+Proof.
+  intros A upd P pol K ops. induction ops as [| o os IH]; intros st a R H; simpl; [exact H |].
+  apply IH; [apply reach_step; exact R | apply K; assumption].
+Qed.
+
+(** The state and the assignment after running [ops] from [st]. *)
+Definition exec (pol : policy) (st : state) (f : N -> nat) (ops : list op) : state * (N -> nat) :=
+  run_with assign pol st f ops.
 
 Definition attached (f : N -> nat) (r : record) : Prop := payload r = f (seq r).
 
-Lemma attached_kept : forall f, kept_by_transforms (attached f).
+(** What happens to a record, a claim aside, keeps its sequence, its
+    attempt count and its payload; so it keeps any property of those. *)
+Lemma kept_by_stamps :
+  forall P : record -> Prop,
+  (forall r r', seq r' = seq r -> att r' = att r -> payload r' = payload r -> P r -> P r') ->
+  kept_by_transforms P.
 Proof.
-  intros f r H. unfold attached in *.
-  unfold failed, replayed, refunded, fresh, entomb; cbn [payload seq].
-  repeat split; try (intros; exact H). destruct (resend r); exact H.
+  intros P S r H.
+  assert (K : forall r', seq r' = seq r -> att r' = att r -> payload r' = payload r -> P r')
+    by (intros r' A B C; exact (S r r' A B C H)).
+  unfold failed, replayed, refunded, fresh, entomb.
+  repeat split; intros; try (apply K; reflexivity). destruct (resend r); apply K; reflexivity.
 Qed.
+
+Lemma attached_kept : forall f, kept_by_transforms (attached f).
+Proof. intro f. apply kept_by_stamps. unfold attached. intros r r' -> _ -> H. exact H. Qed.
 
 Lemma attached_claim :
   forall f st r rest, all_held (attached f) st -> pending st = r :: rest ->
@@ -223,12 +250,10 @@ Qed.
 Theorem payloads_attached :
   forall pol g f0 ops, let (st, f) := exec pol (init g) f0 ops in all_held (attached f) st.
 Proof.
-  intros pol g f0 ops.
-  assert (Gen : forall st f, reachable pol st -> all_held (attached f) st ->
-                let (st', f') := exec pol st f ops in all_held (attached f') st').
-  { induction ops as [| o os IH]; intros st f R H; simpl; [exact H |].
-    apply IH; [apply reach_step; exact R |]. apply attached_step; [apply invariants_hold; exact R | exact H]. }
-  apply Gen; [apply reach_init |]. unfold all_held; simpl. repeat split; constructor.
+  intros pol g f0 ops. apply (run_with_keeps _ assign (fun f st => all_held (attached f) st)).
+  - intros st o f R H. apply attached_step; [apply invariants_hold; exact R | exact H].
+  - apply reach_init.
+  - unfold all_held; simpl. repeat split; constructor.
 Qed.
 
 (** ** 15 (attempts). A record's attempt count is what the last claim of
@@ -250,18 +275,11 @@ Definition assign_att (fa : N -> N) (pol : policy) (st : state) (o : op) : N -> 
   | _ => fa
   end.
 
-Fixpoint exec_att (pol : policy) (st : state) (fa : N -> N) (ops : list op) : state * (N -> N) :=
-  match ops with
-  | [] => (st, fa)
-  | o :: os => exec_att pol (st_of (step pol st o)) (assign_att fa pol st o) os
-  end.
+Definition exec_att (pol : policy) (st : state) (fa : N -> N) (ops : list op) : state * (N -> N) :=
+  run_with (fun fa st o => assign_att fa pol st o) pol st fa ops.
 
 Lemma attempt_kept : forall fa, kept_by_transforms (attempt_of fa).
-Proof.
-  intros fa r H. unfold attempt_of in *.
-  unfold failed, replayed, refunded, fresh, entomb; cbn [att seq].
-  repeat split; try (intros; exact H). destruct (resend r); exact H.
-Qed.
+Proof. intro fa. apply kept_by_stamps. unfold attempt_of. intros r r' -> -> _ H. exact H. Qed.
 
 
 
@@ -338,9 +356,8 @@ Theorem attempts_attached :
   forall pol g fa0 ops, let (st, fa) := exec_att pol (init g) fa0 ops in all_held (attempt_of fa) st.
 Proof.
   intros pol g fa0 ops.
-  assert (Gen : forall st fa, reachable pol st -> all_held (attempt_of fa) st ->
-                let (st', fa') := exec_att pol st fa ops in all_held (attempt_of fa') st').
-  { induction ops as [| o os IH]; intros st fa R H; simpl; [exact H |].
-    apply IH; [apply reach_step; exact R |]. apply attempt_step; assumption. }
-  apply Gen; [apply reach_init |]. unfold all_held; simpl. repeat split; constructor.
+  apply (run_with_keeps _ (fun fa st o => assign_att fa pol st o) (fun fa st => all_held (attempt_of fa) st)).
+  - intros st o fa R H. apply attempt_step; assumption.
+  - apply reach_init.
+  - unfold all_held; simpl. repeat split; constructor.
 Qed.
