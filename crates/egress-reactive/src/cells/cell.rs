@@ -161,17 +161,21 @@ pub struct Inner<T: 'static, F: Flavor> {
     pub(crate) handle: Handle<F>,
     state: F::Ptr<F::Cell<State<T>>>,
     /// One trigger per [`Projection`], in declaration order.
-    triggers: [Key; 10],
+    triggers: [Key; TRIGGERS],
     /// Notified when a transition not made by an attachment makes a claim
     /// possible: what attachments track.
     pub(crate) wake: Key,
     /// The count readers, pushed computeds kept up to date eagerly (O(1)
     /// per transition), in the order of [`COUNTED`].
-    counts: [Computed<usize, F>; 6],
+    counts: [Computed<usize, F>; COUNTS],
     clock: Arc<dyn Clock>,
 }
 
 /// The order of [`Inner::counts`], and how each is counted.
+/// How many triggers a cell has: one per projection.
+const TRIGGERS: usize = Projection::ALL.len();
+/// How many count readers a cell has.
+const COUNTS: usize = 6;
 const PENDING_LEN: usize = 0;
 const INFLIGHT_LEN: usize = 1;
 const WINDOW_ROOM: usize = 2;
@@ -183,7 +187,7 @@ const UNPERSISTED_LEN: usize = 5;
 /// is recounted when a transition changes one of them. The window's room
 /// follows what moves its end (the watermark), what fills it (claims), and
 /// isolation (claims, failures, receipts, reconnects).
-const COUNTED: [Changes; 6] = [
+const COUNTED: [Changes; COUNTS] = [
     Changes::NONE.with(Projection::Pending),
     Changes::NONE.with(Projection::Inflight),
     Changes::NONE
@@ -224,13 +228,13 @@ impl<T: 'static, F: Flavor> Clone for Inner<T, F> {
 /// The keys one transition notifies: at most one per trigger, one per
 /// count, and the wake trigger.
 struct Keys {
-    keys: [Key; 17],
+    keys: [Key; TRIGGERS + COUNTS + 1],
     n: usize,
 }
 
 impl Keys {
     fn new(filler: Key) -> Self {
-        Keys { keys: [filler; 17], n: 0 }
+        Keys { keys: [filler; TRIGGERS + COUNTS + 1], n: 0 }
     }
 
     #[inline]
