@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p egress-demo                      # receiver + sender in one process, with chaos
-//! cargo run --release -p egress-demo -- --messages 1000000 --seed 7 --summary-json out.json
+//! cargo run --release -p egress-demo -- --messages 1000000 --max-rate --seed 7 --summary-json out.json
 //! cargo run --release -p egress-demo -- restarts          # sender and receiver processes killed and restarted
 //! cargo run --release -p egress-demo -- --durable         # the same, both sides on SQLite: exactly once across their crashes
 //! cargo run --release -p egress-demo -- receive --listen 127.0.0.1:9000
@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use egress_core::{Delay, Policy};
 use egress_reactive::{AsyncContext, AsyncEgressCell, Effect, Threaded};
-use egress_ws::{AckMode, Chaos, ChaosProxy, Content, Receiver, ReceiverConfig, Sender, SenderConfig};
+use egress_ws::{AckMode, ChaosProxy, Content, Receiver, ReceiverConfig, Sender, SenderConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
@@ -35,50 +36,182 @@ macro_rules! say {
     }};
 }
 
-const HELP: &str = "\
-egress-demo: an egress cell over WebSocket, through killed connections
+/// egress-demo: an egress cell over WebSocket, through killed connections.
+///
+/// Without a subcommand: a receiver and a sender in one process, the sender
+/// connected through a proxy that kills its connection at seeded points of
+/// the run, paced so a person can watch; the summary says whether every
+/// message was delivered exactly once and in order.
+#[derive(Debug, Parser)]
+#[command(
+    name = "egress-demo",
+    version,
+    about,
+    long_about,
+    args_conflicts_with_subcommands = true,
+    max_term_width = 100
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    together: Together,
+}
 
-USAGE:
-  egress-demo [--messages N] [--chaos | --no-chaos] [--chaos-ms MS] [--seed S] [--summary-json PATH]
-      receiver and sender in one process (the default: 100000 messages, chaos on)
-  egress-demo restarts [--messages N] [--kills K] [--kill-ms MS] [--kill WHO] [--db PATH] [--seed S] [--summary-json PATH]
-      a receiver process and a sender process, killed in turn (SIGKILL) and
-      restarted at random moments, K kills in all (default 100000 messages,
-      6 kills about every 300 ms); says what held
-  egress-demo --durable [--db PATH] [restarts options]
-      restarts with both sides on SQLite (--db, default a new file in the
-      temporary directory; the receiver's is PATH.receiver): every sender
-      run continues one stream, every receiver run resumes from its
-      application's record, and the application's table is checked to hold
-      each message exactly once and in order across every kill
-  egress-demo receive --listen ADDR [--messages N] [--print [--db PATH]]
-      the receiving half: prints what arrived once N messages are in (and
-      keeps acknowledging for a second after the last); with --print, prints
-      each delivery as a line and commits it once the line is out, forever;
-      with --db, first writes it to its table with the receiver's record
-  egress-demo send --url ws://ADDR [--messages N] [--db PATH] [--seed S] [--summary-json PATH]
-      the sending half (without --db a new incarnation each run: it starts
-      over from 0; with --db it continues the stored stream where it stopped)
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// A receiver process and a sender process, killed in turn (SIGKILL) and
+    /// restarted at random moments; says what held.
+    ///
+    /// Without a store a restarted sender is a new incarnation that starts
+    /// over from sequence 0 and a restarted receiver resumes each stream
+    /// where its producer says; with --durable (or --db) both sides keep
+    /// their state in SQLite and the application's table is checked to
+    /// hold each message exactly once and in order across every kill.
+    Restarts(RestartsArgs),
+    /// The receiving half: prints what arrived once --messages are in (and
+    /// keeps acknowledging for a second after the last).
+    Receive(ReceiveArgs),
+    /// The sending half: without --db a new incarnation each run (it starts
+    /// over from 0); with --db it continues the stored stream where it
+    /// stopped.
+    Send(SendArgs),
+}
 
-  --messages N      how many messages (default 100000)
-  --chaos           kill connections at random moments (default in one process)
-  --no-chaos        do not
-  --chaos-ms MS     the mean time between kills (default 25)
-  --seed S          seeds the chaos, the backoff jitter and the cell's jitter (default 1)
-  --summary-json P  also write the summary as JSON to P
-  --kills K         restarts: how many process kills (default 6)
-  --kill-ms MS      restarts: the mean time between kills (default 300)
-  --kill WHO        restarts: sender, receiver or both (default both)
-  --db PATH         the SQLite database (restarts starts it afresh)
-";
+/// What every run takes.
+#[derive(Debug, Args)]
+struct Common {
+    /// How many messages.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    messages: u64,
+    /// Seeds the kill schedule, the backoff jitter and the cell's jitter: a
+    /// run with the same seed kills at the same points.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also write the summary as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    summary_json: Option<String>,
+}
 
+/// How fast messages are enqueued.
+#[derive(Debug, Args)]
+struct Pace {
+    /// Enqueue at most this many messages per second (a pace a person can
+    /// watch).
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    rate: u64,
+    /// Enqueue as fast as the cell takes them (for benchmarking): no pace.
+    #[arg(long, conflicts_with = "rate")]
+    max_rate: bool,
+}
+
+impl Pace {
+    fn per_second(&self) -> Option<u64> {
+        (!self.max_rate).then_some(self.rate)
+    }
+}
+
+/// The process kills of `restarts` (and `--durable`).
+#[derive(Debug, Args)]
+struct Kills {
+    /// How many process kills.
+    #[arg(long, default_value_t = 6)]
+    kills: u64,
+    /// The mean time between process kills, in milliseconds.
+    #[arg(long, default_value_t = 300)]
+    kill_ms: u64,
+    /// Which process to kill.
+    #[arg(long, value_enum, default_value_t = Who::Both)]
+    kill: Who,
+    /// The sender's SQLite database (the receiver's is PATH.receiver);
+    /// started afresh.
+    #[arg(long, value_name = "PATH")]
+    db: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Who {
+    Sender,
+    Receiver,
+    Both,
+}
+
+/// The one-process run (no subcommand).
+#[derive(Debug, Args)]
+struct Together {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    pace: Pace,
+    /// Do not kill connections.
+    #[arg(long)]
+    no_chaos: bool,
+    /// Kill the connection after this many messages on average (the points
+    /// are drawn from --seed).
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+    kill_every: u64,
+    /// Run `restarts` with both sides on SQLite instead (--db, default a new
+    /// file in the temporary directory).
+    #[arg(long)]
+    durable: bool,
+    #[command(flatten, next_help_heading = "With --durable")]
+    kills: Kills,
+}
+
+#[derive(Debug, Args)]
+struct RestartsArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    pace: Pace,
+    /// Both sides on SQLite (--db, default a new file in the temporary
+    /// directory).
+    #[arg(long)]
+    durable: bool,
+    #[command(flatten)]
+    kills: Kills,
+}
+
+#[derive(Debug, Args)]
+struct ReceiveArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The address to listen on (port 0: any free port).
+    #[arg(long, value_name = "ADDR")]
+    listen: SocketAddr,
+    /// Print each delivery as a line and commit it once the line is out,
+    /// forever (instead of stopping after --messages).
+    #[arg(long)]
+    print: bool,
+    /// With --print: first write each delivery to this SQLite database's
+    /// table, with the receiver's record, and resume from it.
+    #[arg(long, value_name = "PATH", requires = "print")]
+    db: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct SendArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    pace: Pace,
+    /// The receiver's URL.
+    #[arg(long, value_name = "ws://ADDR")]
+    url: String,
+    /// Keep the stream in this SQLite database and continue it.
+    #[arg(long, value_name = "PATH")]
+    db: Option<String>,
+}
+
+/// What a run needs, from whichever command line.
 pub(crate) struct Options {
     messages: u64,
-    chaos: bool,
-    chaos_ms: u64,
     seed: u64,
     summary_json: Option<String>,
-    listen: Option<String>,
+    rate: Option<u64>,
+    chaos: bool,
+    kill_every: u64,
+    listen: Option<SocketAddr>,
     url: Option<String>,
     print: bool,
     kills: u64,
@@ -89,74 +222,58 @@ pub(crate) struct Options {
     kill_receiver: bool,
 }
 
-fn parse(args: &[String]) -> anyhow::Result<Options> {
-    let mut o = Options {
-        messages: 100_000,
-        chaos: true,
-        chaos_ms: 25,
-        seed: 1,
-        summary_json: None,
-        listen: None,
-        url: None,
-        print: false,
-        kills: 6,
-        kill_ms: 300,
-        db: None,
-        durable: false,
-        kill_sender: true,
-        kill_receiver: true,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--messages" => o.messages = value()?.parse().context("--messages takes a number")?,
-            "--chaos" => o.chaos = true,
-            "--no-chaos" => o.chaos = false,
-            "--chaos-ms" => o.chaos_ms = value()?.parse().context("--chaos-ms takes a number")?,
-            "--seed" => o.seed = value()?.parse().context("--seed takes a number")?,
-            "--summary-json" => o.summary_json = Some(value()?.clone()),
-            "--listen" => o.listen = Some(value()?.clone()),
-            "--url" => o.url = Some(value()?.clone()),
-            "--print" => o.print = true,
-            "--kills" => o.kills = value()?.parse().context("--kills takes a number")?,
-            "--kill-ms" => o.kill_ms = value()?.parse().context("--kill-ms takes a number")?,
-            "--kill" => {
-                (o.kill_sender, o.kill_receiver) = match value()?.as_str() {
-                    "sender" => (true, false),
-                    "receiver" => (false, true),
-                    "both" => (true, true),
-                    other => bail!("--kill takes sender, receiver or both, not {other:?}"),
-                }
-            }
-            "--db" => o.db = Some(value()?.clone()),
-            "--durable" => o.durable = true,
-            other => bail!("unknown option {other:?}\n\n{HELP}"),
+impl Options {
+    fn new(common: Common, rate: Option<u64>) -> Self {
+        Options {
+            messages: common.messages,
+            seed: common.seed,
+            summary_json: common.summary_json,
+            rate,
+            chaos: false,
+            kill_every: 5_000,
+            listen: None,
+            url: None,
+            print: false,
+            kills: 0,
+            kill_ms: 300,
+            db: None,
+            durable: false,
+            kill_sender: false,
+            kill_receiver: false,
         }
     }
-    if o.messages == 0 {
-        bail!("--messages must be at least 1");
+
+    fn with_kills(mut self, k: Kills, durable: bool) -> Self {
+        (self.kills, self.kill_ms, self.db, self.durable) = (k.kills, k.kill_ms, k.db, durable);
+        (self.kill_sender, self.kill_receiver) = (k.kill != Who::Receiver, k.kill != Who::Sender);
+        self
     }
-    Ok(o)
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("-h" | "--help") => {
-            {
-                use std::io::Write as _;
-                let _ = write!(std::io::stdout(), "{HELP}");
-            }
-            Ok(())
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Restarts(a)) => {
+            restarts::run(Options::new(a.common, a.pace.per_second()).with_kills(a.kills, a.durable)).await
         }
-        Some("receive") => receive(parse(&args[1..])?).await,
-        Some("restarts") => restarts::run(parse(&args[1..])?).await,
-        Some("send") => send(parse(&args[1..])?).await,
-        _ => {
-            let o = parse(&args)?;
-            if o.durable || o.db.is_some() { restarts::run(o).await } else { together(o).await }
+        Some(Command::Receive(a)) => {
+            let db = a.db;
+            receive(Options { listen: Some(a.listen), print: a.print, db, ..Options::new(a.common, None) }).await
+        }
+        Some(Command::Send(a)) => {
+            let (url, db) = (Some(a.url), a.db);
+            send(Options { url, db, ..Options::new(a.common, a.pace.per_second()) }).await
+        }
+        None => {
+            let t = cli.together;
+            let o =
+                Options { chaos: !t.no_chaos, kill_every: t.kill_every, ..Options::new(t.common, t.pace.per_second()) };
+            if t.durable || t.kills.db.is_some() {
+                restarts::run(o.with_kills(t.kills, t.durable)).await
+            } else {
+                together(o).await
+            }
         }
     }
 }
@@ -191,10 +308,7 @@ fn progress(
     total: u64,
 ) -> (ProgressBar, Effect<Threaded>, Arc<AtomicU64>) {
     let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} acked  {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    bar.set_style(bar_style());
     let retries = Arc::new(AtomicU64::new(0));
     let effect = cx.effect({
         let (bar, cell, retries) = (bar.clone(), cell.clone(), retries.clone());
@@ -207,16 +321,61 @@ fn progress(
             }
             last_retry = retry;
             bar.set_position(acked);
-            bar.set_message(format!(
-                "in flight {:>3}  pending {:>7}  retrying {:>3}  reconnects {}",
-                cell.inflight_len().get(),
-                cell.pending_len().get(),
-                cell.parked_len().get(),
-                cell.generation().get().get().saturating_sub(1),
-            ));
+            bar.set_message(status_line(Status {
+                acked,
+                sending: cell.inflight_len().get(),
+                queued: cell.pending_len().get(),
+                retrying: cell.parked_len().get(),
+                reconnects: cell.generation().get().get().saturating_sub(1),
+            }));
         }
     });
     (bar, effect, retries)
+}
+
+/// The progress line: a spinner, a bar and [`status_line`], at most 80
+/// columns wide whatever the counts.
+fn bar_style() -> ProgressStyle {
+    ProgressStyle::with_template("{spinner} {bar:9} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+/// What the progress line says, read from the cell's computeds.
+#[derive(Clone, Copy, Debug)]
+struct Status {
+    acked: u64,
+    sending: usize,
+    queued: usize,
+    retrying: usize,
+    reconnects: u64,
+}
+
+/// The status as a line of 68 columns: each count in at most 6 (see
+/// [`compact`]).
+fn status_line(s: Status) -> String {
+    let n = |v: usize| compact(u64::try_from(v).unwrap_or(u64::MAX));
+    format!(
+        "acked {:>6} sending {:>6} queued {:>6} retry {:>6} reconn {:>6}",
+        compact(s.acked),
+        n(s.sending),
+        n(s.queued),
+        n(s.retrying),
+        compact(s.reconnects)
+    )
+}
+
+/// A count in at most 6 columns: `999`, `12.3k`, `4.5M`, up to `18.4E`.
+fn compact(v: u64) -> String {
+    if v < 1_000 {
+        return v.to_string();
+    }
+    let mut x = v as f64;
+    for unit in ["k", "M", "G", "T", "P", "E"] {
+        x /= 1_000.0;
+        if x < 999.95 {
+            return format!("{x:.1}{unit}");
+        }
+    }
+    format!("{x:.1}E")
 }
 
 fn payload(i: u64) -> Bytes {
@@ -238,17 +397,74 @@ pub(crate) fn finish(summary: serde_json::Value, path: Option<&str>) -> anyhow::
     Ok(())
 }
 
+/// Where the one-process run kills the connection: after these message
+/// indices, drawn from `seed` with gaps uniform in `[1, 2 * every]`. The
+/// points depend on nothing else, so a run is reproducible.
+fn kill_points(seed: u64, every: u64, messages: u64) -> Vec<u64> {
+    let mut rng = seed | 1;
+    let (mut at, mut points) = (0u64, Vec::new());
+    loop {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        at = at.saturating_add(1 + rng % every.saturating_mul(2).max(1));
+        if at >= messages {
+            return points;
+        }
+        points.push(at);
+    }
+}
+
+/// Enqueues messages `range` at `rate` per second (or as fast as the cell
+/// takes them), in chunks; before message `points[k]` is enqueued, kills
+/// the proxy's connection (waiting for one to be open).
+async fn enqueue_paced(
+    cell: &AsyncEgressCell<Bytes>,
+    range: std::ops::Range<u64>,
+    rate: Option<u64>,
+    kill: Option<(&ChaosProxy, &[u64])>,
+) {
+    const TICK: Duration = Duration::from_millis(10);
+    let started = tokio::time::Instant::now();
+    let (mut next, mut points) = (range.start, kill.map_or(&[][..], |(_, p)| p));
+    while next < range.end {
+        if let Some((proxy, _)) = kill
+            && points.first().is_some_and(|&p| p <= next)
+        {
+            proxy.kill_next().await;
+            points = &points[1..];
+            continue;
+        }
+        // How far the pace allows by now, at most a chunk of 1,000, and not
+        // past the next kill point.
+        let due = rate.map_or(u64::MAX, |r| {
+            let elapsed = started.elapsed().as_micros().saturating_mul(u128::from(r)) / 1_000_000;
+            range.start.saturating_add(u64::try_from(elapsed).unwrap_or(u64::MAX))
+        });
+        let stop = points.first().copied().unwrap_or(u64::MAX);
+        let end = due.min(next.saturating_add(1_000)).min(range.end).min(stop);
+        if end > next {
+            cell.enqueue_all((next..end).map(payload));
+            next = end;
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(TICK).await;
+        }
+    }
+}
+
 async fn together(o: Options) -> anyhow::Result<()> {
     let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await?;
-    let chaos = o.chaos.then_some(Chaos { seed: o.seed, mean_interval: Duration::from_millis(o.chaos_ms.max(1)) });
-    let proxy = ChaosProxy::start(receiver.local_addr(), chaos).await?;
+    let proxy = ChaosProxy::start(receiver.local_addr(), None).await?;
+    let points = if o.chaos { kill_points(o.seed, o.kill_every, o.messages) } else { Vec::new() };
     say!(
-        "egress-demo: {} messages, receiver on {}, sender through {} {}",
+        "egress-demo: {} messages{}, receiver on {}, sender through {} {}",
         o.messages,
+        o.rate.map(|r| format!(" at {r}/s")).unwrap_or_default(),
         receiver.local_addr(),
         proxy.local_addr(),
         if o.chaos {
-            format!("(chaos: a kill every ~{} ms, seed {})", o.chaos_ms, o.seed)
+            format!("(chaos: {} kills, about one every {} messages, seed {})", points.len(), o.kill_every, o.seed)
         } else {
             "(no chaos)".into()
         }
@@ -272,10 +488,7 @@ async fn together(o: Options) -> anyhow::Result<()> {
         }
         (next, out_of_order, receiver)
     });
-    for chunk in (0..o.messages).collect::<Vec<_>>().chunks(1_000) {
-        cell.enqueue_all(chunk.iter().map(|&i| payload(i)));
-        tokio::task::yield_now().await;
-    }
+    enqueue_paced(&cell, 0..o.messages, o.rate, Some((&proxy, &points))).await;
     let (received, out_of_order, receiver) = check.await?;
     while cell.acked_through().get_untracked().map_or(0, |s| s.get() + 1) < o.messages {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -292,6 +505,7 @@ async fn together(o: Options) -> anyhow::Result<()> {
             "exactly_once_in_order": exactly_once,
             "duplicates_dropped_by_receiver": r.duplicates,
             "connections_killed": proxy.kills(),
+            "kill_points": points,
             "reconnects": stats.reconnects,
             "retries": retries.load(Ordering::Relaxed),
             "seconds": elapsed.as_secs_f64(),
@@ -307,8 +521,7 @@ async fn together(o: Options) -> anyhow::Result<()> {
 }
 
 async fn receive(o: Options) -> anyhow::Result<()> {
-    let listen = o.listen.as_deref().context("receive needs --listen ADDR")?;
-    let addr: SocketAddr = listen.parse().with_context(|| format!("{listen} is not an address"))?;
+    let addr = o.listen.context("receive needs --listen ADDR")?;
     if o.print {
         let mut config = ReceiverConfig { ack_mode: AckMode::Explicit, ..ReceiverConfig::default() };
         let log = match &o.db {
@@ -440,10 +653,7 @@ async fn send(o: Options) -> anyhow::Result<()> {
     );
     let started = Instant::now();
     let sender = Sender::spawn(cell.clone(), url, sender_config(o.seed))?;
-    for chunk in (first..o.messages).collect::<Vec<_>>().chunks(1_000) {
-        cell.enqueue_all(chunk.iter().map(|&i| payload(i)));
-        tokio::task::yield_now().await;
-    }
+    enqueue_paced(&cell, first..o.messages, o.rate, None).await;
     while cell.acked_through().get_untracked().map_or(0, |s| s.get() + 1) < o.messages {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -464,4 +674,45 @@ async fn send(o: Options) -> anyhow::Result<()> {
         }),
         o.summary_json.as_deref(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use indicatif::{InMemoryTerm, ProgressDrawTarget};
+
+    #[test]
+    fn counts_take_at_most_six_columns() {
+        for (v, text) in [(0, "0"), (999, "999"), (1_000, "1.0k"), (12_345, "12.3k"), (999_949, "999.9k")] {
+            assert_eq!(compact(v), text);
+        }
+        assert_eq!(compact(999_950), "1.0M", "rounding up to the next unit, not to 1000.0k");
+        assert_eq!(compact(u64::MAX), "18.4E");
+        let mut v = 1u64;
+        while let Some(next) = v.checked_mul(7) {
+            assert!(compact(v).len() <= 6, "{v}: {}", compact(v));
+            assert!(compact(v - 1).len() <= 6, "{}: {}", v - 1, compact(v - 1));
+            v = next;
+        }
+    }
+
+    #[test]
+    fn the_progress_line_fits_80_columns() {
+        // Rendered on a terminal wider than needed, so a line too long
+        // shows its length rather than wrapping or being cut.
+        let term = InMemoryTerm::new(4, 200);
+        let bar = ProgressBar::with_draw_target(Some(u64::MAX), ProgressDrawTarget::term_like(Box::new(term.clone())));
+        bar.set_style(bar_style());
+        for (n, r) in [(u64::MAX, u64::MAX), (99_999, 9), (123_456_789, 1_234), (0, 0)] {
+            let big = usize::try_from(n).unwrap_or(usize::MAX);
+            bar.set_position(n / 2);
+            bar.set_message(status_line(Status { acked: n, sending: big, queued: big, retrying: big, reconnects: r }));
+            bar.tick();
+            let screen = term.contents();
+            let line = screen.lines().find(|l| !l.trim().is_empty()).unwrap_or_default().trim_end().to_owned();
+            assert!(line.contains("reconn"), "rendered: {screen:?}");
+            assert!(line.chars().count() <= 80, "{} columns: {line:?}", line.chars().count());
+            term.reset();
+        }
+    }
 }

@@ -149,6 +149,10 @@ fn start_sender(url: &str, o: &Options, run: u64) -> anyhow::Result<Child> {
         .args(["send", "--url", url, "--messages", &o.messages.to_string()])
         .args(["--seed", &o.seed.wrapping_add(run).to_string()])
         .args(db)
+        .args(match o.rate {
+            Some(rate) => vec!["--rate".to_owned(), rate.to_string()],
+            None => vec!["--max-rate".to_owned()],
+        })
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)

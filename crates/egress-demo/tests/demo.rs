@@ -17,7 +17,7 @@ fn temp(name: &str) -> std::path::PathBuf {
 fn one_process_with_chaos_delivers_exactly_once_in_order() {
     let path = temp("together");
     let out = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
-        .args(["--messages", "20000", "--seed", "3", "--chaos-ms", "10", "--summary-json"])
+        .args(["--messages", "20000", "--seed", "3", "--kill-every", "1000", "--max-rate", "--summary-json"])
         .arg(&path)
         .output()
         .expect("the demo runs");
@@ -26,7 +26,71 @@ fn one_process_with_chaos_delivers_exactly_once_in_order() {
     assert_eq!(s["exactly_once_in_order"], true, "{s}");
     assert_eq!(s["delivered"], 20000);
     assert_eq!(s["left_pending_inflight_parked"], 0);
+    // The chaos happened, as often as scheduled.
+    let points = s["kill_points"].as_array().map_or(0, Vec::len) as u64;
+    assert!(points >= 5, "{s}");
+    assert_eq!(s["connections_killed"].as_u64(), Some(points), "{s}");
     let _ = std::fs::remove_file(path);
+}
+
+/// One run in one process with `args`; its summary.
+fn together(name: &str, args: &[&str]) -> serde_json::Value {
+    let path = temp(name);
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
+        .args(args)
+        .arg("--summary-json")
+        .arg(&path)
+        .output()
+        .expect("the demo runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = summary(&path);
+    let _ = std::fs::remove_file(path);
+    s
+}
+
+#[test]
+fn a_seed_reproduces_the_kill_schedule() {
+    let args = ["--messages", "10000", "--kill-every", "700", "--max-rate", "--seed"];
+    let first = together("seed-a", &[&args[..], &["11"]].concat());
+    let again = together("seed-b", &[&args[..], &["11"]].concat());
+    let other = together("seed-c", &[&args[..], &["12"]].concat());
+    for s in [&first, &again, &other] {
+        assert_eq!(s["exactly_once_in_order"], true, "{s}");
+        let scheduled = s["kill_points"].as_array().map(Vec::len);
+        assert_eq!(s["connections_killed"].as_u64(), scheduled.map(|n| n as u64), "every scheduled kill landed: {s}");
+    }
+    assert_eq!(first["kill_points"], again["kill_points"], "the same seed, the same kills");
+    assert_ne!(first["kill_points"], other["kill_points"], "another seed, other kills");
+}
+
+#[test]
+fn the_default_run_is_paced_for_a_person_to_watch() {
+    // 3,000 messages at 2,000 a second take at least 1.5 s; with
+    // --max-rate the same run is not held back (a property of the pacing,
+    // not of this machine's speed: the paced run cannot be faster).
+    let s = together("paced", &["--messages", "3000", "--rate", "2000", "--no-chaos"]);
+    assert_eq!(s["exactly_once_in_order"], true, "{s}");
+    assert!(s["seconds"].as_f64().is_some_and(|t| t >= 1.4), "{s}");
+    assert!(s["messages_per_second"].as_f64().is_some_and(|r| r <= 2_100.0), "{s}");
+}
+
+#[test]
+fn every_command_answers_help_and_version() {
+    for args in
+        [&["--help"][..], &["restarts", "--help"], &["receive", "--help"], &["send", "--help"], &["help", "send"]]
+    {
+        let out = Command::new(env!("CARGO_BIN_EXE_egress-demo")).args(args).output().expect("runs");
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("Usage: egress-demo"), "{args:?}: {text}");
+        assert!(text.contains("--messages"), "{args:?}: {text}");
+        for line in text.lines() {
+            assert!(line.chars().count() <= 100, "{args:?}: a help line wider than 100 columns: {line:?}");
+        }
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-demo")).arg("--version").output().expect("runs");
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("egress-demo {}", env!("CARGO_PKG_VERSION")));
 }
 
 #[test]
@@ -76,7 +140,13 @@ fn send_and_receive_as_two_processes() {
 fn bad_usage_is_an_error_not_a_panic() {
     let out = Command::new(env!("CARGO_BIN_EXE_egress-demo")).args(["--messages", "lots"]).output().expect("runs");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--messages takes a number"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid value 'lots' for '--messages <MESSAGES>'"), "{err}");
+    for args in [&["--messages", "0"][..], &["send"], &["receive", "--listen", "nowhere"], &["--kill", "everyone"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_egress-demo")).args(args).output().expect("runs");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: a usage error");
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("error:"), "{args:?}");
+    }
 }
 
 /// Starts `receive --print` on a free port; returns the child, its url, and
@@ -167,7 +237,7 @@ fn sender_and_receiver_on_sqlite_killed_again_and_again_apply_each_message_exact
     let path = temp("durable");
     let db = std::env::temp_dir().join(format!("egress-demo-{}-durable.db", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
-        .args(["--durable", "--messages", "200000", "--kills", "8", "--kill-ms", "80"])
+        .args(["--durable", "--messages", "200000", "--kills", "8", "--kill-ms", "80", "--max-rate"])
         .args(["--seed", "9", "--db"])
         .arg(&db)
         .arg("--summary-json")

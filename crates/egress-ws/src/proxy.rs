@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 use tokio::task::{AbortHandle, JoinHandle};
 
 /// When the proxy kills its connections: at intervals drawn uniformly from
@@ -26,6 +27,7 @@ pub struct ChaosProxy {
     local_addr: SocketAddr,
     links: Arc<Mutex<Vec<AbortHandle>>>,
     kills: Arc<AtomicU64>,
+    accepted: Arc<Notify>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -49,7 +51,8 @@ impl ChaosProxy {
         let local_addr = listener.local_addr()?;
         let links: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
         let kills = Arc::new(AtomicU64::new(0));
-        let mut tasks = vec![tokio::spawn(forward(listener, target, links.clone()))];
+        let accepted = Arc::new(Notify::new());
+        let mut tasks = vec![tokio::spawn(forward(listener, target, links.clone(), accepted.clone()))];
         if let Some(chaos) = chaos {
             let (links, kills) = (links.clone(), kills.clone());
             tasks.push(tokio::spawn(async move {
@@ -66,7 +69,7 @@ impl ChaosProxy {
                 }
             }));
         }
-        Ok(ChaosProxy { local_addr, links, kills, tasks })
+        Ok(ChaosProxy { local_addr, links, kills, accepted, tasks })
     }
 
     /// The address to connect to instead of the target.
@@ -78,6 +81,22 @@ impl ChaosProxy {
     pub fn kill_all(&self) {
         if cut(&self.links) > 0 {
             self.kills.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Kills the connections open now, or, if none is, the next one to
+    /// open: a schedule of these (as the demo's, at seeded points of its
+    /// run) kills exactly as often as it asks.
+    pub async fn kill_next(&self) {
+        loop {
+            let accepted = self.accepted.notified();
+            tokio::pin!(accepted);
+            accepted.as_mut().enable();
+            if cut(&self.links) > 0 {
+                self.kills.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            accepted.await;
         }
     }
 
@@ -97,7 +116,12 @@ fn cut(links: &Mutex<Vec<AbortHandle>>) -> usize {
     live
 }
 
-async fn forward(listener: TcpListener, target: SocketAddr, links: Arc<Mutex<Vec<AbortHandle>>>) {
+async fn forward(
+    listener: TcpListener,
+    target: SocketAddr,
+    links: Arc<Mutex<Vec<AbortHandle>>>,
+    accepted: Arc<Notify>,
+) {
     while let Ok((client, _)) = listener.accept().await {
         let link = tokio::spawn(async move {
             let Ok(server) = TcpStream::connect(target).await else { return };
@@ -116,5 +140,6 @@ async fn forward(listener: TcpListener, target: SocketAddr, links: Arc<Mutex<Vec
             links.retain(|l| !l.is_finished());
             links.push(link.abort_handle());
         }
+        accepted.notify_waiters();
     }
 }

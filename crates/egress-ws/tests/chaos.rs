@@ -182,3 +182,27 @@ async fn the_proxy_kills_on_demand_and_counts_what_it_killed() {
     assert!(receiver.stats().connections >= 2, "the sender came back after the kill");
     sender.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_next_waits_for_a_connection_and_kills_it() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let proxy = ChaosProxy::start(receiver.local_addr(), None).await.unwrap();
+    // Nothing is open: the kill waits for the first connection.
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let early = tokio::time::timeout(Duration::from_millis(50), proxy.kill_next()).await;
+    assert!(early.is_err(), "no connection yet: kill_next is still waiting");
+    assert_eq!(proxy.kills(), 0);
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(31)).unwrap();
+    for k in 1..=3 {
+        // Each call kills exactly one connection: the one open, or the
+        // sender's next.
+        tokio::time::timeout(Duration::from_secs(20), proxy.kill_next()).await.expect("a connection to kill");
+        assert_eq!(proxy.kills(), k);
+    }
+    cell.enqueue(payload(0));
+    receive_in_order(&mut receiver, 0, 1).await;
+    drained(&cell, 1).await;
+    assert!(receiver.stats().connections >= 2, "the sender came back after the kills");
+    sender.shutdown().await;
+}
