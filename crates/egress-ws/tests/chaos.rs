@@ -203,6 +203,7 @@ async fn kill_next_waits_for_a_connection_and_kills_it() {
     cell.enqueue(payload(0));
     receive_in_order(&mut receiver, 0, 1).await;
     drained(&cell, 1).await;
-    assert!(receiver.stats().connections >= 2, "the sender came back after the kills");
-    sender.shutdown().await;
+    // Each kill ended one of the sender's connections (or attempts, if it
+    // landed before the handshake), and the sender came back each time.
+    assert!(sender.shutdown().await.reconnects >= 3);
 }
