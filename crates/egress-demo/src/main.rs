@@ -253,6 +253,13 @@ impl Options {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Events go to stderr, filtered by RUST_LOG (errors only without it):
+    // RUST_LOG=info shows connections, reconnects and admissions;
+    // RUST_LOG=egress_ws=trace every frame.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     match cli.command {
         Some(Command::Restarts(a)) => {
             restarts::run(Options::new(a.common, a.pace.per_second()).with_kills(a.kills, a.durable)).await

@@ -260,3 +260,24 @@ fn sender_and_receiver_on_sqlite_killed_again_and_again_apply_each_message_exact
     }
     let _ = std::fs::remove_file(path);
 }
+
+#[test]
+fn rust_log_turns_on_the_events() {
+    let run = |log: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_egress-demo"));
+        command.args(["--messages", "3000", "--kill-every", "500", "--max-rate", "--seed", "2"]);
+        match log {
+            Some(filter) => command.env("RUST_LOG", filter),
+            None => command.env_remove("RUST_LOG"),
+        };
+        let out = command.output().expect("the demo runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let info = run(Some("info"));
+    for event in ["egress sender: connected", "egress sender: reconnecting", "egress receiver: a producer admitted"] {
+        assert!(info.contains(event), "{event:?} with RUST_LOG=info:\n{info}");
+    }
+    let quiet = run(None);
+    assert!(!quiet.contains("egress sender"), "without RUST_LOG only errors:\n{quiet}");
+}

@@ -431,6 +431,26 @@ each_flavour! {
         assert!(reader.try_get().is_err(), "a reader outliving its cell reads as disposed");
     }
 
+    fn what_is_made_in_a_cells_scope_is_disposed_with_it(cx) {
+        let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));
+        let (flag, label) = cell
+            .in_scope(|graph| {
+                let flag = graph.signal(false);
+                let label = graph.computed({
+                    let (flag, pending) = (flag.clone(), cell.pending_len().clone());
+                    move || format!("{} pending{}", pending.get(), if flag.get() { ", offline" } else { "" })
+                });
+                (flag, label)
+            })
+            .expect("the cell is alive");
+        cell.enqueue(7);
+        flag.set(true);
+        assert_eq!(label.get(), "1 pending, offline");
+        cell.dispose();
+        assert!(flag.try_get().is_err() && label.try_get().is_err(), "disposed with the cell");
+        assert!(cell.in_scope(|_| ()).is_err(), "a disposed cell owns nothing new");
+    }
+
     fn disposing_a_cell_frees_its_nodes_and_keeps_its_records(cx) {
         let base = cx.node_count();
         let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));

@@ -49,4 +49,4 @@ pub fn fuzz_inbox(data: &[u8]) {
     receiver::fuzz_inbox(data);
 }
 pub use receiver::{AckFaults, AckMode, Content, Delivery, Receiver, ReceiverConfig, ReceiverStats, Resume};
-pub use sender::{Sender, SenderConfig, SenderStats, SpawnError, TooLarge, WsTransport};
+pub use sender::{ConnectionState, Sender, SenderConfig, SenderStats, SpawnError, TooLarge, WsTransport};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use egress_core::{AckOutcome, Envelope, Generation, ReceivedOutcome, Sequence};
-use egress_reactive::{AsyncEgressCell, AsyncTransport, SendError};
+use egress_reactive::{AsyncEgressCell, AsyncTransport, Computed, Handle, SendError, Signal, Threaded, Watch};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tracing::Instrument as _;
 
 use crate::protocol::{CloseCode, Frame, GENERATION_LIMIT, Limits, MAX_GENERATION_JUMP};
 
@@ -61,6 +62,41 @@ impl SenderConfig {
     }
 }
 
+/// Where a [`Sender`]'s connection is, for a UI to say "connected",
+/// "offline, retrying in 3 s" or "stopped: why": a signal on the cell's
+/// graph ([`Sender::state`]) and a stream ([`Sender::watch_state`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectionState {
+    /// Connecting and handshaking: `attempt` counts the attempts since the
+    /// last connection that moved the stream on (1: the first).
+    Connecting {
+        /// Which attempt.
+        attempt: u32,
+    },
+    /// Open: the receiver welcomed this generation, and the cell sends.
+    Connected {
+        /// The connection's generation.
+        generation: Generation,
+    },
+    /// Waiting for the backoff before the next attempt.
+    Reconnecting {
+        /// When the next attempt starts.
+        retry_at: std::time::Instant,
+        /// How many connections or attempts failed in a row (what the
+        /// backoff doubles with).
+        failures: u32,
+        /// Why the last one ended.
+        error: Arc<str>,
+    },
+    /// Not connecting again: shut down or dropped (`error: None`), or
+    /// stopped on its own (`error`: why; see [`Sender::failure`]).
+    Stopped {
+        /// Why it stopped on its own.
+        error: Option<Arc<str>>,
+    },
+}
+
 /// Counters of a sender's connections.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SenderStats {
@@ -81,8 +117,9 @@ pub struct SenderStats {
     pub stale_refusals: u64,
 }
 
-#[derive(Default)]
 struct Counters {
+    /// Where the connection is; see [`ConnectionState`].
+    state: Signal<ConnectionState, Threaded>,
     connections: AtomicU64,
     reconnects: AtomicU64,
     failed_attempts: AtomicU64,
@@ -92,6 +129,38 @@ struct Counters {
 }
 
 impl Counters {
+    fn new(state: Signal<ConnectionState, Threaded>) -> Self {
+        Counters {
+            state,
+            connections: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
+            failed_attempts: AtomicU64::new(0),
+            protocol_errors: AtomicU64::new(0),
+            stale_refusals: AtomicU64::new(0),
+            fatal: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Moves the connection's state to `new`, with an event: a connection
+    /// or a reconnect at info, a stop for an error at error, an attempt at
+    /// debug.
+    fn report(&self, new: ConnectionState) {
+        match &new {
+            ConnectionState::Connecting { attempt } => tracing::debug!(attempt, "egress sender: connecting"),
+            ConnectionState::Connected { generation } => {
+                tracing::info!(generation = generation.get(), "egress sender: connected");
+            }
+            ConnectionState::Reconnecting { retry_at, failures, error } => {
+                let delay_ms = retry_at.saturating_duration_since(std::time::Instant::now()).as_millis();
+                tracing::info!(%error, failures, delay_ms, "egress sender: reconnecting");
+            }
+            ConnectionState::Stopped { error: Some(error) } => tracing::error!(%error, "egress sender: stopped"),
+            ConnectionState::Stopped { error: None } => tracing::info!("egress sender: shut down"),
+        }
+        // A disposed cell has no readers left to tell.
+        let _ = self.state.try_set(new);
+    }
+
     fn snapshot(&self) -> SenderStats {
         SenderStats {
             connections: self.connections.load(Ordering::Relaxed),
@@ -158,6 +227,7 @@ impl AsyncTransport<Bytes> for WsTransport {
             None => Frame::Data { generation, sequence, attempt, payload: envelope.payload },
         };
         self.unwritten.0.lock().remove(&sequence);
+        tracing::trace!(sequence, attempt, tombstone = envelope.dead.is_some(), "egress sender: frame");
         let sink = match &mut self.pass {
             Some(sink) => sink,
             None => self.pass.insert(self.sink.clone().lock_owned().await),
@@ -239,6 +309,11 @@ pub struct Sender {
     stop: watch::Sender<bool>,
     kill: Arc<Notify>,
     counters: Arc<Counters>,
+    state: Computed<ConnectionState, Threaded>,
+    graph: Handle<Threaded>,
+    /// Keeps the cell, and with it the state's nodes, for as long as the
+    /// sender is kept.
+    _cell: AsyncEgressCell<Bytes>,
 }
 
 impl std::fmt::Debug for Sender {
@@ -249,7 +324,10 @@ impl std::fmt::Debug for Sender {
 
 impl Drop for Sender {
     fn drop(&mut self) {
-        self.task.abort();
+        if !self.task.is_finished() {
+            self.task.abort();
+            self.counters.report(ConnectionState::Stopped { error: None });
+        }
     }
 }
 
@@ -269,11 +347,45 @@ impl Sender {
     ) -> Result<Sender, SpawnError> {
         let url = url.into();
         check_url(&url)?;
+        let (signal, state, graph) = cell
+            .in_scope(|graph| {
+                let signal = graph.signal(ConnectionState::Connecting { attempt: 1 });
+                let state = graph.computed({
+                    let signal = signal.clone();
+                    move || signal.get()
+                });
+                (signal, state, graph.clone())
+            })
+            .map_err(|_| SpawnError::CellDisposed)?;
         let (stop, stop_rx) = watch::channel(false);
         let kill = Arc::new(Notify::new());
-        let counters = Arc::new(Counters::default());
-        let task = tokio::spawn(supervise(cell, url, config, stop_rx, kill.clone(), counters.clone()));
-        Ok(Sender { task, stop, kill, counters })
+        let counters = Arc::new(Counters::new(signal));
+        let span = tracing::info_span!("egress_sender", producer = %config.producer, %url);
+        let task = tokio::spawn({
+            let counters = counters.clone();
+            let supervisor = supervise(cell.clone(), url, config, stop_rx, kill.clone(), counters.clone());
+            async move {
+                let error = supervisor.await.map(|why| {
+                    *counters.fatal.lock() = Some(why.clone());
+                    Arc::from(why)
+                });
+                counters.report(ConnectionState::Stopped { error });
+            }
+            .instrument(span)
+        });
+        Ok(Sender { task, stop, kill, counters, state, graph, _cell: cell })
+    }
+
+    /// Where the connection is, as a computed on the cell's graph (owned by
+    /// the cell): read it in an effect or a computed to follow it.
+    pub fn state(&self) -> &Computed<ConnectionState, Threaded> {
+        &self.state
+    }
+
+    /// Where the connection is, as a stream: the current state first, then
+    /// each change (a slow reader skips to the latest).
+    pub fn watch_state(&self) -> Watch<ConnectionState> {
+        self.graph.watch(&self.state)
     }
 
     /// What it has done so far.
@@ -316,6 +428,9 @@ pub enum SpawnError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The cell was disposed: nothing could be sent from it.
+    #[error("the cell was disposed")]
+    CellDisposed,
     /// A `wss://` URL: TLS is not built into this sender yet.
     #[error("{url:?}: wss:// needs TLS, which this sender does not support yet")]
     TlsUnsupported {
@@ -386,7 +501,7 @@ async fn supervise(
     mut stop: watch::Receiver<bool>,
     kill: Arc<Notify>,
     counters: Arc<Counters>,
-) {
+) -> Option<String> {
     let mut rng = config.seed | 1;
     let mut failures: u32 = 0;
     // A generation the next attempt must exceed (a receiver's latest).
@@ -398,8 +513,9 @@ async fn supervise(
     let unwritten = Arc::new(Unwritten::default());
     loop {
         if *stop.borrow() {
-            return;
+            return None;
         }
+        counters.report(ConnectionState::Connecting { attempt: failures.saturating_add(1) });
         let outcome = connection(&cell, &url, &config, &kill, &counters, floor, &unwritten, &mut stop).await;
         let idle = cell.inflight_len().get_untracked() == 0;
         if outcome.progressed || (idle && outcome.lasted >= config.backoff_max) {
@@ -408,29 +524,23 @@ async fn supervise(
         if outcome.progressed {
             hurried = false;
         }
-        let wait = match outcome.end {
-            End::Stop => return,
-            End::Fatal(why) => {
-                tracing::error!(%why, "egress sender: stopped");
-                *counters.fatal.lock() = Some(why);
-                return;
-            }
-            End::Lost(why) => {
-                tracing::debug!(%why, "egress sender: connection ended");
-                true
-            }
+        let (wait, why) = match outcome.end {
+            End::Stop => return None,
+            End::Fatal(why) => return Some(why),
+            End::Lost(why) => (true, why),
             End::Protocol(why) => {
                 counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%why, "egress sender: protocol error");
-                true
+                (true, format!("protocol error: {why}"))
             }
-            End::Retry => std::mem::replace(&mut hurried, true),
+            End::Retry => (std::mem::replace(&mut hurried, true), "the receiver asked for a new connection".into()),
             End::Stale(latest) => {
                 counters.stale_refusals.fetch_add(1, Ordering::Relaxed);
+                let why = format!("a stale generation (the receiver's latest is {latest})");
                 if latest >= GENERATION_LIMIT {
                     counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(latest, "egress sender: a stale-generation close names a generation out of range");
-                    true
+                    (true, why)
                 } else {
                     // Above the receiver's latest, by at most
                     // MAX_GENERATION_JUMP per refusal (receivers record no
@@ -438,7 +548,7 @@ async fn supervise(
                     // generations away in one frame.
                     let current = cell.generation().get_untracked().max(floor).get();
                     floor = floor.max(Generation(latest.min(current.saturating_add(MAX_GENERATION_JUMP))));
-                    std::mem::replace(&mut hurried, true)
+                    (std::mem::replace(&mut hurried, true), why)
                 }
             }
         };
@@ -449,10 +559,14 @@ async fn supervise(
             rng ^= rng << 17;
             let delay = backoff(&config, failures, rng);
             failures = failures.saturating_add(1);
+            let retry_at = std::time::Instant::now() + delay;
+            counters.report(ConnectionState::Reconnecting { retry_at, failures, error: why.into() });
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
-                _ = stop.changed() => return,
+                _ = stop.changed() => return None,
             }
+        } else {
+            tracing::info!(error = %why, "egress sender: reconnecting at once");
         }
     }
 }
@@ -554,6 +668,8 @@ async fn connection(
     if let Err(why) = welcome(cell, generation, next, received, unwritten) {
         return Outcome { end: protocol(why).await, progressed: false, lasted: opened.elapsed() };
     }
+    tracing::debug!(next, received, max_payload = terms.max_payload, "egress sender: welcomed");
+    counters.report(ConnectionState::Connected { generation });
     let receipt = cell.received_through().get_untracked();
     let max_payload = usize::try_from(terms.max_payload).unwrap_or(usize::MAX);
     let transport = WsTransport { sink: sink.clone(), pass: None, max_payload, unwritten: unwritten.clone() };
@@ -565,6 +681,7 @@ async fn connection(
         tokio::select! {
             frame = read_frame(&mut stream, config.limits, &mut heard) => match frame {
                 Ok(Frame::Ack { generation: g, through }) if g == generation.get() => {
+                    tracing::trace!(through, "egress sender: ack");
                     if let Some(never) = unwritten.covered(through) {
                         break protocol(format!("ack through {through}, but {never} was never sent")).await;
                     }

@@ -337,11 +337,32 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         jitter: Option<JitterSample>,
     ) -> FailOutcome {
         let now = self.clock.now();
-        self.apply(by, |s| {
+        let outcome = self.apply(by, |s| {
             let jitter = jitter.unwrap_or_else(|| s.jitter());
             let t = s.core.fail(generation, sequence, kind, now, jitter);
             (t.outcome, t.changes)
-        })
+        });
+        match outcome {
+            FailOutcome::Retrying(r) => {
+                tracing::debug!(
+                    sequence = r.sequence.get(),
+                    attempt = r.attempt.get(),
+                    backoff = r.backoff.0,
+                    ?kind,
+                    "egress cell: a send failed, retrying"
+                );
+            }
+            FailOutcome::Exhausted(r) => {
+                tracing::warn!(
+                    sequence = r.sequence.get(),
+                    attempt = r.attempt.get(),
+                    ?kind,
+                    "egress cell: a dead letter"
+                );
+            }
+            FailOutcome::UnknownSequence { .. } | FailOutcome::StaleGeneration { .. } => {}
+        }
+        outcome
     }
 
     /// Reports an attachment's failed send; returns whether its sending pass
@@ -888,6 +909,19 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         self.shared.scope.is_disposed()
     }
 
+    /// Runs `f` on the cell's graph with the cell as owner: what `f`
+    /// creates there (signals, computeds, effects) is disposed with the
+    /// cell. For the parts that project their own state beside the cell's,
+    /// such as egress-ws's sender and its connection state.
+    ///
+    /// # Errors
+    /// [`ReadError::Disposed`](crate::ReadError) (and `f` not run) if the
+    /// cell was disposed.
+    pub fn in_scope<R>(&self, f: impl FnOnce(&Handle<F>) -> R) -> Result<R, crate::ReadError> {
+        let handle = &self.shared.inner.handle;
+        self.shared.scope.try_run(|| f(handle))
+    }
+
     /// Reads the core directly, untracked (for what no reader projects, such
     /// as the policy). `f` must not call into the cell.
     pub fn with_core<R>(&self, f: impl FnOnce(&EgressCore<T>) -> R) -> R {
@@ -1034,6 +1068,10 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
                 t.outcome
             });
             if matches!(outcome, ReconnectOutcome::Advanced { .. }) {
+                tracing::debug!(
+                    generation = generation.get(),
+                    "egress cell: a new generation; earlier attachments fenced"
+                );
                 let fenced: Vec<Key> = self.shared.attachments.with_mut(&Entered::by(cell), |list| {
                     let (old, kept) = list.drain(..).partition(|(g, _)| *g < generation);
                     *list = kept;
@@ -1131,6 +1169,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// The store could not write `epoch`. See [`EgressCore::persist_failed`].
     pub fn persist_failed(&self, epoch: Epoch, reason: impl Into<String>) -> PersistOutcome {
         let reason = reason.into();
+        tracing::warn!(epoch = ?epoch, %reason, "egress cell: the store could not write");
         self.shared.inner.apply(By::Caller, |s| {
             let t = s.core.persist_failed(epoch, reason);
             (t.outcome, t.changes)

@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tracing::Instrument as _;
 
 pub use self::inbox::Content;
 use self::inbox::{Admission, ConnId, Inbox, Queued, Rules, Taken};
@@ -569,12 +570,17 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 let _ = stream.set_nodelay(true);
                 shared.open.fetch_add(1, Ordering::AcqRel);
                 let shared = shared.clone();
-                tokio::spawn(async move {
-                    let _open = Open(&shared);
-                    if let Err(e) = serve(stream, &shared).await {
-                        tracing::warn!(%peer, error = %e, "egress receiver closed a connection");
+                let span = tracing::info_span!("egress_receiver", %peer);
+                tokio::spawn(
+                    async move {
+                        let _open = Open(&shared);
+                        match serve(stream, &shared).await {
+                            Ok(()) => tracing::debug!("egress receiver: a connection ended"),
+                            Err(e) => tracing::warn!(error = %e, "egress receiver closed a connection"),
+                        }
                     }
-                });
+                    .instrument(span),
+                );
             }
             Err(e) => {
                 tracing::warn!(error = %e, "egress receiver: accept failed");
@@ -763,6 +769,15 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
         shared.inbox.lock().handshake(&producer, incarnation, generation, resume_from, stored, signal.clone(), now);
     let (conn, next, received) = match admission {
         Admission::Welcome { conn, next, received, fenced } => {
+            tracing::info!(
+                %producer,
+                incarnation = format_args!("{incarnation:032x}"),
+                generation,
+                next,
+                received,
+                fenced = fenced.is_some(),
+                "egress receiver: a producer admitted"
+            );
             if let Some(old) = fenced {
                 old.fenced.store(true, Ordering::Release);
                 old.notify.notify_one();
@@ -772,6 +787,8 @@ async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
         Admission::Refused { code, detail, reason } => {
             if code == CloseCode::Busy {
                 tracing::info!(%producer, "egress receiver: at its producer bound, a handshake refused");
+            } else {
+                tracing::debug!(%producer, ?code, detail, %reason, "egress receiver: a handshake refused");
             }
             close(&mut ws, code, detail, reason.clone()).await;
             return Err(ServeError::Protocol(reason));
@@ -874,6 +891,7 @@ impl Connection<'_> {
             let due = self.acks.due(Instant::now(), self.shared, &self.admitted);
             if !due.is_empty() {
                 for frame in due {
+                    tracing::trace!(?frame, "egress receiver: ack");
                     self.send(Message::Binary(frame.encode())).await?;
                 }
                 last_sent = Instant::now();
@@ -894,6 +912,7 @@ impl Connection<'_> {
     fn frame(&mut self, frame: Frame, space: &mut watch::Receiver<u64>, waiting: &mut Option<(u64, Content)>) -> Step {
         match frame {
             Frame::Data { generation, sequence, payload, .. } if generation == self.generation => {
+                tracing::trace!(sequence, len = payload.len(), "egress receiver: data");
                 self.offer(sequence, Content::Message(payload), space, waiting)
             }
             Frame::Tombstone { generation, sequence, reason, .. } if generation == self.generation => {
@@ -949,6 +968,7 @@ impl Connection<'_> {
             None
         };
         if let Some((code, reason)) = closing {
+            tracing::debug!(producer = %self.admitted.producer, ?code, reason, "egress receiver: closing");
             close(&mut self.ws, code, 0, reason).await;
             return Step::End(Ok(()));
         }
