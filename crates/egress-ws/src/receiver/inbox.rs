@@ -203,15 +203,6 @@ impl Stream {
         std::mem::take(&mut self.buffered_bytes)
     }
 
-    /// Drops what is buffered below `from`; returns the bytes freed.
-    fn drop_buffered_below(&mut self, from: u64) -> usize {
-        let kept = self.buffer.split_off(&from);
-        let freed: usize = self.buffer.values().map(weight).sum();
-        self.buffer = kept;
-        self.buffered_bytes -= freed;
-        freed
-    }
-
     /// Whether nothing of the stream waits for the application: everything
     /// delivered was committed (which covers what is queued or held).
     fn settled(&self) -> bool {
@@ -397,10 +388,11 @@ impl<W: Clone> Inbox<W> {
             }
         };
         // Everything below `resume_from` was acknowledged to the producer,
-        // which no longer holds it: never wait for it.
+        // which no longer holds it: never wait for it. (Its buffer is empty:
+        // only the current connection's stream buffers, and that buffer
+        // went with the connection, fenced above or closed before.)
         if resume_from > stream.next {
             stream.next = resume_from;
-            freed += stream.drop_buffered_below(resume_from);
         }
         if resume_from > stream.wanted {
             stream.wanted = resume_from;
@@ -866,7 +858,9 @@ pub(crate) mod drive {
         let mut buffered = 0;
         for p in inbox.producers.values() {
             assert!(p.streams.len() <= rules.incarnations);
-            for (_, s) in &p.streams {
+            for (incarnation, s) in &p.streams {
+                let current = p.conn.as_ref().is_some_and(|c| c.incarnation == *incarnation);
+                assert!(current || s.buffer.is_empty(), "only the current connection's stream buffers");
                 let bytes: usize = s.buffer.values().map(weight).sum();
                 assert_eq!(bytes, s.buffered_bytes, "a stream's buffered bytes");
                 assert!(s.buffer.len() <= rules.max_buffered && bytes <= rules.max_buffered_bytes);
@@ -1163,6 +1157,37 @@ mod tests {
             5, 0, // the first connection ends
             6, 0, // ack, forced: covers 0 and 1
         ]);
+    }
+
+    #[test]
+    fn a_producer_is_forgotten_only_once_idle_long_enough_with_nothing_uncommitted() {
+        let mut inbox = Inbox::new(Rules { commit_on_take: false, producer_idle: 10, ..rules() });
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
+        assert!(inbox.holds(&p, 1) && !inbox.holds(&p, 2) && !inbox.holds("q", 1));
+        for s in 0..2 {
+            let _ = inbox.take_frame(&p, c, 1, s, msg(s));
+        }
+        let (first, second) = (inbox.take(0).expect("0").0, inbox.take(0).expect("1").0);
+        // Its connection ends with both taken and neither committed: a
+        // forgotten stream would deliver them again.
+        inbox.closed(&p, c, 0);
+        let newcomer = |inbox: &mut Inbox<()>, name: &str, now| {
+            let _ = inbox.handshake(&name.into(), 1, 1, 0, None, (), now);
+        };
+        newcomer(&mut inbox, "q", 100);
+        assert!(inbox.holds(&p, 1), "kept: two deliveries are not committed");
+        // One committed, the other still out.
+        assert!(inbox.commit(&first, 100).is_none());
+        newcomer(&mut inbox, "r", 200);
+        assert!(inbox.holds(&p, 1), "kept: one delivery is not committed");
+        // Everything committed: idle from now, forgotten once idle long enough.
+        assert!(inbox.commit(&second, 200).is_none());
+        newcomer(&mut inbox, "s", 205);
+        assert!(inbox.holds(&p, 1), "idle for 5 of the 10 allowed");
+        newcomer(&mut inbox, "t", 210);
+        assert!(!inbox.holds(&p, 1), "forgotten after 10 idle");
+        assert_eq!(inbox.counts.evictions, 1);
     }
 
     #[test]
