@@ -1033,6 +1033,40 @@ mod tests {
         assert_eq!(inbox.take_frame(&p, c, 2, 3, msg(3)), Taken::Full(msg(3)));
     }
 
+    #[test]
+    fn every_event_is_counted_once() {
+        let mut inbox =
+            Inbox::new(Rules { queue: 2, max_buffered: 1, max_producers: 1, commit_on_take: false, ..rules() });
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 5, 0);
+        // Refused: a generation out of range, a stale one; busy: no room.
+        assert!(matches!(inbox.handshake(&p, 1, GENERATION_LIMIT, 0, None, (), 0), Admission::Refused { .. }));
+        assert!(matches!(inbox.handshake(&p, 1, 5, 0, None, (), 0), Admission::Refused { .. }));
+        assert!(matches!(inbox.handshake(&"q".into(), 1, 1, 0, None, (), 0), Admission::Refused { .. }));
+        let _ = inbox.take_frame(&p, c, 5, 0, msg(0));
+        let _ = inbox.take_frame(&p, c, 5, 0, msg(0)); // a duplicate
+        let _ = inbox.take_frame(&p, c, 5, 1, Content::Skipped(egress_core::DeadReason::Permanent));
+        let _ = inbox.take_frame(&p, c, 5, 3, msg(3)); // buffered
+        let _ = inbox.take_frame(&p, c, 5, 4, msg(4)); // overflow
+        let taken = take_all(&mut inbox);
+        assert!(inbox.release(again(&taken[0])));
+        let (c, ..) = admit(&mut inbox, &p, 1, 6, 0); // fences the first
+        inbox.closed(&p, c, 0);
+        let counts = Counts {
+            taken: 2,
+            skipped: 1,
+            duplicates: 1,
+            overflow: 1,
+            connections: 2,
+            fenced: 1,
+            refused: 2,
+            released: 1,
+            busy: 1,
+            evictions: 0,
+        };
+        assert_eq!(inbox.counts, counts);
+    }
+
     fn take_all(inbox: &mut Inbox<()>) -> Vec<Queued> {
         std::iter::from_fn(|| inbox.take(0).map(|(q, _)| q)).collect()
     }
