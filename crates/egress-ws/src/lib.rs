@@ -38,6 +38,8 @@ pub mod protocol;
 mod proxy;
 mod receiver;
 mod sender;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use proxy::{Chaos, ChaosProxy};
 
@@ -49,4 +51,4 @@ pub fn fuzz_inbox(data: &[u8]) {
     receiver::fuzz_inbox(data);
 }
 pub use receiver::{AckFaults, AckMode, Content, Delivery, Receiver, ReceiverConfig, ReceiverStats, Resume};
-pub use sender::{ConnectionState, Sender, SenderConfig, SenderStats, SpawnError, TooLarge, WsTransport};
+pub use sender::{Connect, ConnectionState, Io, Sender, SenderConfig, SenderStats, SpawnError, TooLarge, WsTransport};

@@ -20,11 +20,24 @@ use tracing::Instrument as _;
 
 use crate::protocol::{CloseCode, Frame, GENERATION_LIMIT, Limits, MAX_GENERATION_JUMP};
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+/// A byte stream a sender can speak WebSocket over: what a [`Connect`]
+/// opens (a TCP connection by default; a Unix socket, a proxy tunnel or an
+/// in-memory pipe of your own).
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Io for T {}
+
+/// Opens the byte stream to the receiver, given the URL's host and port
+/// (its default port if it names none): bring your own stream. TLS for a
+/// `wss://` URL is layered on top of it.
+pub type Connect =
+    Arc<dyn Fn(String, u16) -> futures_util::future::BoxFuture<'static, std::io::Result<Box<dyn Io>>> + Send + Sync>;
+
+type Ws = WebSocketStream<MaybeTlsStream<Box<dyn Io>>>;
 type Sink = SplitSink<Ws, Message>;
 
 /// How a [`Sender`] connects and reconnects.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SenderConfig {
     /// The producer id sent in every handshake: with the cell's
     /// incarnation, the key of the receiver's state.
@@ -45,6 +58,33 @@ pub struct SenderConfig {
     pub stall_timeout: Option<Duration>,
     /// Decoding limits for what the receiver sends.
     pub limits: Limits,
+    /// Headers added to every WebSocket upgrade request, such as
+    /// `("authorization", "Bearer ...")`; checked by [`Sender::spawn`].
+    pub headers: Vec<(String, String)>,
+    /// Opens the byte stream; `None`: a TCP connection to the URL's host.
+    pub connect: Option<Connect>,
+    /// The TLS configuration for `wss://` URLs; `None`: the webpki roots
+    /// ([`tls::webpki_client_config`](crate::tls::webpki_client_config)).
+    #[cfg(feature = "tls")]
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl std::fmt::Debug for SenderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values may be secrets (a token): only their names.
+        let headers: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("SenderConfig")
+            .field("producer", &self.producer)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("backoff_base", &self.backoff_base)
+            .field("backoff_max", &self.backoff_max)
+            .field("seed", &self.seed)
+            .field("stall_timeout", &self.stall_timeout)
+            .field("limits", &self.limits)
+            .field("headers", &headers)
+            .field("connect", &self.connect.as_ref().map(|_| "custom"))
+            .finish_non_exhaustive()
+    }
 }
 
 impl SenderConfig {
@@ -58,6 +98,10 @@ impl SenderConfig {
             seed: 0x5eed,
             stall_timeout: Some(Duration::from_secs(5)),
             limits: Limits::default(),
+            headers: Vec::new(),
+            connect: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -346,7 +390,7 @@ impl Sender {
         config: SenderConfig,
     ) -> Result<Sender, SpawnError> {
         let url = url.into();
-        check_url(&url)?;
+        let target = Target::new(&url, &config.headers)?;
         let (signal, state, graph) = cell
             .in_scope(|graph| {
                 let signal = graph.signal(ConnectionState::Connecting { attempt: 1 });
@@ -363,7 +407,7 @@ impl Sender {
         let span = tracing::info_span!("egress_sender", producer = %config.producer, %url);
         let task = tokio::spawn({
             let counters = counters.clone();
-            let supervisor = supervise(cell.clone(), url, config, stop_rx, kill.clone(), counters.clone());
+            let supervisor = supervise(cell.clone(), target, config, stop_rx, kill.clone(), counters.clone());
             async move {
                 let error = supervisor.await.map(|why| {
                     *counters.fatal.lock() = Some(why.clone());
@@ -431,40 +475,77 @@ pub enum SpawnError {
     /// The cell was disposed: nothing could be sent from it.
     #[error("the cell was disposed")]
     CellDisposed,
-    /// A `wss://` URL: TLS is not built into this sender yet.
-    #[error("{url:?}: wss:// needs TLS, which this sender does not support yet")]
+    /// A `wss://` URL, and this crate was built without its `tls`
+    /// feature.
+    #[error("{url:?}: wss:// needs TLS: build egress-ws with its `tls` feature")]
     TlsUnsupported {
         /// The URL given.
         url: String,
     },
+    /// A header in [`SenderConfig::headers`] that is not a valid HTTP
+    /// header.
+    #[error("header {name:?}: {reason}")]
+    InvalidHeader {
+        /// The header's name.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
-/// Checks that `url` is a `ws://` URL with a host (and a valid port).
-fn check_url(url: &str) -> Result<(), SpawnError> {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let invalid = |reason: String| SpawnError::InvalidUrl { url: url.to_owned(), reason };
-    let request = url.into_client_request().map_err(|e| invalid(e.to_string()))?;
-    let uri = request.uri();
-    match uri.scheme_str() {
-        Some("ws") => {}
-        Some("wss") => return Err(SpawnError::TlsUnsupported { url: url.to_owned() }),
-        Some(other) => return Err(invalid(format!("the scheme is {other:?}, not \"ws\""))),
-        None => return Err(invalid("no scheme (expected ws://host:port)".into())),
+/// Where a sender connects: the upgrade request (URL and headers, checked),
+/// the host and port, and whether TLS goes on top.
+#[derive(Clone, Debug)]
+struct Target {
+    request: tokio_tungstenite::tungstenite::handshake::client::Request,
+    host: String,
+    port: u16,
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    tls: bool,
+}
+
+impl Target {
+    /// Checks `url` (a `ws://` or `wss://` URL with a host and a valid
+    /// port) and `headers`.
+    fn new(url: &str, headers: &[(String, String)]) -> Result<Self, SpawnError> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
+        let invalid = |reason: String| SpawnError::InvalidUrl { url: url.to_owned(), reason };
+        let mut request = url.into_client_request().map_err(|e| invalid(e.to_string()))?;
+        let uri = request.uri();
+        let tls = match uri.scheme_str() {
+            Some("ws") => false,
+            Some("wss") if cfg!(feature = "tls") => true,
+            Some("wss") => return Err(SpawnError::TlsUnsupported { url: url.to_owned() }),
+            Some(other) => return Err(invalid(format!("the scheme is {other:?}, not \"ws\" or \"wss\""))),
+            None => return Err(invalid("no scheme (expected ws://host:port)".into())),
+        };
+        let host = uri.host().unwrap_or_default();
+        if host.is_empty() {
+            return Err(invalid("no host".into()));
+        }
+        // `Uri::port` is `None` for a port that is not a number: look at the
+        // authority itself (after any user info, and after an IPv6 literal).
+        let authority = uri.authority().map_or("", |a| a.as_str());
+        let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+        let after_host = host_port.rsplit_once(']').map_or(host_port, |(_, rest)| rest);
+        let port = match after_host.rsplit_once(':') {
+            Some((_, port)) => {
+                port.parse::<u16>().map_err(|_| invalid(format!("the port {port:?} is not a number below 65536")))?
+            }
+            None if tls => 443,
+            None => 80,
+        };
+        // An IPv6 literal connects without its brackets.
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        for (name, value) in headers {
+            let bad = |reason: String| SpawnError::InvalidHeader { name: name.clone(), reason };
+            let header = HeaderName::from_bytes(name.as_bytes()).map_err(|e| bad(e.to_string()))?;
+            let value = HeaderValue::from_str(value).map_err(|e| bad(e.to_string()))?;
+            request.headers_mut().append(header, value);
+        }
+        Ok(Target { request, host, port, tls })
     }
-    if uri.host().is_none_or(str::is_empty) {
-        return Err(invalid("no host".into()));
-    }
-    // `Uri::port` is `None` for a port that is not a number: look at the
-    // authority itself (after any user info, and after an IPv6 literal).
-    let authority = uri.authority().map_or("", |a| a.as_str());
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
-    let after_host = host_port.rsplit_once(']').map_or(host_port, |(_, rest)| rest);
-    if let Some((_, port)) = after_host.rsplit_once(':')
-        && port.parse::<u16>().is_err()
-    {
-        return Err(invalid(format!("the port {port:?} is not a number below 65536")));
-    }
-    Ok(())
 }
 
 /// Why a connection ended.
@@ -496,7 +577,7 @@ struct Outcome {
 
 async fn supervise(
     cell: AsyncEgressCell<Bytes>,
-    url: String,
+    target: Target,
     config: SenderConfig,
     mut stop: watch::Receiver<bool>,
     kill: Arc<Notify>,
@@ -516,7 +597,7 @@ async fn supervise(
             return None;
         }
         counters.report(ConnectionState::Connecting { attempt: failures.saturating_add(1) });
-        let outcome = connection(&cell, &url, &config, &kill, &counters, floor, &unwritten, &mut stop).await;
+        let outcome = connection(&cell, &target, &config, &kill, &counters, floor, &unwritten, &mut stop).await;
         let idle = cell.inflight_len().get_untracked() == 0;
         if outcome.progressed || (idle && outcome.lasted >= config.backoff_max) {
             failures = 0;
@@ -595,7 +676,7 @@ async fn send_close(sink: &Mutex<Sink>, code: CloseCode, reason: &str) {
 #[allow(clippy::too_many_arguments)]
 async fn connection(
     cell: &AsyncEgressCell<Bytes>,
-    url: &str,
+    target: &Target,
     config: &SenderConfig,
     kill: &Notify,
     counters: &Counters,
@@ -620,7 +701,7 @@ async fn connection(
         _ = stop.changed() => return lost(End::Stop),
     }
     let connecting = tokio::time::timeout(config.connect_timeout, async {
-        let (mut ws, _) = tokio_tungstenite::connect_async(url).await.map_err(|e| End::Lost(e.to_string()))?;
+        let mut ws = open(target, config).await.map_err(End::Lost)?;
         let resume_from = cell.acked_through().get_untracked().map_or(0, |s| s.get().saturating_add(1));
         let hello = Frame::Handshake {
             producer: config.producer.clone(),
@@ -713,6 +794,35 @@ async fn connection(
     drop(link);
     let progressed = cell.received_through().get_untracked() > receipt;
     Outcome { end, progressed, lasted: opened.elapsed() }
+}
+
+/// Opens the byte stream ([`SenderConfig::connect`], or TCP), then TLS on
+/// top for `wss://`, then the WebSocket upgrade with the configured headers.
+async fn open(target: &Target, config: &SenderConfig) -> Result<Ws, String> {
+    let io: Box<dyn Io> = match &config.connect {
+        Some(connect) => connect(target.host.clone(), target.port).await.map_err(|e| format!("connect: {e}"))?,
+        None => {
+            let tcp =
+                TcpStream::connect((target.host.as_str(), target.port)).await.map_err(|e| format!("connect: {e}"))?;
+            let _ = tcp.set_nodelay(true);
+            Box::new(tcp)
+        }
+    };
+    let request = target.request.clone();
+    #[cfg(feature = "tls")]
+    if target.tls {
+        let tls = config.tls.clone().unwrap_or_else(crate::tls::webpki_client_config);
+        let connector = Some(tokio_tungstenite::Connector::Rustls(tls));
+        let (ws, _) = tokio_tungstenite::client_async_tls_with_config(request, io, None, connector)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok(ws);
+    }
+    // Without the `tls` feature, `Target::new` refused wss:// already.
+    let (ws, _) = tokio_tungstenite::client_async_with_config(request, MaybeTlsStream::Plain(io), None)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(ws)
 }
 
 /// Applies a welcome: what the receiver acknowledged, then what it holds.

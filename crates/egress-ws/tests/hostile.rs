@@ -127,7 +127,16 @@ async fn a_url_no_retry_could_reach_is_refused_at_spawn() {
     ] {
         assert!(matches!(spawn(url), Err(SpawnError::InvalidUrl { .. })), "{url:?} ({why}) is refused");
     }
+    #[cfg(feature = "tls")]
+    assert_eq!(spawn("wss://example.invalid"), Ok(()), "with the tls feature, wss:// is taken");
+    #[cfg(not(feature = "tls"))]
     assert_eq!(spawn("wss://example.invalid"), Err(SpawnError::TlsUnsupported { url: "wss://example.invalid".into() }));
+    for (name, value) in [("bad header", "x"), ("x-token", "line\nbreak"), ("", "x")] {
+        let config =
+            egress_ws::SenderConfig { headers: vec![(name.into(), value.into())], ..egress_ws::SenderConfig::new("p") };
+        let refused = Sender::spawn(cell.clone(), "ws://127.0.0.1:9", config).map(drop);
+        assert!(matches!(refused, Err(SpawnError::InvalidHeader { .. })), "{name:?}: {value:?} is refused");
+    }
     for url in ["ws://127.0.0.1:9", "ws://localhost/stream", "ws://[::1]:9000/x?y=1"] {
         assert_eq!(spawn(url), Ok(()), "{url:?} is a ws:// URL");
     }
