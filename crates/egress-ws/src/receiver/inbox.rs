@@ -1067,6 +1067,48 @@ mod tests {
         assert_eq!(inbox.counts, counts);
     }
 
+    #[test]
+    fn byte_bounds_weigh_payload_bytes_and_tombstones_weigh_nothing() {
+        let rules = Rules { max_buffered_bytes: 5, max_buffered_bytes_total: 8, queue_bytes: 10, ..rules() };
+        let mut inbox = Inbox::new(rules);
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
+        let bytes = |n: usize| Content::Message(Bytes::from(vec![7u8; n]));
+        // Above a gap: 6 bytes do not fit the stream's 5; 4 do; then 2 more
+        // do not (6 > 5); a tombstone weighs nothing.
+        assert_eq!(inbox.take_frame(&p, c, 1, 5, bytes(6)), Taken::Overflow);
+        assert_eq!(inbox.take_frame(&p, c, 1, 5, bytes(4)), Taken::Buffered);
+        assert_eq!(inbox.take_frame(&p, c, 1, 6, bytes(2)), Taken::Overflow);
+        let skipped = Content::Skipped(egress_core::DeadReason::Permanent);
+        assert_eq!(inbox.take_frame(&p, c, 1, 6, skipped), Taken::Buffered);
+        assert_eq!(inbox.held().buffered_bytes, 4);
+        // In order: 6 bytes queued; 5 more would pass the queue's 10.
+        assert_eq!(inbox.take_frame(&p, c, 1, 0, bytes(6)), Taken::Delivered { count: 1 });
+        assert_eq!(inbox.take_frame(&p, c, 1, 1, bytes(5)), Taken::Full(bytes(5)));
+        assert_eq!(inbox.take_frame(&p, c, 1, 1, bytes(4)), Taken::Delivered { count: 1 });
+        assert_eq!((inbox.held().queued_bytes, inbox.held().buffered_bytes), (10, 4));
+        // Another producer's buffer counts against the total of 8.
+        let q: Arc<str> = "q".into();
+        let (cq, ..) = admit(&mut inbox, &q, 1, 1, 0);
+        assert_eq!(inbox.take_frame(&q, cq, 1, 3, bytes(5)), Taken::Overflow, "4 + 5 > 8");
+        assert_eq!(inbox.take_frame(&q, cq, 1, 3, bytes(4)), Taken::Buffered, "4 + 4 = 8");
+    }
+
+    #[test]
+    fn a_producer_without_a_connection_is_still_refused_a_stale_generation() {
+        let mut inbox = Inbox::new(rules());
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 5, 0);
+        inbox.closed(&p, c, 0);
+        for g in [3, 5] {
+            match inbox.handshake(&p, 1, g, 0, None, (), 0) {
+                Admission::Refused { code: CloseCode::StaleGeneration, detail: 5, .. } => {}
+                other => panic!("generation {g} after 5: expected a stale refusal, got {other:?}"),
+            }
+        }
+        admit(&mut inbox, &p, 1, 6, 0);
+    }
+
     fn take_all(inbox: &mut Inbox<()>) -> Vec<Queued> {
         std::iter::from_fn(|| inbox.take(0).map(|(q, _)| q)).collect()
     }
