@@ -1107,6 +1107,18 @@ mod tests {
             }
         }
         admit(&mut inbox, &p, 1, 6, 0);
+        // Its latest rises from the last one recorded, not from zero, also
+        // while it has no connection: at most MAX_GENERATION_JUMP a step.
+        let jump = MAX_GENERATION_JUMP;
+        let q: Arc<str> = "q".into();
+        let (c, ..) = admit(&mut inbox, &q, 1, 5 * jump, 0); // recorded: jump
+        inbox.closed(&q, c, 0);
+        let (c, ..) = admit(&mut inbox, &q, 1, 5 * jump, 0); // recorded: 2 * jump
+        inbox.closed(&q, c, 0);
+        match inbox.handshake(&q, 1, 2 * jump, 0, None, (), 0) {
+            Admission::Refused { code: CloseCode::StaleGeneration, detail, .. } => assert_eq!(detail, 2 * jump),
+            other => panic!("expected a stale refusal at 2^33, got {other:?}"),
+        }
     }
 
     fn take_all(inbox: &mut Inbox<()>) -> Vec<Queued> {
