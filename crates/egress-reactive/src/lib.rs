@@ -122,9 +122,9 @@ mod signal;
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncContext, AsyncEffect, EffectCx, Readable, Watch};
 #[cfg(feature = "async")]
-pub use cells::{AsyncEgressCell, TokioClock};
+pub use cells::{AsyncEgressCell, TokioClock, Undelivered};
 pub use cells::{
-    AsyncTransport, AttachRun, Attachment, CellFlavor, CellOptions, Clock, EgressCell, EgressCellOf, Inner,
+    AsyncTransport, AttachRun, Attachment, CellFlavor, CellOptions, Clock, EgressCell, EgressCellOf, Full, Inner,
     ManualClock, MonotonicClock, ParkedRecord, Project, SendError, Snapshot, State, ThreadSafeEgressCell, Transport,
     delay,
 };

@@ -237,3 +237,69 @@ async fn dropping_the_cell_stops_its_timer_and_frees_its_nodes() {
     assert!(watch.upgrade().is_none(), "the transport is gone");
     assert_eq!(cx.node_count(), base, "the timer task released the cell");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_cell_at_capacity_refuses_or_waits_for_room_and_delivered_waits_for_the_outcome() {
+    use egress_reactive::{CellOptions, Full, Undelivered};
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<u32> =
+        AsyncEgressCell::with_options(&cx, policy(8), CellOptions::new().generation(Generation(1)).capacity(3));
+    assert_eq!(cell.capacity(), Some(3));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut channel = Channel::new(tx);
+    channel.fail = vec![None, None, Some(FailureKind::Permanent)];
+    let link = cell.attach(channel);
+    for i in 0..3 {
+        assert_eq!(cell.try_enqueue(i), Ok(Sequence(u64::from(i))));
+    }
+    // Three unacknowledged (two sent, one a dead letter now): full. The
+    // payload comes back, and nothing changed.
+    let _ = drain(&mut rx).await;
+    assert_eq!(cell.try_enqueue(3), Err(Full { payload: 3, capacity: 3 }));
+    assert_eq!(cell.next_sequence(), Sequence(3));
+
+    // Waiting for room, and for outcomes.
+    let waiter = tokio::spawn({
+        let cell = cell.clone();
+        async move { cell.enqueue_when_room(3).await }
+    });
+    let first = tokio::spawn({
+        let cell = cell.clone();
+        async move { cell.delivered(Sequence(0)).await }
+    });
+    let dead = tokio::spawn({
+        let cell = cell.clone();
+        async move { cell.delivered(Sequence(2)).await }
+    });
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!waiter.is_finished() && !first.is_finished(), "no ack yet: no room, no outcome");
+    assert_eq!(dead.await.unwrap(), Err(Undelivered::Dead(egress_core::DeadReason::Permanent)));
+    link.ack(Sequence(0));
+    assert_eq!(first.await.unwrap(), Ok(()));
+    assert_eq!(waiter.await.unwrap(), Sequence(3), "room after the ack");
+    assert_eq!(cell.delivered(Sequence(0)).await, Ok(()), "an acknowledged message stays so");
+    assert_eq!(cell.delivered(Sequence(9)).await, Err(Undelivered::Unknown(Sequence(9))));
+    // Plain enqueue ignores the capacity.
+    let _ = cell.enqueue(4);
+    assert_eq!(cell.next_sequence(), Sequence(5));
+    assert!(cell.try_enqueue(5).is_err());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_delivered_future_ends_when_its_cell_is_disposed() {
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<u32> = AsyncEgressCell::new(&cx, policy(8));
+    let _ = cell.enqueue(1);
+    let waiting = tokio::spawn({
+        let cell = cell.clone();
+        async move { cell.delivered(Sequence(0)).await }
+    });
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    cell.dispose();
+    assert_eq!(waiting.await.unwrap(), Err(egress_reactive::Undelivered::Disposed));
+    assert_eq!(cell.delivered(Sequence(0)).await, Err(egress_reactive::Undelivered::Disposed));
+}

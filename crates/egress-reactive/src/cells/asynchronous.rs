@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use std::panic::resume_unwind;
 
-use egress_core::{EgressCore, Policy};
+use egress_core::{DeadReason, EgressCore, MessageStatus, Policy, Sequence};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
+use tokio_stream::StreamExt as _;
 
 use super::cell::{Attachment, CellOptions, EgressCellOf, Inner};
 use super::clock::TokioClock;
@@ -108,6 +109,21 @@ impl Drop for Timer {
     }
 }
 
+/// Why [`AsyncEgressCell::delivered`] ended without an acknowledgement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Undelivered {
+    /// The message became a dead letter, for this reason.
+    #[error("a dead letter: {0}")]
+    Dead(DeadReason),
+    /// The cell never took this sequence.
+    #[error("sequence {0} was never enqueued")]
+    Unknown(Sequence),
+    /// The cell was disposed while waiting.
+    #[error("the cell was disposed")]
+    Disposed,
+}
+
 impl<T: 'static> Clone for AsyncEgressCell<T> {
     fn clone(&self) -> Self {
         AsyncEgressCell { cell: self.cell.clone(), timer: self.timer.clone() }
@@ -178,6 +194,62 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
             })
         });
         AsyncEgressCell { cell, timer: Arc::new(Timer(task)) }
+    }
+
+    /// Queues `payload` once the cell holds fewer than its
+    /// [capacity](crate::CellOptions::capacity) of unacknowledged records,
+    /// waiting for acknowledgements to make room (at once without a
+    /// capacity). Cancel-safe: dropped while waiting, nothing was queued.
+    pub async fn enqueue_when_room(&self, payload: T) -> Sequence {
+        let mut payload = payload;
+        loop {
+            // Watching before trying: an acknowledgement between the try
+            // and the wait is a change the watch still yields.
+            // Owned by the cell: its disposal ends the stream.
+            let Ok(mut acked) = self.cell.in_scope(|graph| graph.watch(self.cell.acked_through())) else {
+                return self.cell.enqueue(payload);
+            };
+            let _ = acked.next().await; // the value now
+            match self.cell.try_enqueue(payload) {
+                Ok(sequence) => return sequence,
+                Err(full) => payload = full.payload,
+            }
+            if acked.next().await.is_none() {
+                // The graph is gone: nothing will make room. Queue it
+                // anyway rather than wait forever.
+                return self.cell.enqueue(payload);
+            }
+        }
+    }
+
+    /// Waits until the message `sequence` is acknowledged (`Ok`), or
+    /// becomes a dead letter (`Err(Undelivered::Dead)`: a tombstone goes in
+    /// its place, or it is held, as the policy says).
+    ///
+    /// # Errors
+    /// [`Undelivered`]: a dead letter, a sequence the cell never took, or a
+    /// cell disposed while waiting.
+    pub async fn delivered(&self, sequence: Sequence) -> Result<(), Undelivered> {
+        // Both owned by the cell: its disposal ends the stream.
+        let Ok((status, mut statuses)) = self.cell.in_scope(|graph| {
+            let status = self.cell.status(sequence);
+            let statuses = graph.watch(&status);
+            (status, statuses)
+        }) else {
+            return Err(Undelivered::Disposed);
+        };
+        let outcome = loop {
+            match statuses.next().await {
+                Some(Some(MessageStatus::Acknowledged)) => break Ok(()),
+                Some(Some(MessageStatus::Dead(reason))) => break Err(Undelivered::Dead(reason)),
+                Some(None) => break Err(Undelivered::Unknown(sequence)),
+                Some(Some(_)) => {}
+                None => break Err(Undelivered::Disposed),
+            }
+        };
+        drop(statuses);
+        status.dispose();
+        outcome
     }
 
     /// Attaches an async transport under the current generation: one async

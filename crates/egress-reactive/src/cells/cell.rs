@@ -65,6 +65,7 @@ pub struct CellOptions {
     incarnation: Option<Incarnation>,
     clock: Option<Arc<dyn Clock>>,
     jitter_seed: Option<u64>,
+    capacity: Option<usize>,
 }
 
 impl CellOptions {
@@ -110,6 +111,19 @@ impl CellOptions {
         self
     }
 
+    /// The most records the cell holds unacknowledged before
+    /// [`try_enqueue`](EgressCellOf::try_enqueue) refuses (and
+    /// [`AsyncEgressCell::enqueue_when_room`](crate::AsyncEgressCell::enqueue_when_room)
+    /// waits): backpressure for a producer faster than its peer. Pending,
+    /// in flight, retrying and dead letters not yet skipped all count;
+    /// only an acknowledgement makes room. [`enqueue`](EgressCellOf::enqueue)
+    /// ignores it. Without it, no bound.
+    #[must_use]
+    pub fn capacity(mut self, records: usize) -> Self {
+        self.capacity = Some(records);
+        self
+    }
+
     #[cfg(feature = "async")]
     pub(crate) const fn generation_of(&self) -> Generation {
         self.generation
@@ -127,6 +141,7 @@ impl std::fmt::Debug for CellOptions {
             .field("incarnation", &self.incarnation)
             .field("clock", &self.clock.as_ref().map(|_| "custom"))
             .field("jitter_seed", &self.jitter_seed)
+            .field("capacity", &self.capacity)
             .finish()
     }
 }
@@ -580,6 +595,32 @@ struct Shared<T: 'static, F: Flavor> {
     /// Owns every node of the cell: its triggers, readers and attachments.
     scope: Scope<F>,
     incarnation: Incarnation,
+    /// See [`CellOptions::capacity`].
+    capacity: Option<usize>,
+}
+
+/// [`try_enqueue`](EgressCellOf::try_enqueue) found the cell at its
+/// capacity: the payload comes back, nothing was queued.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the cell holds {capacity} unacknowledged records, its capacity")]
+pub struct Full<T> {
+    /// The payload refused.
+    pub payload: T,
+    /// The cell's capacity.
+    pub capacity: usize,
+}
+
+impl<T> std::fmt::Debug for Full<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Full").field("capacity", &self.capacity).finish_non_exhaustive()
+    }
+}
+
+/// How many records `core` holds unacknowledged: every sequence taken and
+/// not yet at or below the watermark.
+fn unacknowledged<T>(core: &EgressCore<T>) -> usize {
+    let first = core.acked_through().map_or(0, |s| s.get().saturating_add(1));
+    usize::try_from(core.next_sequence().get().saturating_sub(first)).unwrap_or(usize::MAX)
 }
 
 /// An egress cell on a graph of flavour `F`: delivery state as signals.
@@ -776,7 +817,8 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             };
             (inner, readers)
         });
-        let shared = Shared { inner, readers, attachments: ValueCell::new(Vec::new()), scope, incarnation };
+        let capacity = options.capacity;
+        let shared = Shared { inner, readers, attachments: ValueCell::new(Vec::new()), scope, incarnation, capacity };
         EgressCellOf { shared: F::ptr(shared) }
     }
 
@@ -953,6 +995,28 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             let t = s.core.enqueue(payload);
             (t.outcome, t.changes)
         })
+    }
+
+    /// [`enqueue`](Self::enqueue), unless the cell holds its
+    /// [capacity](CellOptions::capacity) of unacknowledged records: then
+    /// [`Full`] with the payload, and nothing changes.
+    ///
+    /// # Errors
+    /// [`Full`] at capacity.
+    pub fn try_enqueue(&self, payload: T) -> Result<Sequence, Full<T>> {
+        let capacity = self.shared.capacity;
+        self.shared.inner.apply(By::Caller, |s| match capacity {
+            Some(capacity) if unacknowledged(&s.core) >= capacity => (Err(Full { payload, capacity }), Changes::NONE),
+            _ => {
+                let t = s.core.enqueue(payload);
+                (Ok(t.outcome), t.changes)
+            }
+        })
+    }
+
+    /// The cell's [capacity](CellOptions::capacity), if it has one.
+    pub fn capacity(&self) -> Option<usize> {
+        self.shared.capacity
     }
 
     /// Queues every payload in order: one transition, one invalidation, one

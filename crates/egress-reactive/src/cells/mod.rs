@@ -17,10 +17,10 @@ mod clock;
 mod transport;
 
 #[cfg(feature = "async")]
-pub use asynchronous::AsyncEgressCell;
+pub use asynchronous::{AsyncEgressCell, Undelivered};
 pub use cell::{
-    AttachRun, Attachment, CellFlavor, CellOptions, EgressCell, EgressCellOf, Inner, ParkedRecord, Project, Snapshot,
-    State, ThreadSafeEgressCell,
+    AttachRun, Attachment, CellFlavor, CellOptions, EgressCell, EgressCellOf, Full, Inner, ParkedRecord, Project,
+    Snapshot, State, ThreadSafeEgressCell,
 };
 #[cfg(feature = "async")]
 pub use clock::TokioClock;
