@@ -394,10 +394,12 @@ impl<W: Clone> Inbox<W> {
         if resume_from > stream.next {
             stream.next = resume_from;
         }
+        // And a give-back below it is covered by that word, as a commit
+        // would cover it.
         if resume_from > stream.wanted {
             stream.wanted = resume_from;
-            stream.redo = stream.redo.split_off(&resume_from);
         }
+        stream.redo = stream.redo.split_off(&resume_from);
         stream.settle();
         let (next, received) = (stream.committed, stream.next);
         entry.streams.push((incarnation, stream));
@@ -420,8 +422,9 @@ impl<W: Clone> Inbox<W> {
         if streams.is_empty() {
             return;
         }
+        // Their buffers are empty: only the current connection's stream
+        // buffers, and a forgotten stream is never that (the driver checks).
         let ids: Vec<u64> = streams.iter().map(|s| s.id).collect();
-        self.buffered_bytes -= streams.iter().map(|s| s.buffered_bytes).sum::<usize>();
         let mut dropped = 0;
         self.queue.retain(|q| {
             let keep = !ids.contains(&q.stream);
@@ -1151,6 +1154,101 @@ mod tests {
         assert!(!commit(&mut inbox, &never), "a commit of what was never received is void");
         assert!(!inbox.release(again(&got[0])), "a give-back of something committed is void");
         assert_eq!(inbox.counts.released, 0);
+    }
+
+    #[test]
+    fn acks_are_due_on_the_first_commit_and_from_every_ack_every_on() {
+        // ack_every is 2.
+        let mut inbox = Inbox::new(Rules { commit_on_take: false, ..rules() });
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
+        for s in 0..6 {
+            let _ = inbox.take_frame(&p, c, 1, s, msg(s));
+        }
+        let got = take_all(&mut inbox);
+        assert!(!inbox.unacked(&p, c), "nothing committed");
+        assert!(commit(&mut inbox, &got[0]), "the first commit since the ack wakes (to start the timer)");
+        assert!(inbox.unacked(&p, c));
+        assert_eq!(inbox.poll_ack(&p, c, false), None, "1 unacknowledged, below ack_every");
+        assert!(commit(&mut inbox, &got[1]), "2 unacknowledged: due");
+        assert_eq!(inbox.poll_ack(&p, c, false), Some((1, 1)));
+        assert!(!inbox.unacked(&p, c), "all acknowledged");
+        assert!(commit(&mut inbox, &got[2]), "the first since the ack");
+        assert!(commit(&mut inbox, &got[3]), "2 unacknowledged");
+        assert!(commit(&mut inbox, &got[4]), "and on");
+        assert_eq!(inbox.poll_ack(&p, c, false), Some((1, 4)));
+        assert!(!inbox.unacked(&p, ConnId(c.0 + 1)), "another connection has nothing");
+        // Without a connection, a commit wakes nothing.
+        inbox.closed(&p, c, 0);
+        assert!(!commit(&mut inbox, &got[5]), "no connection to wake");
+    }
+
+    #[test]
+    fn a_message_above_the_queue_bytes_passes_an_empty_queue() {
+        let mut inbox = Inbox::new(Rules { queue_bytes: 10, ..rules() });
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
+        let big = Content::Message(Bytes::from(vec![1u8; 20]));
+        assert_eq!(inbox.take_frame(&p, c, 1, 0, big.clone()), Taken::Delivered { count: 1 }, "else it wedges");
+        assert_eq!(inbox.take_frame(&p, c, 1, 1, big.clone()), Taken::Full(big), "not past another");
+        assert_eq!(inbox.held().queued_bytes, 20);
+    }
+
+    #[test]
+    fn a_resume_point_above_what_a_stream_holds_moves_it_on() {
+        let mut inbox = Inbox::new(rules());
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
+        for s in 0..2 {
+            let _ = inbox.take_frame(&p, c, 1, s, msg(s));
+        }
+        let _ = taken(&mut inbox);
+        inbox.closed(&p, c, 0);
+        // At its own watermark: nothing moves.
+        let (c, next, received) = admit(&mut inbox, &p, 1, 2, 2);
+        assert_eq!((next, received), (2, 2));
+        inbox.closed(&p, c, 0);
+        // Below it: nothing moves back.
+        let (c, next, received) = admit(&mut inbox, &p, 1, 3, 1);
+        assert_eq!((next, received), (2, 2));
+        inbox.closed(&p, c, 0);
+        // Above it: the producer no longer holds 2..5, so they are not waited for.
+        let (c, next, received) = admit(&mut inbox, &p, 1, 4, 5);
+        assert_eq!((next, received), (5, 5));
+        assert_eq!(inbox.take_frame(&p, c, 4, 5, msg(5)), Taken::Delivered { count: 1 });
+    }
+
+    #[test]
+    fn a_resume_point_covers_the_give_backs_below_it_and_only_those() {
+        let mut inbox = Inbox::new(Rules { commit_on_take: false, ..rules() });
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
+        for s in 0..4 {
+            let _ = inbox.take_frame(&p, c, 1, s, msg(s));
+        }
+        let got = take_all(&mut inbox);
+        // 1 and 3 given back, 2 committed: committed through 0 only.
+        assert!(inbox.release(again(&got[1])) && inbox.release(again(&got[3])));
+        let _ = commit(&mut inbox, &got[2]);
+        inbox.closed(&p, c, 0);
+        let (c, next, received) = admit(&mut inbox, &p, 1, 2, 0);
+        assert_eq!((next, received), (1, 4), "the give-backs hold the watermark at 1");
+        inbox.closed(&p, c, 0);
+        // The producer says everything below 3 was acknowledged: that
+        // covers 1 (at the application's watermark, 3, too), not 3.
+        let (_, next, received) = admit(&mut inbox, &p, 1, 3, 3);
+        assert_eq!((next, received), (3, 4));
+    }
+
+    #[test]
+    fn a_forgotten_stream_frees_the_bytes_it_had_queued() {
+        let mut inbox = Inbox::new(Rules { incarnations: 1, ..rules() });
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
+        let _ = inbox.take_frame(&p, c, 1, 0, Content::Message(Bytes::from(vec![0u8; 7])));
+        assert_eq!(inbox.held().queued_bytes, 7);
+        admit(&mut inbox, &p, 2, 2, 0);
+        assert_eq!(inbox.held(), Held { producers: 1, buffered_bytes: 0, queued: 0, queued_bytes: 0 });
     }
 
     #[test]
