@@ -51,4 +51,9 @@ pub fn fuzz_inbox(data: &[u8]) {
     receiver::fuzz_inbox(data);
 }
 pub use receiver::{AckFaults, AckMode, Content, Delivery, Receiver, ReceiverConfig, ReceiverStats, Resume};
-pub use sender::{Connect, ConnectionState, Io, Sender, SenderConfig, SenderStats, SpawnError, TooLarge, WsTransport};
+#[cfg(feature = "json")]
+pub use sender::Json;
+pub use sender::{
+    Codec, Connect, ConnectionState, Io, Raw, Sender, SenderConfig, SenderStats, SpawnError, TooLarge, Unencodable,
+    WsTransport,
+};

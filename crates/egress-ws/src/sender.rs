@@ -231,7 +231,8 @@ pub struct TooLarge {
 /// Frames are queued by `send` and written by `flush`, once per pass. A
 /// payload above the receiver's limit fails as permanent without being sent;
 /// a tombstone goes out as a tombstone frame.
-pub struct WsTransport {
+pub struct WsTransport<T = Bytes> {
+    codec: Arc<dyn Codec<T>>,
     sink: Arc<Mutex<Sink>>,
     /// Held from the first send of a pass to its flush.
     pass: Option<OwnedMutexGuard<Sink>>,
@@ -258,17 +259,61 @@ impl Unwritten {
     }
 }
 
-impl AsyncTransport<Bytes> for WsTransport {
-    async fn send(&mut self, envelope: Envelope<Bytes>) -> Result<(), SendError> {
+/// How the payloads of a typed cell become the bytes of a data frame (see
+/// [`Sender::spawn_typed`]): the cell's readers show the typed messages,
+/// the wire carries bytes. A payload that does not encode fails as
+/// permanent (a dead letter): trying again would not help.
+pub trait Codec<T>: Send + Sync + 'static {
+    /// `value`'s bytes.
+    ///
+    /// # Errors
+    /// Why `value` has no encoding.
+    fn encode(&self, value: &T) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+}
+
+/// Bytes as they are: the codec of [`Sender::spawn`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Raw;
+
+impl Codec<Bytes> for Raw {
+    fn encode(&self, value: &Bytes) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(value.clone())
+    }
+}
+
+/// JSON through serde (feature `json`); the receiving application reads it
+/// back with [`json::from_payload`](crate::json::from_payload).
+#[cfg(feature = "json")]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Json;
+
+#[cfg(feature = "json")]
+impl<T: serde::Serialize> Codec<T> for Json {
+    fn encode(&self, value: &T) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(crate::json::to_payload(value)?)
+    }
+}
+
+impl<T: Send + Sync + 'static> AsyncTransport<T> for WsTransport<T> {
+    async fn send(&mut self, envelope: Envelope<T>) -> Result<(), SendError> {
         let (generation, sequence, attempt) =
             (envelope.generation.get(), envelope.sequence.get(), envelope.attempt.get());
         let frame = match envelope.dead {
             Some(reason) => Frame::Tombstone { generation, sequence, attempt, reason },
-            None if envelope.payload.len() > self.max_payload => {
-                self.unwritten.0.lock().insert(sequence);
-                return Err(SendError::permanent(TooLarge { len: envelope.payload.len(), limit: self.max_payload }));
+            None => {
+                let payload = match self.codec.encode(&envelope.payload) {
+                    Ok(payload) => payload,
+                    Err(e) => {
+                        self.unwritten.0.lock().insert(sequence);
+                        return Err(SendError::permanent(Unencodable(e)));
+                    }
+                };
+                if payload.len() > self.max_payload {
+                    self.unwritten.0.lock().insert(sequence);
+                    return Err(SendError::permanent(TooLarge { len: payload.len(), limit: self.max_payload }));
+                }
+                Frame::Data { generation, sequence, attempt, payload }
             }
-            None => Frame::Data { generation, sequence, attempt, payload: envelope.payload },
         };
         self.unwritten.0.lock().remove(&sequence);
         tracing::trace!(sequence, attempt, tombstone = envelope.dead.is_some(), "egress sender: frame");
@@ -289,7 +334,12 @@ impl AsyncTransport<Bytes> for WsTransport {
     }
 }
 
-impl std::fmt::Debug for WsTransport {
+/// A payload its codec could not encode: it fails as permanent.
+#[derive(Debug, thiserror::Error)]
+#[error("the payload does not encode: {0}")]
+pub struct Unencodable(pub Box<dyn std::error::Error + Send + Sync>);
+
+impl<T> std::fmt::Debug for WsTransport<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WsTransport").field("max_payload", &self.max_payload).finish_non_exhaustive()
     }
@@ -357,7 +407,7 @@ pub struct Sender {
     graph: Handle<Threaded>,
     /// Keeps the cell, and with it the state's nodes, for as long as the
     /// sender is kept.
-    _cell: AsyncEgressCell<Bytes>,
+    _cell: Box<dyn std::any::Any + Send + Sync>,
 }
 
 impl std::fmt::Debug for Sender {
@@ -389,6 +439,39 @@ impl Sender {
         url: impl Into<String>,
         config: SenderConfig,
     ) -> Result<Sender, SpawnError> {
+        Self::spawn_typed(cell, Raw, url, config)
+    }
+
+    /// [`spawn`](Self::spawn) for a cell of typed messages, each encoded by
+    /// `codec` as it goes out (the cell, and what a UI reads of it, keep the
+    /// typed values):
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "json")]
+    /// # async fn f() -> Result<(), egress_ws::SpawnError> {
+    /// #[derive(Clone, serde::Serialize)]
+    /// struct Chat { to: String, text: String }
+    ///
+    /// let cx = egress_reactive::AsyncContext::new();
+    /// let cell = egress_reactive::AsyncEgressCell::new(&cx, egress_core::Policy::default());
+    /// let sender = egress_ws::Sender::spawn_typed(cell.clone(), egress_ws::Json, "ws://127.0.0.1:9000", egress_ws::SenderConfig::new("chat"))?;
+    /// cell.enqueue(Chat { to: "ann".into(), text: "hi".into() });
+    /// // cell.pending() shows Chat values; the receiver gets their JSON.
+    /// # drop(sender); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`spawn`](Self::spawn).
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn_typed<T: Clone + Send + Sync + 'static>(
+        cell: AsyncEgressCell<T>,
+        codec: impl Codec<T>,
+        url: impl Into<String>,
+        config: SenderConfig,
+    ) -> Result<Sender, SpawnError> {
+        let codec: Arc<dyn Codec<T>> = Arc::new(codec);
         let url = url.into();
         let target = Target::new(&url, &config.headers)?;
         let (signal, state, graph) = cell
@@ -407,7 +490,7 @@ impl Sender {
         let span = tracing::info_span!("egress_sender", producer = %config.producer, %url);
         let task = tokio::spawn({
             let counters = counters.clone();
-            let supervisor = supervise(cell.clone(), target, config, stop_rx, kill.clone(), counters.clone());
+            let supervisor = supervise(cell.clone(), codec, target, config, stop_rx, kill.clone(), counters.clone());
             async move {
                 let error = supervisor.await.map(|why| {
                     *counters.fatal.lock() = Some(why.clone());
@@ -417,7 +500,7 @@ impl Sender {
             }
             .instrument(span)
         });
-        Ok(Sender { task, stop, kill, counters, state, graph, _cell: cell })
+        Ok(Sender { task, stop, kill, counters, state, graph, _cell: Box::new(cell) })
     }
 
     /// Where the connection is, as a computed on the cell's graph (owned by
@@ -575,8 +658,9 @@ struct Outcome {
     lasted: Duration,
 }
 
-async fn supervise(
-    cell: AsyncEgressCell<Bytes>,
+async fn supervise<T: Clone + Send + Sync + 'static>(
+    cell: AsyncEgressCell<T>,
+    codec: Arc<dyn Codec<T>>,
     target: Target,
     config: SenderConfig,
     mut stop: watch::Receiver<bool>,
@@ -597,7 +681,7 @@ async fn supervise(
             return None;
         }
         counters.report(ConnectionState::Connecting { attempt: failures.saturating_add(1) });
-        let outcome = connection(&cell, &target, &config, &kill, &counters, floor, &unwritten, &mut stop).await;
+        let outcome = connection(&cell, &codec, &target, &config, &kill, &counters, floor, &unwritten, &mut stop).await;
         let idle = cell.inflight_len().get_untracked() == 0;
         if outcome.progressed || (idle && outcome.lasted >= config.backoff_max) {
             failures = 0;
@@ -674,8 +758,9 @@ async fn send_close(sink: &Mutex<Sink>, code: CloseCode, reason: &str) {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn connection(
-    cell: &AsyncEgressCell<Bytes>,
+async fn connection<T: Clone + Send + Sync + 'static>(
+    cell: &AsyncEgressCell<T>,
+    codec: &Arc<dyn Codec<T>>,
     target: &Target,
     config: &SenderConfig,
     kill: &Notify,
@@ -753,7 +838,8 @@ async fn connection(
     counters.report(ConnectionState::Connected { generation });
     let receipt = cell.received_through().get_untracked();
     let max_payload = usize::try_from(terms.max_payload).unwrap_or(usize::MAX);
-    let transport = WsTransport { sink: sink.clone(), pass: None, max_payload, unwritten: unwritten.clone() };
+    let transport =
+        WsTransport { codec: codec.clone(), sink: sink.clone(), pass: None, max_payload, unwritten: unwritten.clone() };
     let link = cell.attach(transport);
     let stall = config.stall_timeout.unwrap_or(Duration::MAX);
     let mut heard = Instant::now();
@@ -828,8 +914,8 @@ async fn open(target: &Target, config: &SenderConfig) -> Result<Ws, String> {
 /// Applies a welcome: what the receiver acknowledged, then what it holds.
 /// Either beyond what was sent, or a receipt below the acknowledgement, is
 /// a protocol error of the receiver.
-fn welcome(
-    cell: &AsyncEgressCell<Bytes>,
+fn welcome<T: Clone + Send + Sync + 'static>(
+    cell: &AsyncEgressCell<T>,
     generation: Generation,
     next: u64,
     received: u64,

@@ -224,7 +224,10 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
 
     /// Waits until the message `sequence` is acknowledged (`Ok`), or
     /// becomes a dead letter (`Err(Undelivered::Dead)`: a tombstone goes in
-    /// its place, or it is held, as the policy says).
+    /// its place, or it is held, as the policy says). The core forgets a
+    /// record once acknowledged, not its watermark: a dead letter whose
+    /// tombstone was acknowledged before the wait began reads as
+    /// acknowledged, so wait from the enqueue on to see every dead letter.
     ///
     /// # Errors
     /// [`Undelivered`]: a dead letter, a sequence the cell never took, or a

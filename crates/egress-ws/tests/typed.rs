@@ -1,0 +1,61 @@
+//! A cell of typed messages over the wire as JSON: the readers show the
+//! typed values, the receiver gets their bytes, and a value with no JSON
+//! form is a dead letter (skipped) rather than a wedge.
+#![cfg(feature = "json")]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{LIMIT, policy, sender_config};
+use egress_core::{DeadReason, Sequence};
+use egress_reactive::{AsyncContext, AsyncEgressCell};
+use egress_ws::{Content, Json, Receiver, ReceiverConfig, Sender};
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Chat {
+    to: String,
+    text: String,
+    /// JSON has no form for a map with non-string keys.
+    tags: BTreeMap<Vec<u8>, u8>,
+}
+
+fn chat(text: &str) -> Chat {
+    Chat { to: "ann".into(), text: text.into(), tags: BTreeMap::new() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_messages_go_out_as_json_and_one_without_a_json_form_is_skipped() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<Chat> = AsyncEgressCell::new(&cx, policy());
+    // Queued before the sender connects: the reader shows typed values.
+    cell.enqueue(chat("hi"));
+    let mut bad = chat("never");
+    bad.tags.insert(vec![1], 1);
+    cell.enqueue(bad);
+    cell.enqueue(chat("bye"));
+    let texts: Vec<String> = cell.pending().get().iter().map(|e| e.payload.text.clone()).collect();
+    assert_eq!(texts, ["hi", "never", "bye"]);
+
+    let sender =
+        Sender::spawn_typed(cell.clone(), Json, format!("ws://{}", receiver.local_addr()), sender_config(71)).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        got.push(match &d.content {
+            Content::Message(bytes) => Ok(egress_ws::json::from_payload::<Chat>(bytes).unwrap().text),
+            Content::Skipped(reason) => Err(*reason),
+        });
+    }
+    assert_eq!(got, [Ok("hi".to_owned()), Err(DeadReason::Permanent), Ok("bye".to_owned())]);
+    let settled = tokio::time::timeout(LIMIT, cell.delivered(Sequence(2))).await.unwrap();
+    assert_eq!(settled, Ok(()), "acknowledged: nothing wedged behind the skipped one");
+    assert_eq!(
+        cell.delivered(Sequence(1)).await,
+        Ok(()),
+        "the skipped one's tombstone was acknowledged too (the dead letter is forgotten once skipped)"
+    );
+    sender.shutdown().await;
+}
