@@ -207,3 +207,26 @@ async fn kill_next_waits_for_a_connection_and_kills_it() {
     // landed before the handshake), and the sender came back each time.
     assert!(sender.shutdown().await.reconnects >= 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_proxy_cuts_its_connections_and_takes_no_more() {
+    use tokio::io::AsyncReadExt;
+    let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let proxy = ChaosProxy::start(receiver.local_addr(), None).await.unwrap();
+    let addr = proxy.local_addr();
+    // A first connection, to know the proxy accepts (kill_next waits for it).
+    let _first = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::time::timeout(LIMIT, proxy.kill_next()).await.unwrap();
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    drop(proxy);
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(LIMIT, client.read(&mut buf)).await.expect("the link is cut, not left open");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    // The listener goes with the proxy (its task is aborted, so it closes
+    // when the runtime drops that task: wait for it, within the limit).
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(tokio::time::Instant::now() < deadline, "something still listens");
+        tokio::task::yield_now().await;
+    }
+}
