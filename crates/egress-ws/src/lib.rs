@@ -37,6 +37,7 @@ pub mod json;
 pub mod protocol;
 mod proxy;
 mod receiver;
+mod rng;
 mod sender;
 #[cfg(feature = "tls")]
 pub mod tls;

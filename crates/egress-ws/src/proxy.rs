@@ -56,13 +56,10 @@ impl ChaosProxy {
         if let Some(chaos) = chaos {
             let (links, kills) = (links.clone(), kills.clone());
             tasks.push(tokio::spawn(async move {
-                let mut rng = chaos.seed | 1;
+                let mut rng = crate::rng::Xorshift::new(chaos.seed);
                 let span = u64::try_from(chaos.mean_interval.as_micros()).unwrap_or(u64::MAX).saturating_mul(2);
                 loop {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    tokio::time::sleep(Duration::from_micros(rng % span.max(1))).await;
+                    tokio::time::sleep(Duration::from_micros(rng.next_u64() % span.max(1))).await;
                     if cut(&links) > 0 {
                         kills.fetch_add(1, Ordering::Relaxed);
                     }

@@ -667,7 +667,7 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
     kill: Arc<Notify>,
     counters: Arc<Counters>,
 ) -> Option<String> {
-    let mut rng = config.seed | 1;
+    let mut rng = crate::rng::Xorshift::new(config.seed);
     let mut failures: u32 = 0;
     // A generation the next attempt must exceed (a receiver's latest).
     let mut floor = Generation(0);
@@ -719,10 +719,7 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
         };
         counters.reconnects.fetch_add(1, Ordering::Relaxed);
         if wait {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let delay = backoff(&config, failures, rng);
+            let delay = backoff(&config, failures, rng.next_u64());
             failures = failures.saturating_add(1);
             let retry_at = std::time::Instant::now() + delay;
             counters.report(ConnectionState::Reconnecting { retry_at, failures, error: why.into() });

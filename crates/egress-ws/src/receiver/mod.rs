@@ -991,7 +991,7 @@ struct Acks {
     /// When the first unacknowledged commit was seen.
     since: Option<Instant>,
     faults: AckFaults,
-    rng: u64,
+    rng: crate::rng::Xorshift,
     delayed: VecDeque<(Instant, u64)>,
 }
 
@@ -1002,7 +1002,7 @@ impl Acks {
             generation,
             since: None,
             faults: config.ack_faults,
-            rng: config.ack_faults.seed ^ generation.rotate_left(17) ^ 0x9E37_79B9_7F4A_7C15,
+            rng: crate::rng::Xorshift::new(config.ack_faults.seed ^ generation.rotate_left(17) ^ 0x9E37_79B9_7F4A_7C15),
             delayed: VecDeque::new(),
         }
     }
@@ -1028,12 +1028,7 @@ impl Acks {
         if p <= 0.0 {
             return false;
         }
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        #[allow(clippy::cast_precision_loss)]
-        let x = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
-        x < p
+        self.rng.next_f64() < p
     }
 
     /// The ack frames to send now.
