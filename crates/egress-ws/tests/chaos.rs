@@ -230,3 +230,14 @@ async fn a_dropped_proxy_cuts_its_connections_and_takes_no_more() {
         tokio::task::yield_now().await;
     }
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_schedule_counts_only_kills_that_cut_something() {
+    // No connection ever opens: a second of schedule (about 100 ticks, on
+    // paused time) kills nothing and counts nothing.
+    let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let chaos = Chaos { seed: 3, mean_interval: Duration::from_millis(10) };
+    let proxy = ChaosProxy::start(receiver.local_addr(), Some(chaos)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(proxy.kills(), 0);
+}
