@@ -103,7 +103,9 @@ async fn the_upgrade_request_carries_the_configured_headers() {
         headers: vec![("authorization".into(), "Bearer t0ken".into()), ("x-tenant".into(), "blue".into())],
         ..sender_config(63)
     };
-    assert!(!format!("{config:?}").contains("t0ken"), "a header's value (a secret) is not in Debug");
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("t0ken"), "a header's value (a secret) is not in Debug: {debug}");
+    assert!(debug.contains("\"authorization\"") && debug.contains("producer-1"), "its name is: {debug}");
     let sender = Sender::spawn(cell, format!("ws://{addr}/stream"), config).unwrap();
     let request = tokio::time::timeout(LIMIT, server).await.unwrap().unwrap().to_lowercase();
     assert!(request.starts_with("get /stream http/1.1\r\n"), "{request}");
