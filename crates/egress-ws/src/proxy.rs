@@ -134,9 +134,41 @@ async fn forward(
             }
         });
         if let Ok(mut links) = links.lock() {
+            // Bounded by the connections open: the ended ones go.
             links.retain(|l| !l.is_finished());
             links.push(link.abort_handle());
         }
         accepted.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_proxy_holds_only_its_open_links() {
+        // A target that accepts and closes at once: every link ends.
+        let target = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let to = target.local_addr().expect("an address");
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = target.accept().await {
+                drop(stream);
+            }
+        });
+        let proxy = ChaosProxy::start(to, None).await.expect("starts");
+        for _ in 0..20 {
+            let accepted = proxy.accepted.notified();
+            tokio::pin!(accepted);
+            accepted.as_mut().enable();
+            let _client = TcpStream::connect(proxy.local_addr()).await.expect("connects");
+            accepted.await; // its link is in the list...
+            // ...and has ended (its target closed it).
+            while proxy.links.lock().expect("links").iter().any(|l| !l.is_finished()) {
+                tokio::task::yield_now().await;
+            }
+        }
+        let held = proxy.links.lock().expect("links").len();
+        assert_eq!(held, 1, "only the last link is held of 20 ended connections");
     }
 }
