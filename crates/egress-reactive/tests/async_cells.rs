@@ -303,3 +303,16 @@ async fn a_delivered_future_ends_when_its_cell_is_disposed() {
     assert_eq!(waiting.await.unwrap(), Err(egress_reactive::Undelivered::Disposed));
     assert_eq!(cell.delivered(Sequence(0)).await, Err(egress_reactive::Undelivered::Disposed));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_enqueue_waiting_for_room_that_is_dropped_queues_nothing() {
+    let cx = AsyncContext::new();
+    let options = egress_reactive::CellOptions::new().generation(Generation(1)).capacity(1);
+    let cell: AsyncEgressCell<u32> = AsyncEgressCell::with_options(&cx, policy(8), options);
+    assert_eq!(cell.try_enqueue(0), Ok(Sequence(0)));
+    // Full: the wait is abandoned (a timeout, as a caller's select! would).
+    let waited = tokio::time::timeout(Duration::from_millis(20), cell.enqueue_when_room(1)).await;
+    assert!(waited.is_err(), "no acknowledgement, no room");
+    assert_eq!(cell.next_sequence(), Sequence(1), "the abandoned payload was not queued");
+    assert_eq!(cell.pending_len().get_untracked() + cell.inflight_len().get_untracked(), 1);
+}
