@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{LIMIT, drained, next_frame, payload, policy, receive_in_order, sender_config};
+use common::{drained, limit, next_frame, payload, policy, receive_in_order, sender_config};
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::protocol::{CloseCode, Frame};
 use egress_ws::{Content, Receiver, ReceiverConfig, ReceiverStats, Sender};
@@ -28,7 +28,7 @@ fn send(frame: Frame) -> Message {
 
 /// Waits until `ok(stats)` holds, polling the receiver's counters.
 async fn until(receiver: &Receiver, what: &str, ok: impl Fn(&ReceiverStats) -> bool) -> ReceiverStats {
-    let deadline = tokio::time::Instant::now() + LIMIT;
+    let deadline = tokio::time::Instant::now() + limit();
     loop {
         let stats = receiver.stats();
         if ok(&stats) {
@@ -43,7 +43,7 @@ async fn until(receiver: &Receiver, what: &str, ok: impl Fn(&ReceiverStats) -> b
 async fn closed(stream: &mut TcpStream) -> bool {
     let mut buf = [0u8; 512];
     loop {
-        match tokio::time::timeout(LIMIT, stream.read(&mut buf)).await {
+        match tokio::time::timeout(limit(), stream.read(&mut buf)).await {
             Ok(Ok(0) | Err(_)) => return true,
             Ok(Ok(_)) => {}
             Err(_) => return false,
@@ -111,7 +111,7 @@ async fn a_connection_cap_answers_503_and_the_timeouts_free_it() {
     until(&receiver, "8 open", |s| s.open_connections == 8).await;
     let mut ninth = TcpStream::connect(addr).await.unwrap();
     let mut answer = Vec::new();
-    tokio::time::timeout(LIMIT, ninth.read_to_end(&mut answer)).await.unwrap().unwrap();
+    tokio::time::timeout(limit(), ninth.read_to_end(&mut answer)).await.unwrap().unwrap();
     assert!(answer.starts_with(b"HTTP/1.1 503"), "{:?}", String::from_utf8_lossy(&answer));
     assert_eq!(receiver.stats().refused_capacity, 1);
     // The idle ones time out; a real producer gets in.
@@ -220,7 +220,7 @@ async fn queued_bytes_are_bounded() {
     let stats_later = receiver.stats();
     assert!(stats_later.bytes_queued <= 100 << 10, "{stats:?} {stats_later:?}");
     for i in 0..20 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
         assert_eq!((d.sequence, d.content), (i, Content::Message(big(i))));
         assert!(receiver.stats().bytes_queued <= 100 << 10);
     }
@@ -267,7 +267,7 @@ async fn the_producer_table_is_bounded_and_idle_ids_are_forgotten() {
             .unwrap();
     cell.enqueue_all((0..5).map(payload));
     for i in 0..5 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
         assert_eq!((&*d.producer, d.sequence), ("p0", i));
     }
     drained(&cell, 5).await;
@@ -286,7 +286,7 @@ async fn a_resume_point_above_a_gap_does_not_wedge_the_stream() {
         first.send(data(1, sequence, payload(sequence))).await.unwrap();
     }
     for i in 0..10 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
         assert_eq!(d.sequence, i);
     }
     let mut second = producer(&receiver, "p", 2, 20).await;
@@ -294,7 +294,7 @@ async fn a_resume_point_above_a_gap_does_not_wedge_the_stream() {
         second.send(data(2, sequence, payload(sequence))).await.unwrap();
     }
     for i in 20..30 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
         assert_eq!((d.sequence, d.content), (i, Content::Message(payload(i))));
     }
     loop {
@@ -315,7 +315,7 @@ async fn a_cell_out_of_generations_stops_its_sender_without_a_panic_or_a_loop() 
     let cell = AsyncEgressCell::with_options(&cx, policy(), options);
     cell.enqueue_all((0..3).map(payload));
     let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(5)).unwrap();
-    let deadline = tokio::time::Instant::now() + LIMIT;
+    let deadline = tokio::time::Instant::now() + limit();
     while sender.failure().is_none() {
         assert!(tokio::time::Instant::now() < deadline, "{:?}", sender.stats());
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{LIMIT, drained, payload, policy, receive_in_order, sender_config};
+use common::{drained, limit, payload, policy, receive_in_order, sender_config};
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::{AckFaults, Chaos, ChaosProxy, Content, Receiver, ReceiverConfig, Sender, SenderConfig};
 
@@ -147,7 +147,7 @@ async fn many_producers_each_get_their_own_stream() {
     }
     let mut next = std::collections::HashMap::<String, u64>::new();
     for _ in 0..3_000 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.expect("deliveries keep coming");
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.expect("deliveries keep coming");
         let expected = next.entry(d.producer.to_string()).or_insert(0);
         assert_eq!(d.sequence, *expected, "{}: in order, once", d.producer);
         assert_eq!(d.content, Content::Message(payload(d.sequence)));
@@ -216,15 +216,15 @@ async fn a_dropped_proxy_cuts_its_connections_and_takes_no_more() {
     let addr = proxy.local_addr();
     // A first connection, to know the proxy accepts (kill_next waits for it).
     let _first = tokio::net::TcpStream::connect(addr).await.unwrap();
-    tokio::time::timeout(LIMIT, proxy.kill_next()).await.unwrap();
+    tokio::time::timeout(limit(), proxy.kill_next()).await.unwrap();
     let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
     drop(proxy);
     let mut buf = [0u8; 16];
-    let read = tokio::time::timeout(LIMIT, client.read(&mut buf)).await.expect("the link is cut, not left open");
+    let read = tokio::time::timeout(limit(), client.read(&mut buf)).await.expect("the link is cut, not left open");
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
     // The listener goes with the proxy (its task is aborted, so it closes
     // when the runtime drops that task: wait for it, within the limit).
-    let deadline = tokio::time::Instant::now() + LIMIT;
+    let deadline = tokio::time::Instant::now() + limit();
     while tokio::net::TcpStream::connect(addr).await.is_ok() {
         assert!(tokio::time::Instant::now() < deadline, "something still listens");
         tokio::task::yield_now().await;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{LIMIT, close_of, drained, next_frame, payload, policy, receive_in_order, sender_config};
+use common::{close_of, drained, limit, next_frame, payload, policy, receive_in_order, sender_config};
 use egress_core::{DeadReason, Delay, Generation, Policy, Sequence};
 use egress_reactive::{AsyncContext, AsyncEgressCell, CellOptions};
 use egress_ws::protocol::{CloseCode, Frame, GENERATION_LIMIT, MAX_GENERATION_JUMP, Terms};
@@ -25,7 +25,7 @@ use tokio_tungstenite::tungstenite::Message;
 const TERMS: Terms = Terms { max_payload: 1 << 20, keepalive_ms: 1_000 };
 
 async fn recv(receiver: &mut Receiver) -> egress_ws::Delivery {
-    tokio::time::timeout(LIMIT, receiver.recv()).await.expect("a delivery in time")
+    tokio::time::timeout(limit(), receiver.recv()).await.expect("a delivery in time")
 }
 
 fn send(frame: Frame) -> Message {
@@ -109,7 +109,7 @@ async fn a_restarted_producer_is_a_new_stream_readmitted_in_one_round_trip() {
     let sender = Sender::spawn(second.clone(), url, sender_config(2)).unwrap();
     second.enqueue_all((0..1_000).map(payload));
     for i in 0..1_000 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
         assert_eq!((d.incarnation, d.sequence), (second.incarnation(), i), "the new run's own stream, from 0");
         assert_eq!(d.content, Content::Message(payload(i)));
     }
@@ -131,7 +131,7 @@ async fn what_the_application_did_not_take_is_not_acknowledged_and_survives_shut
     let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(3)).unwrap();
     cell.enqueue_all((0..100).map(payload));
     // The receiver holds a window's worth (the application took none)...
-    let deadline = tokio::time::Instant::now() + LIMIT;
+    let deadline = tokio::time::Instant::now() + limit();
     while first.next_for("producer-1") != Some(64) {
         assert!(tokio::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -159,7 +159,7 @@ async fn explicit_commits_acknowledge_and_a_delivery_given_back_comes_again() {
     cell.enqueue_all((0..10).map(payload));
     let mut taken = Vec::new();
     for i in 0..5 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
         assert_eq!(d.sequence, i);
         taken.push(d);
     }
@@ -169,7 +169,7 @@ async fn explicit_commits_acknowledge_and_a_delivery_given_back_comes_again() {
     let mut rest = taken.split_off(3);
     taken.pop().unwrap().commit();
     drop(taken);
-    let deadline = tokio::time::Instant::now() + LIMIT;
+    let deadline = tokio::time::Instant::now() + limit();
     while cell.acked_through().get_untracked() != Some(Sequence(2)) {
         assert!(tokio::time::Instant::now() < deadline, "{:?}", cell.acked_through().get_untracked());
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -179,7 +179,7 @@ async fn explicit_commits_acknowledge_and_a_delivery_given_back_comes_again() {
     drop(rest.remove(0));
     drop(rest);
     for i in 3..10 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
         assert_eq!((d.sequence, d.content.clone()), (i, Content::Message(payload(i))));
         assert_eq!(d.deliveries, if i < 5 { 2 } else { 1 }, "sequence {i}");
         d.commit();
@@ -204,8 +204,8 @@ async fn a_handler_that_panics_gives_back_everything_it_held() {
     let cell = AsyncEgressCell::new(&cx, policy());
     let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(11)).unwrap();
     cell.enqueue_all((0..10).map(payload));
-    let first = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
-    let second = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+    let first = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
+    let second = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
     let handler = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
         let (_first, _second) = (first, second);
         panic!("the handler fails");
@@ -213,14 +213,14 @@ async fn a_handler_that_panics_gives_back_everything_it_held() {
     assert!(handler.is_err());
     // Sequence 0 fails three times more; then it is set aside (committed).
     for attempt in 2..=5 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
         assert_eq!((d.sequence, d.deliveries), (0, attempt));
         if attempt == 5 {
             d.commit();
         }
     }
     for i in 1..10 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
         assert_eq!((d.sequence, d.content.clone()), (i, Content::Message(payload(i))));
         d.commit();
     }
@@ -246,7 +246,7 @@ async fn a_delivery_given_back_with_the_queue_full_wedges_no_other_producer() {
         let frame = Frame::Data { generation: 1, sequence, attempt: 1, payload: payload(sequence) };
         other.send(send(frame)).await.unwrap();
     }
-    let deadline = tokio::time::Instant::now() + LIMIT;
+    let deadline = tokio::time::Instant::now() + limit();
     while receiver.next_for("other") != Some(2) {
         assert!(tokio::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -259,12 +259,12 @@ async fn a_delivery_given_back_with_the_queue_full_wedges_no_other_producer() {
         assert!(tokio::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let given_back = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+    let given_back = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
     assert_eq!((&*given_back.producer, given_back.sequence), ("other", 0));
     drop(given_back);
     let mut seen = Vec::new();
     while seen.len() < 22 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.expect("no wedge");
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.expect("no wedge");
         seen.push((d.producer.to_string(), d.sequence));
         d.commit();
     }
@@ -349,7 +349,7 @@ async fn a_stale_close_out_of_reach_does_not_use_up_the_generations() {
     let cell = AsyncEgressCell::new(&cx, policy());
     cell.enqueue_all((0..10).map(payload));
     let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(14)).unwrap();
-    let deadline = tokio::time::Instant::now() + LIMIT;
+    let deadline = tokio::time::Instant::now() + limit();
     while accepted.load(Ordering::SeqCst) < 3 {
         assert!(tokio::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -394,7 +394,7 @@ async fn an_ack_covering_a_held_record_that_was_never_sent_is_refused() {
     let cell = AsyncEgressCell::new(&cx, hold);
     cell.enqueue_all((0..10).map(|i| if i == 3 { Bytes::from(vec![b'x'; 100]) } else { payload(i) }));
     let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(16)).unwrap();
-    let close = tokio::time::timeout(LIMIT, closed.recv()).await.unwrap().unwrap();
+    let close = tokio::time::timeout(limit(), closed.recv()).await.unwrap().unwrap();
     assert_eq!(close.map(|(code, _)| code), Some(CloseCode::Protocol));
     let stats = sender.shutdown().await;
     assert!(stats.protocol_errors >= 1, "{stats:?}");
@@ -411,8 +411,14 @@ async fn a_record_above_the_receivers_limit_is_skipped_without_a_wedge() {
     let big = Bytes::from(vec![b'x'; 2 << 20]);
     cell.enqueue_all((0..10).map(|i| if i == 3 { big.clone() } else { payload(i) }));
     for i in 0..10 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
         let expected = if i == 3 { Content::Skipped(DeadReason::Permanent) } else { Content::Message(payload(i)) };
+        let bytes = payload(i);
+        assert_eq!(d.payload(), if i == 3 { None } else { Some(&bytes) }, "a skip has no payload");
+        let shown = format!("{d:?}");
+        for field in [format!("sequence: {i}"), "deliveries: 1".into(), "committed: true".into()] {
+            assert!(shown.contains(&field), "{shown} shows {field}");
+        }
         assert_eq!((d.sequence, d.content), (i, expected));
     }
     drained(&cell, 10).await;
@@ -466,14 +472,14 @@ async fn fragile_receiver()
 async fn a_record_that_kills_its_connections_dies_of_replays_alone() {
     let (addr, mut delivered, deaths) = fragile_receiver().await;
     let cx = AsyncContext::new();
-    let limit = 3;
-    let policy = Policy::builder().inflight_limit(16).replay_limit(limit).retry_base(Delay(5)).build().unwrap();
+    let replays = 3;
+    let policy = Policy::builder().inflight_limit(16).replay_limit(replays).retry_base(Delay(5)).build().unwrap();
     let cell = AsyncEgressCell::new(&cx, policy);
     let config = SenderConfig { backoff_max: Duration::from_millis(100), ..sender_config(6) };
     let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
     cell.enqueue_all((0..20).map(|i| if i == 5 { Bytes::from_static(b"POISON") } else { payload(i) }));
     for i in 0..20 {
-        let (sequence, content) = tokio::time::timeout(LIMIT, delivered.recv()).await.unwrap().unwrap();
+        let (sequence, content) = tokio::time::timeout(limit(), delivered.recv()).await.unwrap().unwrap();
         let expected = if i == 5 { Content::Skipped(DeadReason::Replays) } else { Content::Message(payload(i)) };
         assert_eq!((sequence, content), (i, expected));
     }
@@ -483,7 +489,7 @@ async fn a_record_that_kills_its_connections_dies_of_replays_alone() {
     // replays began, then its replay limit's worth plus the one that
     // killed it. Only it died: the records behind it were delivered.
     let killed = deaths.load(Ordering::SeqCst);
-    assert!(killed >= 2 && killed <= u64::from(limit) + 2, "{killed} connections killed: {stats:?}");
+    assert!(killed >= 2 && killed <= u64::from(replays) + 2, "{killed} connections killed: {stats:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use bytes::Bytes;
-use common::{LIMIT, payload, policy, sender_config};
+use common::{limit, payload, policy, sender_config};
 use egress_core::Incarnation;
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::{AckFaults, AckMode, Receiver, ReceiverConfig, Resume, Sender};
@@ -46,7 +46,7 @@ fn config(record: &Arc<Record>) -> ReceiverConfig {
 async fn apply(receiver: &mut Receiver, record: &Record, n: u64) -> Vec<u64> {
     let mut got = Vec::new();
     for _ in 0..n {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.expect("a delivery in time");
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.expect("a delivery in time");
         record.next.lock().insert((d.producer.to_string(), d.incarnation.0), d.sequence + 1);
         got.push(d.sequence);
         d.commit();

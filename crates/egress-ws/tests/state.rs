@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
 
-use common::{LIMIT, drained, payload, policy, receive_in_order, sender_config};
+use common::{drained, limit, payload, policy, receive_in_order, sender_config};
 use egress_core::Generation;
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::{ConnectionState, Receiver, ReceiverConfig, Sender, SpawnError};
@@ -20,7 +20,7 @@ async fn next_state(
     skip: impl Fn(&ConnectionState) -> bool,
 ) -> ConnectionState {
     loop {
-        let state = tokio::time::timeout(LIMIT, states.next()).await.expect("a state in time").expect("the stream");
+        let state = tokio::time::timeout(limit(), states.next()).await.expect("a state in time").expect("the stream");
         if !skip(&state) {
             return state;
         }
@@ -57,7 +57,7 @@ async fn the_connection_state_follows_connects_failures_and_shutdown() {
     };
     assert!(failures >= 1);
     assert!(retry_at > before, "the next attempt is in the future of the failure");
-    assert!(retry_at <= before + Duration::from_millis(50) + LIMIT, "within the backoff");
+    assert!(retry_at <= before + Duration::from_millis(50) + limit(), "within the backoff");
     assert!(!error.is_empty());
 
     // A receiver comes up where the sender looks: connected.

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use common::{LIMIT, drained, payload, policy, receive_in_order, sender_config};
+use common::{drained, limit, payload, policy, receive_in_order, sender_config};
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::tls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use egress_ws::{ConnectionState, Io, Receiver, ReceiverConfig, Sender, SenderConfig};
@@ -59,7 +59,7 @@ async fn wss_with_a_custom_root_delivers_in_order_and_the_default_roots_refuse_a
     let refused = Sender::spawn(stranger, url.clone(), sender_config(61)).unwrap();
     let mut states = refused.watch_state();
     let error = loop {
-        match tokio::time::timeout(LIMIT, states.next()).await.unwrap().unwrap() {
+        match tokio::time::timeout(limit(), states.next()).await.unwrap().unwrap() {
             ConnectionState::Reconnecting { error, .. } => break error,
             ConnectionState::Connected { .. } => panic!("connected to an unknown certificate"),
             _ => {}
@@ -107,7 +107,7 @@ async fn the_upgrade_request_carries_the_configured_headers() {
     assert!(!debug.contains("t0ken"), "a header's value (a secret) is not in Debug: {debug}");
     assert!(debug.contains("\"authorization\"") && debug.contains("producer-1"), "its name is: {debug}");
     let sender = Sender::spawn(cell, format!("ws://{addr}/stream"), config).unwrap();
-    let request = tokio::time::timeout(LIMIT, server).await.unwrap().unwrap().to_lowercase();
+    let request = tokio::time::timeout(limit(), server).await.unwrap().unwrap().to_lowercase();
     assert!(request.starts_with("get /stream http/1.1\r\n"), "{request}");
     assert!(request.contains("\r\nauthorization: bearer t0ken\r\n"), "{request}");
     assert!(request.contains("\r\nx-tenant: blue\r\n"), "{request}");

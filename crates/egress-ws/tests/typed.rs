@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{LIMIT, policy, sender_config};
+use common::{limit, policy, sender_config};
 use egress_core::{DeadReason, Sequence};
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::{Content, Json, Receiver, ReceiverConfig, Sender};
@@ -43,14 +43,14 @@ async fn typed_messages_go_out_as_json_and_one_without_a_json_form_is_skipped() 
         Sender::spawn_typed(cell.clone(), Json, format!("ws://{}", receiver.local_addr()), sender_config(71)).unwrap();
     let mut got = Vec::new();
     for _ in 0..3 {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
         got.push(match &d.content {
             Content::Message(bytes) => Ok(egress_ws::json::from_payload::<Chat>(bytes).unwrap().text),
             Content::Skipped(reason) => Err(*reason),
         });
     }
     assert_eq!(got, [Ok("hi".to_owned()), Err(DeadReason::Permanent), Ok("bye".to_owned())]);
-    let settled = tokio::time::timeout(LIMIT, cell.delivered(Sequence(2))).await.unwrap();
+    let settled = tokio::time::timeout(limit(), cell.delivered(Sequence(2))).await.unwrap();
     assert_eq!(settled, Ok(()), "acknowledged: nothing wedged behind the skipped one");
     assert_eq!(
         cell.delivered(Sequence(1)).await,

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{LIMIT, next_frame};
+use common::{limit, next_frame};
 use egress_core::{DeadReason, Delay, Incarnation, Policy};
 use egress_reactive::{AsyncContext, AsyncEgressCell, CellOptions};
 use egress_ws::protocol::{CloseCode, Frame, Limits, Terms};
@@ -145,7 +145,7 @@ async fn run_receiver_case(case: &Value) {
             let got = tokio::time::timeout(quiet, next_frame(conns.get_mut(&c).unwrap())).await;
             assert!(got.is_err(), "{name}: expected nothing, got {got:?}");
         } else if let Some(d) = step.get("deliver") {
-            let got = tokio::time::timeout(LIMIT, receiver.recv()).await.unwrap();
+            let got = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
             assert_eq!(got.sequence, n(d, "sequence"), "{name}: {step}");
             assert_eq!(got.incarnation, Incarnation(u128::from(n(d, "incarnation"))), "{name}: {step}");
             let content = match d.get("skipped").and_then(Value::as_str) {
@@ -181,7 +181,7 @@ async fn run_sender_case(case: &Value) {
             let shutdown = sender.take().unwrap().shutdown();
             tokio::spawn(shutdown);
         } else if let Some(c) = conn("accept") {
-            let (stream, _) = tokio::time::timeout(LIMIT, listener.accept()).await.unwrap().unwrap();
+            let (stream, _) = tokio::time::timeout(limit(), listener.accept()).await.unwrap().unwrap();
             conns.insert(c, tokio_tungstenite::accept_async(stream).await.unwrap());
         } else if let Some(c) = conn("send") {
             let _ = conns.get_mut(&c).unwrap().send(Message::Binary(bytes_of(step))).await;
@@ -192,7 +192,7 @@ async fn run_sender_case(case: &Value) {
         } else if let Some(c) = conn("expect_close") {
             expect_close(conns.get_mut(&c).unwrap(), step, name).await;
         } else if let Some(want) = step.get("expect_cell") {
-            let deadline = tokio::time::Instant::now() + LIMIT;
+            let deadline = tokio::time::Instant::now() + limit();
             loop {
                 let mut ok = true;
                 for (k, v) in want.as_object().unwrap() {

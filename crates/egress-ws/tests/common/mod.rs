@@ -14,8 +14,17 @@ use egress_ws::{Content, Receiver, SenderConfig};
 use futures_util::StreamExt;
 use tokio_tungstenite::tungstenite::Message;
 
-/// Every wait in these tests gives up after this long.
-pub const LIMIT: Duration = Duration::from_secs(60);
+/// Every wait in these tests gives up after this long: 60 s, or
+/// `EGRESS_TEST_LIMIT_SECS` (the mutation gate sets it lower, so that a
+/// mutant that stops delivery fails in seconds rather than a minute; a
+/// correct run needs a fraction of either).
+pub fn limit() -> Duration {
+    static LIMIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let secs = std::env::var("EGRESS_TEST_LIMIT_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+        Duration::from_secs(secs)
+    })
+}
 
 pub fn policy() -> Policy {
     Policy::builder()
@@ -47,7 +56,7 @@ pub fn payload(i: u64) -> Bytes {
 pub async fn receive_in_order(receiver: &mut Receiver, from: u64, n: u64) {
     let mut next = from;
     while next < n {
-        let d = tokio::time::timeout(LIMIT, receiver.recv()).await.expect("deliveries keep coming");
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.expect("deliveries keep coming");
         assert_eq!((&*d.producer, d.sequence), ("producer-1", next), "in order, no duplicates");
         assert_eq!(d.content, Content::Message(payload(next)));
         next += 1;
@@ -57,7 +66,7 @@ pub async fn receive_in_order(receiver: &mut Receiver, from: u64, n: u64) {
 /// Waits until the cell has everything through `n - 1` acknowledged, and
 /// nothing left.
 pub async fn drained(cell: &AsyncEgressCell<Bytes>, n: u64) {
-    let deadline = tokio::time::Instant::now() + LIMIT;
+    let deadline = tokio::time::Instant::now() + limit();
     while cell.acked_through().get_untracked() != Some(Sequence(n - 1)) {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -89,7 +98,7 @@ where
     S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {
     loop {
-        match tokio::time::timeout(LIMIT, ws.next()).await.ok()?? {
+        match tokio::time::timeout(limit(), ws.next()).await.ok()?? {
             Ok(Message::Binary(b)) => return Frame::decode(&b, Limits::default()).ok(),
             Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => {}
             _ => return None,
