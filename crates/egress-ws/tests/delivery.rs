@@ -425,6 +425,10 @@ async fn a_record_above_the_receivers_limit_is_skipped_without_a_wedge() {
     let stats = sender.shutdown().await;
     assert_eq!((stats.reconnects, stats.protocol_errors), (0, 0), "never sent, never a dead connection: {stats:?}");
     assert_eq!(receiver.stats().skipped, 1);
+    let shown = format!("{receiver:?}");
+    for field in [format!("local_addr: {}", receiver.local_addr()), "skipped: 1".into(), "delivered: 10".into()] {
+        assert!(shown.contains(&field), "{shown} shows {field}");
+    }
 }
 
 /// A receiver whose connections die whenever a data frame carries

@@ -73,6 +73,32 @@ async fn hostile_input_closes_that_connection_and_nothing_else() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_announced_above_the_limit_is_refused_at_its_header() {
+    // The receiver's WebSocket layer is held to the payload limit, not to
+    // the library's defaults: a frame whose header announces 8 MiB (under
+    // tungstenite's own 16 MiB default) is refused as soon as the header is
+    // read, not buffered while its body comes (here it never does, and the
+    // handshake timeout is far away).
+    let config = ReceiverConfig {
+        limits: Limits { max_payload: 1_024 },
+        handshake_timeout: std::time::Duration::from_secs(3_600),
+        ..ReceiverConfig::default()
+    };
+    let receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let mut ws = raw_client(&receiver).await;
+    let announced: u64 = 8 << 20;
+    // FIN + binary; masked, 64-bit length; the length; the mask; a start.
+    let mut frame = vec![0x82, 0x80 | 127];
+    frame.extend_from_slice(&announced.to_be_bytes());
+    frame.extend_from_slice(&[1, 2, 3, 4]);
+    frame.extend_from_slice(&[0; 64]);
+    tokio::io::AsyncWriteExt::write_all(ws.get_mut(), &frame).await.unwrap();
+    let code = close_of(&mut ws).await.map(|(c, _)| c);
+    assert_eq!(code, Some(CloseCode::Protocol), "refused before its body");
+    assert_eq!(receiver.stats().rejected, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_version_is_closed_with_the_version_code_and_ours() {
     let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
     let mut ws = raw_client(&receiver).await;
