@@ -37,6 +37,10 @@
 //! transaction (the relay notices the commit and adopts them).
 
 mod sqlite;
+mod stored;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
 
 #[cfg(feature = "relay")]
 mod relay;
@@ -64,6 +68,10 @@ pub enum StoreError {
     /// missing table).
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL refused, or the connection failed.
+    #[cfg(feature = "postgres")]
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
     /// A pragma the store depends on did not take.
     #[error("pragma {name} is {found}, expected {expected}")]
     Pragma {

@@ -5,10 +5,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use egress_core::{DeadMark, DeadReason, Generation, Incarnation, Ready, Restored, RestoredRecord, Sequence};
+use egress_core::{Generation, Incarnation, Ready, Restored, RestoredRecord, Sequence};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::StoreError;
+use crate::stored::{dead_code, dead_of, fresh_incarnation, to_i64, to_u64};
 
 /// The schema, one migration per version: `PRAGMA user_version` counts the
 /// ones applied. Never edit a migration that shipped; add one.
@@ -120,41 +121,6 @@ pub struct Loaded {
     pub incarnation: Incarnation,
     /// The stored state.
     pub restored: Restored<Bytes>,
-}
-
-fn to_i64(what: &'static str, value: u64) -> Result<i64, StoreError> {
-    i64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value: i128::from(value) })
-}
-
-fn to_u64(what: &'static str, value: i64) -> Result<u64, StoreError> {
-    u64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value: i128::from(value) })
-}
-
-fn dead_code(reason: DeadReason) -> i64 {
-    match reason {
-        DeadReason::Permanent => 0,
-        DeadReason::Retries => 1,
-        DeadReason::Replays => 2,
-    }
-}
-
-fn dead_of(code: Option<i64>, held: Option<i64>) -> Result<Option<DeadMark>, StoreError> {
-    let Some(code) = code else { return Ok(None) };
-    let reason = match code {
-        0 => DeadReason::Permanent,
-        1 => DeadReason::Retries,
-        2 => DeadReason::Replays,
-        other => return Err(StoreError::OutOfRange { what: "dead_reason", value: i128::from(other) }),
-    };
-    Ok(Some(DeadMark { reason, held: held.unwrap_or(0) != 0 }))
-}
-
-/// A new incarnation: 128 bits from the standard library's randomly seeded
-/// hasher.
-fn fresh_incarnation() -> [u8; 16] {
-    use std::hash::BuildHasher;
-    let random = || std::collections::hash_map::RandomState::new().hash_one(0u64);
-    (u128::from(random()) << 64 | u128::from(random())).to_be_bytes()
 }
 
 /// Creates the stream's row if it has none (generation 0, nothing stored).

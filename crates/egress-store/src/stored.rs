@@ -1,0 +1,42 @@
+//! How egress's values are stored, the same in every database: numbers as
+//! signed 64-bit integers (checked both ways), dead letters as a reason code
+//! and a held flag, incarnations and owner tokens as 16 random bytes.
+
+use egress_core::{DeadMark, DeadReason};
+
+use crate::StoreError;
+
+pub(crate) fn to_i64(what: &'static str, value: u64) -> Result<i64, StoreError> {
+    i64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value: i128::from(value) })
+}
+
+pub(crate) fn to_u64(what: &'static str, value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value: i128::from(value) })
+}
+
+pub(crate) fn dead_code(reason: DeadReason) -> i64 {
+    match reason {
+        DeadReason::Permanent => 0,
+        DeadReason::Retries => 1,
+        DeadReason::Replays => 2,
+    }
+}
+
+pub(crate) fn dead_of(code: Option<i64>, held: Option<i64>) -> Result<Option<DeadMark>, StoreError> {
+    let Some(code) = code else { return Ok(None) };
+    let reason = match code {
+        0 => DeadReason::Permanent,
+        1 => DeadReason::Retries,
+        2 => DeadReason::Replays,
+        other => return Err(StoreError::OutOfRange { what: "dead_reason", value: i128::from(other) }),
+    };
+    Ok(Some(DeadMark { reason, held: held.unwrap_or(0) != 0 }))
+}
+
+/// A new incarnation: 128 bits from the standard library's randomly seeded
+/// hasher.
+pub(crate) fn fresh_incarnation() -> [u8; 16] {
+    use std::hash::BuildHasher;
+    let random = || std::collections::hash_map::RandomState::new().hash_one(0u64);
+    (u128::from(random()) << 64 | u128::from(random())).to_be_bytes()
+}

@@ -1,0 +1,331 @@
+//! The PostgreSQL store against a real server: appends in the caller's
+//! transaction (committed, rolled back, concurrent), recovery, stream
+//! leases taken with `SKIP LOCKED` and fenced by their number, and the
+//! outbox's notifications.
+//!
+//! The server comes from `EGRESS_PG_URL` (`.ci/run` starts a throwaway
+//! cluster on a loopback port and sets it, with `EGRESS_PG_REQUIRED=1`).
+//! Without the URL each test says so and does nothing, unless
+//! `EGRESS_PG_REQUIRED` is set: then a missing server fails it.
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use egress_core::{DeadLetters, DeadReason, EgressCore, FailureKind, Generation, JitterSample, Policy, Sequence, Time};
+use egress_store::StoreError;
+use egress_store::postgres::{Lease, PgOutbox, PgStore, migrate};
+
+/// A new, empty database of its own on the server (so that one test's
+/// free streams are not another's to take), as a URL; `None` (after
+/// saying so) when this run has no server. `EGRESS_PG_URL` must be a URL
+/// (`postgres://user@host:port/db`); the databases are named
+/// `egress_test_*` and left for the throwaway cluster to take away.
+async fn database() -> Option<String> {
+    let url = match std::env::var("EGRESS_PG_URL") {
+        Ok(url) => url,
+        Err(_) if std::env::var_os("EGRESS_PG_REQUIRED").is_some() => {
+            panic!("EGRESS_PG_REQUIRED is set but EGRESS_PG_URL is not")
+        }
+        Err(_) => {
+            eprintln!("EGRESS_PG_URL is not set: this PostgreSQL test does nothing");
+            return None;
+        }
+    };
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let name = fresh("egress_test").replace('-', "_");
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+    let (base, _) = url.split_once('?').map_or((url.as_str(), ""), |(b, q)| (b, q));
+    let (server, _) = base.rsplit_once('/').expect("EGRESS_PG_URL is a URL with a database");
+    Some(format!("{server}/{name}"))
+}
+
+/// A stream name no other test (or earlier run) uses.
+fn fresh(name: &str) -> String {
+    use std::hash::BuildHasher;
+    format!("{name}-{:016x}", std::collections::hash_map::RandomState::new().hash_one(0u64))
+}
+
+/// A client of the application's own, with the schema installed.
+async fn app(url: &str) -> tokio_postgres::Client {
+    let (mut client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    migrate(&mut client).await.unwrap();
+    client
+}
+
+async fn outbox_rows(client: &tokio_postgres::Client, stream: &str) -> Vec<(i64, Vec<u8>)> {
+    client
+        .query("SELECT seq, payload FROM egress_outbox WHERE stream = $1 ORDER BY seq", &[&stream])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Writes everything the core's journal holds under `lease`.
+async fn flush(core: &mut EgressCore<Bytes>, store: &mut PgStore, lease: &Lease) -> Result<(), StoreError> {
+    while let Some(ready) = core.poll_ready() {
+        let appends: Vec<_> = core.unwritten(ready.appends.clone()).map(|(s, p)| (s, p.clone())).collect();
+        if let Err(e) = store.apply(lease, &ready, &appends).await {
+            let _ = core.persist_failed(ready.epoch, e.to_string());
+            return Err(e);
+        }
+        let _ = core.persisted(ready.epoch);
+    }
+    Ok(())
+}
+
+const LONG: Duration = Duration::from_secs(600);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_commit_and_roll_back_with_the_callers_transaction() {
+    let Some(url) = database().await else { return };
+    let mut client = app(&url).await;
+    let stream = fresh("orders");
+    client
+        .batch_execute("CREATE TABLE IF NOT EXISTS egress_test_orders (id bigserial PRIMARY KEY, item text)")
+        .await
+        .unwrap();
+    let outbox = PgOutbox::new(stream.clone());
+
+    let tx = client.transaction().await.unwrap();
+    tx.execute("INSERT INTO egress_test_orders (item) VALUES ($1)", &[&stream]).await.unwrap();
+    let first = outbox.append_json(&tx, &serde_json::json!({"order": "tea"})).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let tx = client.transaction().await.unwrap();
+    tx.execute("INSERT INTO egress_test_orders (item) VALUES ($1)", &[&stream]).await.unwrap();
+    let rolled_back = outbox.append(&tx, b"cake").await.unwrap();
+    tx.rollback().await.unwrap();
+
+    let tx = client.transaction().await.unwrap();
+    let second = outbox.append(&tx, b"raw bytes").await.unwrap();
+    tx.commit().await.unwrap();
+
+    assert_eq!((first, rolled_back, second), (Sequence(0), Sequence(1), Sequence(1)), "a rollback consumes nothing");
+    let rows = outbox_rows(&client, &stream).await;
+    assert_eq!(rows, [(0, br#"{"order":"tea"}"#.to_vec()), (1, b"raw bytes".to_vec())]);
+    let orders: i64 =
+        client.query_one("SELECT count(*) FROM egress_test_orders WHERE item = $1", &[&stream]).await.unwrap().get(0);
+    assert_eq!(orders, 1, "the business row went with its append");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_append_leaves_the_callers_transaction_usable() {
+    let Some(url) = database().await else { return };
+    let mut client = app(&url).await;
+    let stream = fresh("full");
+    let outbox = PgOutbox::new(stream.clone());
+    // A counter at the top of its range: the next append cannot be stored.
+    let tx = client.transaction().await.unwrap();
+    outbox.append(&tx, b"seed").await.unwrap();
+    tx.commit().await.unwrap();
+    client
+        .execute("UPDATE egress_stream SET next_sequence = $2 WHERE stream = $1", &[&stream, &i64::MAX])
+        .await
+        .unwrap();
+    let tx = client.transaction().await.unwrap();
+    let refused = outbox.append(&tx, b"over the top").await;
+    assert!(matches!(refused, Err(StoreError::Postgres(_))), "{refused:?}");
+    // The transaction goes on: the savepoint took the failure away.
+    let one: i32 = tx.query_one("SELECT 1", &[]).await.unwrap().get(0);
+    assert_eq!(one, 1);
+    tx.commit().await.unwrap();
+    assert_eq!(outbox_rows(&client, &stream).await.len(), 1, "nothing half appended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_to_one_stream_have_no_gap_and_no_duplicate() {
+    let Some(url) = database().await else { return };
+    let stream = fresh("busy");
+    let mut tasks = Vec::new();
+    for writer in 0..6u32 {
+        let (url, stream) = (url.clone(), stream.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut client = app(&url).await;
+            let outbox = PgOutbox::new(stream);
+            let mut mine = Vec::new();
+            for i in 0..20u32 {
+                let tx = client.transaction().await.unwrap();
+                let payload = format!("{writer}/{i}");
+                let sequence = outbox.append(&tx, payload.as_bytes()).await.unwrap();
+                // Every third transaction rolls back: its sequence is taken
+                // again by the next append, never left as a gap.
+                if i % 3 == 2 {
+                    tx.rollback().await.unwrap();
+                } else {
+                    tx.commit().await.unwrap();
+                    mine.push((sequence.0, payload));
+                }
+            }
+            mine
+        }));
+    }
+    let mut committed = Vec::new();
+    for t in tasks {
+        committed.extend(t.await.unwrap());
+    }
+    committed.sort();
+    let client = app(&url).await;
+    let rows: Vec<(u64, String)> = outbox_rows(&client, &stream)
+        .await
+        .into_iter()
+        .map(|(s, p)| (u64::try_from(s).unwrap(), String::from_utf8(p).unwrap()))
+        .collect();
+    assert_eq!(rows.len(), 6 * 14);
+    assert_eq!(
+        rows.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        (0..rows.len() as u64).collect::<Vec<_>>(),
+        "gap-free"
+    );
+    assert_eq!(rows, committed, "each committed append holds the sequence it was given");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_stream_restores_what_is_unacknowledged_with_its_dead_letters() {
+    let Some(url) = database().await else { return };
+    let stream = fresh("restore");
+    let policy = Policy::builder().inflight_limit(8).dead_letters(DeadLetters::Skip).build().unwrap();
+    let mut store = PgStore::connect(&url, "worker-a").await.unwrap();
+    let (lease, loaded) = store.take_stream(&stream, LONG).await.unwrap().unwrap();
+    let incarnation = loaded.incarnation;
+    let mut core = EgressCore::restore(policy, loaded.restored).unwrap();
+    let _ = core.enqueue_all((0..5).map(|i| Bytes::from(format!("m{i}"))));
+    let g = Generation(3);
+    let _ = core.reconnect(g);
+    flush(&mut core, &mut store, &lease).await.unwrap();
+    for _ in 0..5 {
+        let _ = core.claim(g);
+    }
+    let _ = core.ack(g, Sequence(1));
+    let _ = core.fail(g, Sequence(3), FailureKind::Permanent, Time(0), JitterSample::ZERO);
+    flush(&mut core, &mut store, &lease).await.unwrap();
+    let _ = core.enqueue(Bytes::from_static(b"unwritten"));
+    store.release(&lease).await.unwrap();
+    drop((core, store));
+
+    let mut store = PgStore::connect(&url, "worker-b").await.unwrap();
+    let (lease_b, loaded) = store.take_stream(&stream, LONG).await.unwrap().unwrap();
+    assert_eq!(lease_b.number, lease.number + 1);
+    assert_eq!(loaded.incarnation, incarnation, "the sequence space continues");
+    let core = EgressCore::restore(policy, loaded.restored).unwrap();
+    assert_eq!((core.generation(), core.next_sequence(), core.acked_through()), (g, Sequence(5), Some(Sequence(1))));
+    let pending: Vec<(u64, Bytes, Option<DeadReason>)> =
+        core.pending().map(|e| (e.sequence.0, e.payload.clone(), e.dead)).collect();
+    assert_eq!(
+        pending,
+        [
+            (2, Bytes::from("m2"), None),
+            (3, Bytes::from("m3"), Some(DeadReason::Permanent)),
+            (4, Bytes::from("m4"), None)
+        ]
+    );
+    assert_eq!(outbox_rows(store.client(), &stream).await.len(), 3, "acknowledged records pruned");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_taken_over_fences_every_write_of_its_old_owner() {
+    let Some(url) = database().await else { return };
+    let stream = fresh("fence");
+    let policy = Policy::builder().inflight_limit(8).build().unwrap();
+    let mut a = PgStore::connect(&url, "worker-a").await.unwrap();
+    let mut b = PgStore::connect(&url, "worker-b").await.unwrap();
+    let mut c = PgStore::connect(&url, "worker-c").await.unwrap();
+    // A takes it with a lease that has run out by the next statement.
+    let (lease_a, loaded) = a.take_stream(&stream, Duration::ZERO).await.unwrap().unwrap();
+    let mut core_a = EgressCore::restore(policy, loaded.restored).unwrap();
+    let _ = core_a.enqueue(Bytes::from_static(b"a0"));
+    flush(&mut core_a, &mut a, &lease_a).await.unwrap();
+    // B takes it over; C finds it held.
+    let (lease_b, loaded) = b.take_stream(&stream, LONG).await.unwrap().unwrap();
+    assert_eq!(lease_b.number, lease_a.number + 1);
+    assert!(c.take_stream(&stream, LONG).await.unwrap().is_none(), "held by B");
+    // Every write of A is refused now, and nothing of it lands.
+    let _ = core_a.enqueue(Bytes::from_static(b"a1"));
+    let _ = core_a.reconnect(Generation(9));
+    assert!(matches!(flush(&mut core_a, &mut a, &lease_a).await, Err(StoreError::Fenced { .. })));
+    assert!(matches!(a.renew(&lease_a, LONG).await, Err(StoreError::Fenced { .. })));
+    assert!(matches!(a.release(&lease_a).await, Err(StoreError::Fenced { .. })));
+    let generation: i64 = b
+        .client()
+        .query_one("SELECT generation FROM egress_stream WHERE stream = $1", &[&stream])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(generation, 0, "A's new generation was never stored, so it can never be handshaken");
+    assert_eq!(outbox_rows(b.client(), &stream).await, [(0, b"a0".to_vec())]);
+    // B continues where A's durable writes stopped.
+    let mut core_b = EgressCore::restore(policy, loaded.restored).unwrap();
+    assert_eq!(core_b.next_sequence(), Sequence(1));
+    let _ = core_b.enqueue(Bytes::from_static(b"b1"));
+    b.renew(&lease_b, LONG).await.unwrap();
+    flush(&mut core_b, &mut b, &lease_b).await.unwrap();
+    assert_eq!(outbox_rows(b.client(), &stream).await, [(0, b"a0".to_vec()), (1, b"b1".to_vec())]);
+    // Released, it is C's at once.
+    b.release(&lease_b).await.unwrap();
+    let (lease_c, _) = c.take_stream(&stream, LONG).await.unwrap().unwrap();
+    assert_eq!(lease_c.number, lease_b.number + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_taking_streams_together_take_each_once() {
+    let Some(url) = database().await else { return };
+    let prefix = fresh("spread");
+    let streams: BTreeSet<String> = (0..12).map(|i| format!("{prefix}/{i:02}")).collect();
+    let mut setup = PgStore::connect(&url, "setup").await.unwrap();
+    for s in &streams {
+        let (lease, _) = setup.take_stream(s, LONG).await.unwrap().unwrap();
+        setup.release(&lease).await.unwrap();
+    }
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut store = PgStore::connect(&url, format!("worker-{w}")).await.unwrap();
+            let mut taken = Vec::new();
+            while let Some((lease, _)) = store.take(LONG).await.unwrap() {
+                taken.push(lease.stream);
+            }
+            taken
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let distinct: BTreeSet<&String> = all.iter().collect();
+    assert_eq!(all.len(), distinct.len(), "no stream taken twice: {all:?}");
+    assert_eq!(distinct, streams.iter().collect(), "every free stream taken");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_append_under_the_cells_own_is_a_conflict_then_adopted() {
+    let Some(url) = database().await else { return };
+    let stream = fresh("mixed");
+    let policy = Policy::builder().inflight_limit(8).build().unwrap();
+    let mut store = PgStore::connect(&url, "worker").await.unwrap();
+    let (lease, loaded) = store.take_stream(&stream, LONG).await.unwrap().unwrap();
+    assert!(store.changed(), "a new store reads once");
+    assert!(!store.changed());
+    let mut core = EgressCore::restore(policy, loaded.restored).unwrap();
+    // The application appends in its own transaction meanwhile.
+    let mut client = app(&url).await;
+    let tx = client.transaction().await.unwrap();
+    PgOutbox::new(stream.clone()).append(&tx, b"theirs").await.unwrap();
+    tx.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), store.notified()).await.expect("the commit notifies");
+    assert!(store.changed());
+    // The cell's own append under the same sequence is refused whole.
+    let _ = core.enqueue(Bytes::from_static(b"mine"));
+    match flush(&mut core, &mut store, &lease).await {
+        Err(StoreError::Conflict { stored: 1, expected: 0, .. }) => {}
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(store.appended(&stream, Sequence(0), 10).await.unwrap(), [(Sequence(0), Bytes::from_static(b"theirs"))]);
+    assert_eq!(outbox_rows(store.client(), &stream).await, [(0, b"theirs".to_vec())], "nothing of the refused write");
+}
