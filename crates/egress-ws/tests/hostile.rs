@@ -9,6 +9,7 @@ use bytes::Bytes;
 use common::{
     close_of, data, drained, handshake, next_frame, payload, policy, raw_client, receive_in_order, sender_config,
 };
+use egress_core::DeadReason;
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::protocol::{CloseCode, Frame, Limits, VERSION};
 use egress_ws::{Receiver, ReceiverConfig, Sender};
@@ -48,6 +49,15 @@ async fn hostile_input_closes_that_connection_and_nothing_else() {
         ),
         ("unknown frame type", vec![handshake(1, 4, 0), Message::Binary(Bytes::from_static(&[0x42, 1, 2]))]),
         ("sequence u64::MAX", vec![handshake(1, 5, 0), data(5, u64::MAX)]),
+        (
+            "a tombstone of another generation",
+            vec![
+                handshake(1, 6, 0),
+                Message::Binary(
+                    Frame::Tombstone { generation: 5, sequence: 0, attempt: 1, reason: DeadReason::Permanent }.encode(),
+                ),
+            ],
+        ),
     ];
     let n = bad.len() as u64;
     for (what, messages) in bad {

@@ -92,13 +92,15 @@ pub fn data(generation: u64, sequence: u64) -> Message {
     Message::Binary(Frame::Data { generation, sequence, attempt: 1, payload: payload(sequence) }.encode())
 }
 
-/// The next protocol frame from the peer (pings skipped), if any.
+/// The next protocol frame from the peer (pings skipped), if one comes within
+/// one [`limit`].
 pub async fn next_frame<S>(ws: &mut S) -> Option<Frame>
 where
     S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {
+    let deadline = tokio::time::Instant::now() + limit();
     loop {
-        match tokio::time::timeout(limit(), ws.next()).await.ok()?? {
+        match tokio::time::timeout_at(deadline, ws.next()).await.ok()?? {
             Ok(Message::Binary(b)) => return Frame::decode(&b, Limits::default()).ok(),
             Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => {}
             _ => return None,
@@ -106,14 +108,20 @@ where
     }
 }
 
-/// The close frame the peer ends with, if any (other frames skipped).
+/// The close frame the peer ends with, if any (other frames skipped), within
+/// one [`limit`] for all of them: a peer that keeps a connection alive
+/// with other frames and never closes it gets `None`, not a hung test.
 pub async fn close_of<S>(ws: &mut S) -> Option<(CloseCode, u64)>
 where
     S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {
-    loop {
-        if let Frame::Close { code, detail, .. } = next_frame(ws).await? {
-            return Some((code, detail));
+    tokio::time::timeout(limit(), async {
+        loop {
+            if let Frame::Close { code, detail, .. } = next_frame(ws).await? {
+                return Some((code, detail));
+            }
         }
-    }
+    })
+    .await
+    .ok()?
 }
