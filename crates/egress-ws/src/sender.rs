@@ -339,12 +339,6 @@ impl<T: Send + Sync + 'static> AsyncTransport<T> for WsTransport<T> {
 #[error("the payload does not encode: {0}")]
 pub struct Unencodable(pub Box<dyn std::error::Error + Send + Sync>);
 
-impl<T> std::fmt::Debug for WsTransport<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WsTransport").field("max_payload", &self.max_payload).finish_non_exhaustive()
-    }
-}
-
 /// Keeps an [`AsyncEgressCell`] connected to a receiver.
 ///
 /// Its task connects, handshakes (the producer id, the cell's incarnation, a

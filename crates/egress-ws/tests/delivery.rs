@@ -636,3 +636,102 @@ async fn a_squatter_cannot_lock_a_producer_id_out() {
     assert!(stats.stale_refusals >= 1 && stats.protocol_errors == 0, "{stats:?}");
     assert!(cell.generation().get_untracked().get() <= 4 * MAX_GENERATION_JUMP);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_exactly_at_the_receivers_limit_is_sent_and_one_byte_more_is_skipped() {
+    let config =
+        ReceiverConfig { limits: egress_ws::protocol::Limits { max_payload: 1_024 }, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(13)).unwrap();
+    let (at, over) = (Bytes::from(vec![b'a'; 1_024]), Bytes::from(vec![b'o'; 1_025]));
+    cell.enqueue_all([payload(0), at.clone(), over, payload(3)]);
+    let expected = [
+        Content::Message(payload(0)),
+        Content::Message(at),
+        Content::Skipped(DeadReason::Permanent),
+        Content::Message(payload(3)),
+    ];
+    for (i, content) in expected.into_iter().enumerate() {
+        let d = recv(&mut receiver).await;
+        assert_eq!((d.sequence, d.content), (i as u64, content));
+    }
+    drained(&cell, 4).await;
+    sender.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_is_replaced_and_the_stats_say_so() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(14)).unwrap();
+    cell.enqueue_all((0..10).map(payload));
+    receive_in_order(&mut receiver, 0, 10).await;
+    drained(&cell, 10).await;
+    assert_eq!((sender.stats().connections, sender.stats().reconnects), (1, 0));
+    sender.kill_connection();
+    let deadline = tokio::time::Instant::now() + limit();
+    while sender.stats().connections < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", sender.stats());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(sender.stats().reconnects, 1);
+    let shown = format!("{sender:?}");
+    assert!(shown.contains("connections: 2") && shown.contains("reconnects: 1"), "{shown}");
+    cell.enqueue_all((10..20).map(payload));
+    receive_in_order(&mut receiver, 10, 20).await;
+    drained(&cell, 20).await;
+    assert_eq!(receiver.stats().connections, 2);
+    sender.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_outlived_the_backoff_ceiling_idle_resets_the_failures() {
+    // Three attempts refused before the upgrade build up failures; the
+    // fourth is welcomed and held open, idle (nothing to send), for three
+    // times the backoff ceiling, then dropped. A connection that healthy
+    // starts the count again: the state after it says one failure, not
+    // four.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let backoff_max = Duration::from_millis(100);
+    tokio::spawn(async move {
+        for _ in 0..3 {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            drop(stream);
+        }
+        let Ok((stream, _)) = listener.accept().await else { return };
+        let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { return };
+        if let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await {
+            let _ = ws.send(send(Frame::Welcome { generation, next: 0, received: 0, terms: TERMS })).await;
+        }
+        // Read (and so answer pings) until the connection has lasted.
+        let until = tokio::time::Instant::now() + 3 * backoff_max;
+        while tokio::time::timeout_at(until, ws.next()).await.is_ok_and(|m| m.is_some()) {}
+        drop(ws);
+        // Later attempts find nobody.
+        drop(listener);
+    });
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let config = SenderConfig { backoff_base: Duration::from_millis(5), backoff_max, ..sender_config(15) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
+    let mut states = sender.watch_state();
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + limit();
+    loop {
+        let state = tokio::time::timeout_at(deadline, states.next()).await.expect("states in time").unwrap();
+        match state {
+            egress_ws::ConnectionState::Reconnecting { failures, .. } => seen.push(failures),
+            egress_ws::ConnectionState::Connected { .. } => seen.push(0),
+            _ => {}
+        }
+        if seen.len() == 5 {
+            break;
+        }
+    }
+    assert_eq!(seen, [1, 2, 3, 0, 1], "refused three times, connected, then counted from one again");
+    sender.shutdown().await;
+}
