@@ -975,5 +975,9 @@ mod tests {
             }
         }
         assert_eq!(backoff(&config, 0, 0), Duration::from_millis(5));
+        // The draw covers the whole upper half, its top included, and
+        // wraps: at 10 ms (10,000 us), 5,000 us plus the draw mod 5,001.
+        let us = |random| backoff(&config, 0, random).as_micros();
+        assert_eq!([us(1), us(4_999), us(5_000), us(5_001), us(5_002)], [5_001, 9_999, 10_000, 5_000, 5_001]);
     }
 }

@@ -735,3 +735,43 @@ async fn a_connection_that_outlived_the_backoff_ceiling_idle_resets_the_failures
     assert_eq!(seen, [1, 2, 3, 0, 1], "refused three times, connected, then counted from one again");
     sender.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_welcome_for_another_generation_is_a_protocol_error_and_gets_no_data() {
+    // A receiver that answers every handshake with a welcome for the next
+    // generation: that welcome is not the sender's, so it must send nothing
+    // on the connection and count a protocol error.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let data = Arc::new(AtomicU64::new(0));
+    let seen = data.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { return };
+                let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await else { return };
+                let welcome = Frame::Welcome { generation: generation + 1, next: 0, received: 0, terms: TERMS };
+                let _ = ws.send(send(welcome)).await;
+                while let Some(frame) = next_frame(&mut ws).await {
+                    if matches!(frame, Frame::Data { .. } | Frame::Tombstone { .. }) {
+                        seen.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    cell.enqueue_all((0..5).map(payload));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(16)).unwrap();
+    let deadline = tokio::time::Instant::now() + limit();
+    while sender.stats().protocol_errors < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", sender.stats());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = sender.shutdown().await;
+    assert_eq!(stats.connections, 0, "no connection was taken as welcomed: {stats:?}");
+    assert_eq!(data.load(Ordering::SeqCst), 0, "nothing sent under a welcome that was not the sender's");
+    assert_eq!(cell.pending_len().get_untracked(), 5);
+}
