@@ -687,13 +687,38 @@ async fn a_killed_connection_is_replaced_and_the_stats_say_so() {
     sender.shutdown().await;
 }
 
+/// The failures the sender counts after its current connection ends: the
+/// first `Reconnecting` (or, if that was passed over, the `Connecting`
+/// after it, whose attempt is one more) seen on `states`, which must be
+/// watched from while the connection is up. The server must then hold the
+/// next attempt unanswered, so that the state stays put to be read.
+async fn failures_after_the_connection(
+    states: &mut (impl futures_util::Stream<Item = egress_ws::ConnectionState> + Unpin),
+) -> u32 {
+    let deadline = tokio::time::Instant::now() + limit();
+    loop {
+        match tokio::time::timeout_at(deadline, states.next()).await.expect("a state in time").unwrap() {
+            egress_ws::ConnectionState::Reconnecting { failures, .. } => return failures,
+            egress_ws::ConnectionState::Connecting { attempt } => return attempt - 1,
+            _ => {}
+        }
+    }
+}
+
+/// Holds every connection `listener` accepts from now on, unanswered.
+async fn hold_all(listener: TcpListener) {
+    let mut held = Vec::new();
+    while let Ok((stream, _)) = listener.accept().await {
+        held.push(stream);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_outlived_the_backoff_ceiling_idle_resets_the_failures() {
     // Three attempts refused before the upgrade build up failures; the
     // fourth is welcomed and held open, idle (nothing to send), for three
     // times the backoff ceiling, then dropped. A connection that healthy
-    // starts the count again: the state after it says one failure, not
-    // four.
+    // starts the count again: one failure after it, not four.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let backoff_max = Duration::from_millis(100);
@@ -711,28 +736,20 @@ async fn a_connection_that_outlived_the_backoff_ceiling_idle_resets_the_failures
         let until = tokio::time::Instant::now() + 3 * backoff_max;
         while tokio::time::timeout_at(until, ws.next()).await.is_ok_and(|m| m.is_some()) {}
         drop(ws);
-        // Later attempts find nobody.
-        drop(listener);
+        hold_all(listener).await;
     });
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
     let config = SenderConfig { backoff_base: Duration::from_millis(5), backoff_max, ..sender_config(15) };
     let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
-    let mut states = sender.watch_state();
-    let mut seen = Vec::new();
     let deadline = tokio::time::Instant::now() + limit();
-    loop {
-        let state = tokio::time::timeout_at(deadline, states.next()).await.expect("states in time").unwrap();
-        match state {
-            egress_ws::ConnectionState::Reconnecting { failures, .. } => seen.push(failures),
-            egress_ws::ConnectionState::Connected { .. } => seen.push(0),
-            _ => {}
-        }
-        if seen.len() == 5 {
-            break;
-        }
+    while sender.stats().connections < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", sender.stats());
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    assert_eq!(seen, [1, 2, 3, 0, 1], "refused three times, connected, then counted from one again");
+    let mut states = sender.watch_state();
+    assert_eq!(failures_after_the_connection(&mut states).await, 1, "counted from one again");
+    assert_eq!(sender.stats().failed_attempts, 3);
     sender.shutdown().await;
 }
 
@@ -774,4 +791,110 @@ async fn a_welcome_for_another_generation_is_a_protocol_error_and_gets_no_data()
     assert_eq!(stats.connections, 0, "no connection was taken as welcomed: {stats:?}");
     assert_eq!(data.load(Ordering::SeqCst), 0, "nothing sent under a welcome that was not the sender's");
     assert_eq!(cell.pending_len().get_untracked(), 5);
+}
+
+/// A receiver that welcomes each connection and then neither reads nor
+/// writes anything (not even a pong): silent, as a hung peer is. Counts
+/// the connections.
+async fn silent_receiver() -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicU64::new(0));
+    let count = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { return };
+                if let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await {
+                    let _ = ws.send(send(Frame::Welcome { generation, next: 0, received: 0, terms: TERMS })).await;
+                }
+                std::future::pending::<()>().await;
+                drop(ws);
+            });
+        }
+    });
+    (addr, connections)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_silent_with_records_in_flight_is_left_after_the_stall_timeout() {
+    let (addr, connections) = silent_receiver().await;
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let config = SenderConfig { stall_timeout: Some(Duration::from_millis(200)), ..sender_config(17) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
+    let mut states = sender.watch_state();
+    cell.enqueue_all((0..5).map(payload));
+    let deadline = tokio::time::Instant::now() + limit();
+    let why = loop {
+        let state = tokio::time::timeout_at(deadline, states.next()).await.expect("a state in time").unwrap();
+        if let egress_ws::ConnectionState::Reconnecting { error, .. } = state {
+            break error;
+        }
+    };
+    assert!(why.contains("fell silent"), "{why}");
+    assert!(connections.load(Ordering::SeqCst) >= 1);
+    sender.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_silent_with_nothing_in_flight_is_not_a_stall() {
+    // Nothing to send, nothing to wait for: silence proves nothing, and the
+    // connection stays, however long (here five stall timeouts).
+    let (addr, connections) = silent_receiver().await;
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let config = SenderConfig { stall_timeout: Some(Duration::from_millis(100)), ..sender_config(18) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
+    let deadline = tokio::time::Instant::now() + limit();
+    while sender.stats().connections < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", sender.stats());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stats = sender.shutdown().await;
+    assert_eq!((stats.connections, stats.reconnects), (1, 0), "{stats:?}");
+    assert_eq!(connections.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_got_records_through_resets_the_failures() {
+    // Three attempts refused before the upgrade; the fourth reaches a real
+    // receiver through a splice, gets records through, and is cut. The
+    // backoff ceiling is far away, so only the progress can reset the
+    // count: one failure after the cut, not four.
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let to = receiver.local_addr();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (cut, cut_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        for _ in 0..3 {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            drop(stream);
+        }
+        let Ok((stream, _)) = listener.accept().await else { return };
+        tokio::select! {
+            () = splice(stream, to) => {}
+            _ = cut_rx => {}
+        }
+        hold_all(listener).await;
+    });
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let config = SenderConfig {
+        backoff_base: Duration::from_millis(5),
+        backoff_max: Duration::from_secs(60),
+        ..sender_config(19)
+    };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
+    cell.enqueue_all((0..10).map(payload));
+    receive_in_order(&mut receiver, 0, 10).await;
+    drained(&cell, 10).await;
+    let mut states = sender.watch_state();
+    let _ = cut.send(());
+    assert_eq!(failures_after_the_connection(&mut states).await, 1, "counted from one again");
+    assert_eq!(sender.stats().failed_attempts, 3);
+    sender.shutdown().await;
 }
