@@ -37,6 +37,10 @@ impl Types for EgressAsync {
     type Cx = egress_reactive::AsyncContext;
     type S64 = egress_reactive::Signal<i64, egress_reactive::Threaded>;
 }
+impl Types for EgressCopy {
+    type Cx = egress_reactive::Context;
+    type S64 = Stored<egress_reactive::Signal<i64, egress_reactive::Local>>;
+}
 impl Types for LazilyLocal {
     type Cx = lazily::Context;
     type S64 = lazily::Source<i64>;
@@ -65,6 +69,11 @@ pub struct EgressThreadSafe;
 /// Our AsyncContext: its synchronous computeds and effects (the suite's
 /// effects are synchronous by definition), on the same graph as ThreadSafe.
 pub struct EgressAsync;
+/// Our Context behind `Copy` handles, the way leptos and sycamore offer
+/// them (issue 17's question: what would `Copy` handles cost?). A handle is
+/// an index into a per-thread arena of the real handles, looked up on every
+/// use; see [`Stored`].
+pub struct EgressCopy;
 /// lazily's Context.
 pub struct LazilyLocal;
 /// lazily's ThreadSafeContext.
@@ -204,6 +213,118 @@ impl EgressThreadSafe {
     }
     pub fn effect(cx: &egress_reactive::ThreadSafeContext, f: impl Fn(&()) + Send + Sync + 'static) {
         cx.effect(move || f(&()));
+    }
+}
+
+// ---- egress behind Copy handles -------------------------------------------
+
+thread_local! {
+    /// The real handles behind [`Stored`] ones: appended on creation, cleared
+    /// with the graph by [`EgressCopy::dispose`].
+    static ARENA: std::cell::RefCell<Vec<Box<dyn std::any::Any>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A `Copy` handle: the index of a real handle (`Signal` or `Computed`) in
+/// [`ARENA`]. This is the layout leptos (`ArenaItem`) and sycamore
+/// (`NodeId` in a per-root slotmap) use: a handle that holds no pointer, so
+/// every use pays a thread-local lookup, a borrow and a type check before it
+/// reaches the node. Nested uses (a computed read inside another's run)
+/// borrow the arena shared; creation borrows it exclusively, which the
+/// suite does only outside runs.
+pub struct Stored<H> {
+    index: u32,
+    _handle: std::marker::PhantomData<fn() -> H>,
+}
+
+impl<H> Clone for Stored<H> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<H> Copy for Stored<H> {}
+
+impl<H: 'static> Stored<H> {
+    fn new(handle: H) -> Self {
+        ARENA.with(|a| {
+            let mut a = a.borrow_mut();
+            let index = u32::try_from(a.len()).expect("fewer than 2^32 handles");
+            a.push(Box::new(handle));
+            Stored { index, _handle: std::marker::PhantomData }
+        })
+    }
+
+    #[inline]
+    fn with<R>(self, f: impl FnOnce(&H) -> R) -> R {
+        ARENA.with(|a| {
+            let a = a.borrow();
+            f(a[self.index as usize].downcast_ref::<H>().expect("a stored handle keeps its type"))
+        })
+    }
+}
+
+type CopySignal<T> = Stored<egress_reactive::Signal<T, egress_reactive::Local>>;
+type CopyComputed<T> = Stored<egress_reactive::Computed<T, egress_reactive::Local>>;
+
+impl EgressCopy {
+    pub const NAME: &'static str = "egress Copy handles";
+    pub const LAZY: bool = true;
+    pub fn new() -> egress_reactive::Context {
+        egress_reactive::Context::new()
+    }
+    pub fn run<R>(_cx: &egress_reactive::Context, f: impl FnOnce() -> R) -> R {
+        f()
+    }
+    pub fn dispose(cx: egress_reactive::Context) {
+        let handles = ARENA.with(|a| std::mem::take(&mut *a.borrow_mut()));
+        drop(handles);
+        drop(cx)
+    }
+    #[inline]
+    pub fn signal<T: PartialEq + Clone + 'static>(cx: &egress_reactive::Context, v: T) -> CopySignal<T> {
+        Stored::new(cx.signal(v))
+    }
+    pub fn computed<T: PartialEq + 'static>(
+        cx: &egress_reactive::Context,
+        f: impl Fn(&()) -> T + 'static,
+    ) -> CopyComputed<T> {
+        Stored::new(cx.computed(move || f(&())))
+    }
+    pub fn computed_unguarded<T: 'static>(
+        cx: &egress_reactive::Context,
+        f: impl Fn(&()) -> T + 'static,
+    ) -> CopyComputed<T> {
+        Stored::new(cx.computed_unguarded(move || f(&())))
+    }
+    pub fn effect(cx: &egress_reactive::Context, f: impl Fn(&()) + 'static) {
+        cx.effect(move || f(&()));
+    }
+    #[inline]
+    pub fn get<T: Clone + 'static>(_rx: &(), s: &CopySignal<T>) -> T {
+        s.with(|s| s.get())
+    }
+    #[inline]
+    pub fn read<T: Clone + 'static>(_rx: &(), c: &CopyComputed<T>) -> T {
+        c.with(|c| c.get())
+    }
+    #[inline]
+    pub fn peek_signal<T: Clone + 'static>(_cx: &egress_reactive::Context, s: &CopySignal<T>) -> T {
+        s.with(|s| s.get_untracked())
+    }
+    #[inline]
+    pub fn peek<T: Clone + 'static>(_cx: &egress_reactive::Context, c: &CopyComputed<T>) -> T {
+        c.with(|c| c.get_untracked())
+    }
+    #[inline]
+    pub fn set<T: PartialEq + 'static>(cx: &egress_reactive::Context, s: &CopySignal<T>, v: T) {
+        cx.batch(|| s.with(|s| s.set(v)))
+    }
+    #[inline]
+    pub fn write<T: PartialEq + 'static>(_cx: &egress_reactive::Context, s: &CopySignal<T>, v: T) {
+        s.with(|s| s.set(v))
+    }
+    #[inline]
+    pub fn batch<R>(cx: &egress_reactive::Context, f: impl FnOnce() -> R) -> R {
+        cx.batch(f)
     }
 }
 

@@ -26,6 +26,7 @@ static GLOBAL: alloc::Counting = alloc::Counting;
 suite::suite!(egress_context, crate::adapters::EgressLocal);
 suite::suite!(egress_thread_safe, crate::adapters::EgressThreadSafe);
 suite::suite!(egress_async, crate::adapters::EgressAsync);
+suite::suite!(egress_copy, crate::adapters::EgressCopy);
 suite::suite!(lazily_context, crate::adapters::LazilyLocal);
 suite::suite!(lazily_thread_safe, crate::adapters::LazilyThreadSafe);
 suite::suite!(alien, crate::adapters::Alien);
@@ -39,12 +40,18 @@ const LIBS: &[(&str, &str, Runner)] = &[
     ("egress", egress_context::NAME, egress_context::run),
     ("egress-ts", egress_thread_safe::NAME, egress_thread_safe::run),
     ("egress-async", egress_async::NAME, egress_async::run),
+    ("egress-copy", egress_copy::NAME, egress_copy::run),
     ("lazily", lazily_context::NAME, lazily_context::run),
     ("lazily-ts", lazily_thread_safe::NAME, lazily_thread_safe::run),
     ("alien", alien::NAME, alien::run),
     ("sycamore", sycamore::NAME, sycamore::run),
     ("leptos", leptos::NAME, leptos::run),
 ];
+
+/// Columns run only when `--libs` names them: egress-copy is a question
+/// (what `Copy` handles would cost), not a library; compare it with
+/// `--libs egress,egress-copy`.
+const OPT_IN: &[&str] = &["egress-copy"];
 
 const HELP: &str = "\
 egress-bench: side-by-side benchmarks
@@ -60,7 +67,9 @@ USAGE:
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
   --libs      comma-separated library keys (default: all): egress, egress-ts,
-              egress-async, lazily, lazily-ts, alien, sycamore, leptos
+              egress-async, lazily, lazily-ts, alien, sycamore, leptos; and,
+              only when named, egress-copy (egress Context behind Copy
+              handles: what they would cost)
   --timeout   seconds per (library, test) before it is reported TIMEOUT (default 10)
   --best-of   run each (library, test) N times, keep the best (damps a noisy host; default 1)
 
@@ -151,8 +160,10 @@ fn reactivity(args: &[String]) -> anyhow::Result<()> {
         .copied()
         .filter(|t| tests.is_empty() || tests.iter().any(|p| t.starts_with(p.as_str())))
         .collect();
-    let selected_libs: Vec<_> =
-        LIBS.iter().filter(|(k, _, _)| libs.is_empty() || libs.iter().any(|l| l == k)).collect();
+    let selected_libs: Vec<_> = LIBS
+        .iter()
+        .filter(|(k, _, _)| if libs.is_empty() { !OPT_IN.contains(k) } else { libs.iter().any(|l| l == k) })
+        .collect();
     if selected_tests.is_empty() || selected_libs.is_empty() {
         bail!("nothing selected");
     }
