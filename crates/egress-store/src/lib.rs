@@ -50,7 +50,7 @@ use std::ops::Range;
 use egress_core::{RestoreError, Sequence};
 
 #[cfg(feature = "relay")]
-pub use crate::relay::{Durable, Relay, RelayConfig, RelayStats, open_durable};
+pub use crate::relay::{Durable, JournalStore, Relay, RelayConfig, RelayStats, SqliteJournal, open_durable};
 pub use crate::sqlite::{Loaded, Outbox, ReceivedLog, SCHEMA_VERSION, SqliteStore, migrate};
 
 #[cfg(feature = "receiver")]

@@ -520,3 +520,102 @@ async fn ensure_stream(client: &impl GenericClient, stream: &str) -> Result<(), 
         .await?;
     Ok(())
 }
+
+/// A stream a [`PgStore`] has leased, as a relay's
+/// [`JournalStore`](crate::JournalStore): the relay keeps the lease
+/// (renewed at half its duration; a renewal refused stops the relay, the
+/// stream being another worker's), reads the outbox when notified or every
+/// `poll` at the latest (`NOTIFY` does not pass a transaction-mode pooler),
+/// and releases the lease when it shuts down.
+#[cfg(feature = "relay")]
+#[derive(Debug)]
+pub struct PgJournal {
+    store: PgStore,
+    lease: Lease,
+    duration: Duration,
+    poll: Duration,
+    renew_at: tokio::time::Instant,
+    poll_at: tokio::time::Instant,
+}
+
+#[cfg(feature = "relay")]
+impl PgJournal {
+    /// `lease` of `store`, taken for `duration`; the outbox read every
+    /// `poll` at the latest.
+    pub fn new(store: PgStore, lease: Lease, duration: Duration, poll: Duration) -> Self {
+        let now = tokio::time::Instant::now();
+        PgJournal { store, lease, duration, poll, renew_at: now + duration / 2, poll_at: now + poll }
+    }
+
+    /// The lease.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+}
+
+#[cfg(feature = "relay")]
+impl crate::JournalStore for PgJournal {
+    async fn apply(&mut self, ready: &Ready, appends: &[(Sequence, Bytes)]) -> Result<(), StoreError> {
+        self.store.apply(&self.lease, ready, appends).await
+    }
+
+    async fn appended(&mut self, from: Sequence, limit: usize) -> Result<Vec<(Sequence, Bytes)>, StoreError> {
+        self.store.appended(&self.lease.stream, from, limit).await
+    }
+
+    async fn changed(&mut self) -> Result<bool, StoreError> {
+        let now = tokio::time::Instant::now();
+        let polled = now >= self.poll_at;
+        if polled {
+            self.poll_at = now + self.poll;
+        }
+        Ok(self.store.changed() || polled)
+    }
+
+    async fn keep(&mut self) -> Result<(), StoreError> {
+        let now = tokio::time::Instant::now();
+        if now >= self.renew_at {
+            self.store.renew(&self.lease, self.duration).await?;
+            self.renew_at = now + self.duration / 2;
+        }
+        Ok(())
+    }
+
+    fn news(&self) -> impl Future<Output = ()> + Send + 'static {
+        let bell = self.store.bell.clone();
+        async move { bell.notified().await }
+    }
+
+    async fn close(&mut self) -> Result<(), StoreError> {
+        self.store.release(&self.lease).await
+    }
+}
+
+/// Takes `stream` for `lease` (see [`PgStore::take_stream`]), restores a
+/// cell from it and starts its relay over a [`PgJournal`] (the outbox read
+/// every 250 ms at the latest, beside the notifications); `None` when
+/// another worker's lease on the stream is still running.
+///
+/// # Errors
+/// The store's, or stored data that breaks the core's rules
+/// ([`StoreError::Restore`]).
+///
+/// # Panics
+/// Outside a tokio runtime.
+#[cfg(feature = "relay")]
+pub async fn open_durable(
+    cx: &egress_reactive::AsyncContext,
+    mut store: PgStore,
+    stream: &str,
+    lease: Duration,
+    policy: egress_core::Policy,
+    options: egress_reactive::CellOptions,
+    config: crate::RelayConfig,
+) -> Result<Option<crate::Durable>, StoreError> {
+    let Some((taken, loaded)) = store.take_stream(stream, lease).await? else { return Ok(None) };
+    let core = egress_core::EgressCore::restore(policy, loaded.restored)?;
+    let cell = egress_reactive::AsyncEgressCell::from_core(cx, core, options.incarnation(loaded.incarnation));
+    let journal = PgJournal::new(store, taken, lease, Duration::from_millis(250));
+    let relay = crate::Relay::spawn_on(cx, &cell, journal, config);
+    Ok(Some(crate::Durable { cell, relay }))
+}

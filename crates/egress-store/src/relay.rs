@@ -7,13 +7,107 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use egress_core::{AdoptOutcome, EgressCore, Policy, Ready, Sequence};
+use egress_core::{AdoptOutcome, EgressCore, Epoch, Policy, Ready, Sequence};
 use egress_reactive::{AsyncContext, AsyncEgressCell, CellFlavor, CellOptions, Effect, EgressCellOf, Threaded};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::{SqliteStore, StoreError};
+
+/// One stream's home, as a [`Relay`] uses it: the store's half of the
+/// contract every store keeps the same way (a `Ready` as one transaction,
+/// appends that continue the stored counter or a
+/// [`StoreError::Conflict`], [`StoreError::Fenced`] once the stream is
+/// another writer's). The relay's logic (group commit, reports to the cell,
+/// rebase, adoption, backoff) is written once over it.
+///
+/// Implemented by [`SqliteJournal`] and, with the feature `postgres`, by
+/// `postgres::PgJournal`.
+pub trait JournalStore: Send + 'static {
+    /// Writes one `Ready` of the stream (`appends` are the payloads of
+    /// `ready.appends`, in order) as one transaction.
+    fn apply(
+        &mut self,
+        ready: &Ready,
+        appends: &[(Sequence, Bytes)],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Up to `limit` stored records of the stream from `from` on, in order.
+    fn appended(
+        &mut self,
+        from: Sequence,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(Sequence, Bytes)>, StoreError>> + Send;
+
+    /// Whether other writers may have appended since the last call (`true`
+    /// the first time).
+    fn changed(&mut self) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Called on every pass of the relay: keeps the stream this store's
+    /// (a lease renewed when due); [`StoreError::Fenced`] stops the relay.
+    fn keep(&mut self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// A future that completes when the store has news (a notification),
+    /// if it can tell; the relay also polls.
+    fn news(&self) -> impl Future<Output = ()> + Send + 'static {
+        std::future::pending()
+    }
+
+    /// A clean close, after the relay's last commit.
+    fn close(&mut self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+}
+
+/// A [`SqliteStore`] and one of its streams, as a [`JournalStore`]: every
+/// call runs on a blocking thread.
+#[derive(Debug, Clone)]
+pub struct SqliteJournal {
+    store: Arc<Mutex<SqliteStore>>,
+    stream: Arc<str>,
+}
+
+impl SqliteJournal {
+    /// `stream` of `store` (a store that has [`load`](SqliteStore::load)ed
+    /// it).
+    pub fn new(store: SqliteStore, stream: impl Into<String>) -> Self {
+        SqliteJournal { store: Arc::new(Mutex::new(store)), stream: stream.into().into() }
+    }
+
+    /// Runs `f` on the store on a blocking thread.
+    async fn blocking<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut SqliteStore, &str) -> Result<R, StoreError> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let (store, stream) = (self.store.clone(), self.stream.clone());
+        match tokio::task::spawn_blocking(move || f(&mut store.lock(), &stream)).await {
+            Ok(result) => result,
+            Err(e) => Err(StoreError::Task(e.to_string())),
+        }
+    }
+}
+
+impl JournalStore for SqliteJournal {
+    async fn apply(&mut self, ready: &Ready, appends: &[(Sequence, Bytes)]) -> Result<(), StoreError> {
+        let (ready, appends) = (ready.clone(), appends.to_vec());
+        self.blocking(move |st, stream| st.apply(stream, &ready, &appends)).await
+    }
+
+    async fn appended(&mut self, from: Sequence, limit: usize) -> Result<Vec<(Sequence, Bytes)>, StoreError> {
+        self.blocking(move |st, stream| st.appended(stream, from, limit)).await
+    }
+
+    async fn changed(&mut self) -> Result<bool, StoreError> {
+        self.blocking(|st, _| st.changed()).await
+    }
+
+    async fn close(&mut self) -> Result<(), StoreError> {
+        self.blocking(|st, _| st.checkpoint()).await
+    }
+}
 
 /// How a [`Relay`] writes and polls.
 #[derive(Clone, Debug)]
@@ -186,6 +280,21 @@ impl Relay {
         stream: impl Into<String>,
         config: RelayConfig,
     ) -> Relay {
+        Relay::spawn_on(cx, cell, SqliteJournal::new(store, stream), config)
+    }
+
+    /// Starts the relay of `cell` (a cell over a core restored from
+    /// `store`'s stream) over any [`JournalStore`], on the current tokio
+    /// runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn_on<S: JournalStore>(
+        cx: &AsyncContext,
+        cell: &AsyncEgressCell<Bytes>,
+        store: S,
+        config: RelayConfig,
+    ) -> Relay {
         let bell = Arc::new(Notify::new());
         // Whatever the journal may have to write moves one of these.
         let effect = cx.effect({
@@ -208,8 +317,8 @@ impl Relay {
         });
         let (stop, stop_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
-        let store = Arc::new(Mutex::new(store));
-        let task = tokio::spawn(run(cell.clone(), store, stream.into(), config, bell, stop_rx, counters.clone()));
+        let store = Arc::new(tokio::sync::Mutex::new(store));
+        let task = tokio::spawn(run(cell.clone(), store, config, bell, stop_rx, counters.clone()));
         Relay { task: Some(task), effect, stop, counters }
     }
 
@@ -218,26 +327,14 @@ impl Relay {
         self.counters.snapshot()
     }
 
-    /// Writes what the journal holds, checkpoints the database, and stops;
-    /// returns the stats.
+    /// Writes what the journal holds, closes the store (a checkpoint of
+    /// SQLite's WAL), and stops; returns the stats.
     pub async fn shutdown(mut self) -> RelayStats {
         let _ = self.stop.send(true);
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
         self.counters.snapshot()
-    }
-}
-
-/// Runs `f` on the store on a blocking thread.
-async fn blocking<R: Send + 'static>(
-    store: &Arc<Mutex<SqliteStore>>,
-    f: impl FnOnce(&mut SqliteStore) -> Result<R, StoreError> + Send + 'static,
-) -> Result<R, StoreError> {
-    let store = store.clone();
-    match tokio::task::spawn_blocking(move || f(&mut store.lock())).await {
-        Ok(result) => result,
-        Err(e) => Err(StoreError::Task(e.to_string())),
     }
 }
 
@@ -249,36 +346,47 @@ enum Committed {
     Rebased,
 }
 
-/// Writes one `Ready` of `cell`'s journal into `store` and reports it to the
-/// cell: `persisted`, or `persist_failed` (and, when another writer's
-/// appends took the sequences, a `rebase` onto them). The one
-/// implementation behind the [`Relay`] and [`SqliteStore::write_journal`].
-fn commit<F: CellFlavor<Bytes>>(
+/// What a store's answer to one `Ready` means for the cell, reported to it
+/// (`persisted`, or `persist_failed`): the one rule behind every store and
+/// both relays ([`Relay`], [`SqliteStore::write_journal`]).
+enum Reported {
+    /// Written: this many records appended.
+    Written(u64),
+    /// Another writer's appends took the sequences from `from` on
+    /// (`count` of them): read them and rebase the cell onto them.
+    Conflict { from: Sequence, count: usize },
+}
+
+fn report<F: CellFlavor<Bytes>>(
     cell: &EgressCellOf<Bytes, F>,
-    store: &mut SqliteStore,
-    stream: &str,
-    ready: &Ready,
-    appends: &[(Sequence, Bytes)],
-) -> Result<Committed, StoreError> {
-    let epoch = ready.epoch;
-    match store.apply(stream, ready, appends) {
+    epoch: Epoch,
+    result: Result<(), StoreError>,
+    appended: usize,
+) -> Result<Reported, StoreError> {
+    match result {
         Ok(()) => {
             let _ = cell.persisted(epoch);
-            Ok(Committed::Written(appends.len() as u64))
+            Ok(Reported::Written(appended as u64))
         }
         Err(StoreError::Conflict { stored, expected, .. }) if stored > expected => {
             let _ = cell.persist_failed(epoch, "appended by another writer meanwhile");
-            let theirs =
-                store.appended(stream, Sequence(expected), usize::try_from(stored - expected).unwrap_or(usize::MAX))?;
-            let outcome = cell.rebase(theirs);
-            tracing::info!(?outcome, "egress relay: the cell's appends moved behind the outbox's");
-            Ok(Committed::Rebased)
+            Ok(Reported::Conflict {
+                from: Sequence(expected),
+                count: usize::try_from(stored - expected).unwrap_or(usize::MAX),
+            })
         }
         Err(e) => {
             let _ = cell.persist_failed(epoch, e.to_string());
             Err(e)
         }
     }
+}
+
+/// Moves the cell's unwritten records behind `theirs` (another writer's).
+fn rebase<F: CellFlavor<Bytes>>(cell: &EgressCellOf<Bytes, F>, theirs: Vec<(Sequence, Bytes)>) -> Committed {
+    let outcome = cell.rebase(theirs);
+    tracing::info!(?outcome, "egress relay: the cell's appends moved behind the outbox's");
+    Committed::Rebased
 }
 
 impl SqliteStore {
@@ -299,39 +407,62 @@ impl SqliteStore {
     ) -> Result<u64, StoreError> {
         let mut written = 0;
         while let Some((ready, appends)) = cell.poll_ready() {
-            if let Committed::Written(n) = commit(cell, self, stream, &ready, &appends)? {
-                written += n;
+            let result = self.apply(stream, &ready, &appends);
+            match report(cell, ready.epoch, result, appends.len())? {
+                Reported::Written(n) => written += n,
+                Reported::Conflict { from, count } => {
+                    let theirs = self.appended(stream, from, count)?;
+                    rebase(cell, theirs);
+                }
             }
         }
         Ok(written)
     }
 }
 
-/// Commits one `Ready` if the journal has one, reported to the cell from
-/// the blocking thread itself (so that an aborted relay leaves no commit
-/// unreported). Returns whether it did anything, and the error if the
-/// commit failed.
-async fn write_once(
+/// Writes one `Ready` into the store and reports it to the cell, in a task
+/// of its own: a relay aborted while the store works (dropped) does not
+/// stop the commit from being reported, so the cell never waits for a
+/// `Ready` no one will answer.
+async fn commit<S: JournalStore>(
+    store: Arc<tokio::sync::Mutex<S>>,
+    cell: AsyncEgressCell<Bytes>,
+    ready: Ready,
+    appends: Vec<(Sequence, Bytes)>,
+) -> Result<Committed, StoreError> {
+    let mut store = store.lock().await;
+    let result = store.apply(&ready, &appends).await;
+    match report(&cell, ready.epoch, result, appends.len())? {
+        Reported::Written(n) => Ok(Committed::Written(n)),
+        Reported::Conflict { from, count } => {
+            let theirs = store.appended(from, count).await?;
+            Ok(rebase(&cell, theirs))
+        }
+    }
+}
+
+/// Commits one `Ready` if the journal has one. Returns whether it did
+/// anything, and the error if the commit failed.
+async fn write_once<S: JournalStore>(
     cell: &AsyncEgressCell<Bytes>,
-    store: &Arc<Mutex<SqliteStore>>,
-    stream: &Arc<str>,
+    store: &Arc<tokio::sync::Mutex<S>>,
     counters: &Arc<Counters>,
 ) -> Option<Result<(), StoreError>> {
     let (ready, appends) = cell.poll_ready()?;
-    let (s, c, k) = (stream.clone(), cell.clone(), counters.clone());
-    let result = blocking(store, move |st| {
-        match commit(&c, st, &s, &ready, &appends)? {
-            Committed::Written(n) => {
-                k.commits.fetch_add(1, Ordering::Relaxed);
-                k.appended.fetch_add(n, Ordering::Relaxed);
-            }
-            Committed::Rebased => {
-                k.rebases.fetch_add(1, Ordering::Relaxed);
-            }
+    let task = tokio::spawn(commit(store.clone(), cell.clone(), ready, appends));
+    let result = match task.await {
+        Ok(Ok(Committed::Written(n))) => {
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            counters.appended.fetch_add(n, Ordering::Relaxed);
+            Ok(())
         }
-        Ok(())
-    })
-    .await;
+        Ok(Ok(Committed::Rebased)) => {
+            counters.rebases.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(StoreError::Task(e.to_string())),
+    };
     if let Err(e) = &result {
         tracing::warn!(error = %e, "egress relay: a commit failed");
         counters.failures.fetch_add(1, Ordering::Relaxed);
@@ -341,10 +472,9 @@ async fn write_once(
 
 /// Adopts what applications appended; returns whether a full batch came
 /// (there may be more).
-async fn adopt(
+async fn adopt<S: JournalStore>(
     cell: &AsyncEgressCell<Bytes>,
-    store: &Arc<Mutex<SqliteStore>>,
-    stream: &Arc<str>,
+    store: &tokio::sync::Mutex<S>,
     batch: usize,
     force: bool,
     counters: &Counters,
@@ -353,10 +483,10 @@ async fn adopt(
         return Ok(false);
     }
     let from = cell.next_sequence();
-    let s = stream.clone();
-    let rows =
-        blocking(store, move |st| if st.changed()? || force { st.appended(&s, from, batch) } else { Ok(Vec::new()) })
-            .await?;
+    let rows = {
+        let mut store = store.lock().await;
+        if store.changed().await? || force { store.appended(from, batch).await? } else { Vec::new() }
+    };
     let full = rows.len() == batch;
     for (sequence, payload) in rows {
         match cell.adopt(sequence, payload) {
@@ -374,16 +504,20 @@ async fn adopt(
     Ok(full)
 }
 
-async fn run(
+/// Stops the relay for a fenced store: another writer has the stream.
+fn fenced(counters: &Counters) {
+    tracing::error!("egress relay: another store took the stream over; stopping");
+    counters.fenced.store(true, Ordering::Relaxed);
+}
+
+async fn run<S: JournalStore>(
     cell: AsyncEgressCell<Bytes>,
-    store: Arc<Mutex<SqliteStore>>,
-    stream: String,
+    store: Arc<tokio::sync::Mutex<S>>,
     config: RelayConfig,
     bell: Arc<Notify>,
     mut stop: watch::Receiver<bool>,
     counters: Arc<Counters>,
 ) {
-    let stream: Arc<str> = stream.into();
     let mut failures: u32 = 0;
     let mut more = true;
     loop {
@@ -391,18 +525,21 @@ async fn run(
         tokio::pin!(rung);
         rung.as_mut().enable();
         if *stop.borrow() {
-            while let Some(Ok(())) = write_once(&cell, &store, &stream, &counters).await {}
-            let _ = blocking(&store, |st| st.checkpoint()).await;
+            while let Some(Ok(())) = write_once(&cell, &store, &counters).await {}
+            let _ = store.lock().await.close().await;
             return;
         }
-        match write_once(&cell, &store, &stream, &counters).await {
+        if let Err(StoreError::Fenced { .. }) = store.lock().await.keep().await {
+            fenced(&counters);
+            return;
+        }
+        match write_once(&cell, &store, &counters).await {
             Some(Ok(())) => {
                 failures = 0;
                 continue;
             }
             Some(Err(StoreError::Fenced { .. })) => {
-                tracing::error!(%stream, "egress relay: another store took the stream over; stopping");
-                counters.fenced.store(true, Ordering::Relaxed);
+                fenced(&counters);
                 return;
             }
             Some(Err(_)) => {
@@ -416,7 +553,7 @@ async fn run(
             }
             None => {}
         }
-        match adopt(&cell, &store, &stream, config.adopt_batch.max(1), more, &counters).await {
+        match adopt(&cell, &store, config.adopt_batch.max(1), more, &counters).await {
             Ok(full) => {
                 more = full;
                 if full {
@@ -425,8 +562,10 @@ async fn run(
             }
             Err(e) => tracing::warn!(error = %e, "egress relay: reading the outbox failed"),
         }
+        let news = store.lock().await.news();
         tokio::select! {
             () = &mut rung => {}
+            () = news => {}
             () = tokio::time::sleep(config.poll_interval) => {}
             _ = stop.changed() => {}
         }
