@@ -186,8 +186,8 @@ impl Counters {
 /// The task that makes a cell's records durable: whenever the cell's
 /// journal has something to write (records enqueued, a new generation, an
 /// acknowledgement, a dead letter), it takes one
-/// [`Ready`](egress_core::Ready), commits it as one transaction on a
-/// blocking thread, and reports it to the cell ([`persisted`], which makes
+/// [`Ready`](egress_core::Ready), commits it as one transaction (SQLite's
+/// on a blocking thread), and reports it to the cell ([`persisted`], which makes
 /// the records claimable, or [`persist_failed`], which shows the error;
 /// the write is retried after a backoff). Everything enqueued while a
 /// commit runs goes into the next one: group commit. It also polls the
@@ -202,8 +202,8 @@ impl Counters {
 /// takes the stream over ([`SqliteStore::load`] elsewhere), the relay
 /// shows the error and stops.
 ///
-/// Each commit is reported to the cell by the blocking thread that made
-/// it, so dropping the relay (which aborts its task) never leaves a commit
+/// Each commit runs in a task of its own that reports it to the cell, so
+/// dropping the relay (which aborts its task) never leaves a commit
 /// unreported. [`shutdown`](Self::shutdown) writes what is pending first.
 ///
 /// [`persisted`]: egress_reactive::EgressCellOf::persisted
