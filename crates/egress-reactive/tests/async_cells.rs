@@ -215,6 +215,7 @@ async fn a_flaky_peer_on_the_multi_thread_runtime_loses_nothing() {
 async fn dropping_the_cell_stops_its_timer_and_frees_its_nodes() {
     let cx = AsyncContext::new();
     let base = cx.node_count();
+    let tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks();
     let cell = AsyncEgressCell::new(&cx, policy(4));
     let (tx, _rx) = mpsc::unbounded_channel();
     let sem = Arc::new(Semaphore::new(0));
@@ -229,6 +230,11 @@ async fn dropping_the_cell_stops_its_timer_and_frees_its_nodes() {
     cell.enqueue(1);
     link.fail(Sequence(0), FailureKind::Transient);
     assert!(cx.node_count() > base);
+    tokio::task::yield_now().await;
+    assert!(
+        tokio::runtime::Handle::current().metrics().num_alive_tasks() > tasks,
+        "a parked record runs the timer task"
+    );
     drop(link);
     drop(cell);
     for _ in 0..10 {
@@ -236,6 +242,43 @@ async fn dropping_the_cell_stops_its_timer_and_frees_its_nodes() {
     }
     assert!(watch.upgrade().is_none(), "the transport is gone");
     assert_eq!(cx.node_count(), base, "the timer task released the cell");
+    assert_eq!(
+        tokio::runtime::Handle::current().metrics().num_alive_tasks(),
+        tasks,
+        "the timer task was stopped, not left to sleep out its backoff"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_cells_debug_shows_its_state() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::<u32>::new(&cx, policy(4));
+    cell.enqueue(1);
+    let shown = format!("{cell:?}");
+    assert!(shown.starts_with("AsyncEgressCell(") && shown.contains("pending"), "{shown}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_handshake_waits_for_its_generation_to_be_stored() {
+    use futures::FutureExt as _;
+    let cx = AsyncContext::new();
+    let core = egress_core::EgressCore::restore(policy(4), egress_core::Restored::empty()).unwrap();
+    let cell = AsyncEgressCell::<u32>::from_core(&cx, core, egress_reactive::CellOptions::new());
+    // Nothing to wait for while the generation is stored.
+    cell.generation_stored().await;
+    let _ = cell.reconnect(Generation(1));
+    let mut waiting = Box::pin(cell.generation_stored());
+    assert!(waiting.as_mut().now_or_never().is_none(), "generation 1 is not stored yet");
+    let (ready, _) = cell.poll_ready().unwrap();
+    assert_eq!(ready.generation, Some(Generation(1)));
+    let _ = cell.persisted(ready.epoch);
+    tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("stored: the wait ends");
+    // A disposed cell is waited for by no one.
+    let _ = cell.reconnect(Generation(2));
+    let mut waiting = Box::pin(cell.generation_stored());
+    assert!(waiting.as_mut().now_or_never().is_none());
+    cell.dispose();
+    tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("disposed: the wait ends");
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -312,9 +312,11 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
         if self.cell.is_disposed() || self.cell.generation_durable().get_untracked() {
             return;
         }
-        let mut stored = self.cell.inner().handle.watch(self.cell.generation_durable());
+        // Owned by the cell, so that its disposal ends the stream (a watch
+        // owned by the graph's root outlived the cell, and the wait with it).
+        let Ok(mut stored) = self.cell.in_scope(|graph| graph.watch(self.cell.generation_durable())) else { return };
         while let Some(now) = stored.next().await {
-            if now || self.cell.is_disposed() {
+            if now {
                 return;
             }
         }
