@@ -1,0 +1,433 @@
+//! A typed dispatcher: an egress cell's transport that hands each record to
+//! the handler registered under its name, in-process.
+//!
+//! ```text
+//!  Handlers::encode("email.send", &msg) ──▶ bytes ──▶ cell.enqueue / outbox append
+//!                                                          │ claims (window)
+//!  Dispatcher ◀── one task per claimed record: decode, call the handler ◀┘
+//!      │ completions, in any order ──▶ completion tracker ──▶ ack(through), cumulative
+//!      └ HandlerError ──▶ fail(sequence, Transient | RetryAfter | Permanent)
+//! ```
+//!
+//! - **Handlers by name, typed.** [`Handlers::handle`] registers an async
+//!   function of a serde type under a name; [`Handlers::encode`] refuses a
+//!   name nothing handles ([`DispatchError::UnknownHandler`]) at append,
+//!   so it is not discovered at dispatch. A record whose name or message
+//!   does not decode is a permanent failure (a dead letter, never retried).
+//! - **Failures onto the core's kinds.** [`HandlerError::Transient`] is
+//!   retried after the policy's backoff, [`HandlerError::RetryAfter`] after
+//!   at least its delay (the policy's jitter spreads it upward, so that
+//!   workers do not retry in step), [`HandlerError::Permanent`] never. A
+//!   handler that panics failed transiently. The policy's retry budget
+//!   bounds the attempts.
+//! - **Concurrency up to the window.** Each claimed record runs in a task of
+//!   its own, so at most the policy's in-flight limit run at once; a
+//!   [`Completions`] tracker turns their completions, in any order, into
+//!   cumulative acknowledgements (a completion above a gap waits for it).
+//! - **The idempotency key.** A handler is called with an [`Info`]: the
+//!   stream, the sequence, the attempt and the generation. `(stream,
+//!   sequence)` ([`Info::key`]) is the same for every attempt, on every
+//!   worker, across restarts: a handler that may run twice (its completion
+//!   was not yet stored when its worker died) uses it to do its effect once.
+//!
+//! Dead letters under [`DeadLetters::Skip`](egress_core::DeadLetters::Skip)
+//! reach the dispatcher as tombstones and complete at once, so a cumulative
+//! acknowledgement never stalls on them; under `Hold` a held record stops
+//! the acknowledgements at its sequence (that is what holding means).
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use egress_core::{Delay, Envelope, FailureKind, Generation, Sequence};
+use egress_reactive::{AsyncEgressCell, AsyncTransport, Attachment, SendError, Threaded};
+use futures_util::FutureExt as _;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// What a handler is told of the record it handles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Info {
+    /// The stream the record belongs to.
+    pub stream: Arc<str>,
+    /// Its sequence in the stream.
+    pub sequence: Sequence,
+    /// Which attempt this is (1 the first time).
+    pub attempt: u32,
+    /// The cell's generation when it was claimed.
+    pub generation: Generation,
+}
+
+impl Info {
+    /// The record's idempotency key: the same for every attempt, on every
+    /// worker, across restarts.
+    pub fn key(&self) -> (Arc<str>, u64) {
+        (self.stream.clone(), self.sequence.get())
+    }
+}
+
+/// Why a handler did not complete.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    /// Worth retrying after the policy's backoff.
+    #[error("transient: {0}")]
+    Transient(String),
+    /// Worth retrying after at least this long (a rate limit's
+    /// `Retry-After`).
+    #[error("retry after {0:?}")]
+    RetryAfter(Duration),
+    /// Never worth retrying: the record becomes a dead letter.
+    #[error("permanent: {0}")]
+    Permanent(String),
+}
+
+impl HandlerError {
+    /// The core's failure kind for it.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            HandlerError::Transient(_) => FailureKind::Transient,
+            HandlerError::RetryAfter(d) => {
+                FailureKind::RetryAfter(Delay(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+            }
+            HandlerError::Permanent(_) => FailureKind::Permanent,
+        }
+    }
+}
+
+/// Why a message could not be encoded for dispatch.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DispatchError {
+    /// No handler is registered under this name.
+    #[error("no handler is registered for {0:?}")]
+    UnknownHandler(String),
+    /// serde could not encode the message.
+    #[error("encode: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
+type Handler = Arc<dyn Fn(&[u8], Info) -> BoxFuture + Send + Sync>;
+
+/// Handlers by name.
+#[derive(Clone, Default)]
+pub struct Handlers {
+    by_name: HashMap<String, Handler>,
+}
+
+impl std::fmt::Debug for Handlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<&String> = self.by_name.keys().collect();
+        names.sort();
+        f.debug_struct("Handlers").field("names", &names).finish()
+    }
+}
+
+/// A record on the wire: the handler's name and the message.
+#[derive(Serialize)]
+struct Outgoing<'a, M: ?Sized> {
+    handler: &'a str,
+    message: &'a M,
+}
+
+#[derive(Deserialize)]
+struct Incoming<'a> {
+    #[serde(borrow)]
+    handler: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    message: &'a serde_json::value::RawValue,
+}
+
+impl Handlers {
+    /// No handlers.
+    pub fn new() -> Self {
+        Handlers::default()
+    }
+
+    /// Registers `handler` for messages of type `M` under `name` (a later
+    /// registration under the same name replaces it).
+    #[must_use]
+    pub fn handle<M, F, Fut>(mut self, name: impl Into<String>, handler: F) -> Self
+    where
+        M: DeserializeOwned + Send + 'static,
+        F: Fn(M, Info) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let erased: Handler = Arc::new(move |message: &[u8], info: Info| -> BoxFuture {
+            match serde_json::from_slice::<M>(message) {
+                Ok(m) => Box::pin(handler(m, info)),
+                Err(e) => Box::pin(std::future::ready(Err(HandlerError::Permanent(format!("undecodable: {e}"))))),
+            }
+        });
+        self.by_name.insert(name.into(), erased);
+        self
+    }
+
+    /// Whether a handler is registered under `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// The record for `message` to the handler `name`: what to enqueue or
+    /// append.
+    ///
+    /// # Errors
+    /// [`DispatchError::UnknownHandler`] when nothing handles `name` (the
+    /// record would only ever fail), or serde's.
+    pub fn encode<M: Serialize + ?Sized>(&self, name: &str, message: &M) -> Result<Bytes, DispatchError> {
+        if !self.contains(name) {
+            return Err(DispatchError::UnknownHandler(name.to_owned()));
+        }
+        Ok(Bytes::from(serde_json::to_vec(&Outgoing { handler: name, message })?))
+    }
+
+    /// Runs the handler a record names; a record that does not decode, or
+    /// names no handler, fails permanently. A handler that panics failed
+    /// transiently.
+    async fn dispatch(&self, record: &[u8], info: Info) -> Result<(), HandlerError> {
+        let incoming: Incoming<'_> = serde_json::from_slice(record)
+            .map_err(|e| HandlerError::Permanent(format!("not a dispatch record: {e}")))?;
+        let Some(handler) = self.by_name.get(incoming.handler.as_ref()) else {
+            return Err(HandlerError::Permanent(format!("no handler is registered for {:?}", incoming.handler)));
+        };
+        match AssertUnwindSafe(handler(incoming.message.get().as_bytes(), info)).catch_unwind().await {
+            Ok(result) => result,
+            Err(_) => Err(HandlerError::Transient("the handler panicked".into())),
+        }
+    }
+}
+
+/// Turns completions in any order into a cumulative acknowledgement: the
+/// highest sequence below which everything completed. Holds only the
+/// completions above the first gap, so it is bounded by the window.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Completions {
+    /// The first sequence not yet completed.
+    next: u64,
+    /// Completed sequences above `next`.
+    above: BTreeSet<u64>,
+}
+
+impl Completions {
+    /// A tracker whose first incomplete sequence is `next`.
+    pub fn starting_at(next: u64) -> Self {
+        Completions { next, above: BTreeSet::new() }
+    }
+
+    /// Records that `sequence` completed; returns the new cumulative
+    /// acknowledgement when it moved. A sequence below the watermark (done
+    /// before) changes nothing.
+    pub fn complete(&mut self, sequence: u64) -> Option<Sequence> {
+        if sequence < self.next {
+            return None;
+        }
+        self.above.insert(sequence);
+        let before = self.next;
+        while self.above.remove(&self.next) {
+            self.next += 1;
+        }
+        (self.next > before).then(|| Sequence(self.next - 1))
+    }
+
+    /// Completions waiting above a gap.
+    pub fn waiting(&self) -> usize {
+        self.above.len()
+    }
+}
+
+/// What a dispatcher has done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DispatchStats {
+    /// Handler runs that completed.
+    pub completed: u64,
+    /// Runs that failed and will be retried (transient or retry-after).
+    pub retried: u64,
+    /// Runs that failed permanently (the record is a dead letter).
+    pub permanent: u64,
+    /// Tombstones passed over (dead letters under `Skip`).
+    pub skipped: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    completed: AtomicU64,
+    retried: AtomicU64,
+    permanent: AtomicU64,
+    skipped: AtomicU64,
+}
+
+/// One handler run's outcome, from its task to the dispatcher's.
+struct Done {
+    sequence: Sequence,
+    /// A tombstone passed over rather than a handler's run.
+    skipped: bool,
+    result: Result<(), HandlerError>,
+}
+
+/// The cell's transport: starts a task per claimed record and returns at
+/// once (the record stays in flight until its task reports).
+struct Spawner {
+    handlers: Arc<Handlers>,
+    stream: Arc<str>,
+    done: mpsc::UnboundedSender<Done>,
+}
+
+impl AsyncTransport<Bytes> for Spawner {
+    async fn send(&mut self, envelope: Envelope<Bytes>) -> Result<(), SendError> {
+        let sequence = envelope.sequence;
+        if envelope.dead.is_some() {
+            let _ = self.done.send(Done { sequence, skipped: true, result: Ok(()) });
+            return Ok(());
+        }
+        let info = Info {
+            stream: self.stream.clone(),
+            sequence,
+            attempt: envelope.attempt.get(),
+            generation: envelope.generation,
+        };
+        let (handlers, done) = (self.handlers.clone(), self.done.clone());
+        tokio::spawn(async move {
+            let result = handlers.dispatch(&envelope.payload, info).await;
+            let _ = done.send(Done { sequence, skipped: false, result });
+        });
+        Ok(())
+    }
+}
+
+/// Dispatches a cell's records to its handlers until shut down (see the
+/// crate's docs). Dropping it stops it; records whose handlers were running
+/// stay in flight, and a new dispatcher on the cell (after a
+/// [`reconnect`](egress_reactive::EgressCellOf::reconnect)) runs them again.
+pub struct Dispatcher {
+    task: Option<JoinHandle<()>>,
+    stop: watch::Sender<bool>,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher").field("stats", &self.stats()).finish_non_exhaustive()
+    }
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Dispatcher {
+    /// Attaches to `cell` (the records of `stream`) and dispatches its
+    /// records to `handlers`, on the current tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn(cell: &AsyncEgressCell<Bytes>, stream: impl Into<Arc<str>>, handlers: Handlers) -> Dispatcher {
+        let (done, rx) = mpsc::unbounded_channel();
+        let next = cell.acked_through().get_untracked().map_or(0, |s| s.get().saturating_add(1));
+        let link = cell.attach(Spawner { handlers: Arc::new(handlers), stream: stream.into(), done });
+        let (stop, stop_rx) = watch::channel(false);
+        let counters = Arc::new(Counters::default());
+        let task = tokio::spawn(run(link, Completions::starting_at(next), rx, stop_rx, counters.clone()));
+        Dispatcher { task: Some(task), stop, counters }
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> DispatchStats {
+        let c = &self.counters;
+        DispatchStats {
+            completed: c.completed.load(Ordering::Relaxed),
+            retried: c.retried.load(Ordering::Relaxed),
+            permanent: c.permanent.load(Ordering::Relaxed),
+            skipped: c.skipped.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops dispatching (runs already started finish, but are not
+    /// reported) and returns the stats.
+    pub async fn shutdown(mut self) -> DispatchStats {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        self.stats()
+    }
+}
+
+async fn run(
+    link: Attachment<Bytes, Threaded>,
+    mut completions: Completions,
+    mut done: mpsc::UnboundedReceiver<Done>,
+    mut stop: watch::Receiver<bool>,
+    counters: Arc<Counters>,
+) {
+    loop {
+        let Done { sequence, skipped, result } = tokio::select! {
+            d = done.recv() => match d {
+                Some(d) => d,
+                None => return,
+            },
+            _ = stop.changed() => return,
+        };
+        match result {
+            Ok(()) => {
+                let counter = if skipped { &counters.skipped } else { &counters.completed };
+                counter.fetch_add(1, Ordering::Relaxed);
+                if let Some(through) = completions.complete(sequence.get()) {
+                    let _ = link.ack(through);
+                }
+            }
+            Err(e) => {
+                let kind = e.kind();
+                if kind == FailureKind::Permanent {
+                    counters.permanent.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%sequence, error = %e, "egress dispatch: a handler failed permanently");
+                } else {
+                    counters.retried.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%sequence, error = %e, "egress dispatch: a handler failed; retried later");
+                }
+                let _ = link.fail(sequence, kind);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completions_in_any_order_become_one_cumulative_acknowledgement() {
+        let mut c = Completions::starting_at(10);
+        assert_eq!(c.complete(12), None, "above a gap: waits");
+        assert_eq!(c.complete(11), None);
+        assert_eq!(c.waiting(), 2);
+        assert_eq!(c.complete(10), Some(Sequence(12)), "the gap closes: all three at once");
+        assert_eq!(c.waiting(), 0);
+        assert_eq!(c.complete(9), None, "below the watermark: done before");
+        assert_eq!(c.complete(12), None, "a duplicate changes nothing");
+        assert_eq!(c.complete(13), Some(Sequence(13)));
+        assert_eq!(Completions::default().complete(0), Some(Sequence(0)));
+    }
+
+    #[test]
+    fn handler_errors_map_onto_the_cores_failure_kinds() {
+        assert_eq!(HandlerError::Transient("x".into()).kind(), FailureKind::Transient);
+        assert_eq!(HandlerError::Permanent("x".into()).kind(), FailureKind::Permanent);
+        assert_eq!(
+            HandlerError::RetryAfter(Duration::from_millis(1_500)).kind(),
+            FailureKind::RetryAfter(Delay(1_500))
+        );
+        assert_eq!(HandlerError::RetryAfter(Duration::MAX).kind(), FailureKind::RetryAfter(Delay(u64::MAX)));
+    }
+}

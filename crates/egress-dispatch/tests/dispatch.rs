@@ -1,0 +1,175 @@
+#![allow(clippy::unwrap_used)]
+//! The dispatcher on a real async cell, on paused tokio time: concurrency
+//! up to the window with out-of-order completions acknowledged
+//! cumulatively, failures mapped onto the core's kinds with the same
+//! idempotency key on every attempt, records that cannot be dispatched
+//! failing permanently without a wedge, and a panicking handler retried.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use egress_core::{DeadLetters, Delay, Policy, Sequence};
+use egress_dispatch::{DispatchError, Dispatcher, HandlerError, Handlers, Info};
+use egress_reactive::{AsyncContext, AsyncEgressCell};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+struct Job {
+    id: u64,
+    millis: u64,
+}
+
+fn policy() -> Policy {
+    Policy::builder().inflight_limit(16).retry_base(Delay(10)).dead_letters(DeadLetters::Skip).build().unwrap()
+}
+
+/// Waits (on paused time) until the cell has everything through `last`
+/// acknowledged.
+async fn acknowledged(cell: &AsyncEgressCell<Bytes>, last: u64) {
+    for _ in 0..100_000 {
+        if cell.acked_through().get_untracked() == Some(Sequence(last)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("acknowledged through {:?}, not {last}", cell.acked_through().get_untracked());
+}
+
+#[tokio::test(start_paused = true)]
+async fn handlers_run_concurrently_up_to_the_window_and_complete_into_cumulative_acks() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let handlers = Handlers::new().handle("job", {
+        let (running, most, order) = (running.clone(), most.clone(), order.clone());
+        move |job: Job, info: Info| {
+            let (running, most, order) = (running.clone(), most.clone(), order.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(job.millis)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                assert_eq!(info.sequence, Sequence(job.id), "each record to its own run");
+                order.lock().push(job.id);
+                Ok(())
+            }
+        }
+    });
+    // Delays from a fixed generator: later records often finish first.
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let records: Vec<Bytes> = (0..200)
+        .map(|id| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            handlers.encode("job", &Job { id, millis: 1 + x % 50 }).unwrap()
+        })
+        .collect();
+    let dispatcher = Dispatcher::spawn(&cell, "jobs", handlers);
+    cell.enqueue_all(records);
+    acknowledged(&cell, 199).await;
+    let order = order.lock().clone();
+    assert_eq!(order.len(), 200, "each record handled once");
+    assert!(order.windows(2).any(|w| w[0] > w[1]), "completions came out of order");
+    let most = most.load(Ordering::SeqCst);
+    assert!((2..=16).contains(&most), "{most} at once: concurrent, within the window");
+    let stats = dispatcher.shutdown().await;
+    assert_eq!((stats.completed, stats.retried, stats.permanent), (200, 0, 0), "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_map_onto_the_cores_kinds_with_one_key_for_every_attempt() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let calls: Arc<Mutex<Vec<(Info, tokio::time::Instant)>>> = Arc::default();
+    let handlers = Handlers::new().handle("flaky", {
+        let calls = calls.clone();
+        move |id: u64, info: Info| {
+            calls.lock().push((info.clone(), tokio::time::Instant::now()));
+            async move {
+                match (id, info.attempt) {
+                    (5, 1) => Err(HandlerError::Transient("a timeout".into())),
+                    (7, 1) => Err(HandlerError::RetryAfter(Duration::from_secs(2))),
+                    (9, _) => Err(HandlerError::Permanent("refused".into())),
+                    _ => Ok(()),
+                }
+            }
+        }
+    });
+    let records: Vec<Bytes> = (0..20u64).map(|id| handlers.encode("flaky", &id).unwrap()).collect();
+    let dispatcher = Dispatcher::spawn(&cell, "flaky-stream", handlers);
+    cell.enqueue_all(records);
+    acknowledged(&cell, 19).await;
+    let calls = calls.lock().clone();
+    let of = |s: u64| calls.iter().filter(|(i, _)| i.sequence == Sequence(s)).cloned().collect::<Vec<_>>();
+    for s in [5, 7] {
+        let tries = of(s);
+        assert_eq!(tries.iter().map(|(i, _)| i.attempt).collect::<Vec<_>>(), [1, 2], "sequence {s}");
+        assert_eq!(tries[0].0.key(), tries[1].0.key(), "one idempotency key for every attempt");
+        assert_eq!(tries[0].0.key(), (Arc::from("flaky-stream"), s));
+    }
+    let seven = of(7);
+    assert!(seven[1].1 - seven[0].1 >= Duration::from_secs(2), "retried after at least the delay asked");
+    assert_eq!(of(9).len(), 1, "a permanent failure is not retried");
+    assert_eq!(of(3).len(), 1);
+    let stats = dispatcher.shutdown().await;
+    assert_eq!((stats.completed, stats.retried, stats.permanent, stats.skipped), (19, 2, 1, 1), "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_that_cannot_be_dispatched_fail_permanently_and_wedge_nothing() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let handlers = Handlers::new().handle("job", {
+        let handled = handled.clone();
+        move |job: Job, _: Info| {
+            handled.lock().push(job.id);
+            async { Ok(()) }
+        }
+    });
+    // An unknown name is refused when the record is made...
+    assert!(matches!(handlers.encode("nobody", &1), Err(DispatchError::UnknownHandler(n)) if n == "nobody"));
+    // ...and records made some other way fail at dispatch, permanently.
+    let records = vec![
+        handlers.encode("job", &Job { id: 0, millis: 0 }).unwrap(),
+        Bytes::from_static(b"\xff not json"),
+        Bytes::from_static(br#"{"handler":"nobody","message":1}"#),
+        Bytes::from_static(br#"{"handler":"job","message":{"id":"not a number"}}"#),
+        handlers.encode("job", &Job { id: 4, millis: 0 }).unwrap(),
+    ];
+    let dispatcher = Dispatcher::spawn(&cell, "s", handlers);
+    cell.enqueue_all(records);
+    acknowledged(&cell, 4).await;
+    assert_eq!(*handled.lock(), [0, 4]);
+    let stats = dispatcher.shutdown().await;
+    assert_eq!((stats.completed, stats.permanent, stats.retried, stats.skipped), (2, 3, 0, 3), "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_that_panics_is_retried() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let handlers = Handlers::new().handle("boom", {
+        let attempts = attempts.clone();
+        move |(): (), info: Info| {
+            attempts.lock().push(info.attempt);
+            async move {
+                assert!(info.attempt > 1, "the first attempt panics");
+                Ok(())
+            }
+        }
+    });
+    let record = handlers.encode("boom", &()).unwrap();
+    let dispatcher = Dispatcher::spawn(&cell, "s", handlers);
+    cell.enqueue(record);
+    acknowledged(&cell, 0).await;
+    assert_eq!(*attempts.lock(), [1, 2]);
+    let stats = dispatcher.shutdown().await;
+    assert_eq!((stats.completed, stats.retried), (1, 1), "{stats:?}");
+}
