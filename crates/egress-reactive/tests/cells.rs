@@ -225,6 +225,20 @@ each_flavour! {
         assert_eq!(cell.pending().get()[0].generation, Generation(2));
     }
 
+    fn a_held_dead_letter_is_counted_by_its_own_reader(cx) {
+        let policy = Policy::builder().inflight_limit(4).dead_letters(DeadLetters::Hold).build().expect("policy");
+        let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy);
+        let c = counters!(cx, cell: exhausted, exhausted_len, pending_len, inflight_len);
+        let g = cell.generation().get();
+        cell.enqueue_all([7, 8]);
+        cell.claim_with(g, |_| ());
+        let _ = fired(&c);
+        let failed = cell.fail_with(g, Sequence(0), FailureKind::Permanent, JitterSample::ZERO);
+        assert!(matches!(failed, FailOutcome::Exhausted(_)), "{failed:?}");
+        assert_eq!((cell.exhausted_len().get(), cell.inflight_len().get(), cell.pending_len().get()), (1, 0, 1));
+        assert_eq!(fired(&c), ["exhausted", "exhausted_len", "inflight_len"]);
+    }
+
     fn equality_cut_off_reaches_effects(cx) {
         let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(4));
         let busy = cx.computed({
