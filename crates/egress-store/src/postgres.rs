@@ -591,10 +591,12 @@ impl crate::JournalStore for PgJournal {
     }
 }
 
-/// Takes `stream` for `lease` (see [`PgStore::take_stream`]), restores a
-/// cell from it and starts its relay over a [`PgJournal`] (the outbox read
-/// every 250 ms at the latest, beside the notifications); `None` when
-/// another worker's lease on the stream is still running.
+/// Takes `stream` for `lease` (see [`PgStore::take_stream`]), or with
+/// `None` any free stream ([`PgStore::take`]), restores a cell from it and
+/// starts its relay over a [`PgJournal`] (the outbox read every 250 ms at
+/// the latest, beside the notifications). Returns the stream's name with
+/// the cell and relay; `None` when the stream (or every stream) is held by
+/// another worker whose lease still runs.
 ///
 /// # Errors
 /// The store's, or stored data that breaks the core's rules
@@ -606,16 +608,21 @@ impl crate::JournalStore for PgJournal {
 pub async fn open_durable(
     cx: &egress_reactive::AsyncContext,
     mut store: PgStore,
-    stream: &str,
+    stream: Option<&str>,
     lease: Duration,
     policy: egress_core::Policy,
     options: egress_reactive::CellOptions,
     config: crate::RelayConfig,
-) -> Result<Option<crate::Durable>, StoreError> {
-    let Some((taken, loaded)) = store.take_stream(stream, lease).await? else { return Ok(None) };
+) -> Result<Option<(String, crate::Durable)>, StoreError> {
+    let taken = match stream {
+        Some(stream) => store.take_stream(stream, lease).await?,
+        None => store.take(lease).await?,
+    };
+    let Some((taken, loaded)) = taken else { return Ok(None) };
+    let name = taken.stream.clone();
     let core = egress_core::EgressCore::restore(policy, loaded.restored)?;
     let cell = egress_reactive::AsyncEgressCell::from_core(cx, core, options.incarnation(loaded.incarnation));
     let journal = PgJournal::new(store, taken, lease, Duration::from_millis(250));
     let relay = crate::Relay::spawn_on(cx, &cell, journal, config);
-    Ok(Some(crate::Durable { cell, relay }))
+    Ok(Some((name, crate::Durable { cell, relay })))
 }

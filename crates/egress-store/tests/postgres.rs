@@ -361,7 +361,7 @@ async fn a_worker_that_dies_mid_stream_is_taken_over_with_nothing_lost_or_reorde
     // through.
     let cx_a = AsyncContext::new();
     let store = PgStore::connect(&url, "worker-a").await.unwrap();
-    let a = open_durable(&cx_a, store, &stream, lease, policy, CellOptions::new(), RelayConfig::default())
+    let (_, a) = open_durable(&cx_a, store, Some(&stream), lease, policy, CellOptions::new(), RelayConfig::default())
         .await
         .unwrap()
         .expect("a free stream");
@@ -392,10 +392,11 @@ async fn a_worker_that_dies_mid_stream_is_taken_over_with_nothing_lost_or_reorde
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let b = loop {
         let store = PgStore::connect(&url, "worker-b").await.unwrap();
-        if let Some(b) = open_durable(&cx_b, store, &stream, lease, policy, CellOptions::new(), RelayConfig::default())
-            .await
-            .unwrap()
+        // Any free stream: the only one there is.
+        if let Some((name, b)) =
+            open_durable(&cx_b, store, None, lease, policy, CellOptions::new(), RelayConfig::default()).await.unwrap()
         {
+            assert_eq!(name, stream);
             break b;
         }
         assert!(tokio::time::Instant::now() < deadline, "the lease ran out");
@@ -438,10 +439,11 @@ async fn a_relay_whose_stream_was_taken_over_stops_and_writes_nothing_more() {
     let cx = AsyncContext::new();
     let store = PgStore::connect(&url, "worker-a").await.unwrap();
     let lease = Duration::from_secs(2);
-    let a = open_durable(&cx, store, &stream, lease, Policy::default(), CellOptions::new(), RelayConfig::default())
-        .await
-        .unwrap()
-        .unwrap();
+    let (_, a) =
+        open_durable(&cx, store, Some(&stream), lease, Policy::default(), CellOptions::new(), RelayConfig::default())
+            .await
+            .unwrap()
+            .unwrap();
     a.cell.enqueue_all((0..10).map(payload));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while a.cell.durable_through().get_untracked() != Some(Sequence(9)) {
