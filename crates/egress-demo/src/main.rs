@@ -12,6 +12,7 @@
 //! ```
 
 mod restarts;
+mod workers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -76,6 +77,15 @@ enum Command {
     /// over from 0); with --db it continues the stored stream where it
     /// stopped.
     Send(SendArgs),
+    /// Scale-out on PostgreSQL: worker processes share the streams through
+    /// leases and dispatch each record to a typed handler that records it
+    /// in the application's table; this process appends in its own
+    /// transactions, SIGKILLs workers at random and starts new ones, then
+    /// checks every record was handled, in order per stream.
+    Workers(workers::WorkersArgs),
+    /// One worker process (started by `workers`).
+    #[command(hide = true)]
+    Worker(workers::WorkerArgs),
 }
 
 /// What every run takes.
@@ -268,6 +278,8 @@ async fn main() -> anyhow::Result<()> {
             let db = a.db;
             receive(Options { listen: Some(a.listen), print: a.print, db, ..Options::new(a.common, None) }).await
         }
+        Some(Command::Workers(a)) => workers::run(a).await,
+        Some(Command::Worker(a)) => workers::worker(a).await,
         Some(Command::Send(a)) => {
             let (url, db) = (Some(a.url), a.db);
             send(Options { url, db, ..Options::new(a.common, a.pace.per_second()) }).await
@@ -404,17 +416,32 @@ pub(crate) fn finish(summary: serde_json::Value, path: Option<&str>) -> anyhow::
     Ok(())
 }
 
+/// The demo's seeded generator (xorshift64): every schedule it draws is
+/// reproducible from `--seed`.
+pub(crate) struct Xorshift(u64);
+
+impl Xorshift {
+    pub(crate) fn new(seed: u64) -> Self {
+        Xorshift(seed | 1)
+    }
+
+    /// The next draw, in `0..n` (`n` at least 1).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
 /// Where the one-process run kills the connection: after these message
 /// indices, drawn from `seed` with gaps uniform in `[1, 2 * every]`. The
 /// points depend on nothing else, so a run is reproducible.
 fn kill_points(seed: u64, every: u64, messages: u64) -> Vec<u64> {
-    let mut rng = seed | 1;
+    let mut rng = Xorshift::new(seed);
     let (mut at, mut points) = (0u64, Vec::new());
     loop {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        at = at.saturating_add(1 + rng % every.saturating_mul(2).max(1));
+        at = at.saturating_add(1 + rng.below(every.saturating_mul(2).max(1)));
         if at >= messages {
             return points;
         }

@@ -192,16 +192,13 @@ pub(crate) async fn run(mut o: Options) -> anyhow::Result<()> {
     let mut receiver = start_receiver(&addr, &o, receiver_runs, &lines)?;
     let mut sender = start_sender(&url, &o, sender_runs)?;
     let (mut killed_receivers, mut killed_senders) = (0u64, 0u64);
-    let mut rng = o.seed | 1;
+    let mut rng = crate::Xorshift::new(o.seed);
     let span = o.kill_ms.max(1).saturating_mul(2);
     let mut kills = 0;
     // Kills alternate between the two processes (the sender first), at
     // seeded random moments; they stop early if the sender finishes.
     while kills < o.kills {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let at = tokio::time::Instant::now() + Duration::from_millis(rng % span);
+        let at = tokio::time::Instant::now() + Duration::from_millis(rng.below(span));
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(at) => break,

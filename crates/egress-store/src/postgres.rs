@@ -131,21 +131,22 @@ impl PgOutbox {
     pub async fn append(&self, tx: &Transaction<'_>, payload: &[u8]) -> Result<Sequence, StoreError> {
         tx.batch_execute("SAVEPOINT egress_append").await?;
         let result = async {
-            ensure_stream(tx, &self.stream).await?;
+            // One statement: the counter (the stream's row created at 1 if
+            // it has none), the record, the notification.
             let row = tx
                 .query_one(
-                    "UPDATE egress_stream SET next_sequence = next_sequence + 1 WHERE stream = $1
-                     RETURNING next_sequence - 1",
-                    &[&self.stream],
+                    "WITH counter AS (
+                         INSERT INTO egress_stream (stream, incarnation, next_sequence) VALUES ($1, $2, 1)
+                         ON CONFLICT (stream) DO UPDATE SET next_sequence = egress_stream.next_sequence + 1
+                         RETURNING next_sequence - 1 AS seq),
+                     record AS (
+                         INSERT INTO egress_outbox (stream, seq, payload) SELECT $1, seq, $3 FROM counter
+                         RETURNING seq)
+                     SELECT seq, pg_notify($4, $1)::text FROM record",
+                    &[&self.stream, &fresh_incarnation().as_slice(), &payload, &CHANNEL],
                 )
                 .await?;
             let sequence: i64 = row.get(0);
-            tx.execute(
-                "INSERT INTO egress_outbox (stream, seq, payload) VALUES ($1, $2, $3)",
-                &[&self.stream, &sequence, &payload],
-            )
-            .await?;
-            tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &self.stream]).await?;
             Ok(Sequence(to_u64("sequence", sequence)?))
         }
         .await;
