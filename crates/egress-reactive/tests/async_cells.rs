@@ -299,6 +299,8 @@ async fn a_cell_at_capacity_refuses_or_waits_for_room_and_delivered_waits_for_th
     // payload comes back, and nothing changed.
     let _ = drain(&mut rx).await;
     assert_eq!(cell.try_enqueue(3), Err(Full { payload: 3, capacity: 3 }));
+    let shown = format!("{:?}", Full { payload: 3, capacity: 3 });
+    assert!(shown.starts_with("Full") && shown.contains("capacity: 3"), "{shown}");
     assert_eq!(cell.next_sequence(), Sequence(3));
 
     // Waiting for room, and for outcomes.

@@ -215,6 +215,13 @@ const COUNTED: [Changes; COUNTS] = [
     Changes::NONE.with(Projection::Durable),
 ];
 
+/// Whether a change set touches a count's projections: only then is the
+/// count worth recounting (recounting it anyway finds the same number).
+#[inline]
+fn overlaps(changes: u16, counted: u16) -> bool {
+    changes & counted != 0
+}
+
 #[inline]
 fn count<T>(core: &EgressCore<T>, which: usize) -> usize {
     match which {
@@ -311,7 +318,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             }
         }
         for (which, reader) in self.counts.iter().enumerate() {
-            if bits & COUNTED[which].bits() != 0 && reader.push(entered, count(core, which)) {
+            if overlaps(bits, COUNTED[which].bits()) && reader.push(entered, count(core, which)) {
                 keys.push(reader.key);
             }
         }
