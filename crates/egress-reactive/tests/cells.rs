@@ -472,6 +472,16 @@ each_flavour! {
         let watch = wire.watch();
         let link = cell.attach(wire);
         cell.enqueue_all(0..3);
+        assert!(!cell.is_disposed() && !link.is_fenced());
+        let shown = format!("{cell:?}");
+        for field in ["EgressCell", "next_sequence: Sequence(3)", "inflight: 2", "pending: 1"] {
+            assert!(shown.contains(field), "{shown} shows {field}");
+        }
+        // A cell made without an incarnation draws all 128 bits of one.
+        let other: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));
+        let (a, b) = (cell.incarnation().0, other.incarnation().0);
+        assert!(a >> 64 != 0 && b >> 64 != 0 && a != b, "{a:032x} {b:032x}");
+        other.dispose();
         cell.dispose();
         assert!(cell.is_disposed() && link.is_fenced());
         assert_eq!(cx.node_count(), base);
