@@ -473,6 +473,8 @@ each_flavour! {
         let link = cell.attach(wire);
         cell.enqueue_all(0..3);
         assert!(!cell.is_disposed() && !link.is_fenced());
+        let shown = format!("{link:?}");
+        assert!(shown.contains(&format!("Attachment {{ generation: {:?}", link.generation())), "{shown}");
         let shown = format!("{cell:?}");
         for field in ["EgressCell", "next_sequence: Sequence(3)", "inflight: 2", "pending: 1"] {
             assert!(shown.contains(field), "{shown} shows {field}");

@@ -137,3 +137,45 @@ fn millis(d: Duration) -> u64 {
 pub fn delay(d: Duration) -> Delay {
     Delay(millis(d))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_moves_when_told_and_saturates() {
+        let clock = ManualClock::new();
+        let shared = clock.clone();
+        clock.advance(Delay(250));
+        clock.advance(Delay(5));
+        assert_eq!(shared.now(), Time(255));
+        clock.set(Time(u64::MAX - 1));
+        clock.advance(Delay(5));
+        assert_eq!(shared.now(), Time(u64::MAX));
+    }
+
+    #[test]
+    fn the_monotonic_clock_counts_milliseconds_since_it_was_made() {
+        let Some(start) = Instant::now().checked_sub(Duration::from_millis(1_500)) else { return };
+        let clock = MonotonicClock { start };
+        let now = clock.now();
+        assert!(now >= Time(1_500) && now < Time(60_000), "{now:?}");
+    }
+
+    #[test]
+    fn delays_are_whole_milliseconds_saturating() {
+        assert_eq!(delay(Duration::from_micros(2_999)), Delay(2));
+        assert_eq!(delay(Duration::from_secs(3)), Delay(3_000));
+        assert_eq!(delay(Duration::MAX), Delay(u64::MAX));
+    }
+
+    #[cfg(feature = "async")]
+    #[tokio::test(start_paused = true)]
+    async fn the_tokio_clock_follows_tokio_time_both_ways() {
+        let clock = TokioClock::new();
+        tokio::time::advance(Duration::from_millis(1_234)).await;
+        assert_eq!(clock.now(), Time(1_234));
+        assert_eq!(clock.instant_at(Time(1_234)), tokio::time::Instant::now());
+        assert_eq!(clock.instant_at(Time(2_000)) - clock.instant_at(Time(0)), Duration::from_millis(2_000));
+    }
+}

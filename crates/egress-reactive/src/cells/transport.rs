@@ -114,3 +114,28 @@ pub trait AsyncTransport<T>: Send + 'static {
         std::future::ready(Ok(()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use egress_core::{Attempt, Generation, Sequence};
+
+    use super::*;
+
+    /// Refuses everything.
+    struct Refuse;
+
+    impl Transport<u32> for Refuse {
+        fn send(&mut self, _: Envelope<u32>) -> Result<(), SendError> {
+            Err(SendError::permanent("refused"))
+        }
+    }
+
+    #[test]
+    fn a_boxed_transport_is_the_transport_in_its_box() {
+        let mut boxed: Box<dyn Transport<u32>> = Box::new(Refuse);
+        let envelope =
+            Envelope { generation: Generation(1), sequence: Sequence(0), attempt: Attempt(1), payload: 7, dead: None };
+        let refused = boxed.send(envelope).expect_err("the box's transport answers");
+        assert_eq!(refused.kind, FailureKind::Permanent);
+    }
+}
