@@ -24,6 +24,10 @@
 //!   its own, so at most the policy's in-flight limit run at once; a
 //!   [`Completions`] tracker turns their completions, in any order, into
 //!   cumulative acknowledgements (a completion above a gap waits for it).
+//!   Handlers of one stream therefore run in order only with a window of
+//!   1; a wider window trades that order for concurrency (the
+//!   acknowledgements stay in order). Many streams, one dispatcher each,
+//!   give concurrency with order per stream.
 //! - **The idempotency key.** A handler is called with an [`Info`]: the
 //!   stream, the sequence, the attempt and the generation. `(stream,
 //!   sequence)` ([`Info::key`]) is the same for every attempt, on every
