@@ -10,6 +10,7 @@ mod adapters;
 mod alloc;
 mod cells;
 mod durable;
+mod pg;
 mod prng;
 mod suite;
 mod ws;
@@ -63,6 +64,7 @@ USAGE:
   egress-bench cells-child LIB N [RUNS]      (one measurement; used by `cells`)
   egress-bench ws [--messages N] [--runs K]
   egress-bench durable [--appends N] [--groups G,H] [--messages M] [--runs K] [--dir PATH]
+  egress-bench pg [--url URL] [--messages N] [--runs K] [--batch B]
 
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
@@ -98,6 +100,49 @@ Repetitions within a test stop after a 3 s budget (the fastest of those
 completed counts), so slow libraries do not stretch the run.
 ";
 
+/// `pg`: records drained per second through egress's PostgreSQL workers
+/// against a plain `SKIP LOCKED` loop, 1 and 4 workers, 1 and 64 streams.
+fn pg_table(args: &[String]) -> anyhow::Result<()> {
+    let (mut url, mut n, mut runs, mut batch) = (std::env::var("EGRESS_PG_URL").ok(), 20_000u64, 3usize, 64usize);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--url" => url = Some(it.next().context("--url needs a value")?.clone()),
+            "--messages" => n = it.next().context("--messages needs a value")?.parse()?,
+            "--runs" => runs = it.next().context("--runs needs a value")?.parse::<usize>()?.max(1),
+            "--batch" => batch = it.next().context("--batch needs a value")?.parse::<usize>()?.max(1),
+            other => bail!("unknown option {other:?}\n\n{HELP}"),
+        }
+    }
+    let url = url.context("pg needs --url or EGRESS_PG_URL")?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    println!(
+        "| workers | streams | plain SKIP LOCKED records/s (best of {runs}) | egress records/s | egress / plain |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    for (workers, streams) in [(1u64, 1u64), (1, 64), (4, 1), (4, 64)] {
+        let (mut best_plain, mut best_egress) = (Duration::MAX, Duration::MAX);
+        for run in 0..runs {
+            let p = rt.block_on(pg::plain(&url, n, streams, workers, i64::try_from(batch)?))?;
+            let e = rt.block_on(pg::egress(&url, n, streams, workers, batch))?;
+            eprintln!(
+                "{workers} workers, {streams} streams, run {run}: plain {:.0}/s, egress {:.0}/s",
+                n as f64 / p.as_secs_f64(),
+                n as f64 / e.as_secs_f64()
+            );
+            best_plain = best_plain.min(p);
+            best_egress = best_egress.min(e);
+        }
+        println!(
+            "| {workers} | {streams} | {:.0} | {:.0} | {:.2}x |",
+            n as f64 / best_plain.as_secs_f64(),
+            n as f64 / best_egress.as_secs_f64(),
+            best_plain.as_secs_f64() / best_egress.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
@@ -107,6 +152,7 @@ fn main() -> anyhow::Result<()> {
         Some("cells-child") => cells_child(&args[1..]),
         Some("ws") => ws_table(&args[1..]),
         Some("durable") => durable_table(&args[1..]),
+        Some("pg") => pg_table(&args[1..]),
         Some("--help") | Some("-h") | None => {
             print!("{HELP}");
             Ok(())

@@ -75,6 +75,14 @@ pub const PG_SCHEMA_VERSION: u32 = 1;
 /// A database written by a newer version of this library
 /// ([`StoreError::SchemaTooNew`]), or PostgreSQL's error.
 pub async fn migrate(client: &mut Client) -> Result<(), StoreError> {
+    // Already at this version (every worker's connection asks): no lock.
+    let current =
+        client.query_opt("SELECT version FROM egress_schema WHERE to_regclass('egress_schema') IS NOT NULL", &[]).await;
+    if let Ok(Some(row)) = current
+        && u32::try_from(row.get::<_, i32>(0)).is_ok_and(|v| v == PG_SCHEMA_VERSION)
+    {
+        return Ok(());
+    }
     let tx = client.transaction().await?;
     tx.batch_execute(
         "SELECT pg_advisory_xact_lock(7236450910388245059);
