@@ -31,10 +31,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use egress_core::{Generation, Incarnation, Ready, Restored, RestoredRecord, Sequence};
+use egress_core::{Ready, Restored, RestoredRecord, Sequence};
 use tokio_postgres::{AsyncMessage, Client, GenericClient, NoTls, Transaction};
 
-use crate::stored::{dead_code, dead_of, fresh_incarnation, to_i64, to_u64};
+use crate::stored::{dead_code, dead_of, fresh_incarnation, incarnation_of, restorable_generation, to_i64, to_u64};
 use crate::{Loaded, StoreError};
 
 /// The channel the outbox notifies on at commit (the payload is the
@@ -331,12 +331,8 @@ impl PgStore {
         let generation = to_u64("generation", row.get(3))?;
         let next = to_u64("next_sequence", row.get(4))?;
         let acked = row.get::<_, Option<i64>>(5).map(|a| to_u64("acked_through", a)).transpose()?;
-        let incarnation = <[u8; 16]>::try_from(incarnation.as_slice())
-            .map_err(|_| StoreError::OutOfRange { what: "incarnation length", value: incarnation.len() as i128 })?;
-        if generation >= i64::MAX as u64 {
-            let what = "generation (no handshake can go above it)";
-            return Err(StoreError::OutOfRange { what, value: generation.into() });
-        }
+        let incarnation = incarnation_of(&incarnation)?;
+        let generation = restorable_generation(generation)?;
         let from = acked.map_or(0, |a| a.saturating_add(1));
         let rows = tx
             .query(
@@ -355,9 +351,9 @@ impl PgStore {
         }
         tx.commit().await?;
         let loaded = Loaded {
-            incarnation: Incarnation(u128::from_be_bytes(incarnation)),
+            incarnation,
             restored: Restored {
-                generation: Generation(generation),
+                generation,
                 next_sequence: Sequence(next),
                 acked_through: acked.map(Sequence),
                 records,

@@ -5,11 +5,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use egress_core::{Generation, Incarnation, Ready, Restored, RestoredRecord, Sequence};
+use egress_core::{Incarnation, Ready, Restored, RestoredRecord, Sequence};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::StoreError;
-use crate::stored::{dead_code, dead_of, fresh_incarnation, to_i64, to_u64};
+use crate::stored::{dead_code, dead_of, fresh_incarnation, incarnation_of, restorable_generation, to_i64, to_u64};
 
 /// The schema, one migration per version: `PRAGMA user_version` counts the
 /// ones applied. Never edit a migration that shipped; add one.
@@ -205,13 +205,9 @@ impl SqliteStore {
             .execute(params![stream, owner.as_slice()])?;
         let incarnation: Vec<u8> =
             tx.query_row("SELECT incarnation FROM egress_stream WHERE stream = ?1", [stream], |r| r.get(0))?;
-        let incarnation = <[u8; 16]>::try_from(incarnation.as_slice())
-            .map_err(|_| StoreError::OutOfRange { what: "incarnation length", value: incarnation.len() as i128 })?;
+        let incarnation = incarnation_of(&incarnation)?;
         let (generation, next, acked) = stream_row(&tx, stream)?;
-        if generation >= i64::MAX as u64 {
-            let what = "generation (no handshake can go above it)";
-            return Err(StoreError::OutOfRange { what, value: generation.into() });
-        }
+        let generation = restorable_generation(generation)?;
         let from = acked.map_or(0, |a| a.saturating_add(1));
         let mut records = Vec::new();
         {
@@ -230,9 +226,9 @@ impl SqliteStore {
         tx.commit()?;
         self.owned.insert(stream.to_owned(), owner);
         Ok(Loaded {
-            incarnation: Incarnation(u128::from_be_bytes(incarnation)),
+            incarnation,
             restored: Restored {
-                generation: Generation(generation),
+                generation,
                 next_sequence: Sequence(next),
                 acked_through: acked.map(Sequence),
                 records,

@@ -2,7 +2,7 @@
 //! signed 64-bit integers (checked both ways), dead letters as a reason code
 //! and a held flag, incarnations and owner tokens as 16 random bytes.
 
-use egress_core::{DeadMark, DeadReason};
+use egress_core::{DeadMark, DeadReason, Generation, Incarnation};
 
 use crate::StoreError;
 
@@ -39,4 +39,22 @@ pub(crate) fn fresh_incarnation() -> [u8; 16] {
     use std::hash::BuildHasher;
     let random = || std::collections::hash_map::RandomState::new().hash_one(0u64);
     (u128::from(random()) << 64 | u128::from(random())).to_be_bytes()
+}
+
+/// A stored incarnation (16 bytes, big-endian).
+pub(crate) fn incarnation_of(bytes: &[u8]) -> Result<Incarnation, StoreError> {
+    let bytes = <[u8; 16]>::try_from(bytes)
+        .map_err(|_| StoreError::OutOfRange { what: "incarnation length", value: bytes.len() as i128 })?;
+    Ok(Incarnation(u128::from_be_bytes(bytes)))
+}
+
+/// A stored generation a restarted producer can go above: below
+/// `i64::MAX`, where the next one is still storable (and the wire protocol
+/// caps generations lower still).
+pub(crate) fn restorable_generation(generation: u64) -> Result<Generation, StoreError> {
+    if generation >= i64::MAX as u64 {
+        let what = "generation (no handshake can go above it)";
+        return Err(StoreError::OutOfRange { what, value: generation.into() });
+    }
+    Ok(Generation(generation))
 }
