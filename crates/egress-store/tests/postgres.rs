@@ -475,3 +475,42 @@ async fn a_relay_whose_stream_was_taken_over_stops_and_writes_nothing_more() {
     };
     assert_eq!((next, u64::try_from(lease_now).unwrap()), (10, lease_b.number), "A wrote nothing after the takeover");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_commit_is_shown_retried_and_loses_nothing() {
+    use egress_reactive::{AsyncContext, CellOptions};
+    use egress_store::RelayConfig;
+    use egress_store::postgres::open_durable;
+
+    let Some(url) = database().await else { return };
+    let stream = fresh("refused");
+    let cx = AsyncContext::new();
+    let store = PgStore::connect(&url, "worker").await.unwrap();
+    let (_, d) =
+        open_durable(&cx, store, Some(&stream), LONG, Policy::default(), CellOptions::new(), RelayConfig::default())
+            .await
+            .unwrap()
+            .unwrap();
+    // The database refuses every write to the outbox (its table gone).
+    let admin = app(&url).await;
+    admin.batch_execute("ALTER TABLE egress_outbox RENAME TO egress_outbox_away").await.unwrap();
+    d.cell.enqueue_all((0..20).map(payload));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while d.cell.persist_error().get_untracked().is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "the refusal is shown");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(d.cell.durable_through().get_untracked(), None, "nothing claimed durable");
+    // The database comes back: the relay's retry writes everything, once.
+    admin.batch_execute("ALTER TABLE egress_outbox_away RENAME TO egress_outbox").await.unwrap();
+    while d.cell.durable_through().get_untracked() != Some(Sequence(19)) {
+        assert!(tokio::time::Instant::now() < deadline, "retried: {:?}", d.cell.persist_error().get_untracked());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(d.cell.persist_error().get_untracked().is_none());
+    let stats = d.relay.shutdown().await;
+    assert!(stats.failures >= 1 && !stats.fenced, "{stats:?}");
+    let rows = outbox_rows(&admin, &stream).await;
+    assert_eq!(rows.iter().map(|(s, _)| *s).collect::<Vec<_>>(), (0..20).collect::<Vec<_>>());
+    assert!(rows.iter().enumerate().all(|(i, (_, p))| *p == payload(i as u64).to_vec()));
+}
