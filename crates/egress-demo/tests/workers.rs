@@ -6,7 +6,7 @@
 //! `EGRESS_PG_REQUIRED=1`); without it the test says so and does nothing.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn workers_killed_at_random_handle_every_record_in_order_per_stream() {
+async fn workers_killed_at_random_handle_every_record_in_order_and_rerun_within_the_limit() {
     let url = match std::env::var("EGRESS_PG_URL") {
         Ok(url) => url,
         Err(_) if std::env::var_os("EGRESS_PG_REQUIRED").is_some() => {
@@ -41,4 +41,8 @@ async fn workers_killed_at_random_handle_every_record_in_order_per_stream() {
     assert_eq!(s["handled"], 1500, "every record handled once in order: {s}");
     assert_eq!(s["out_of_order"], 0, "{s}");
     assert_eq!(s["kills"], 3, "the kills happened: {s}");
+    assert!(
+        s["most_rerun_per_takeover"].as_u64().expect("a count") <= s["rerun_limit"].as_u64().expect("a limit"),
+        "{s}"
+    );
 }

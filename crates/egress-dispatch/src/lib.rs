@@ -34,6 +34,19 @@
 //!   worker, across restarts: a handler that may run twice (its completion
 //!   was not yet stored when its worker died) uses it to do its effect once.
 //!
+//! - **Re-runs after a takeover, bounded.** A worker that dies loses the
+//!   acknowledgements its store had not yet written, and the stream's next
+//!   owner runs those records again. [`Dispatcher::spawn_bounded`] holds
+//!   the dispatcher to at most `limit` records past the watermark the store
+//!   holds ([`StoredAck`], from the relay's `stored_ack`): a record starts
+//!   only when its sequence is below `stored + 1 + limit`. A takeover then
+//!   re-runs at most `limit` records, each under the same key.
+//! - **Metrics through `tracing`**: events of target `egress::metrics`
+//!   (level debug) with `monotonic_counter.*` and `histogram.*` fields,
+//!   the names a metrics layer (tracing-opentelemetry's) turns into
+//!   instruments: `egress_dispatch_completed`, `_retried`, `_permanent`,
+//!   `_skipped`, and `egress_dispatch_handler_seconds`.
+//!
 //! Dead letters under [`DeadLetters::Skip`](egress_core::DeadLetters::Skip)
 //! reach the dispatcher as tombstones and complete at once, so a cumulative
 //! acknowledgement never stalls on them; under `Hold` a held record stops
@@ -276,12 +289,37 @@ struct Done {
     result: Result<(), HandlerError>,
 }
 
+/// How far past the stored acknowledgement watermark a dispatcher may run
+/// records (see [`Dispatcher::spawn_bounded`]).
+#[derive(Clone, Debug)]
+pub struct StoredAck {
+    watermark: watch::Receiver<Option<Sequence>>,
+    limit: u64,
+}
+
+impl StoredAck {
+    /// The store's watermark as `watermark` follows it (the relay's
+    /// `stored_ack`), and at most `limit` records (at least 1; a limit
+    /// below the policy's window keeps the window from filling) started
+    /// past it.
+    pub fn new(watermark: watch::Receiver<Option<Sequence>>, limit: u64) -> Self {
+        StoredAck { watermark, limit: limit.max(1) }
+    }
+
+    /// Whether `sequence` may start with the store at `stored`.
+    fn allows(limit: u64, stored: Option<Sequence>, sequence: Sequence) -> bool {
+        let first = stored.map_or(0, |s| s.get().saturating_add(1));
+        sequence.get() < first.saturating_add(limit)
+    }
+}
+
 /// The cell's transport: starts a task per claimed record and returns at
 /// once (the record stays in flight until its task reports).
 struct Spawner {
     handlers: Arc<Handlers>,
     stream: Arc<str>,
     done: mpsc::UnboundedSender<Done>,
+    bound: Option<StoredAck>,
 }
 
 impl AsyncTransport<Bytes> for Spawner {
@@ -291,6 +329,14 @@ impl AsyncTransport<Bytes> for Spawner {
             let _ = self.done.send(Done { sequence, skipped: true, result: Ok(()) });
             return Ok(());
         }
+        if let Some(StoredAck { watermark, limit }) = &mut self.bound {
+            let limit = *limit;
+            if watermark.wait_for(|stored| StoredAck::allows(limit, *stored, sequence)).await.is_err() {
+                // The relay is gone (fenced, or shut down): nothing more
+                // of this stream runs here.
+                std::future::pending::<()>().await;
+            }
+        }
         let info = Info {
             stream: self.stream.clone(),
             sequence,
@@ -299,7 +345,14 @@ impl AsyncTransport<Bytes> for Spawner {
         };
         let (handlers, done) = (self.handlers.clone(), self.done.clone());
         tokio::spawn(async move {
+            let started = std::time::Instant::now();
             let result = handlers.dispatch(&envelope.payload, info).await;
+            tracing::event!(
+                target: "egress::metrics",
+                tracing::Level::DEBUG,
+                histogram.egress_dispatch_handler_seconds = started.elapsed().as_secs_f64(),
+                "egress dispatch: a handler ran"
+            );
             let _ = done.send(Done { sequence, skipped: false, result });
         });
         Ok(())
@@ -337,9 +390,31 @@ impl Dispatcher {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn spawn(cell: &AsyncEgressCell<Bytes>, stream: impl Into<Arc<str>>, handlers: Handlers) -> Dispatcher {
+        Dispatcher::start(cell, stream.into(), handlers, None)
+    }
+
+    /// As [`spawn`](Self::spawn), with at most `bound`'s limit of records
+    /// started past the store's acknowledgement watermark: a record waits
+    /// (and the records behind it) until the store's watermark is within
+    /// the limit of it. What a takeover of the stream runs again is then at
+    /// most that limit. When the watermark's sender is gone (the relay
+    /// stopped), nothing more starts.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn_bounded(
+        cell: &AsyncEgressCell<Bytes>,
+        stream: impl Into<Arc<str>>,
+        handlers: Handlers,
+        bound: StoredAck,
+    ) -> Dispatcher {
+        Dispatcher::start(cell, stream.into(), handlers, Some(bound))
+    }
+
+    fn start(cell: &AsyncEgressCell<Bytes>, stream: Arc<str>, handlers: Handlers, bound: Option<StoredAck>) -> Self {
         let (done, rx) = mpsc::unbounded_channel();
         let next = cell.acked_through().get_untracked().map_or(0, |s| s.get().saturating_add(1));
-        let link = cell.attach(Spawner { handlers: Arc::new(handlers), stream: stream.into(), done });
+        let link = cell.attach(Spawner { handlers: Arc::new(handlers), stream, done, bound });
         let (stop, stop_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
         let task = tokio::spawn(run(link, Completions::starting_at(next), rx, stop_rx, counters.clone()));
@@ -387,6 +462,11 @@ async fn run(
             Ok(()) => {
                 let counter = if skipped { &counters.skipped } else { &counters.completed };
                 counter.fetch_add(1, Ordering::Relaxed);
+                if skipped {
+                    metric_skipped();
+                } else {
+                    metric_completed();
+                }
                 if let Some(through) = completions.complete(sequence.get()) {
                     let _ = link.ack(through);
                 }
@@ -395,15 +475,33 @@ async fn run(
                 let kind = e.kind();
                 if kind == FailureKind::Permanent {
                     counters.permanent.fetch_add(1, Ordering::Relaxed);
+                    metric_permanent();
                     tracing::warn!(%sequence, error = %e, "egress dispatch: a handler failed permanently");
                 } else {
                     counters.retried.fetch_add(1, Ordering::Relaxed);
+                    metric_retried();
                     tracing::debug!(%sequence, error = %e, "egress dispatch: a handler failed; retried later");
                 }
                 let _ = link.fail(sequence, kind);
             }
         }
     }
+}
+
+fn metric_completed() {
+    tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_dispatch_completed = 1u64, "egress dispatch: completed");
+}
+
+fn metric_skipped() {
+    tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_dispatch_skipped = 1u64, "egress dispatch: a tombstone passed");
+}
+
+fn metric_permanent() {
+    tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_dispatch_permanent = 1u64, "egress dispatch: failed for good");
+}
+
+fn metric_retried() {
+    tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_dispatch_retried = 1u64, "egress dispatch: failed, retried");
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! up to the window with out-of-order completions acknowledged
 //! cumulatively, failures mapped onto the core's kinds with the same
 //! idempotency key on every attempt, records that cannot be dispatched
-//! failing permanently without a wedge, and a panicking handler retried.
+//! failing permanently without a wedge, a panicking handler retried, and a
+//! bounded dispatcher held to its limit past the stored watermark.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use egress_core::{DeadLetters, Delay, Policy, Sequence};
-use egress_dispatch::{DispatchError, Dispatcher, HandlerError, Handlers, Info};
+use egress_dispatch::{DispatchError, Dispatcher, HandlerError, Handlers, Info, StoredAck};
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -172,4 +173,47 @@ async fn a_handler_that_panics_is_retried() {
     assert_eq!(*attempts.lock(), [1, 2]);
     let stats = dispatcher.shutdown().await;
     assert_eq!((stats.completed, stats.retried), (1, 1), "{stats:?}");
+}
+
+/// The store's watermark stands in a watch the test moves (as a relay's
+/// commits would): a bounded dispatcher starts no record at or past
+/// `stored + 1 + limit`, whatever the window, and goes on as the watermark
+/// rises; with the watermark's sender gone, nothing more starts.
+#[tokio::test(start_paused = true)]
+async fn a_bounded_dispatcher_runs_at_most_its_limit_past_the_stored_watermark() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let started = Arc::new(Mutex::new(Vec::new()));
+    let handlers = Handlers::new().handle("job", {
+        let started = started.clone();
+        move |job: Job, _: Info| {
+            let started = started.clone();
+            async move {
+                started.lock().push(job.id);
+                Ok(())
+            }
+        }
+    });
+    let records: Vec<Bytes> = (0..40).map(|id| handlers.encode("job", &Job { id, millis: 0 }).unwrap()).collect();
+    let (stored, watermark) = tokio::sync::watch::channel(None);
+    // A limit of 5 under a window of 16.
+    let dispatcher = Dispatcher::spawn_bounded(&cell, "jobs", handlers, StoredAck::new(watermark, 5));
+    cell.enqueue_all(records);
+    acknowledged(&cell, 4).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(*started.lock(), [0, 1, 2, 3, 4], "nothing stored: sequences 0..5 only");
+    stored.send(Some(Sequence(2))).unwrap();
+    acknowledged(&cell, 7).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(started.lock().len(), 8, "stored through 2: up to 7, not 8");
+    stored.send(Some(Sequence(30))).unwrap();
+    acknowledged(&cell, 35).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(started.lock().len(), 36, "stored through 30: up to 35");
+    drop(stored);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(started.lock().len(), 36, "the watermark's sender gone: nothing more starts");
+    assert_eq!(*started.lock(), (0..36).collect::<Vec<_>>(), "each once, in order");
+    let stats = dispatcher.shutdown().await;
+    assert_eq!(stats.completed, 36);
 }

@@ -125,6 +125,15 @@ pub enum StoreError {
         /// How many payloads came.
         given: usize,
     },
+    /// The record is not a dead letter its stream has moved past (no such
+    /// record, not dead, or still above the stream's watermark).
+    #[error("stream {stream}: no dead letter at or below the watermark at {sequence}")]
+    NotDead {
+        /// The stream.
+        stream: String,
+        /// The sequence asked for.
+        sequence: Sequence,
+    },
     /// The stream has no row.
     #[error("unknown stream {0}")]
     UnknownStream(String),

@@ -22,17 +22,27 @@
 //!   cannot be the lease number itself: the cell raises it on every
 //!   reconnect within one lease.
 //!
-//! One [`PgStore`] is one connection; its [`changed`](PgStore::changed)
-//! reports the outbox's notifications (with a polling fallback in the
-//! relay: `NOTIFY` does not pass a transaction-mode pooler).
+//! One [`PgStore`] is one connection, shared by every stream its worker
+//! holds: each write is one statement, so the streams' writes pipeline on
+//! it. Its notifications wake the journal of the stream they name (with a
+//! polling fallback in the relay: `NOTIFY` does not pass a
+//! transaction-mode pooler).
+//!
+//! **Dead letters stay.** A record that died (its handler failed
+//! permanently, or its retries ran out) keeps its row when the stream's
+//! watermark passes it: [`PgStore::dead_letters`] (or the
+//! `egress_dead_letters` view) lists them, [`PgStore::requeue`] appends
+//! one again at the end of its stream, [`PgStore::discard`] deletes it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use egress_core::{Ready, Restored, RestoredRecord, Sequence};
-use tokio_postgres::{AsyncMessage, Client, GenericClient, NoTls, Transaction};
+use egress_core::{DeadMark, Ready, RestoredRecord, Sequence};
+use parking_lot::Mutex;
+use tokio_postgres::{AsyncMessage, Client, GenericClient, NoTls, Statement, Transaction};
 
 use crate::stored::{dead_code, dead_of, fresh_incarnation, incarnation_of, restorable_generation, to_i64, to_u64};
 use crate::{Loaded, StoreError};
@@ -43,7 +53,8 @@ pub const CHANNEL: &str = "egress_outbox";
 
 /// The schema, one migration per version; `egress_schema` holds how many
 /// were applied. Never edit a migration that shipped; add one.
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
     CREATE TABLE egress_stream (
         stream text PRIMARY KEY,
         incarnation bytea NOT NULL CHECK (length(incarnation) = 16),
@@ -62,10 +73,70 @@ const MIGRATIONS: &[&str] = &["
         dead_held boolean,
         PRIMARY KEY (stream, seq)
     );
-"];
+",
+    "
+    -- One Ready of a leased stream as one statement (one round trip, one
+    -- implicit transaction): NULL when the lease is not the stream's any
+    -- more (fenced, nothing written); otherwise the stored next sequence,
+    -- and the appends were written only if it is where they start.
+    CREATE FUNCTION egress_apply(
+        p_stream text, p_lease bigint, p_start bigint, p_seqs bigint[], p_payloads bytea[],
+        p_generation bigint, p_dead_seqs bigint[], p_dead_reasons smallint[], p_dead_held boolean[],
+        p_acked bigint, p_sync boolean)
+    RETURNS bigint LANGUAGE plpgsql AS $$
+    DECLARE
+        stored bigint;
+        appended bigint := coalesce(cardinality(p_seqs), 0);
+    BEGIN
+        IF NOT p_sync THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
+        SELECT next_sequence INTO stored FROM egress_stream
+        WHERE stream = p_stream AND lease = p_lease FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        IF appended > 0 THEN
+            IF stored <> p_start THEN
+                RETURN stored;
+            END IF;
+            INSERT INTO egress_outbox (stream, seq, payload)
+            SELECT p_stream, u.seq, u.payload FROM unnest(p_seqs, p_payloads) AS u(seq, payload);
+        END IF;
+        IF appended > 0 OR p_generation IS NOT NULL OR p_acked IS NOT NULL THEN
+            UPDATE egress_stream SET
+                next_sequence = next_sequence + appended,
+                generation = GREATEST(generation, coalesce(p_generation, generation)),
+                acked_through = CASE WHEN p_acked IS NULL THEN acked_through
+                                     ELSE GREATEST(coalesce(acked_through, -1), p_acked) END
+            WHERE stream = p_stream;
+        END IF;
+        IF coalesce(cardinality(p_dead_seqs), 0) > 0 THEN
+            UPDATE egress_outbox o SET dead_reason = d.reason, dead_held = d.held
+            FROM unnest(p_dead_seqs, p_dead_reasons, p_dead_held) AS d(seq, reason, held)
+            WHERE o.stream = p_stream AND o.seq = d.seq;
+        END IF;
+        IF p_acked IS NOT NULL THEN
+            -- Dead letters stay, below the watermark too, until requeued
+            -- or discarded.
+            DELETE FROM egress_outbox WHERE stream = p_stream AND seq <= p_acked AND dead_reason IS NULL;
+        END IF;
+        RETURN stored;
+    END $$;
+
+    -- Dead letters, for people: every record held or tombstoned, with why
+    -- and who holds its stream.
+    CREATE VIEW egress_dead_letters AS
+    SELECT o.stream, o.seq,
+           CASE o.dead_reason WHEN 0 THEN 'permanent' WHEN 1 THEN 'retries' WHEN 2 THEN 'replays' END AS reason,
+           o.dead_held AS held, length(o.payload) AS bytes, s.owner, s.lease_until
+    FROM egress_outbox o JOIN egress_stream s USING (stream)
+    WHERE o.dead_reason IS NOT NULL;
+",
+];
 
 /// The PostgreSQL schema version this library writes.
-pub const PG_SCHEMA_VERSION: u32 = 1;
+pub const PG_SCHEMA_VERSION: u32 = 2;
 
 /// Installs (or upgrades) egress's tables, in one transaction, under an
 /// advisory lock so that workers starting together migrate once.
@@ -194,38 +265,102 @@ pub struct Lease {
     pub number: u64,
 }
 
-/// One connection to a PostgreSQL database holding egress streams, for one
-/// worker: it takes streams ([`take`](Self::take)), loads them, writes
-/// their journals ([`apply`](Self::apply)) fenced by the lease, and hears
-/// the outbox's notifications.
-pub struct PgStore {
+/// A dead letter as the store keeps it (see [`PgStore::dead_letters`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// Its stream.
+    pub stream: String,
+    /// Its sequence.
+    pub sequence: Sequence,
+    /// Why it died, and whether it is held (the stream waits at it) or a
+    /// tombstone (the stream moved past it).
+    pub mark: DeadMark,
+    /// Its payload.
+    pub payload: Bytes,
+}
+
+/// A wake-up for one listener: set, and a waiter woken, when a
+/// notification for it comes.
+#[derive(Debug, Default)]
+struct Bell {
+    rung: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Bell {
+    fn ring(&self) {
+        self.rung.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    fn rung(&self) -> bool {
+        self.rung.swap(false, Ordering::AcqRel)
+    }
+}
+
+/// The streams whose journals listen on a store's connection, by name: one
+/// entry per live [`PgJournal`] (a bound the worker's leases set).
+type Bells = Arc<Mutex<HashMap<String, Arc<Bell>>>>;
+
+/// The statements a store runs, prepared once per connection: each is one
+/// round trip, and one implicit transaction.
+struct Statements {
+    take: Statement,
+    load: Statement,
+    apply: Statement,
+    appended: Statement,
+    renew: Statement,
+    release: Statement,
+}
+
+struct Shared {
     client: Client,
     /// This worker's name, stored as the owner of the streams it takes (for
     /// people reading the table; the fence is the lease number).
     worker: String,
-    /// Set by the connection's task when a notification arrives.
-    notified: Arc<AtomicBool>,
-    bell: Arc<tokio::sync::Notify>,
+    statements: Statements,
+    /// Rung by every notification.
+    any: Arc<Bell>,
+    /// Rung by a notification for their stream.
+    bells: Bells,
     connection: tokio::task::JoinHandle<()>,
 }
 
-impl std::fmt::Debug for PgStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStore").field("worker", &self.worker).finish_non_exhaustive()
-    }
-}
-
-impl Drop for PgStore {
+impl Drop for Shared {
     fn drop(&mut self) {
         self.connection.abort();
     }
 }
 
+/// One connection to a PostgreSQL database holding egress streams, for one
+/// worker: it takes streams ([`take_many`](Self::take_many)), loads them,
+/// writes their journals ([`apply`](Self::apply)) fenced by each stream's
+/// lease, and hears the outbox's notifications.
+///
+/// A store is a handle: clones share the connection, and every stream the
+/// worker holds goes through it. Each write is one statement (prepared
+/// once; a `Ready` is one call of the `egress_apply` function, one round
+/// trip and one transaction), so the writes of many streams pipeline on
+/// the one connection instead of each holding a connection and a
+/// transaction of its own. When the connection fails, every call fails
+/// ([`is_closed`](Self::is_closed) tells); the leases then run out and
+/// other workers take the streams over.
+#[derive(Clone)]
+pub struct PgStore {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").field("worker", &self.shared.worker).finish_non_exhaustive()
+    }
+}
+
 impl PgStore {
     /// Connects to `url` (a libpq connection string or URL; no TLS), runs
-    /// the connection on the current tokio runtime, migrates the schema and
-    /// listens on [`CHANNEL`]. `worker` names this store as the owner of
-    /// the streams it takes.
+    /// the connection on the current tokio runtime, migrates the schema,
+    /// prepares the store's statements and listens on [`CHANNEL`]. `worker`
+    /// names this store as the owner of the streams it takes.
     ///
     /// # Errors
     /// PostgreSQL's error, or a schema newer than this library.
@@ -234,16 +369,18 @@ impl PgStore {
     /// Outside a tokio runtime.
     pub async fn connect(url: &str, worker: impl Into<String>) -> Result<Self, StoreError> {
         let (mut client, mut connection) = tokio_postgres::connect(url, NoTls).await?;
-        let notified = Arc::new(AtomicBool::new(true));
-        let bell = Arc::new(tokio::sync::Notify::new());
+        let any = Arc::new(Bell { rung: AtomicBool::new(true), ..Bell::default() });
+        let bells = Bells::default();
         let task = {
-            let (notified, bell) = (notified.clone(), bell.clone());
+            let (any, bells) = (any.clone(), bells.clone());
             tokio::spawn(async move {
                 while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                     match message {
-                        Ok(AsyncMessage::Notification(_)) => {
-                            notified.store(true, Ordering::Release);
-                            bell.notify_one();
+                        Ok(AsyncMessage::Notification(n)) => {
+                            any.ring();
+                            if let Some(bell) = bells.lock().get(n.payload()) {
+                                bell.ring();
+                            }
                         }
                         Ok(_) => {}
                         Err(e) => {
@@ -254,26 +391,96 @@ impl PgStore {
                 }
             })
         };
-        migrate(&mut client).await?;
-        client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
-        Ok(PgStore { client, worker: worker.into(), notified, bell, connection: task })
+        let prepared = async {
+            migrate(&mut client).await?;
+            client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+            Ok::<_, StoreError>(Statements {
+                take: client
+                    .prepare(
+                        "WITH free AS (
+                             SELECT stream FROM egress_stream
+                             WHERE (owner IS NULL OR lease_until IS NULL OR lease_until < clock_timestamp())
+                               AND ($3::text IS NULL OR stream = $3)
+                             ORDER BY lease_until NULLS FIRST, stream
+                             LIMIT $4::bigint
+                             FOR UPDATE SKIP LOCKED)
+                         UPDATE egress_stream s
+                         SET owner = $1::text, lease = s.lease + 1,
+                             lease_until = clock_timestamp() + $2::bigint * interval '1 millisecond'
+                         FROM free WHERE s.stream = free.stream
+                         RETURNING s.stream, s.incarnation, s.lease, s.generation, s.next_sequence,
+                                   s.acked_through",
+                    )
+                    .await?,
+                load: client
+                    .prepare(
+                        "SELECT o.stream, o.seq, o.payload, o.dead_reason, o.dead_held
+                         FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS t(stream, lo, hi)
+                         JOIN egress_outbox o ON o.stream = t.stream AND o.seq >= t.lo AND o.seq < t.hi
+                         ORDER BY o.stream, o.seq",
+                    )
+                    .await?,
+                apply: client
+                    .prepare(
+                        "SELECT egress_apply($1::text, $2::bigint, $3::bigint, $4::bigint[], $5::bytea[],
+                                             $6::bigint, $7::bigint[], $8::smallint[], $9::boolean[],
+                                             $10::bigint, $11::boolean)",
+                    )
+                    .await?,
+                appended: client
+                    .prepare(
+                        "SELECT seq, payload FROM egress_outbox
+                         WHERE stream = $1::text AND seq >= $2::bigint ORDER BY seq LIMIT $3::bigint",
+                    )
+                    .await?,
+                renew: client
+                    .prepare(
+                        "UPDATE egress_stream
+                         SET lease_until = clock_timestamp() + $3::bigint * interval '1 millisecond'
+                         WHERE stream = $1::text AND lease = $2::bigint",
+                    )
+                    .await?,
+                release: client
+                    .prepare(
+                        "UPDATE egress_stream SET owner = NULL, lease_until = NULL
+                         WHERE stream = $1::text AND lease = $2::bigint",
+                    )
+                    .await?,
+            })
+        }
+        .await;
+        let statements = match prepared {
+            Ok(statements) => statements,
+            Err(e) => {
+                task.abort();
+                return Err(e);
+            }
+        };
+        let shared = Shared { client, worker: worker.into(), statements, any, bells, connection: task };
+        Ok(PgStore { shared: Arc::new(shared) })
     }
 
     /// The connection, for reads (and for tests).
     pub fn client(&self) -> &Client {
-        &self.client
+        &self.shared.client
+    }
+
+    /// Whether the connection has failed or closed: every call fails from
+    /// then on; connect again.
+    pub fn is_closed(&self) -> bool {
+        self.shared.client.is_closed()
     }
 
     /// Whether a notification came since the last call (`true` the first
-    /// time, so that a new relay reads once). Cheap: no round trip.
-    pub fn changed(&mut self) -> bool {
-        self.notified.swap(false, Ordering::AcqRel)
+    /// time, so that a new worker reads once). Cheap: no round trip.
+    pub fn changed(&self) -> bool {
+        self.shared.any.rung()
     }
 
-    /// Completes when a notification comes (for a relay's wait, beside its
-    /// poll interval).
+    /// Completes when a notification comes (for a worker looking for
+    /// streams to take, beside its poll interval).
     pub async fn notified(&self) {
-        self.bell.notified().await;
+        self.shared.any.notify.notified().await;
     }
 
     /// Takes one stream that no worker holds (never taken, released, or its
@@ -282,84 +489,83 @@ impl PgStore {
     ///
     /// # Errors
     /// PostgreSQL's error, or a stored value out of range.
-    pub async fn take(&mut self, lease: Duration) -> Result<Option<(Lease, Loaded)>, StoreError> {
-        self.take_where(None, lease).await
+    pub async fn take(&self, lease: Duration) -> Result<Option<(Lease, Loaded)>, StoreError> {
+        Ok(self.take_where(None, 1, lease).await?.pop())
+    }
+
+    /// Takes up to `max` streams that no worker holds, as
+    /// [`take`](Self::take) takes one, with one statement, and loads them
+    /// with one more; ordered by name.
+    ///
+    /// # Errors
+    /// PostgreSQL's error, or a stored value out of range; the streams
+    /// taken then stay leased until their leases run out.
+    pub async fn take_many(&self, max: usize, lease: Duration) -> Result<Vec<(Lease, Loaded)>, StoreError> {
+        self.take_where(None, max, lease).await
     }
 
     /// Takes `stream` (creating it if it has no row) for `lease` if no
     /// worker holds it, and loads it; `None` when another worker's lease on
-    /// it is still running.
+    /// it is still running (or this store's own).
     ///
     /// # Errors
     /// PostgreSQL's error, or a stored value out of range.
-    pub async fn take_stream(&mut self, stream: &str, lease: Duration) -> Result<Option<(Lease, Loaded)>, StoreError> {
-        ensure_stream(&self.client, stream).await?;
-        self.take_where(Some(stream), lease).await
+    pub async fn take_stream(&self, stream: &str, lease: Duration) -> Result<Option<(Lease, Loaded)>, StoreError> {
+        ensure_stream(&self.shared.client, stream).await?;
+        Ok(self.take_where(Some(stream), 1, lease).await?.pop())
     }
 
+    /// The take (one statement), then the load of what it took (one more):
+    /// a stream's records below its counter are committed by the time the
+    /// take reads the counter (an append holds the stream's row until its
+    /// transaction ends), and only the lease holder prunes, so the load
+    /// needs no transaction shared with the take.
     async fn take_where(
-        &mut self,
+        &self,
         stream: Option<&str>,
+        max: usize,
         lease: Duration,
-    ) -> Result<Option<(Lease, Loaded)>, StoreError> {
+    ) -> Result<Vec<(Lease, Loaded)>, StoreError> {
+        let Shared { client, statements, worker, .. } = &*self.shared;
         let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        let tx = self.client.transaction().await?;
-        let row = tx
-            .query_opt(
-                "WITH free AS (
-                     SELECT stream FROM egress_stream
-                     WHERE (owner IS NULL OR lease_until IS NULL OR lease_until < clock_timestamp())
-                       AND ($3::text IS NULL OR stream = $3)
-                     ORDER BY lease_until NULLS FIRST, stream
-                     LIMIT 1
-                     FOR UPDATE SKIP LOCKED)
-                 UPDATE egress_stream s
-                 SET owner = $1, lease = s.lease + 1,
-                     lease_until = clock_timestamp() + $2::bigint * interval '1 millisecond'
-                 FROM free WHERE s.stream = free.stream
-                 RETURNING s.stream, s.incarnation, s.lease, s.generation, s.next_sequence, s.acked_through",
-                &[&self.worker, &millis, &stream],
-            )
-            .await?;
-        let Some(row) = row else {
-            tx.commit().await?;
-            return Ok(None);
-        };
-        let stream: String = row.get(0);
-        let incarnation: Vec<u8> = row.get(1);
-        let number = to_u64("lease", row.get(2))?;
-        let generation = to_u64("generation", row.get(3))?;
-        let next = to_u64("next_sequence", row.get(4))?;
-        let acked = row.get::<_, Option<i64>>(5).map(|a| to_u64("acked_through", a)).transpose()?;
-        let incarnation = incarnation_of(&incarnation)?;
-        let generation = restorable_generation(generation)?;
-        let from = acked.map_or(0, |a| a.saturating_add(1));
-        let rows = tx
-            .query(
-                "SELECT seq, payload, dead_reason, dead_held FROM egress_outbox
-                 WHERE stream = $1 AND seq >= $2 AND seq < $3 ORDER BY seq",
-                &[&stream, &to_i64("sequence", from)?, &to_i64("sequence", next)?],
-            )
-            .await?;
-        let mut records = Vec::with_capacity(rows.len());
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let rows = client.query(&statements.take, &[worker, &millis, &stream, &max]).await?;
+        let mut taken = Vec::with_capacity(rows.len());
+        let (mut names, mut from, mut to) = (Vec::new(), Vec::new(), Vec::new());
         for row in rows {
-            let sequence = Sequence(to_u64("seq", row.get(0))?);
-            let payload: Vec<u8> = row.get(1);
-            let dead =
-                dead_of(row.get::<_, Option<i16>>(2).map(i64::from), row.get::<_, Option<bool>>(3).map(i64::from))?;
-            records.push(RestoredRecord { sequence, payload: Bytes::from(payload), dead });
+            let stream: String = row.get(0);
+            let incarnation = incarnation_of(&row.get::<_, Vec<u8>>(1))?;
+            let number = to_u64("lease", row.get(2))?;
+            let generation = restorable_generation(to_u64("generation", row.get(3))?)?;
+            let next = to_u64("next_sequence", row.get(4))?;
+            let acked = row.get::<_, Option<i64>>(5).map(|a| to_u64("acked_through", a)).transpose()?;
+            names.push(stream.clone());
+            from.push(to_i64("sequence", acked.map_or(0, |a| a.saturating_add(1)))?);
+            to.push(to_i64("sequence", next)?);
+            let loaded = Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), Vec::new());
+            taken.push((Lease { stream, number }, loaded));
         }
-        tx.commit().await?;
-        let loaded = Loaded {
-            incarnation,
-            restored: Restored {
-                generation,
-                next_sequence: Sequence(next),
-                acked_through: acked.map(Sequence),
-                records,
-            },
-        };
-        Ok(Some((Lease { stream, number }, loaded)))
+        if taken.is_empty() {
+            return Ok(taken);
+        }
+        let rows = client.query(&statements.load, &[&names, &from, &to]).await?;
+        // By name, not by the order of both lists: the database's collation
+        // need not sort names as Rust does.
+        let at: HashMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
+        let mut records: Vec<Vec<RestoredRecord<Bytes>>> = vec![Vec::new(); names.len()];
+        for row in rows {
+            let Some(&i) = at.get(row.get::<_, &str>(0)) else { continue };
+            let sequence = Sequence(to_u64("seq", row.get(1))?);
+            let payload: Vec<u8> = row.get(2);
+            let dead =
+                dead_of(row.get::<_, Option<i16>>(3).map(i64::from), row.get::<_, Option<bool>>(4).map(i64::from))?;
+            records[i].push(RestoredRecord { sequence, payload: Bytes::from(payload), dead });
+        }
+        for ((_, loaded), records) in taken.iter_mut().zip(records) {
+            loaded.restored.records = records;
+        }
+        taken.sort_by(|a, b| a.0.stream.cmp(&b.0.stream));
+        Ok(taken)
     }
 
     /// Extends `lease` to `duration` from now (renew at half the lease).
@@ -367,16 +573,11 @@ impl PgStore {
     /// # Errors
     /// [`StoreError::Fenced`] when another worker has taken the stream (stop
     /// working on it), or PostgreSQL's error.
-    pub async fn renew(&mut self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
+    pub async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
         let millis = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
-        let renewed = self
-            .client
-            .execute(
-                "UPDATE egress_stream SET lease_until = clock_timestamp() + $3::bigint * interval '1 millisecond'
-                 WHERE stream = $1 AND lease = $2",
-                &[&lease.stream, &to_i64("lease", lease.number)?, &millis],
-            )
-            .await?;
+        let number = to_i64("lease", lease.number)?;
+        let renewed =
+            self.shared.client.execute(&self.shared.statements.renew, &[&lease.stream, &number, &millis]).await?;
         if renewed == 0 {
             return Err(StoreError::Fenced { stream: lease.stream.clone() });
         }
@@ -388,14 +589,9 @@ impl PgStore {
     /// # Errors
     /// [`StoreError::Fenced`] when another worker took it already, or
     /// PostgreSQL's error.
-    pub async fn release(&mut self, lease: &Lease) -> Result<(), StoreError> {
-        let released = self
-            .client
-            .execute(
-                "UPDATE egress_stream SET owner = NULL, lease_until = NULL WHERE stream = $1 AND lease = $2",
-                &[&lease.stream, &to_i64("lease", lease.number)?],
-            )
-            .await?;
+    pub async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let number = to_i64("lease", lease.number)?;
+        let released = self.shared.client.execute(&self.shared.statements.release, &[&lease.stream, &number]).await?;
         if released == 0 {
             return Err(StoreError::Fenced { stream: lease.stream.clone() });
         }
@@ -406,86 +602,63 @@ impl PgStore {
     /// [`SqliteStore::apply`](crate::SqliteStore::apply) does (appends
     /// continuing the stored counter or [`StoreError::Conflict`], the
     /// generation, dead letters, the watermark with pruning), fenced by the
-    /// lease. A `Ready` that need not reach the disk (`must_sync` false:
-    /// watermarks, dead letters) commits with `synchronous_commit = off`.
+    /// lease: one call of the `egress_apply` function, one round trip. A
+    /// `Ready` that need not reach the disk (`must_sync` false: watermarks,
+    /// dead letters) commits with `synchronous_commit = off`. Dead letters
+    /// are kept when the watermark passes them, until
+    /// [`requeue`](Self::requeue)d or [`discard`](Self::discard)ed.
     ///
     /// # Errors
     /// [`StoreError::Fenced`] when the stream was taken over, a conflict,
     /// a number out of range, or PostgreSQL's error; nothing is written
     /// then.
-    pub async fn apply(
-        &mut self,
-        lease: &Lease,
-        ready: &Ready,
-        appends: &[(Sequence, Bytes)],
-    ) -> Result<(), StoreError> {
+    pub async fn apply(&self, lease: &Lease, ready: &Ready, appends: &[(Sequence, Bytes)]) -> Result<(), StoreError> {
         let range = ready.appends.clone();
         let count = range.end.0.saturating_sub(range.start.0);
         if appends.len() as u64 != count || appends.iter().zip(range.start.0..).any(|((s, _), e)| s.0 != e) {
             return Err(StoreError::Appends { expected: range, given: appends.len() });
         }
         let stream = &lease.stream;
-        let number = to_i64("lease", lease.number)?;
-        let tx = self.client.transaction().await?;
-        if !ready.must_sync {
-            tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
+        let mut seqs = Vec::with_capacity(appends.len());
+        for (sequence, _) in appends {
+            seqs.push(to_i64("sequence", sequence.0)?);
         }
-        let row = tx
-            .query_opt(
-                "SELECT next_sequence FROM egress_stream WHERE stream = $1 AND lease = $2 FOR UPDATE",
-                &[stream, &number],
+        let payloads: Vec<&[u8]> = appends.iter().map(|(_, p)| p.as_ref()).collect();
+        let (mut dead_seqs, mut reasons, mut held) = (Vec::new(), Vec::new(), Vec::new());
+        for (sequence, mark) in &ready.dead {
+            dead_seqs.push(to_i64("sequence", sequence.0)?);
+            reasons.push(mark.map(|m| i16::try_from(dead_code(m.reason)).unwrap_or(i16::MAX)));
+            held.push(mark.map(|m| m.held));
+        }
+        let generation = ready.generation.map(|g| to_i64("generation", g.0)).transpose()?;
+        let acked = ready.acked_through.map(|a| to_i64("acked_through", a.0)).transpose()?;
+        let row = self
+            .shared
+            .client
+            .query_one(
+                &self.shared.statements.apply,
+                &[
+                    stream,
+                    &to_i64("lease", lease.number)?,
+                    &to_i64("sequence", range.start.0)?,
+                    &seqs,
+                    &payloads,
+                    &generation,
+                    &dead_seqs,
+                    &reasons,
+                    &held,
+                    &acked,
+                    &ready.must_sync,
+                ],
             )
             .await?;
-        let Some(row) = row else {
+        let Some(stored) = row.get::<_, Option<i64>>(0) else {
             return Err(StoreError::Fenced { stream: stream.clone() });
         };
-        let next = to_u64("next_sequence", row.get(0))?;
-        if !range.is_empty() {
-            if next != range.start.0 {
-                return Err(StoreError::Conflict { stream: stream.clone(), stored: next, expected: range.start.0 });
-            }
-            let mut seqs = Vec::with_capacity(appends.len());
-            for (sequence, _) in appends {
-                seqs.push(to_i64("sequence", sequence.0)?);
-            }
-            let payloads: Vec<&[u8]> = appends.iter().map(|(_, p)| p.as_ref()).collect();
-            tx.execute(
-                "INSERT INTO egress_outbox (stream, seq, payload) SELECT $1, * FROM unnest($2::bigint[], $3::bytea[])",
-                &[stream, &seqs, &payloads],
-            )
-            .await?;
-            tx.execute(
-                "UPDATE egress_stream SET next_sequence = $2 WHERE stream = $1",
-                &[stream, &to_i64("sequence", range.end.0)?],
-            )
-            .await?;
+        let stored = to_u64("next_sequence", stored)?;
+        if !range.is_empty() && stored != range.start.0 {
+            return Err(StoreError::Conflict { stream: stream.clone(), stored, expected: range.start.0 });
         }
-        if let Some(g) = ready.generation {
-            tx.execute(
-                "UPDATE egress_stream SET generation = GREATEST(generation, $2) WHERE stream = $1",
-                &[stream, &to_i64("generation", g.0)?],
-            )
-            .await?;
-        }
-        for (sequence, mark) in &ready.dead {
-            let reason = mark.map(|m| i16::try_from(dead_code(m.reason)).unwrap_or(i16::MAX));
-            let held = mark.map(|m| m.held);
-            tx.execute(
-                "UPDATE egress_outbox SET dead_reason = $3, dead_held = $4 WHERE stream = $1 AND seq = $2",
-                &[stream, &to_i64("sequence", sequence.0)?, &reason, &held],
-            )
-            .await?;
-        }
-        if let Some(a) = ready.acked_through {
-            let a = to_i64("acked_through", a.0)?;
-            tx.execute(
-                "UPDATE egress_stream SET acked_through = GREATEST(COALESCE(acked_through, -1), $2) WHERE stream = $1",
-                &[stream, &a],
-            )
-            .await?;
-            tx.execute("DELETE FROM egress_outbox WHERE stream = $1 AND seq <= $2", &[stream, &a]).await?;
-        }
-        tx.commit().await?;
         Ok(())
     }
 
@@ -495,22 +668,118 @@ impl PgStore {
     /// # Errors
     /// PostgreSQL's error, or a stored value out of range.
     pub async fn appended(
-        &mut self,
+        &self,
         stream: &str,
         from: Sequence,
         limit: usize,
     ) -> Result<Vec<(Sequence, Bytes)>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = self
-            .client
-            .query(
-                "SELECT seq, payload FROM egress_outbox WHERE stream = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
-                &[&stream, &to_i64("sequence", from.0)?, &limit],
-            )
-            .await?;
+        let from = to_i64("sequence", from.0)?;
+        let rows = self.shared.client.query(&self.shared.statements.appended, &[&stream, &from, &limit]).await?;
         rows.into_iter()
             .map(|row| Ok((Sequence(to_u64("seq", row.get(0))?), Bytes::from(row.get::<_, Vec<u8>>(1)))))
             .collect()
+    }
+
+    /// The dead letters of `stream` (every stream with `None`), in order,
+    /// up to `limit`: records whose handler failed permanently or whose
+    /// retries ran out, kept (below the stream's watermark too) until
+    /// requeued or discarded. The same rows as the `egress_dead_letters`
+    /// view, for people with `psql`.
+    ///
+    /// # Errors
+    /// PostgreSQL's error, or a stored value out of range.
+    pub async fn dead_letters(&self, stream: Option<&str>, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .shared
+            .client
+            .query(
+                "SELECT stream, seq, dead_reason, dead_held, payload FROM egress_outbox
+                 WHERE dead_reason IS NOT NULL AND ($1::text IS NULL OR stream = $1)
+                 ORDER BY stream, seq LIMIT $2",
+                &[&stream, &limit],
+            )
+            .await?;
+        let mut letters = Vec::with_capacity(rows.len());
+        for row in rows {
+            let mark =
+                dead_of(row.get::<_, Option<i16>>(2).map(i64::from), row.get::<_, Option<bool>>(3).map(i64::from))?;
+            let Some(mark) = mark else { continue };
+            letters.push(DeadLetter {
+                stream: row.get(0),
+                sequence: Sequence(to_u64("seq", row.get(1))?),
+                mark,
+                payload: Bytes::from(row.get::<_, Vec<u8>>(4)),
+            });
+        }
+        Ok(letters)
+    }
+
+    /// Sends a dead letter the stream has moved past (its sequence at or
+    /// below the stream's watermark) again: in one transaction, its row
+    /// goes and its payload is appended to the end of the stream, as
+    /// [`PgOutbox::append`] appends (the stream's worker adopts it and
+    /// hands it to the handler afresh). Returns its new sequence.
+    ///
+    /// A dead letter the stream still waits at (held, above the watermark)
+    /// is requeued in place by the cell that holds the stream
+    /// ([`requeue`](egress_reactive::EgressCellOf::requeue)), not here.
+    ///
+    /// # Errors
+    /// [`StoreError::NotDead`] when the record is not a dead letter the
+    /// stream has passed (nothing changed), or PostgreSQL's error.
+    pub async fn requeue(&self, stream: &str, sequence: Sequence) -> Result<Sequence, StoreError> {
+        // One statement (clones share the connection, so no transaction
+        // may span statements): the dead letter's row goes, the counter
+        // rises (waiting for an application's append in progress, as
+        // appends wait for each other), the payload goes in at the old
+        // counter, and the stream's worker is notified.
+        let row = self
+            .shared
+            .client
+            .query_opt(
+                "WITH dead AS (
+                     DELETE FROM egress_outbox o USING egress_stream s
+                     WHERE o.stream = $1 AND o.seq = $2 AND o.dead_reason IS NOT NULL
+                       AND s.stream = o.stream AND o.seq <= s.acked_through
+                     RETURNING o.payload),
+                 counter AS (
+                     UPDATE egress_stream SET next_sequence = next_sequence + 1
+                     WHERE stream = $1 AND EXISTS (SELECT 1 FROM dead)
+                     RETURNING next_sequence - 1 AS seq),
+                 record AS (
+                     INSERT INTO egress_outbox (stream, seq, payload)
+                     SELECT $1, counter.seq, dead.payload FROM counter, dead
+                     RETURNING seq)
+                 SELECT seq, pg_notify($3, $1)::text FROM record",
+                &[&stream, &to_i64("sequence", sequence.0)?, &CHANNEL],
+            )
+            .await?;
+        let row = row.ok_or_else(|| StoreError::NotDead { stream: stream.to_owned(), sequence })?;
+        Ok(Sequence(to_u64("sequence", row.get(0))?))
+    }
+
+    /// Deletes a dead letter the stream has moved past, for good.
+    ///
+    /// # Errors
+    /// [`StoreError::NotDead`] when the record is not a dead letter the
+    /// stream has passed (nothing changed), or PostgreSQL's error.
+    pub async fn discard(&self, stream: &str, sequence: Sequence) -> Result<(), StoreError> {
+        let deleted = self
+            .shared
+            .client
+            .execute(
+                "DELETE FROM egress_outbox o USING egress_stream s
+                 WHERE o.stream = $1 AND o.seq = $2 AND o.dead_reason IS NOT NULL
+                   AND s.stream = o.stream AND o.seq <= s.acked_through",
+                &[&stream, &to_i64("sequence", sequence.0)?],
+            )
+            .await?;
+        if deleted == 0 {
+            return Err(StoreError::NotDead { stream: stream.to_owned(), sequence });
+        }
+        Ok(())
     }
 }
 
@@ -529,14 +798,15 @@ async fn ensure_stream(client: &impl GenericClient, stream: &str) -> Result<(), 
 /// A stream a [`PgStore`] has leased, as a relay's
 /// [`JournalStore`](crate::JournalStore): the relay keeps the lease
 /// (renewed at half its duration; a renewal refused stops the relay, the
-/// stream being another worker's), reads the outbox when notified or every
-/// `poll` at the latest (`NOTIFY` does not pass a transaction-mode pooler),
-/// and releases the lease when it shuts down.
+/// stream being another worker's), reads the outbox when notified of the
+/// stream or every `poll` at the latest (`NOTIFY` does not pass a
+/// transaction-mode pooler), and releases the lease when it shuts down.
 #[cfg(feature = "relay")]
 #[derive(Debug)]
 pub struct PgJournal {
     store: PgStore,
     lease: Lease,
+    bell: Arc<Bell>,
     duration: Duration,
     poll: Duration,
     renew_at: tokio::time::Instant,
@@ -544,12 +814,24 @@ pub struct PgJournal {
 }
 
 #[cfg(feature = "relay")]
+impl Drop for PgJournal {
+    fn drop(&mut self) {
+        let mut bells = self.store.shared.bells.lock();
+        if bells.get(&self.lease.stream).is_some_and(|b| Arc::ptr_eq(b, &self.bell)) {
+            bells.remove(&self.lease.stream);
+        }
+    }
+}
+
+#[cfg(feature = "relay")]
 impl PgJournal {
     /// `lease` of `store`, taken for `duration`; the outbox read every
-    /// `poll` at the latest.
+    /// `poll` at the latest, and when a notification names the stream.
     pub fn new(store: PgStore, lease: Lease, duration: Duration, poll: Duration) -> Self {
+        let bell = Arc::new(Bell { rung: AtomicBool::new(true), ..Bell::default() });
+        store.shared.bells.lock().insert(lease.stream.clone(), bell.clone());
         let now = tokio::time::Instant::now();
-        PgJournal { store, lease, duration, poll, renew_at: now + duration / 2, poll_at: now + poll }
+        PgJournal { store, lease, bell, duration, poll, renew_at: now + duration / 2, poll_at: now + poll }
     }
 
     /// The lease.
@@ -574,7 +856,7 @@ impl crate::JournalStore for PgJournal {
         if polled {
             self.poll_at = now + self.poll;
         }
-        Ok(self.store.changed() || polled)
+        Ok(self.bell.rung() || polled)
     }
 
     async fn keep(&mut self) -> Result<(), StoreError> {
@@ -587,21 +869,26 @@ impl crate::JournalStore for PgJournal {
     }
 
     fn news(&self) -> impl Future<Output = ()> + Send + 'static {
-        let bell = self.store.bell.clone();
-        async move { bell.notified().await }
+        let bell = self.bell.clone();
+        async move { bell.notify.notified().await }
     }
 
     async fn close(&mut self) -> Result<(), StoreError> {
         self.store.release(&self.lease).await
     }
+
+    fn stream(&self) -> &str {
+        &self.lease.stream
+    }
 }
 
 /// Takes `stream` for `lease` (see [`PgStore::take_stream`]), or with
 /// `None` any free stream ([`PgStore::take`]), restores a cell from it and
-/// starts its relay over a [`PgJournal`] (the outbox read every 250 ms at
-/// the latest, beside the notifications). Returns the stream's name with
-/// the cell and relay; `None` when the stream (or every stream) is held by
-/// another worker whose lease still runs.
+/// starts its relay over a [`PgJournal`] on `store`'s connection (the
+/// outbox read every 250 ms at the latest, beside the notifications).
+/// Returns the stream's name with the cell and relay; `None` when the
+/// stream (or every stream) is held by another worker whose lease still
+/// runs.
 ///
 /// # Errors
 /// The store's, or stored data that breaks the core's rules
@@ -612,7 +899,7 @@ impl crate::JournalStore for PgJournal {
 #[cfg(feature = "relay")]
 pub async fn open_durable(
     cx: &egress_reactive::AsyncContext,
-    mut store: PgStore,
+    store: &PgStore,
     stream: Option<&str>,
     lease: Duration,
     policy: egress_core::Policy,
@@ -625,9 +912,59 @@ pub async fn open_durable(
     };
     let Some((taken, loaded)) = taken else { return Ok(None) };
     let name = taken.stream.clone();
+    let durable = start(cx, store, taken, loaded, lease, policy, options, config)?;
+    Ok(Some((name, durable)))
+}
+
+/// Takes up to `max` free streams ([`PgStore::take_many`]: two statements
+/// for all of them) and starts each as [`open_durable`] starts one, all on
+/// `store`'s connection. Returns each stream's name with its cell and
+/// relay, or with the error that kept it from starting (stored data that
+/// breaks the core's rules: that stream's lease is left to run out, and
+/// the others run).
+///
+/// # Errors
+/// The store's, when the take itself fails.
+///
+/// # Panics
+/// Outside a tokio runtime.
+#[cfg(feature = "relay")]
+pub async fn open_durable_many(
+    cx: &egress_reactive::AsyncContext,
+    store: &PgStore,
+    max: usize,
+    lease: Duration,
+    policy: egress_core::Policy,
+    options: egress_reactive::CellOptions,
+    config: crate::RelayConfig,
+) -> Result<Vec<(String, Result<crate::Durable, StoreError>)>, StoreError> {
+    let taken = store.take_many(max, lease).await?;
+    Ok(taken
+        .into_iter()
+        .map(|(taken, loaded)| {
+            let name = taken.stream.clone();
+            let started = start(cx, store, taken, loaded, lease, policy, options.clone(), config.clone());
+            (name, started)
+        })
+        .collect())
+}
+
+/// A cell restored from `loaded` and its relay over `taken`.
+#[cfg(feature = "relay")]
+#[allow(clippy::too_many_arguments)]
+fn start(
+    cx: &egress_reactive::AsyncContext,
+    store: &PgStore,
+    taken: Lease,
+    loaded: Loaded,
+    lease: Duration,
+    policy: egress_core::Policy,
+    options: egress_reactive::CellOptions,
+    config: crate::RelayConfig,
+) -> Result<crate::Durable, StoreError> {
     let core = egress_core::EgressCore::restore(policy, loaded.restored)?;
     let cell = egress_reactive::AsyncEgressCell::from_core(cx, core, options.incarnation(loaded.incarnation));
-    let journal = PgJournal::new(store, taken, lease, Duration::from_millis(250));
+    let journal = PgJournal::new(store.clone(), taken, lease, Duration::from_millis(250));
     let relay = crate::Relay::spawn_on(cx, &cell, journal, config);
-    Ok(Some((name, crate::Durable { cell, relay })))
+    Ok(crate::Durable { cell, relay })
 }

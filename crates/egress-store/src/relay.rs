@@ -60,6 +60,9 @@ pub trait JournalStore: Send + 'static {
     fn close(&mut self) -> impl Future<Output = Result<(), StoreError>> + Send {
         async { Ok(()) }
     }
+
+    /// The stream's name, for the relay's events.
+    fn stream(&self) -> &str;
 }
 
 /// A [`SqliteStore`] and one of its streams, as a [`JournalStore`]: every
@@ -106,6 +109,10 @@ impl JournalStore for SqliteJournal {
 
     async fn close(&mut self) -> Result<(), StoreError> {
         self.blocking(|st, _| st.checkpoint()).await
+    }
+
+    fn stream(&self) -> &str {
+        &self.stream
     }
 }
 
@@ -213,6 +220,7 @@ pub struct Relay {
     effect: Effect<Threaded>,
     stop: watch::Sender<bool>,
     counters: Arc<Counters>,
+    stored_ack: watch::Receiver<Option<Sequence>>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -317,9 +325,25 @@ impl Relay {
         });
         let (stop, stop_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
+        let span = tracing::info_span!("egress_relay", stream = store.stream());
+        let (stored, stored_ack) = watch::channel(cell.acked_through().get_untracked());
         let store = Arc::new(tokio::sync::Mutex::new(store));
-        let task = tokio::spawn(run(cell.clone(), store, config, bell, stop_rx, counters.clone()));
-        Relay { task: Some(task), effect, stop, counters }
+        let written = Written { counters: counters.clone(), stored: Arc::new(stored) };
+        let task = tokio::spawn(tracing::Instrument::instrument(
+            run(cell.clone(), store, config, bell, stop_rx, written),
+            span,
+        ));
+        Relay { task: Some(task), effect, stop, counters, stored_ack }
+    }
+
+    /// The stream's acknowledgement watermark as the store holds it: what
+    /// the cell was restored with, then raised by every commit that wrote
+    /// a higher one. A new owner of the stream (after this process dies)
+    /// starts above it, so every record past it that was handed on may be
+    /// handed on again; a dispatcher bounds that
+    /// (`egress_dispatch::Dispatcher::spawn_bounded`).
+    pub fn stored_ack(&self) -> watch::Receiver<Option<Sequence>> {
+        self.stored_ack.clone()
     }
 
     /// What it has done so far.
@@ -336,6 +360,14 @@ impl Relay {
         }
         self.counters.snapshot()
     }
+}
+
+/// Where a relay's commits are told: its counters, and the stored
+/// watermark.
+#[derive(Clone)]
+struct Written {
+    counters: Arc<Counters>,
+    stored: Arc<watch::Sender<Option<Sequence>>>,
 }
 
 /// What one commit did, for the counters.
@@ -429,10 +461,22 @@ async fn commit<S: JournalStore>(
     cell: AsyncEgressCell<Bytes>,
     ready: Ready,
     appends: Vec<(Sequence, Bytes)>,
+    stored: Arc<watch::Sender<Option<Sequence>>>,
 ) -> Result<Committed, StoreError> {
     let mut store = store.lock().await;
     let result = store.apply(&ready, &appends).await;
-    match report(&cell, ready.epoch, result, appends.len())? {
+    let wrote = result.is_ok();
+    let reported = report(&cell, ready.epoch, result, appends.len());
+    if wrote && let Some(acked) = ready.acked_through {
+        stored.send_if_modified(|s| {
+            let raised = s.is_none_or(|s| acked > s);
+            if raised {
+                *s = Some(acked);
+            }
+            raised
+        });
+    }
+    match reported? {
         Reported::Written(n) => Ok(Committed::Written(n)),
         Reported::Conflict { from, count } => {
             let theirs = store.appended(from, count).await?;
@@ -446,18 +490,29 @@ async fn commit<S: JournalStore>(
 async fn write_once<S: JournalStore>(
     cell: &AsyncEgressCell<Bytes>,
     store: &Arc<tokio::sync::Mutex<S>>,
-    counters: &Arc<Counters>,
+    written: &Written,
 ) -> Option<Result<(), StoreError>> {
     let (ready, appends) = cell.poll_ready()?;
-    let task = tokio::spawn(commit(store.clone(), cell.clone(), ready, appends));
+    let counters = &written.counters;
+    let started = std::time::Instant::now();
+    let task = tokio::spawn(commit(store.clone(), cell.clone(), ready, appends, written.stored.clone()));
     let result = match task.await {
         Ok(Ok(Committed::Written(n))) => {
             counters.commits.fetch_add(1, Ordering::Relaxed);
             counters.appended.fetch_add(n, Ordering::Relaxed);
+            tracing::event!(
+                target: "egress::metrics",
+                tracing::Level::DEBUG,
+                monotonic_counter.egress_relay_commits = 1u64,
+                monotonic_counter.egress_relay_appended = n,
+                histogram.egress_relay_commit_seconds = started.elapsed().as_secs_f64(),
+                "egress relay: committed"
+            );
             Ok(())
         }
         Ok(Ok(Committed::Rebased)) => {
             counters.rebases.fetch_add(1, Ordering::Relaxed);
+            tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_rebases = 1u64, "egress relay: rebased");
             Ok(())
         }
         Ok(Err(e)) => Err(e),
@@ -465,6 +520,7 @@ async fn write_once<S: JournalStore>(
     };
     if let Err(e) = &result {
         tracing::warn!(error = %e, "egress relay: a commit failed");
+        tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_failures = 1u64, "egress relay: a commit failed");
         counters.failures.fetch_add(1, Ordering::Relaxed);
     }
     Some(result)
@@ -492,6 +548,7 @@ async fn adopt<S: JournalStore>(
         match cell.adopt(sequence, payload) {
             AdoptOutcome::Adopted { .. } => {
                 counters.adopted.fetch_add(1, Ordering::Relaxed);
+                tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_adopted = 1u64, "egress relay: adopted");
             }
             AdoptOutcome::Unwritten { .. } => return Ok(false),
             other => {
@@ -507,6 +564,7 @@ async fn adopt<S: JournalStore>(
 /// Stops the relay for a fenced store: another writer has the stream.
 fn fenced(counters: &Counters) {
     tracing::error!("egress relay: another store took the stream over; stopping");
+    tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_fenced = 1u64, "egress relay: fenced");
     counters.fenced.store(true, Ordering::Relaxed);
 }
 
@@ -516,8 +574,9 @@ async fn run<S: JournalStore>(
     config: RelayConfig,
     bell: Arc<Notify>,
     mut stop: watch::Receiver<bool>,
-    counters: Arc<Counters>,
+    written: Written,
 ) {
+    let counters = written.counters.clone();
     let mut failures: u32 = 0;
     let mut more = true;
     loop {
@@ -525,7 +584,7 @@ async fn run<S: JournalStore>(
         tokio::pin!(rung);
         rung.as_mut().enable();
         if *stop.borrow() {
-            while let Some(Ok(())) = write_once(&cell, &store, &counters).await {}
+            while let Some(Ok(())) = write_once(&cell, &store, &written).await {}
             let _ = store.lock().await.close().await;
             return;
         }
@@ -533,7 +592,7 @@ async fn run<S: JournalStore>(
             fenced(&counters);
             return;
         }
-        match write_once(&cell, &store, &counters).await {
+        match write_once(&cell, &store, &written).await {
             Some(Ok(())) => {
                 failures = 0;
                 continue;

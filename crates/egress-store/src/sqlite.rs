@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use egress_core::{Incarnation, Ready, Restored, RestoredRecord, Sequence};
+use egress_core::{Generation, Incarnation, Ready, Restored, RestoredRecord, Sequence};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::StoreError;
@@ -123,6 +123,20 @@ pub struct Loaded {
     pub restored: Restored<Bytes>,
 }
 
+impl Loaded {
+    /// A stream as a store read it: its incarnation, its stored generation,
+    /// counter and watermark, and the records above the watermark.
+    pub fn new(
+        incarnation: Incarnation,
+        generation: Generation,
+        next_sequence: Sequence,
+        acked_through: Option<Sequence>,
+        records: Vec<RestoredRecord<Bytes>>,
+    ) -> Self {
+        Loaded { incarnation, restored: Restored { generation, next_sequence, acked_through, records } }
+    }
+}
+
 /// Creates the stream's row if it has none (generation 0, nothing stored).
 fn ensure_stream(conn: &Connection, stream: &str) -> Result<(), StoreError> {
     conn.prepare_cached(
@@ -225,15 +239,7 @@ impl SqliteStore {
         }
         tx.commit()?;
         self.owned.insert(stream.to_owned(), owner);
-        Ok(Loaded {
-            incarnation,
-            restored: Restored {
-                generation,
-                next_sequence: Sequence(next),
-                acked_through: acked.map(Sequence),
-                records,
-            },
-        })
+        Ok(Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), records))
     }
 
     /// Writes one [`Ready`] of `stream` as one transaction: the appends

@@ -68,7 +68,7 @@ async fn outbox_rows(client: &tokio_postgres::Client, stream: &str) -> Vec<(i64,
 }
 
 /// Writes everything the core's journal holds under `lease`.
-async fn flush(core: &mut EgressCore<Bytes>, store: &mut PgStore, lease: &Lease) -> Result<(), StoreError> {
+async fn flush(core: &mut EgressCore<Bytes>, store: &PgStore, lease: &Lease) -> Result<(), StoreError> {
     while let Some(ready) = core.poll_ready() {
         let appends: Vec<_> = core.unwritten(ready.appends.clone()).map(|(s, p)| (s, p.clone())).collect();
         if let Err(e) = store.apply(lease, &ready, &appends).await {
@@ -191,25 +191,25 @@ async fn a_taken_stream_restores_what_is_unacknowledged_with_its_dead_letters() 
     let Some(url) = database().await else { return };
     let stream = fresh("restore");
     let policy = Policy::builder().inflight_limit(8).dead_letters(DeadLetters::Skip).build().unwrap();
-    let mut store = PgStore::connect(&url, "worker-a").await.unwrap();
+    let store = PgStore::connect(&url, "worker-a").await.unwrap();
     let (lease, loaded) = store.take_stream(&stream, LONG).await.unwrap().unwrap();
     let incarnation = loaded.incarnation;
     let mut core = EgressCore::restore(policy, loaded.restored).unwrap();
     let _ = core.enqueue_all((0..5).map(|i| Bytes::from(format!("m{i}"))));
     let g = Generation(3);
     let _ = core.reconnect(g);
-    flush(&mut core, &mut store, &lease).await.unwrap();
+    flush(&mut core, &store, &lease).await.unwrap();
     for _ in 0..5 {
         let _ = core.claim(g);
     }
     let _ = core.ack(g, Sequence(1));
     let _ = core.fail(g, Sequence(3), FailureKind::Permanent, Time(0), JitterSample::ZERO);
-    flush(&mut core, &mut store, &lease).await.unwrap();
+    flush(&mut core, &store, &lease).await.unwrap();
     let _ = core.enqueue(Bytes::from_static(b"unwritten"));
     store.release(&lease).await.unwrap();
     drop((core, store));
 
-    let mut store = PgStore::connect(&url, "worker-b").await.unwrap();
+    let store = PgStore::connect(&url, "worker-b").await.unwrap();
     let (lease_b, loaded) = store.take_stream(&stream, LONG).await.unwrap().unwrap();
     assert_eq!(lease_b.number, lease.number + 1);
     assert_eq!(loaded.incarnation, incarnation, "the sequence space continues");
@@ -233,14 +233,14 @@ async fn a_stream_taken_over_fences_every_write_of_its_old_owner() {
     let Some(url) = database().await else { return };
     let stream = fresh("fence");
     let policy = Policy::builder().inflight_limit(8).build().unwrap();
-    let mut a = PgStore::connect(&url, "worker-a").await.unwrap();
-    let mut b = PgStore::connect(&url, "worker-b").await.unwrap();
-    let mut c = PgStore::connect(&url, "worker-c").await.unwrap();
+    let a = PgStore::connect(&url, "worker-a").await.unwrap();
+    let b = PgStore::connect(&url, "worker-b").await.unwrap();
+    let c = PgStore::connect(&url, "worker-c").await.unwrap();
     // A takes it with a lease that has run out by the next statement.
     let (lease_a, loaded) = a.take_stream(&stream, Duration::ZERO).await.unwrap().unwrap();
     let mut core_a = EgressCore::restore(policy, loaded.restored).unwrap();
     let _ = core_a.enqueue(Bytes::from_static(b"a0"));
-    flush(&mut core_a, &mut a, &lease_a).await.unwrap();
+    flush(&mut core_a, &a, &lease_a).await.unwrap();
     // B takes it over; C finds it held.
     let (lease_b, loaded) = b.take_stream(&stream, LONG).await.unwrap().unwrap();
     assert_eq!(lease_b.number, lease_a.number + 1);
@@ -248,7 +248,7 @@ async fn a_stream_taken_over_fences_every_write_of_its_old_owner() {
     // Every write of A is refused now, and nothing of it lands.
     let _ = core_a.enqueue(Bytes::from_static(b"a1"));
     let _ = core_a.reconnect(Generation(9));
-    assert!(matches!(flush(&mut core_a, &mut a, &lease_a).await, Err(StoreError::Fenced { .. })));
+    assert!(matches!(flush(&mut core_a, &a, &lease_a).await, Err(StoreError::Fenced { .. })));
     assert!(matches!(a.renew(&lease_a, LONG).await, Err(StoreError::Fenced { .. })));
     assert!(matches!(a.release(&lease_a).await, Err(StoreError::Fenced { .. })));
     let generation: i64 = b
@@ -264,7 +264,7 @@ async fn a_stream_taken_over_fences_every_write_of_its_old_owner() {
     assert_eq!(core_b.next_sequence(), Sequence(1));
     let _ = core_b.enqueue(Bytes::from_static(b"b1"));
     b.renew(&lease_b, LONG).await.unwrap();
-    flush(&mut core_b, &mut b, &lease_b).await.unwrap();
+    flush(&mut core_b, &b, &lease_b).await.unwrap();
     assert_eq!(outbox_rows(b.client(), &stream).await, [(0, b"a0".to_vec()), (1, b"b1".to_vec())]);
     // Released, it is C's at once.
     b.release(&lease_b).await.unwrap();
@@ -277,7 +277,7 @@ async fn workers_taking_streams_together_take_each_once() {
     let Some(url) = database().await else { return };
     let prefix = fresh("spread");
     let streams: BTreeSet<String> = (0..12).map(|i| format!("{prefix}/{i:02}")).collect();
-    let mut setup = PgStore::connect(&url, "setup").await.unwrap();
+    let setup = PgStore::connect(&url, "setup").await.unwrap();
     for s in &streams {
         let (lease, _) = setup.take_stream(s, LONG).await.unwrap().unwrap();
         setup.release(&lease).await.unwrap();
@@ -286,7 +286,7 @@ async fn workers_taking_streams_together_take_each_once() {
     for w in 0..4 {
         let url = url.clone();
         tasks.push(tokio::spawn(async move {
-            let mut store = PgStore::connect(&url, format!("worker-{w}")).await.unwrap();
+            let store = PgStore::connect(&url, format!("worker-{w}")).await.unwrap();
             let mut taken = Vec::new();
             while let Some((lease, _)) = store.take(LONG).await.unwrap() {
                 taken.push(lease.stream);
@@ -308,7 +308,7 @@ async fn an_outbox_append_under_the_cells_own_is_a_conflict_then_adopted() {
     let Some(url) = database().await else { return };
     let stream = fresh("mixed");
     let policy = Policy::builder().inflight_limit(8).build().unwrap();
-    let mut store = PgStore::connect(&url, "worker").await.unwrap();
+    let store = PgStore::connect(&url, "worker").await.unwrap();
     let (lease, loaded) = store.take_stream(&stream, LONG).await.unwrap().unwrap();
     assert!(store.changed(), "a new store reads once");
     assert!(!store.changed());
@@ -322,7 +322,7 @@ async fn an_outbox_append_under_the_cells_own_is_a_conflict_then_adopted() {
     assert!(store.changed());
     // The cell's own append under the same sequence is refused whole.
     let _ = core.enqueue(Bytes::from_static(b"mine"));
-    match flush(&mut core, &mut store, &lease).await {
+    match flush(&mut core, &store, &lease).await {
         Err(StoreError::Conflict { stored: 1, expected: 0, .. }) => {}
         other => panic!("expected a conflict, got {other:?}"),
     }
@@ -361,7 +361,7 @@ async fn a_worker_that_dies_mid_stream_is_taken_over_with_nothing_lost_or_reorde
     // through.
     let cx_a = AsyncContext::new();
     let store = PgStore::connect(&url, "worker-a").await.unwrap();
-    let (_, a) = open_durable(&cx_a, store, Some(&stream), lease, policy, CellOptions::new(), RelayConfig::default())
+    let (_, a) = open_durable(&cx_a, &store, Some(&stream), lease, policy, CellOptions::new(), RelayConfig::default())
         .await
         .unwrap()
         .expect("a free stream");
@@ -378,7 +378,7 @@ async fn a_worker_that_dies_mid_stream_is_taken_over_with_nothing_lost_or_reorde
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // Held by A: B cannot take it.
-    let mut b_store = PgStore::connect(&url, "worker-b").await.unwrap();
+    let b_store = PgStore::connect(&url, "worker-b").await.unwrap();
     assert!(b_store.take_stream(&stream, lease).await.unwrap().is_none(), "A's lease runs");
     drop(b_store);
 
@@ -394,7 +394,7 @@ async fn a_worker_that_dies_mid_stream_is_taken_over_with_nothing_lost_or_reorde
         let store = PgStore::connect(&url, "worker-b").await.unwrap();
         // Any free stream: the only one there is.
         if let Some((name, b)) =
-            open_durable(&cx_b, store, None, lease, policy, CellOptions::new(), RelayConfig::default()).await.unwrap()
+            open_durable(&cx_b, &store, None, lease, policy, CellOptions::new(), RelayConfig::default()).await.unwrap()
         {
             assert_eq!(name, stream);
             break b;
@@ -420,7 +420,7 @@ async fn a_worker_that_dies_mid_stream_is_taken_over_with_nothing_lost_or_reorde
     assert!(!stats.fenced && stats.failures == 0, "{stats:?}");
     // Shut down cleanly, B released the stream: it is free at once, and
     // what is stored holds the watermark B reached.
-    let mut c = PgStore::connect(&url, "worker-c").await.unwrap();
+    let c = PgStore::connect(&url, "worker-c").await.unwrap();
     let (_, loaded) = c.take_stream(&stream, lease).await.unwrap().expect("released");
     assert_eq!(loaded.restored.next_sequence, Sequence(250));
     assert_eq!(loaded.restored.acked_through, Some(Sequence(249)), "the shutdown wrote the last watermark");
@@ -440,7 +440,7 @@ async fn a_relay_whose_stream_was_taken_over_stops_and_writes_nothing_more() {
     let store = PgStore::connect(&url, "worker-a").await.unwrap();
     let lease = Duration::from_secs(2);
     let (_, a) =
-        open_durable(&cx, store, Some(&stream), lease, Policy::default(), CellOptions::new(), RelayConfig::default())
+        open_durable(&cx, &store, Some(&stream), lease, Policy::default(), CellOptions::new(), RelayConfig::default())
             .await
             .unwrap()
             .unwrap();
@@ -451,7 +451,7 @@ async fn a_relay_whose_stream_was_taken_over_stops_and_writes_nothing_more() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // A stalls past its lease (as a paused process would), and B takes it.
-    let mut b = PgStore::connect(&url, "worker-b").await.unwrap();
+    let b = PgStore::connect(&url, "worker-b").await.unwrap();
     b.client()
         .execute("UPDATE egress_stream SET lease_until = now() - interval '1 second' WHERE stream = $1", &[&stream])
         .await
@@ -487,7 +487,7 @@ async fn a_refused_commit_is_shown_retried_and_loses_nothing() {
     let cx = AsyncContext::new();
     let store = PgStore::connect(&url, "worker").await.unwrap();
     let (_, d) =
-        open_durable(&cx, store, Some(&stream), LONG, Policy::default(), CellOptions::new(), RelayConfig::default())
+        open_durable(&cx, &store, Some(&stream), LONG, Policy::default(), CellOptions::new(), RelayConfig::default())
             .await
             .unwrap()
             .unwrap();
@@ -513,4 +513,124 @@ async fn a_refused_commit_is_shown_retried_and_loses_nothing() {
     let rows = outbox_rows(&admin, &stream).await;
     assert_eq!(rows.iter().map(|(s, _)| *s).collect::<Vec<_>>(), (0..20).collect::<Vec<_>>());
     assert!(rows.iter().enumerate().all(|(i, (_, p))| *p == payload(i as u64).to_vec()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_stay_past_the_watermark_until_requeued_at_the_end_or_discarded() {
+    let Some(url) = database().await else { return };
+    let stream = fresh("dead");
+    let policy = Policy::builder().inflight_limit(8).dead_letters(DeadLetters::Skip).build().unwrap();
+    let store = PgStore::connect(&url, "worker").await.unwrap();
+    let (lease, loaded) = store.take_stream(&stream, LONG).await.unwrap().unwrap();
+    let mut core = EgressCore::restore(policy, loaded.restored).unwrap();
+    let _ = core.enqueue_all((0..6).map(|i| Bytes::from(format!("m{i}"))));
+    let g = Generation(1);
+    let _ = core.reconnect(g);
+    flush(&mut core, &store, &lease).await.unwrap();
+    for _ in 0..6 {
+        let _ = core.claim(g);
+    }
+    // 1 and 4 fail for good (tombstones); the stream goes on to 3.
+    let _ = core.fail(g, Sequence(1), FailureKind::Permanent, Time(0), JitterSample::ZERO);
+    let _ = core.fail(g, Sequence(4), FailureKind::Permanent, Time(0), JitterSample::ZERO);
+    let _ = core.ack(g, Sequence(3));
+    flush(&mut core, &store, &lease).await.unwrap();
+    let rows: Vec<i64> = outbox_rows(store.client(), &stream).await.into_iter().map(|(s, _)| s).collect();
+    assert_eq!(rows, [1, 4, 5], "the acknowledged records pruned, the dead letter below the watermark kept");
+    let dead = store.dead_letters(Some(&stream), 100).await.unwrap();
+    let listed: Vec<(u64, DeadReason, bool, Bytes)> =
+        dead.iter().map(|d| (d.sequence.0, d.mark.reason, d.mark.held, d.payload.clone())).collect();
+    assert_eq!(
+        listed,
+        [(1, DeadReason::Permanent, false, Bytes::from("m1")), (4, DeadReason::Permanent, false, Bytes::from("m4"))]
+    );
+    let view: Vec<(i64, String)> = store
+        .client()
+        .query("SELECT seq, reason FROM egress_dead_letters WHERE stream = $1 ORDER BY seq", &[&stream])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(view, [(1, "permanent".to_owned()), (4, "permanent".to_owned())], "the view for people");
+    assert_eq!(store.dead_letters(None, 1).await.unwrap().len(), 1, "the limit holds");
+
+    // 4 is above the watermark (the stream has not passed it): not here.
+    let refused = store.requeue(&stream, Sequence(4)).await;
+    assert!(matches!(refused, Err(StoreError::NotDead { sequence: Sequence(4), .. })), "{refused:?}");
+    assert!(matches!(store.requeue(&stream, Sequence(2)).await, Err(StoreError::NotDead { .. })), "not dead");
+    assert!(matches!(store.discard(&stream, Sequence(0)).await, Err(StoreError::NotDead { .. })), "no such row");
+    assert_eq!(outbox_rows(store.client(), &stream).await.len(), 3, "nothing changed by a refusal");
+
+    // 1 goes again, at the end of the stream, and the worker adopts it.
+    store.changed();
+    let again = store.requeue(&stream, Sequence(1)).await.unwrap();
+    assert_eq!(again, Sequence(6));
+    tokio::time::timeout(Duration::from_secs(30), store.notified()).await.expect("the requeue notifies");
+    let appended = store.appended(&stream, core.next_sequence(), 10).await.unwrap();
+    assert_eq!(appended, [(Sequence(6), Bytes::from("m1"))]);
+    assert!(matches!(core.adopt(Sequence(6), Bytes::from("m1")).outcome, egress_core::AdoptOutcome::Adopted { .. }));
+    assert!(matches!(store.requeue(&stream, Sequence(1)).await, Err(StoreError::NotDead { .. })), "once");
+
+    // The stream passes 4 as well; then it can be discarded.
+    let _ = core.ack(g, Sequence(5));
+    flush(&mut core, &store, &lease).await.unwrap();
+    store.discard(&stream, Sequence(4)).await.unwrap();
+    assert!(store.dead_letters(Some(&stream), 100).await.unwrap().is_empty());
+    let rows: Vec<(i64, Vec<u8>)> = outbox_rows(store.client(), &stream).await;
+    assert_eq!(rows, [(6, b"m1".to_vec())], "only the requeued record, alive");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_store_takes_many_streams_at_once_and_wakes_each_journal_for_its_own_appends() {
+    use egress_store::JournalStore as _;
+    use egress_store::postgres::PgJournal;
+    let Some(url) = database().await else { return };
+    let mut client = app(&url).await;
+    let prefix = fresh("many");
+    let names: Vec<String> = (0..5).map(|i| format!("{prefix}/{i}")).collect();
+    // Stream i holds i records; stream 3 has its first acknowledged.
+    for (i, name) in names.iter().enumerate() {
+        let tx = client.transaction().await.unwrap();
+        let outbox = PgOutbox::new(name.clone());
+        for n in 0..i {
+            outbox.append(&tx, format!("{i}.{n}").as_bytes()).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    client.execute("UPDATE egress_stream SET acked_through = 0 WHERE stream = $1", &[&names[3]]).await.unwrap();
+    client.execute("DELETE FROM egress_outbox WHERE stream = $1 AND seq = 0", &[&names[3]]).await.unwrap();
+    let store = PgStore::connect(&url, "worker").await.unwrap();
+    // Stream 0 has no row (nothing appended): four streams to take.
+    let taken = store.take_many(3, LONG).await.unwrap();
+    let more = store.take_many(10, LONG).await.unwrap();
+    assert_eq!((taken.len(), more.len()), (3, 1), "at most what was asked, each once");
+    assert!(store.take_many(10, LONG).await.unwrap().is_empty(), "all held");
+    let mut all: Vec<_> = taken.into_iter().chain(more).collect();
+    all.sort_by(|a, b| a.0.stream.cmp(&b.0.stream));
+    for (lease, loaded) in &all {
+        let i: usize = lease.stream.rsplit('/').next().unwrap().parse().unwrap();
+        let from = usize::from(i == 3);
+        let records: Vec<(u64, Bytes)> =
+            loaded.restored.records.iter().map(|r| (r.sequence.0, r.payload.clone())).collect();
+        let expected: Vec<(u64, Bytes)> = (from..i).map(|n| (n as u64, Bytes::from(format!("{i}.{n}")))).collect();
+        assert_eq!(records, expected, "stream {i} loaded with its own records");
+        assert_eq!(loaded.restored.next_sequence, Sequence(i as u64));
+    }
+    // Two journals on the one connection: an append to one stream wakes
+    // that stream's journal only (the poll fallback set far away).
+    let hour = Duration::from_secs(3600);
+    let (lease_1, _) = all.remove(0);
+    let (lease_2, _) = all.remove(0);
+    let mut one = PgJournal::new(store.clone(), lease_1, LONG, hour);
+    let mut two = PgJournal::new(store.clone(), lease_2, LONG, hour);
+    assert!(one.changed().await.unwrap() && two.changed().await.unwrap(), "a new journal reads once");
+    assert!(!one.changed().await.unwrap() && !two.changed().await.unwrap());
+    let tx = client.transaction().await.unwrap();
+    PgOutbox::new(names[2].clone()).append(&tx, b"news").await.unwrap();
+    tx.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), two.news()).await.expect("stream 2's journal is woken");
+    assert!(two.changed().await.unwrap());
+    assert!(!one.changed().await.unwrap(), "stream 1's journal is not");
+    assert_eq!(two.appended(Sequence(2), 10).await.unwrap(), [(Sequence(2), Bytes::from_static(b"news"))]);
 }
