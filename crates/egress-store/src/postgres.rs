@@ -265,6 +265,10 @@ pub struct Lease {
     pub number: u64,
 }
 
+/// One stream a [`PgStore::take_many`] took: its name, and its lease and
+/// what was loaded, or why it could not be loaded.
+pub type Taken = (String, Result<(Lease, Loaded), StoreError>);
+
 /// A dead letter as the store keeps it (see [`PgStore::dead_letters`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeadLetter {
@@ -490,17 +494,21 @@ impl PgStore {
     /// # Errors
     /// PostgreSQL's error, or a stored value out of range.
     pub async fn take(&self, lease: Duration) -> Result<Option<(Lease, Loaded)>, StoreError> {
-        Ok(self.take_where(None, 1, lease).await?.pop())
+        self.take_where(None, 1, lease).await?.pop().map(|(_, read)| read).transpose()
     }
 
     /// Takes up to `max` streams that no worker holds, as
     /// [`take`](Self::take) takes one, with one statement, and loads them
-    /// with one more; ordered by name.
+    /// with one more; ordered by name. A stream whose stored values are
+    /// out of range comes back as its error, and the others load: its lease
+    /// is left to run out (so that it does not come straight back to the
+    /// next take), and whoever takes it next meets the same error until
+    /// someone repairs it.
     ///
     /// # Errors
-    /// PostgreSQL's error, or a stored value out of range; the streams
-    /// taken then stay leased until their leases run out.
-    pub async fn take_many(&self, max: usize, lease: Duration) -> Result<Vec<(Lease, Loaded)>, StoreError> {
+    /// PostgreSQL's error: the streams taken then stay leased until their
+    /// leases run out.
+    pub async fn take_many(&self, max: usize, lease: Duration) -> Result<Vec<Taken>, StoreError> {
         self.take_where(None, max, lease).await
     }
 
@@ -512,7 +520,7 @@ impl PgStore {
     /// PostgreSQL's error, or a stored value out of range.
     pub async fn take_stream(&self, stream: &str, lease: Duration) -> Result<Option<(Lease, Loaded)>, StoreError> {
         ensure_stream(&self.shared.client, stream).await?;
-        Ok(self.take_where(Some(stream), 1, lease).await?.pop())
+        self.take_where(Some(stream), 1, lease).await?.pop().map(|(_, read)| read).transpose()
     }
 
     /// The take (one statement), then the load of what it took (one more):
@@ -520,51 +528,70 @@ impl PgStore {
     /// take reads the counter (an append holds the stream's row until its
     /// transaction ends), and only the lease holder prunes, so the load
     /// needs no transaction shared with the take.
-    async fn take_where(
-        &self,
-        stream: Option<&str>,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<(Lease, Loaded)>, StoreError> {
+    async fn take_where(&self, stream: Option<&str>, max: usize, lease: Duration) -> Result<Vec<Taken>, StoreError> {
         let Shared { client, statements, worker, .. } = &*self.shared;
         let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         let rows = client.query(&statements.take, &[worker, &millis, &stream, &max]).await?;
-        let mut taken = Vec::with_capacity(rows.len());
+        let mut taken: Vec<Taken> = rows
+            .iter()
+            .map(|row| {
+                let stream: String = row.get(0);
+                let read = || {
+                    let incarnation = incarnation_of(&row.get::<_, Vec<u8>>(1))?;
+                    let number = to_u64("lease", row.get(2))?;
+                    let generation = restorable_generation(to_u64("generation", row.get(3))?)?;
+                    let next = to_u64("next_sequence", row.get(4))?;
+                    let acked = row.get::<_, Option<i64>>(5).map(|a| to_u64("acked_through", a)).transpose()?;
+                    let loaded = Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), Vec::new());
+                    Ok((Lease { stream: stream.clone(), number }, loaded))
+                };
+                (stream.clone(), read())
+            })
+            .collect();
+        // The records of every stream read well, in one statement; by
+        // name, not by the order of both lists (the database's collation
+        // need not sort names as Rust does).
         let (mut names, mut from, mut to) = (Vec::new(), Vec::new(), Vec::new());
-        for row in rows {
-            let stream: String = row.get(0);
-            let incarnation = incarnation_of(&row.get::<_, Vec<u8>>(1))?;
-            let number = to_u64("lease", row.get(2))?;
-            let generation = restorable_generation(to_u64("generation", row.get(3))?)?;
-            let next = to_u64("next_sequence", row.get(4))?;
-            let acked = row.get::<_, Option<i64>>(5).map(|a| to_u64("acked_through", a)).transpose()?;
-            names.push(stream.clone());
-            from.push(to_i64("sequence", acked.map_or(0, |a| a.saturating_add(1)))?);
-            to.push(to_i64("sequence", next)?);
-            let loaded = Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), Vec::new());
-            taken.push((Lease { stream, number }, loaded));
+        for (name, read) in &taken {
+            if let Ok((_, loaded)) = read {
+                let r = &loaded.restored;
+                names.push(name.clone());
+                from.push(to_i64("sequence", r.acked_through.map_or(0, |a| a.0.saturating_add(1)))?);
+                to.push(to_i64("sequence", r.next_sequence.0)?);
+            }
         }
-        if taken.is_empty() {
-            return Ok(taken);
+        if !names.is_empty() {
+            let at: HashMap<&str, usize> = taken.iter().enumerate().map(|(i, (name, _))| (name.as_str(), i)).collect();
+            let mut failed: Vec<(usize, StoreError)> = Vec::new();
+            let mut records: Vec<Vec<RestoredRecord<Bytes>>> = vec![Vec::new(); taken.len()];
+            for row in client.query(&statements.load, &[&names, &from, &to]).await? {
+                let Some(&i) = at.get(row.get::<_, &str>(0)) else { continue };
+                let record = || {
+                    let sequence = Sequence(to_u64("seq", row.get(1))?);
+                    let reason = row.get::<_, Option<i16>>(3).map(i64::from);
+                    let dead = dead_of(reason, row.get::<_, Option<bool>>(4).map(i64::from))?;
+                    Ok::<_, StoreError>(RestoredRecord {
+                        sequence,
+                        payload: Bytes::from(row.get::<_, Vec<u8>>(2)),
+                        dead,
+                    })
+                };
+                match record() {
+                    Ok(record) => records[i].push(record),
+                    Err(e) => failed.push((i, e)),
+                }
+            }
+            for (i, e) in failed {
+                taken[i].1 = Err(e);
+            }
+            for ((_, read), records) in taken.iter_mut().zip(records) {
+                if let Ok((_, loaded)) = read {
+                    loaded.restored.records = records;
+                }
+            }
         }
-        let rows = client.query(&statements.load, &[&names, &from, &to]).await?;
-        // By name, not by the order of both lists: the database's collation
-        // need not sort names as Rust does.
-        let at: HashMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
-        let mut records: Vec<Vec<RestoredRecord<Bytes>>> = vec![Vec::new(); names.len()];
-        for row in rows {
-            let Some(&i) = at.get(row.get::<_, &str>(0)) else { continue };
-            let sequence = Sequence(to_u64("seq", row.get(1))?);
-            let payload: Vec<u8> = row.get(2);
-            let dead =
-                dead_of(row.get::<_, Option<i16>>(3).map(i64::from), row.get::<_, Option<bool>>(4).map(i64::from))?;
-            records[i].push(RestoredRecord { sequence, payload: Bytes::from(payload), dead });
-        }
-        for ((_, loaded), records) in taken.iter_mut().zip(records) {
-            loaded.restored.records = records;
-        }
-        taken.sort_by(|a, b| a.0.stream.cmp(&b.0.stream));
+        taken.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(taken)
     }
 
@@ -919,9 +946,9 @@ pub async fn open_durable(
 /// Takes up to `max` free streams ([`PgStore::take_many`]: two statements
 /// for all of them) and starts each as [`open_durable`] starts one, all on
 /// `store`'s connection. Returns each stream's name with its cell and
-/// relay, or with the error that kept it from starting (stored data that
-/// breaks the core's rules: that stream's lease is left to run out, and
-/// the others run).
+/// relay, or with the error that kept it from starting (stored values out
+/// of range, or data that breaks the core's rules: that stream's lease is
+/// left to run out, and the others run).
 ///
 /// # Errors
 /// The store's, when the take itself fails.
@@ -941,9 +968,10 @@ pub async fn open_durable_many(
     let taken = store.take_many(max, lease).await?;
     Ok(taken
         .into_iter()
-        .map(|(taken, loaded)| {
-            let name = taken.stream.clone();
-            let started = start(cx, store, taken, loaded, lease, policy, options.clone(), config.clone());
+        .map(|(name, read)| {
+            let started = read.and_then(|(taken, loaded)| {
+                start(cx, store, taken, loaded, lease, policy, options.clone(), config.clone())
+            });
             (name, started)
         })
         .collect())

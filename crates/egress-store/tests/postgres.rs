@@ -582,7 +582,7 @@ async fn dead_letters_stay_past_the_watermark_until_requeued_at_the_end_or_disca
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_store_takes_many_streams_at_once_and_wakes_each_journal_for_its_own_appends() {
+async fn one_store_takes_many_streams_at_once_a_poisoned_one_aside_and_wakes_each_journal_for_its_own() {
     use egress_store::JournalStore as _;
     use egress_store::postgres::PgJournal;
     let Some(url) = database().await else { return };
@@ -600,6 +600,11 @@ async fn one_store_takes_many_streams_at_once_and_wakes_each_journal_for_its_own
     }
     client.execute("UPDATE egress_stream SET acked_through = 0 WHERE stream = $1", &[&names[3]]).await.unwrap();
     client.execute("DELETE FROM egress_outbox WHERE stream = $1 AND seq = 0", &[&names[3]]).await.unwrap();
+    // Stream 4's last record carries a dead-letter code no version wrote.
+    client
+        .execute("UPDATE egress_outbox SET dead_reason = 9 WHERE stream = $1 AND seq = 3", &[&names[4]])
+        .await
+        .unwrap();
     let store = PgStore::connect(&url, "worker").await.unwrap();
     // Stream 0 has no row (nothing appended): four streams to take.
     let taken = store.take_many(3, LONG).await.unwrap();
@@ -607,21 +612,26 @@ async fn one_store_takes_many_streams_at_once_and_wakes_each_journal_for_its_own
     assert_eq!((taken.len(), more.len()), (3, 1), "at most what was asked, each once");
     assert!(store.take_many(10, LONG).await.unwrap().is_empty(), "all held");
     let mut all: Vec<_> = taken.into_iter().chain(more).collect();
-    all.sort_by(|a, b| a.0.stream.cmp(&b.0.stream));
-    for (lease, loaded) in &all {
-        let i: usize = lease.stream.rsplit('/').next().unwrap().parse().unwrap();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let (poisoned, read) = all.pop().unwrap();
+    assert_eq!(poisoned, names[4]);
+    assert!(matches!(read, Err(StoreError::OutOfRange { what: "dead_reason", value: 9 })), "{read:?}");
+    let mut all: Vec<_> = all.into_iter().map(|(name, read)| (name, read.unwrap())).collect();
+    for (name, (lease, loaded)) in &all {
+        assert_eq!(name, &lease.stream);
+        let i: usize = name.rsplit('/').next().unwrap().parse().unwrap();
         let from = usize::from(i == 3);
         let records: Vec<(u64, Bytes)> =
             loaded.restored.records.iter().map(|r| (r.sequence.0, r.payload.clone())).collect();
         let expected: Vec<(u64, Bytes)> = (from..i).map(|n| (n as u64, Bytes::from(format!("{i}.{n}")))).collect();
-        assert_eq!(records, expected, "stream {i} loaded with its own records");
+        assert_eq!(records, expected, "stream {i} loaded with its own records, the poisoned one aside");
         assert_eq!(loaded.restored.next_sequence, Sequence(i as u64));
     }
     // Two journals on the one connection: an append to one stream wakes
     // that stream's journal only (the poll fallback set far away).
     let hour = Duration::from_secs(3600);
-    let (lease_1, _) = all.remove(0);
-    let (lease_2, _) = all.remove(0);
+    let (_, (lease_1, _)) = all.remove(0);
+    let (_, (lease_2, _)) = all.remove(0);
     let mut one = PgJournal::new(store.clone(), lease_1, LONG, hour);
     let mut two = PgJournal::new(store.clone(), lease_2, LONG, hour);
     assert!(one.changed().await.unwrap() && two.changed().await.unwrap(), "a new journal reads once");
