@@ -16,9 +16,10 @@ use parking_lot::Mutex;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::SubscriberExt as _;
 
-/// Every metric field of every `egress::metrics` event: its name and value.
+/// Every metric field of every `egress::metrics` event: its name and value;
+/// and the `stream` of every `egress_relay` span.
 #[derive(Clone, Default)]
-struct Metrics(Arc<Mutex<Vec<(String, f64)>>>);
+struct Metrics(Arc<Mutex<Vec<(String, f64)>>>, Arc<Mutex<Vec<String>>>);
 
 impl Metrics {
     fn sum(&self, name: &str) -> f64 {
@@ -42,10 +43,32 @@ impl Visit for Fields<'_> {
     fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
 }
 
+struct Stream<'a>(&'a mut Vec<String>);
+
+impl Visit for Stream<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "stream" {
+            self.0.push(value.to_owned());
+        }
+    }
+    fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+}
+
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Metrics {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         if event.metadata().target() == "egress::metrics" {
             event.record(&mut Fields(&mut self.0.lock()));
+        }
+    }
+
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().name() == "egress_relay" {
+            attrs.record(&mut Stream(&mut self.1.lock()));
         }
     }
 }
@@ -89,6 +112,8 @@ async fn commits_are_counted_in_metrics_and_raise_the_stored_watermark() {
     let _ = link.ack(Sequence(49));
     let mut watch = stored.clone();
     tokio::time::timeout(Duration::from_secs(10), watch.wait_for(|s| *s == Some(Sequence(49)))).await.unwrap().unwrap();
+    let _ = link.ack(Sequence(99));
+    tokio::time::timeout(Duration::from_secs(10), watch.wait_for(|s| *s == Some(Sequence(99)))).await.unwrap().unwrap();
     let stats = durable.relay.shutdown().await;
     // Every commit an event: its records, its time.
     assert_eq!(metrics.sum("monotonic_counter.egress_relay_appended"), 100.0);
@@ -100,12 +125,13 @@ async fn commits_are_counted_in_metrics_and_raise_the_stored_watermark() {
     drop(durable.cell);
     // A restarted relay starts from the stored watermark.
     let again = open_durable(&cx, &db, "s", policy, CellOptions::new(), config).unwrap();
-    assert_eq!(*again.relay.stored_ack().borrow(), Some(Sequence(49)));
+    assert_eq!(*again.relay.stored_ack().borrow(), Some(Sequence(99)));
     let _ = again.relay.shutdown().await;
     let by_name: HashMap<String, usize> = metrics.0.lock().iter().fold(HashMap::new(), |mut m, (n, _)| {
         *m.entry(n.clone()).or_default() += 1;
         m
     });
     assert!(by_name.keys().all(|n| n.starts_with("monotonic_counter.") || n.starts_with("histogram.")), "{by_name:?}");
+    assert_eq!(*metrics.1.lock(), ["s", "s"], "each relay in a span naming its stream");
     let _ = std::fs::remove_dir_all(&dir);
 }
