@@ -331,7 +331,10 @@ impl AsyncTransport<Bytes> for Spawner {
         }
         if let Some(StoredAck { watermark, limit }) = &mut self.bound {
             let limit = *limit;
-            if watermark.wait_for(|stored| StoredAck::allows(limit, *stored, sequence)).await.is_err() {
+            let allowed = watermark.wait_for(|stored| StoredAck::allows(limit, *stored, sequence)).await.is_ok();
+            // `wait_for` answers from the last value even once the sender
+            // is gone: ask whether it is.
+            if !allowed || watermark.has_changed().is_err() {
                 // The relay is gone (fenced, or shut down): nothing more
                 // of this stream runs here.
                 std::future::pending::<()>().await;

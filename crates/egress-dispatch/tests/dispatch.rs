@@ -206,14 +206,17 @@ async fn a_bounded_dispatcher_runs_at_most_its_limit_past_the_stored_watermark()
     acknowledged(&cell, 7).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(started.lock().len(), 8, "stored through 2: up to 7, not 8");
-    stored.send(Some(Sequence(30))).unwrap();
-    acknowledged(&cell, 35).await;
+    stored.send(Some(Sequence(20))).unwrap();
+    acknowledged(&cell, 25).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(started.lock().len(), 36, "stored through 30: up to 35");
+    assert_eq!(started.lock().len(), 26, "stored through 20: up to 25");
+    // The last value allows up to 35, but the relay is gone (the sender
+    // dropped before the dispatcher saw the value): nothing more starts.
+    stored.send(Some(Sequence(30))).unwrap();
     drop(stored);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(started.lock().len(), 36, "the watermark's sender gone: nothing more starts");
-    assert_eq!(*started.lock(), (0..36).collect::<Vec<_>>(), "each once, in order");
+    assert_eq!(started.lock().len(), 26, "the watermark's sender gone: nothing more starts");
+    assert_eq!(*started.lock(), (0..26).collect::<Vec<_>>(), "each once, in order");
     let stats = dispatcher.shutdown().await;
-    assert_eq!(stats.completed, 36);
+    assert_eq!(stats.completed, 26);
 }

@@ -117,6 +117,17 @@ pub enum StoreError {
         /// The stream.
         stream: String,
     },
+    /// An application's transaction holds the stream's row (an append not
+    /// yet committed): nothing was written; try again.
+    #[error("stream {stream} is locked by an application's transaction; try again")]
+    Busy {
+        /// The stream.
+        stream: String,
+    },
+    /// The store's connection is gone for good: nothing more can be
+    /// written through it (its leases run out; connect again).
+    #[error("the store's connection is closed")]
+    Closed,
     /// The payloads given do not match the appends of the `Ready`.
     #[error("the Ready appends {expected:?} but {given} payloads were given")]
     Appends {

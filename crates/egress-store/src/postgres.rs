@@ -78,7 +78,14 @@ const MIGRATIONS: &[&str] = &[
     -- One Ready of a leased stream as one statement (one round trip, one
     -- implicit transaction): NULL when the lease is not the stream's any
     -- more (fenced, nothing written); otherwise the stored next sequence,
-    -- and the appends were written only if it is where they start.
+    -- and the appends were written only if it is where they start. The
+    -- stream's row is locked NOWAIT: an application's transaction holding
+    -- it (an append not yet committed) fails this call at once with
+    -- lock_not_available instead of stalling every stream behind it on the
+    -- worker's connection. Arguments that break the store's rules raise
+    -- (nothing written). Meant to run as a statement of its own: inside a
+    -- caller's transaction, p_sync false turns synchronous_commit off for
+    -- the rest of that transaction.
     CREATE FUNCTION egress_apply(
         p_stream text, p_lease bigint, p_start bigint, p_seqs bigint[], p_payloads bytea[],
         p_generation bigint, p_dead_seqs bigint[], p_dead_reasons smallint[], p_dead_held boolean[],
@@ -88,13 +95,26 @@ const MIGRATIONS: &[&str] = &[
         stored bigint;
         appended bigint := coalesce(cardinality(p_seqs), 0);
     BEGIN
+        IF coalesce(cardinality(p_payloads), 0) <> appended
+           OR p_seqs IS DISTINCT FROM ARRAY(SELECT generate_series(p_start, p_start + appended - 1)) AND appended > 0
+        THEN
+            RAISE EXCEPTION 'egress_apply: the appends are not % payloads from %', appended, p_start;
+        END IF;
+        IF coalesce(cardinality(p_dead_seqs), 0) <> coalesce(cardinality(p_dead_reasons), 0)
+           OR coalesce(cardinality(p_dead_seqs), 0) <> coalesce(cardinality(p_dead_held), 0)
+        THEN
+            RAISE EXCEPTION 'egress_apply: the dead letters'' arrays differ in length';
+        END IF;
         IF NOT p_sync THEN
             PERFORM set_config('synchronous_commit', 'off', true);
         END IF;
         SELECT next_sequence INTO stored FROM egress_stream
-        WHERE stream = p_stream AND lease = p_lease FOR UPDATE;
+        WHERE stream = p_stream AND lease = p_lease FOR UPDATE NOWAIT;
         IF NOT FOUND THEN
             RETURN NULL;
+        END IF;
+        IF p_acked IS NOT NULL AND p_acked >= stored + appended THEN
+            RAISE EXCEPTION 'egress_apply: acknowledged through % but the next sequence is %', p_acked, stored + appended;
         END IF;
         IF appended > 0 THEN
             IF stored <> p_start THEN
@@ -134,6 +154,10 @@ const MIGRATIONS: &[&str] = &[
     WHERE o.dead_reason IS NOT NULL;
 ",
 ];
+
+/// How long a store's statement waits for a row lock an application's
+/// transaction holds before it fails as [`StoreError::Busy`].
+const LOCK_TIMEOUT_MS: u32 = 50;
 
 /// The PostgreSQL schema version this library writes.
 pub const PG_SCHEMA_VERSION: u32 = 2;
@@ -397,7 +421,11 @@ impl PgStore {
         };
         let prepared = async {
             migrate(&mut client).await?;
-            client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+            // The connection is every stream's: a statement waits at most
+            // this long for a lock an application's transaction holds,
+            // then fails as StoreError::Busy (and is retried), rather than
+            // stalling the other streams behind it.
+            client.batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT_MS}ms'; LISTEN {CHANNEL}")).await?;
             Ok::<_, StoreError>(Statements {
                 take: client
                     .prepare(
@@ -405,6 +433,7 @@ impl PgStore {
                              SELECT stream FROM egress_stream
                              WHERE (owner IS NULL OR lease_until IS NULL OR lease_until < clock_timestamp())
                                AND ($3::text IS NULL OR stream = $3)
+                               AND lease < 9223372036854775807
                              ORDER BY lease_until NULLS FIRST, stream
                              LIMIT $4::bigint
                              FOR UPDATE SKIP LOCKED)
@@ -519,7 +548,10 @@ impl PgStore {
     /// # Errors
     /// PostgreSQL's error, or a stored value out of range.
     pub async fn take_stream(&self, stream: &str, lease: Duration) -> Result<Option<(Lease, Loaded)>, StoreError> {
-        ensure_stream(&self.shared.client, stream).await?;
+        ensure_stream(&self.shared.client, stream).await.map_err(|e| match e {
+            StoreError::Postgres(e) => busy_or(stream, e),
+            other => other,
+        })?;
         self.take_where(Some(stream), 1, lease).await?.pop().map(|(_, read)| read).transpose()
     }
 
@@ -530,7 +562,7 @@ impl PgStore {
     /// needs no transaction shared with the take.
     async fn take_where(&self, stream: Option<&str>, max: usize, lease: Duration) -> Result<Vec<Taken>, StoreError> {
         let Shared { client, statements, worker, .. } = &*self.shared;
-        let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        let millis = lease_millis(lease);
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         let rows = client.query(&statements.take, &[worker, &millis, &stream, &max]).await?;
         let mut taken: Vec<Taken> = rows
@@ -543,6 +575,9 @@ impl PgStore {
                     let generation = restorable_generation(to_u64("generation", row.get(3))?)?;
                     let next = to_u64("next_sequence", row.get(4))?;
                     let acked = row.get::<_, Option<i64>>(5).map(|a| to_u64("acked_through", a)).transpose()?;
+                    // The range to load, checked here so that a value out of
+                    // range fails this stream only.
+                    to_i64("sequence", acked.map_or(0, |a| a.saturating_add(1)))?;
                     let loaded = Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), Vec::new());
                     Ok((Lease { stream: stream.clone(), number }, loaded))
                 };
@@ -556,9 +591,11 @@ impl PgStore {
         for (name, read) in &taken {
             if let Ok((_, loaded)) = read {
                 let r = &loaded.restored;
+                let first = r.acked_through.map_or(0, |a| a.0.saturating_add(1));
+                // Both checked by the read above.
                 names.push(name.clone());
-                from.push(to_i64("sequence", r.acked_through.map_or(0, |a| a.0.saturating_add(1)))?);
-                to.push(to_i64("sequence", r.next_sequence.0)?);
+                from.push(i64::try_from(first).unwrap_or(i64::MAX));
+                to.push(i64::try_from(r.next_sequence.0).unwrap_or(i64::MAX));
             }
         }
         if !names.is_empty() {
@@ -601,10 +638,14 @@ impl PgStore {
     /// [`StoreError::Fenced`] when another worker has taken the stream (stop
     /// working on it), or PostgreSQL's error.
     pub async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
-        let millis = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+        let millis = lease_millis(duration);
         let number = to_i64("lease", lease.number)?;
-        let renewed =
-            self.shared.client.execute(&self.shared.statements.renew, &[&lease.stream, &number, &millis]).await?;
+        let renewed = self
+            .shared
+            .client
+            .execute(&self.shared.statements.renew, &[&lease.stream, &number, &millis])
+            .await
+            .map_err(|e| busy_or(&lease.stream, e))?;
         if renewed == 0 {
             return Err(StoreError::Fenced { stream: lease.stream.clone() });
         }
@@ -618,7 +659,12 @@ impl PgStore {
     /// PostgreSQL's error.
     pub async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         let number = to_i64("lease", lease.number)?;
-        let released = self.shared.client.execute(&self.shared.statements.release, &[&lease.stream, &number]).await?;
+        let released = self
+            .shared
+            .client
+            .execute(&self.shared.statements.release, &[&lease.stream, &number])
+            .await
+            .map_err(|e| busy_or(&lease.stream, e))?;
         if released == 0 {
             return Err(StoreError::Fenced { stream: lease.stream.clone() });
         }
@@ -678,7 +724,8 @@ impl PgStore {
                     &ready.must_sync,
                 ],
             )
-            .await?;
+            .await
+            .map_err(|e| busy_or(stream, e))?;
         let Some(stored) = row.get::<_, Option<i64>>(0) else {
             return Err(StoreError::Fenced { stream: stream.clone() });
         };
@@ -782,7 +829,8 @@ impl PgStore {
                  SELECT seq, pg_notify($3, $1)::text FROM record",
                 &[&stream, &to_i64("sequence", sequence.0)?, &CHANNEL],
             )
-            .await?;
+            .await
+            .map_err(|e| busy_or(stream, e))?;
         let row = row.ok_or_else(|| StoreError::NotDead { stream: stream.to_owned(), sequence })?;
         Ok(Sequence(to_u64("sequence", row.get(0))?))
     }
@@ -807,6 +855,26 @@ impl PgStore {
             return Err(StoreError::NotDead { stream: stream.to_owned(), sequence });
         }
         Ok(())
+    }
+}
+
+/// The longest lease: 100 years (a timestamp that far ahead is still one
+/// PostgreSQL can store). Longer leases are taken as this.
+pub const MAX_LEASE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A lease's duration in milliseconds, at most [`MAX_LEASE`].
+fn lease_millis(lease: Duration) -> i64 {
+    i64::try_from(lease.min(MAX_LEASE).as_millis()).unwrap_or(i64::MAX)
+}
+
+/// PostgreSQL's error, or [`StoreError::Busy`] when it is a lock that an
+/// application's transaction holds (`lock_not_available`: `NOWAIT`, or the
+/// connection's `lock_timeout`).
+fn busy_or(stream: &str, e: tokio_postgres::Error) -> StoreError {
+    if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+        StoreError::Busy { stream: stream.to_owned() }
+    } else {
+        StoreError::Postgres(e)
     }
 }
 
@@ -887,6 +955,9 @@ impl crate::JournalStore for PgJournal {
     }
 
     async fn keep(&mut self) -> Result<(), StoreError> {
+        if self.store.is_closed() {
+            return Err(StoreError::Closed);
+        }
         let now = tokio::time::Instant::now();
         if now >= self.renew_at {
             self.store.renew(&self.lease, self.duration).await?;

@@ -45,7 +45,8 @@ pub trait JournalStore: Send + 'static {
     fn changed(&mut self) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Called on every pass of the relay: keeps the stream this store's
-    /// (a lease renewed when due); [`StoreError::Fenced`] stops the relay.
+    /// (a lease renewed when due); [`StoreError::Fenced`] or
+    /// [`StoreError::Closed`] stops the relay.
     fn keep(&mut self) -> impl Future<Output = Result<(), StoreError>> + Send {
         async { Ok(()) }
     }
@@ -160,8 +161,9 @@ pub struct RelayStats {
     /// Times adoption stopped at a record out of order (a gap another
     /// writer left in the stream): the records after it wait.
     pub adoption_stalls: u64,
-    /// Whether the relay stopped because another store took the stream
-    /// over.
+    /// Whether the relay stopped because the stream is not its store's any
+    /// more: another store took it over, or the store's connection is gone
+    /// for good (its lease runs out, and another worker takes it).
     pub fenced: bool,
 }
 
@@ -588,7 +590,7 @@ async fn run<S: JournalStore>(
             let _ = store.lock().await.close().await;
             return;
         }
-        if let Err(StoreError::Fenced { .. }) = store.lock().await.keep().await {
+        if let Err(StoreError::Fenced { .. } | StoreError::Closed) = store.lock().await.keep().await {
             fenced(&counters);
             return;
         }
@@ -597,7 +599,7 @@ async fn run<S: JournalStore>(
                 failures = 0;
                 continue;
             }
-            Some(Err(StoreError::Fenced { .. })) => {
+            Some(Err(StoreError::Fenced { .. } | StoreError::Closed)) => {
                 fenced(&counters);
                 return;
             }

@@ -644,3 +644,163 @@ async fn one_store_takes_many_streams_at_once_a_poisoned_one_aside_and_wakes_eac
     assert!(!one.changed().await.unwrap(), "stream 1's journal is not");
     assert_eq!(two.appended(Sequence(2), 10).await.unwrap(), [(Sequence(2), Bytes::from_static(b"news"))]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applications_open_transaction_on_one_stream_stalls_no_other_stream_on_the_connection() {
+    let Some(url) = database().await else { return };
+    let (a, b) = (fresh("held"), fresh("free"));
+    let store = PgStore::connect(&url, "worker").await.unwrap();
+    let (lease_a, loaded_a) = store.take_stream(&a, LONG).await.unwrap().unwrap();
+    let (lease_b, loaded_b) = store.take_stream(&b, LONG).await.unwrap().unwrap();
+    let mut core_a = EgressCore::restore(Policy::default(), loaded_a.restored).unwrap();
+    let mut core_b = EgressCore::restore(Policy::default(), loaded_b.restored).unwrap();
+    // The application appends to A and keeps its transaction open.
+    let mut client = app(&url).await;
+    let tx = client.transaction().await.unwrap();
+    PgOutbox::new(a.clone()).append(&tx, b"theirs").await.unwrap();
+    let _ = core_a.enqueue(Bytes::from_static(b"mine"));
+    let _ = core_b.enqueue(Bytes::from_static(b"b0"));
+    let started = std::time::Instant::now();
+    let refused = flush(&mut core_a, &store, &lease_a).await;
+    assert!(matches!(refused, Err(StoreError::Busy { ref stream }) if *stream == a), "{refused:?}");
+    flush(&mut core_b, &store, &lease_b).await.unwrap();
+    store.renew(&lease_b, LONG).await.unwrap();
+    assert!(matches!(store.renew(&lease_a, LONG).await, Err(StoreError::Busy { .. })), "A's row is held");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "A's held row cost no more than the lock timeout: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(outbox_rows(store.client(), &b).await, [(0, b"b0".to_vec())], "B went on");
+    // Once the application commits, A's own append meets the application's.
+    tx.commit().await.unwrap();
+    match flush(&mut core_a, &store, &lease_a).await {
+        Err(StoreError::Conflict { stored: 1, expected: 0, .. }) => {}
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_stream_rows_fail_only_themselves_and_any_lease_duration_is_taken() {
+    let Some(url) = database().await else { return };
+    let client = app(&url).await;
+    let prefix = fresh("hostile");
+    let store = PgStore::connect(&url, "setup").await.unwrap();
+    for name in ["a", "b", "c", "d"] {
+        let (lease, _) = store.take_stream(&format!("{prefix}/{name}"), LONG).await.unwrap().unwrap();
+        store.release(&lease).await.unwrap();
+    }
+    // b's lease number can rise no more; c's watermark and counter are at
+    // the top of the range.
+    client
+        .execute("UPDATE egress_stream SET lease = 9223372036854775807 WHERE stream = $1", &[&format!("{prefix}/b")])
+        .await
+        .unwrap();
+    client
+        .execute(
+            "UPDATE egress_stream SET acked_through = 9223372036854775807, next_sequence = 9223372036854775807
+             WHERE stream = $1",
+            &[&format!("{prefix}/c")],
+        )
+        .await
+        .unwrap();
+    let worker = PgStore::connect(&url, "worker").await.unwrap();
+    let taken = worker.take_many(10, Duration::MAX).await.unwrap();
+    let names: Vec<&str> = taken.iter().map(|(n, _)| n.rsplit('/').next().unwrap()).collect();
+    assert_eq!(names, ["a", "c", "d"], "b is never taken: no lease number above its own");
+    assert!(taken[0].1.is_ok() && taken[2].1.is_ok());
+    assert!(matches!(taken[1].1, Err(StoreError::OutOfRange { .. })), "{:?}", taken[1].1);
+    let until: bool = client
+        .query_one(
+            "SELECT lease_until > now() + interval '50 years' FROM egress_stream WHERE stream = $1",
+            &[&format!("{prefix}/a")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(until, "a lease of Duration::MAX is taken as the longest lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_apply_refuses_arguments_that_break_the_stores_rules() {
+    let Some(url) = database().await else { return };
+    let client = app(&url).await;
+    let stream = fresh("direct");
+    let store = PgStore::connect(&url, "worker").await.unwrap();
+    let (lease, loaded) = store.take_stream(&stream, LONG).await.unwrap().unwrap();
+    let mut core = EgressCore::restore(Policy::default(), loaded.restored).unwrap();
+    let _ = core.enqueue_all((0..3).map(|i| Bytes::from(format!("m{i}"))));
+    flush(&mut core, &store, &lease).await.unwrap();
+    let number = i64::try_from(lease.number).unwrap();
+    // Each call as an operator would type it.
+    let cases = [
+        // A gap in the appends.
+        "SELECT egress_apply($1, $2, 3, ARRAY[3,10]::bigint[], ARRAY['x','y']::bytea[], NULL, '{}', '{}', '{}', NULL, true)",
+        // Payloads that do not match the appends.
+        "SELECT egress_apply($1, $2, 3, ARRAY[3]::bigint[], ARRAY['x','y']::bytea[], NULL, '{}', '{}', '{}', NULL, true)",
+        // A watermark beyond the counter.
+        "SELECT egress_apply($1, $2, 3, '{}', '{}', NULL, '{}', '{}', '{}', 100, true)",
+        // Dead-letter arrays of different lengths.
+        "SELECT egress_apply($1, $2, 3, '{}', '{}', NULL, ARRAY[1,2]::bigint[], ARRAY[0]::smallint[], ARRAY[true]::boolean[], NULL, true)",
+    ];
+    for sql in cases {
+        let refused = client.query_one(sql, &[&stream, &number]).await;
+        assert!(refused.is_err(), "{sql}");
+    }
+    let rows: Vec<i64> = outbox_rows(&client, &stream).await.into_iter().map(|(s, _)| s).collect();
+    assert_eq!(rows, [0, 1, 2], "nothing written by a refused call");
+    let row = client
+        .query_one("SELECT next_sequence, acked_through FROM egress_stream WHERE stream = $1", &[&stream])
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, Option<i64>>(1)), (3, None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_connection_is_killed_stops_and_its_stream_is_taken_over() {
+    use egress_reactive::{AsyncContext, CellOptions};
+    use egress_store::RelayConfig;
+    use egress_store::postgres::open_durable;
+    let Some(url) = database().await else { return };
+    let client = app(&url).await;
+    let stream = fresh("killed");
+    let lease = Duration::from_millis(500);
+    let cx = AsyncContext::new();
+    let store = PgStore::connect(&url, "worker-a").await.unwrap();
+    let pid: i32 = store.client().query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let (_, a) =
+        open_durable(&cx, &store, Some(&stream), lease, Policy::default(), CellOptions::new(), RelayConfig::default())
+            .await
+            .unwrap()
+            .unwrap();
+    a.cell.enqueue(Bytes::from_static(b"before"));
+    for _ in 0..1_000 {
+        if a.cell.durable_through().get_untracked() == Some(Sequence(0)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(a.cell.durable_through().get_untracked(), Some(Sequence(0)));
+    client.execute("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap();
+    for _ in 0..1_000 {
+        if a.relay.stats().fenced {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(store.is_closed());
+    assert!(a.relay.stats().fenced, "the relay stopped: {:?}", a.relay.stats());
+    // Another worker takes the stream once the lease runs out, with the record.
+    let b = PgStore::connect(&url, "worker-b").await.unwrap();
+    let mut taken = None;
+    for _ in 0..1_000 {
+        taken = b.take_stream(&stream, lease).await.unwrap();
+        if taken.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, loaded) = taken.expect("taken over after the lease");
+    let records: Vec<Bytes> = loaded.restored.records.iter().map(|r| r.payload.clone()).collect();
+    assert_eq!(records, [Bytes::from_static(b"before")]);
+}
