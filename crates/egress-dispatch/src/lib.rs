@@ -363,7 +363,8 @@ impl AsyncTransport<Bytes> for Spawner {
 }
 
 /// Dispatches a cell's records to its handlers until shut down (see the
-/// crate's docs). Dropping it stops it; records whose handlers were running
+/// crate's docs). Dropping it stops it (its task ends when the stop
+/// signal's sender goes, and the cell's attachment with it); records whose handlers were running
 /// stay in flight, and a new dispatcher on the cell (after a
 /// [`reconnect`](egress_reactive::EgressCellOf::reconnect)) runs them again.
 pub struct Dispatcher {
@@ -375,14 +376,6 @@ pub struct Dispatcher {
 impl std::fmt::Debug for Dispatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dispatcher").field("stats", &self.stats()).finish_non_exhaustive()
-    }
-}
-
-impl Drop for Dispatcher {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
     }
 }
 

@@ -220,3 +220,34 @@ async fn a_bounded_dispatcher_runs_at_most_its_limit_past_the_stored_watermark()
     let stats = dispatcher.shutdown().await;
     assert_eq!(stats.completed, 26);
 }
+
+/// Dropping a dispatcher stops it: records enqueued afterwards are not
+/// handled (and its Debug, and the handlers', say what they hold).
+#[tokio::test(start_paused = true)]
+async fn a_dropped_dispatcher_handles_nothing_more() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let handlers = Handlers::new()
+        .handle("job", {
+            let handled = handled.clone();
+            move |job: Job, _: Info| {
+                handled.lock().push(job.id);
+                async { Ok(()) }
+            }
+        })
+        .handle("another", |_: u64, _: Info| async { Ok(()) });
+    assert_eq!(format!("{handlers:?}"), r#"Handlers { names: ["another", "job"] }"#);
+    let first = handlers.encode("job", &Job { id: 0, millis: 0 }).unwrap();
+    let second = handlers.encode("job", &Job { id: 1, millis: 0 }).unwrap();
+    let dispatcher = Dispatcher::spawn(&cell, "s", handlers);
+    assert!(format!("{dispatcher:?}").starts_with("Dispatcher { stats: DispatchStats"), "{dispatcher:?}");
+    cell.enqueue(first);
+    acknowledged(&cell, 0).await;
+    drop(dispatcher);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    cell.enqueue(second);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(*handled.lock(), [0], "nothing handled after the drop");
+    assert_eq!(cell.acked_through().get_untracked(), Some(Sequence(0)));
+}
