@@ -565,66 +565,50 @@ impl PgStore {
         let millis = lease_millis(lease);
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         let rows = client.query(&statements.take, &[worker, &millis, &stream, &max]).await?;
-        let mut taken: Vec<Taken> = rows
-            .iter()
-            .map(|row| {
-                let stream: String = row.get(0);
-                let read = || {
-                    let incarnation = incarnation_of(&row.get::<_, Vec<u8>>(1))?;
-                    let number = to_u64("lease", row.get(2))?;
-                    let generation = restorable_generation(to_u64("generation", row.get(3))?)?;
-                    let next = to_u64("next_sequence", row.get(4))?;
-                    let acked = row.get::<_, Option<i64>>(5).map(|a| to_u64("acked_through", a)).transpose()?;
-                    // The range to load, checked here so that a value out of
-                    // range fails this stream only.
-                    to_i64("sequence", acked.map_or(0, |a| a.saturating_add(1)))?;
-                    let loaded = Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), Vec::new());
-                    Ok((Lease { stream: stream.clone(), number }, loaded))
-                };
-                (stream.clone(), read())
-            })
-            .collect();
-        // The records of every stream read well, in one statement; by
-        // name, not by the order of both lists (the database's collation
-        // need not sort names as Rust does).
-        let (mut names, mut from, mut to) = (Vec::new(), Vec::new(), Vec::new());
-        for (name, read) in &taken {
-            if let Ok((_, loaded)) = read {
-                let r = &loaded.restored;
-                let first = r.acked_through.map_or(0, |a| a.0.saturating_add(1));
-                // Both checked by the read above.
-                names.push(name.clone());
-                from.push(i64::try_from(first).unwrap_or(i64::MAX));
-                to.push(i64::try_from(r.next_sequence.0).unwrap_or(i64::MAX));
-            }
+        // Each stream read on its own, so that a value out of range fails
+        // that stream only; the ranges to load of those read well.
+        let mut taken: Vec<Taken> = Vec::with_capacity(rows.len());
+        let (mut names, mut from, mut to, mut index) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for row in &rows {
+            let stream: String = row.get(0);
+            let read = || {
+                let incarnation = incarnation_of(&row.get::<_, Vec<u8>>(1))?;
+                let number = to_u64("lease", row.get(2))?;
+                let generation = restorable_generation(to_u64("generation", row.get(3))?)?;
+                let next = to_u64("next_sequence", row.get(4))?;
+                let acked = row.get::<_, Option<i64>>(5).map(|a| to_u64("acked_through", a)).transpose()?;
+                let first = to_i64("sequence", acked.map_or(0, |a| a.saturating_add(1)))?;
+                let loaded = Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), Vec::new());
+                Ok((Lease { stream: stream.clone(), number }, loaded, first, row.get::<_, i64>(4)))
+            };
+            let read = read().map(|(lease, loaded, first, until)| {
+                names.push(stream.clone());
+                from.push(first);
+                to.push(until);
+                index.push(taken.len());
+                (lease, loaded)
+            });
+            taken.push((stream, read));
         }
         if !names.is_empty() {
-            let at: HashMap<&str, usize> = taken.iter().enumerate().map(|(i, (name, _))| (name.as_str(), i)).collect();
-            let mut failed: Vec<(usize, StoreError)> = Vec::new();
-            let mut records: Vec<Vec<RestoredRecord<Bytes>>> = vec![Vec::new(); taken.len()];
+            // In one statement; matched by name, not by the order of both
+            // lists (the database's collation need not sort names as Rust
+            // does).
+            let at: HashMap<&str, usize> = names.iter().map(String::as_str).zip(index).collect();
             for row in client.query(&statements.load, &[&names, &from, &to]).await? {
                 let Some(&i) = at.get(row.get::<_, &str>(0)) else { continue };
                 let record = || {
                     let sequence = Sequence(to_u64("seq", row.get(1))?);
                     let reason = row.get::<_, Option<i16>>(3).map(i64::from);
                     let dead = dead_of(reason, row.get::<_, Option<bool>>(4).map(i64::from))?;
-                    Ok::<_, StoreError>(RestoredRecord {
-                        sequence,
-                        payload: Bytes::from(row.get::<_, Vec<u8>>(2)),
-                        dead,
-                    })
+                    let payload = Bytes::from(row.get::<_, Vec<u8>>(2));
+                    Ok::<_, StoreError>(RestoredRecord { sequence, payload, dead })
                 };
-                match record() {
-                    Ok(record) => records[i].push(record),
-                    Err(e) => failed.push((i, e)),
-                }
-            }
-            for (i, e) in failed {
-                taken[i].1 = Err(e);
-            }
-            for ((_, read), records) in taken.iter_mut().zip(records) {
-                if let Ok((_, loaded)) = read {
-                    loaded.restored.records = records;
+                if let Ok((_, loaded)) = &mut taken[i].1 {
+                    match record() {
+                        Ok(record) => loaded.restored.records.push(record),
+                        Err(e) => taken[i].1 = Err(e),
+                    }
                 }
             }
         }
@@ -806,18 +790,16 @@ impl PgStore {
     pub async fn requeue(&self, stream: &str, sequence: Sequence) -> Result<Sequence, StoreError> {
         // One statement (clones share the connection, so no transaction
         // may span statements): the dead letter's row goes, the counter
-        // rises (waiting for an application's append in progress, as
-        // appends wait for each other), the payload goes in at the old
-        // counter, and the stream's worker is notified.
+        // rises (an application's append in progress holds it: then this
+        // fails as busy after the lock timeout, and nothing changed), the
+        // payload goes in at the old counter, and the stream's worker is
+        // notified.
         let row = self
             .shared
             .client
             .query_opt(
-                "WITH dead AS (
-                     DELETE FROM egress_outbox o USING egress_stream s
-                     WHERE o.stream = $1 AND o.seq = $2 AND o.dead_reason IS NOT NULL
-                       AND s.stream = o.stream AND o.seq <= s.acked_through
-                     RETURNING o.payload),
+                &format!(
+                    "WITH dead AS ({DELETE_PASSED_DEAD}),
                  counter AS (
                      UPDATE egress_stream SET next_sequence = next_sequence + 1
                      WHERE stream = $1 AND EXISTS (SELECT 1 FROM dead)
@@ -826,7 +808,8 @@ impl PgStore {
                      INSERT INTO egress_outbox (stream, seq, payload)
                      SELECT $1, counter.seq, dead.payload FROM counter, dead
                      RETURNING seq)
-                 SELECT seq, pg_notify($3, $1)::text FROM record",
+                 SELECT seq, pg_notify($3, $1)::text FROM record"
+                ),
                 &[&stream, &to_i64("sequence", sequence.0)?, &CHANNEL],
             )
             .await
@@ -844,19 +827,24 @@ impl PgStore {
         let deleted = self
             .shared
             .client
-            .execute(
-                "DELETE FROM egress_outbox o USING egress_stream s
-                 WHERE o.stream = $1 AND o.seq = $2 AND o.dead_reason IS NOT NULL
-                   AND s.stream = o.stream AND o.seq <= s.acked_through",
-                &[&stream, &to_i64("sequence", sequence.0)?],
-            )
-            .await?;
+            .execute(DELETE_PASSED_DEAD, &[&stream, &to_i64("sequence", sequence.0)?])
+            .await
+            .map_err(|e| busy_or(stream, e))?;
         if deleted == 0 {
             return Err(StoreError::NotDead { stream: stream.to_owned(), sequence });
         }
         Ok(())
     }
 }
+
+/// Deletes the dead letter `$2` of stream `$1` if the stream's watermark
+/// has passed it, returning its payload: what `requeue` and `discard` both
+/// start with.
+const DELETE_PASSED_DEAD: &str = "
+    DELETE FROM egress_outbox o USING egress_stream s
+    WHERE o.stream = $1 AND o.seq = $2 AND o.dead_reason IS NOT NULL
+      AND s.stream = o.stream AND o.seq <= s.acked_through
+    RETURNING o.payload";
 
 /// The longest lease: 100 years (a timestamp that far ahead is still one
 /// PostgreSQL can store). Longer leases are taken as this.

@@ -545,22 +545,33 @@ async fn adopt<S: JournalStore>(
         let mut store = store.lock().await;
         if store.changed().await? || force { store.appended(from, batch).await? } else { Vec::new() }
     };
-    let full = rows.len() == batch;
+    let mut more = rows.len() == batch;
+    let mut adopted = 0u64;
     for (sequence, payload) in rows {
         match cell.adopt(sequence, payload) {
-            AdoptOutcome::Adopted { .. } => {
-                counters.adopted.fetch_add(1, Ordering::Relaxed);
-                tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_adopted = 1u64, "egress relay: adopted");
+            AdoptOutcome::Adopted { .. } => adopted += 1,
+            AdoptOutcome::Unwritten { .. } => {
+                more = false;
+                break;
             }
-            AdoptOutcome::Unwritten { .. } => return Ok(false),
             other => {
                 tracing::warn!(?other, "egress relay: adoption stopped at a record out of order");
                 counters.adoption_stalls.fetch_add(1, Ordering::Relaxed);
-                return Ok(false);
+                more = false;
+                break;
             }
         }
     }
-    Ok(full)
+    if adopted > 0 {
+        counters.adopted.fetch_add(adopted, Ordering::Relaxed);
+        tracing::event!(
+            target: "egress::metrics",
+            tracing::Level::DEBUG,
+            monotonic_counter.egress_relay_adopted = adopted,
+            "egress relay: adopted"
+        );
+    }
+    Ok(more)
 }
 
 /// Stops the relay for a fenced store: another writer has the stream.

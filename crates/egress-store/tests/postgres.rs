@@ -516,7 +516,7 @@ async fn a_refused_commit_is_shown_retried_and_loses_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_letters_stay_past_the_watermark_until_requeued_at_the_end_or_discarded() {
+async fn dead_letters_stay_past_the_watermark_until_requeued_at_the_end_or_discarded_never_past_an_open_append() {
     let Some(url) = database().await else { return };
     let stream = fresh("dead");
     let policy = Policy::builder().inflight_limit(8).dead_letters(DeadLetters::Skip).build().unwrap();
@@ -561,6 +561,19 @@ async fn dead_letters_stay_past_the_watermark_until_requeued_at_the_end_or_disca
     assert!(matches!(store.requeue(&stream, Sequence(2)).await, Err(StoreError::NotDead { .. })), "not dead");
     assert!(matches!(store.discard(&stream, Sequence(0)).await, Err(StoreError::NotDead { .. })), "no such row");
     assert_eq!(outbox_rows(store.client(), &stream).await.len(), 3, "nothing changed by a refusal");
+
+    // An application's append in progress holds the stream's counter: the
+    // requeue is refused as busy, after the lock timeout, with nothing
+    // changed (and the application's transaction, rolled back, consumed
+    // nothing either).
+    let mut app_client = app(&url).await;
+    let tx = app_client.transaction().await.unwrap();
+    PgOutbox::new(stream.clone()).append(&tx, b"in progress").await.unwrap();
+    let busy = store.requeue(&stream, Sequence(1)).await;
+    assert!(matches!(busy, Err(StoreError::Busy { .. })), "{busy:?}");
+    tx.rollback().await.unwrap();
+    assert_eq!(store.dead_letters(Some(&stream), 100).await.unwrap().len(), 2, "still both dead letters");
+    assert_eq!(outbox_rows(store.client(), &stream).await.len(), 3, "nothing changed by the busy requeue");
 
     // 1 goes again, at the end of the stream, and the worker adopts it.
     store.changed();
