@@ -47,6 +47,7 @@
 //! Transports, timers and signals live in the shells.
 
 mod changes;
+mod completions;
 mod core;
 mod durable;
 mod envelope;
@@ -61,6 +62,7 @@ mod retry;
 mod window;
 
 pub use crate::changes::{Changes, Projection};
+pub use crate::completions::Completions;
 pub use crate::core::{EgressCore, Isolation};
 pub use crate::durable::{
     AdoptOutcome, DeadMark, MessageStatus, PersistError, PersistOutcome, Ready, RebaseOutcome, Recovered, RestoreError,

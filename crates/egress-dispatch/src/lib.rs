@@ -52,7 +52,7 @@
 //! acknowledgement never stalls on them; under `Hold` a held record stops
 //! the acknowledgements at its sequence (that is what holding means).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -61,6 +61,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+pub use egress_core::Completions;
 use egress_core::{Delay, Envelope, FailureKind, Generation, Sequence};
 use egress_reactive::{AsyncEgressCell, AsyncTransport, Attachment, SendError, Threaded};
 use futures_util::FutureExt as _;
@@ -219,44 +220,6 @@ impl Handlers {
             Ok(result) => result,
             Err(_) => Err(HandlerError::Transient("the handler panicked".into())),
         }
-    }
-}
-
-/// Turns completions in any order into a cumulative acknowledgement: the
-/// highest sequence below which everything completed. Holds only the
-/// completions above the first gap, so it is bounded by the window.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Completions {
-    /// The first sequence not yet completed.
-    next: u64,
-    /// Completed sequences above `next`.
-    above: BTreeSet<u64>,
-}
-
-impl Completions {
-    /// A tracker whose first incomplete sequence is `next`.
-    pub fn starting_at(next: u64) -> Self {
-        Completions { next, above: BTreeSet::new() }
-    }
-
-    /// Records that `sequence` completed; returns the new cumulative
-    /// acknowledgement when it moved. A sequence below the watermark (done
-    /// before) changes nothing.
-    pub fn complete(&mut self, sequence: u64) -> Option<Sequence> {
-        if sequence < self.next {
-            return None;
-        }
-        self.above.insert(sequence);
-        let before = self.next;
-        while self.above.remove(&self.next) {
-            self.next += 1;
-        }
-        (self.next > before).then(|| Sequence(self.next - 1))
-    }
-
-    /// Completions waiting above a gap.
-    pub fn waiting(&self) -> usize {
-        self.above.len()
     }
 }
 
@@ -503,20 +466,6 @@ fn metric_retried() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn completions_in_any_order_become_one_cumulative_acknowledgement() {
-        let mut c = Completions::starting_at(10);
-        assert_eq!(c.complete(12), None, "above a gap: waits");
-        assert_eq!(c.complete(11), None);
-        assert_eq!(c.waiting(), 2);
-        assert_eq!(c.complete(10), Some(Sequence(12)), "the gap closes: all three at once");
-        assert_eq!(c.waiting(), 0);
-        assert_eq!(c.complete(9), None, "below the watermark: done before");
-        assert_eq!(c.complete(12), None, "a duplicate changes nothing");
-        assert_eq!(c.complete(13), Some(Sequence(13)));
-        assert_eq!(Completions::default().complete(0), Some(Sequence(0)));
-    }
 
     #[test]
     fn handler_errors_map_onto_the_cores_failure_kinds() {

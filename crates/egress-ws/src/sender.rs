@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use egress_core::{AckOutcome, Envelope, Generation, ReceivedOutcome, Sequence};
-use egress_reactive::{AsyncEgressCell, AsyncTransport, Computed, Handle, SendError, Signal, Threaded, Watch};
+use egress_reactive::{AsyncEgressCell, AsyncTransport, Backoff, Computed, Handle, SendError, Signal, Threaded, Watch};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
@@ -661,7 +661,7 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
     kill: Arc<Notify>,
     counters: Arc<Counters>,
 ) -> Option<String> {
-    let mut rng = crate::rng::Xorshift::new(config.seed);
+    let mut backoff = Backoff::new(config.backoff_base, config.backoff_max, config.seed);
     let mut failures: u32 = 0;
     // A generation the next attempt must exceed (a receiver's latest).
     let mut floor = Generation(0);
@@ -713,7 +713,7 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
         };
         counters.reconnects.fetch_add(1, Ordering::Relaxed);
         if wait {
-            let delay = backoff(&config, failures, rng.next_u64());
+            let delay = backoff.delay(failures);
             failures = failures.saturating_add(1);
             let retry_at = std::time::Instant::now() + delay;
             counters.report(ConnectionState::Reconnecting { retry_at, failures, error: why.into() });
@@ -725,15 +725,6 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
             tracing::info!(error = %why, "egress sender: reconnecting at once");
         }
     }
-}
-
-/// The jittered exponential backoff after `failures` failed connections in
-/// a row: a delay drawn (by `random`) from the upper half of
-/// `backoff_base * 2^failures`, capped at `backoff_max`.
-fn backoff(config: &SenderConfig, failures: u32, random: u64) -> Duration {
-    let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-    let full = micros(config.backoff_base).saturating_mul(1u64 << failures.min(40)).min(micros(config.backoff_max));
-    Duration::from_micros(full / 2 + random % (full / 2 + 1))
 }
 
 /// Sends a close frame, giving up after a moment (a peer that does not read
@@ -949,35 +940,5 @@ where
             Some(Ok(Message::Close(_))) | None => return Err(End::Lost("connection closed".into())),
             Some(Err(e)) => return Err(End::Lost(e.to_string())),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_from_the_base_up_to_the_cap_within_its_upper_half() {
-        let config = SenderConfig {
-            backoff_base: Duration::from_millis(10),
-            backoff_max: Duration::from_millis(100),
-            ..SenderConfig::new("p")
-        };
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        for (failures, full) in [(0, 10.0), (1, 20.0), (2, 40.0), (3, 80.0), (4, 100.0), (60, 100.0)] {
-            for random in [0, 1, 12_345, u64::MAX] {
-                let d = ms(backoff(&config, failures, random));
-                assert!(
-                    (full / 2.0..=full).contains(&d),
-                    "failures {failures}: {d} ms not in [{}, {full}]",
-                    full / 2.0
-                );
-            }
-        }
-        assert_eq!(backoff(&config, 0, 0), Duration::from_millis(5));
-        // The draw covers the whole upper half, its top included, and
-        // wraps: at 10 ms (10,000 us), 5,000 us plus the draw mod 5,001.
-        let us = |random| backoff(&config, 0, random).as_micros();
-        assert_eq!([us(1), us(4_999), us(5_000), us(5_001), us(5_002)], [5_001, 9_999, 10_000, 5_000, 5_001]);
     }
 }

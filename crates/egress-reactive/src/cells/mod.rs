@@ -12,12 +12,14 @@
 
 #[cfg(feature = "async")]
 mod asynchronous;
+mod backoff;
 mod cell;
 mod clock;
 mod transport;
 
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncEgressCell, Undelivered};
+pub use backoff::Backoff;
 pub use cell::{
     AttachRun, Attachment, CellFlavor, CellOptions, EgressCell, EgressCellOf, Full, Inner, ParkedRecord, Project,
     Snapshot, State, ThreadSafeEgressCell,
