@@ -10,6 +10,7 @@ mod adapters;
 mod alloc;
 mod cells;
 mod durable;
+mod nats;
 mod pg;
 mod prng;
 mod suite;
@@ -65,6 +66,7 @@ USAGE:
   egress-bench ws [--messages N] [--runs K]
   egress-bench durable [--appends N] [--groups G,H] [--messages M] [--runs K] [--dir PATH]
   egress-bench pg [--url URL] [--messages N] [--runs K] [--batch B]
+  egress-bench nats [--url URL] [--messages N] [--runs K]
 
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
@@ -95,6 +97,14 @@ update in the same groups, alternating, K runs (default 5) of N appends
 commit; and durable messages per second end to end over loopback WebSocket
 (M messages, default 100000, the relay grouping commits as they come).
 --dir: where the databases go (default the system's temporary directory).
+
+nats: messages per second into a JetStream stream (--url or
+EGRESS_NATS_URL; a fresh stream of one subject per run), the egress path
+(AsyncEgressCell + egress_nats::Publisher, window 256) against a plain
+async-nats loop publishing the same messages with the same headers (message
+id, expected-sequence fence, stamp) and at most 256 acknowledgements
+outstanding, each awaited; alternating, best of K runs (default 3) of N
+messages (default 100000). Each run checks the stream holds N messages.
 
 Repetitions within a test stop after a 3 s budget (the fastest of those
 completed counts), so slow libraries do not stretch the run.
@@ -143,6 +153,44 @@ fn pg_table(args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The NATS JetStream table: messages per second, the egress publisher
+/// against a plain async-nats loop with the same acknowledgement
+/// discipline, alternating, best of K.
+fn nats_table(args: &[String]) -> anyhow::Result<()> {
+    let mut url = std::env::var("EGRESS_NATS_URL").ok();
+    let mut n = 100_000u64;
+    let mut runs = 3usize;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--url" => url = Some(it.next().context("--url needs a value")?.clone()),
+            "--messages" => n = it.next().context("--messages needs a value")?.parse::<u64>()?.max(1),
+            "--runs" => runs = it.next().context("--runs needs a value")?.parse::<usize>()?.max(1),
+            other => bail!("unknown option {other:?}\n\n{HELP}"),
+        }
+    }
+    let url = url.context("nats needs --url or EGRESS_NATS_URL")?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (mut best_plain, mut best_egress) = (Duration::MAX, Duration::MAX);
+    for run in 0..runs {
+        let p = rt.block_on(nats::plain(&url, n))?;
+        let e = rt.block_on(nats::egress(&url, n))?;
+        eprintln!("run {run}: plain {:.0} msg/s, egress {:.0} msg/s", rate(n, p), rate(n, e));
+        best_plain = best_plain.min(p);
+        best_egress = best_egress.min(e);
+    }
+    println!("| path | messages/s (best of {runs}, {n} messages, window {}) | egress / plain |", nats::WINDOW);
+    println!("|---|---:|---:|");
+    println!("| plain async-nats loop, same headers and fence | {:.0} | |", rate(n, best_plain));
+    println!(
+        "| egress AsyncEgressCell + Publisher | {:.0} | {:.2}x |",
+        rate(n, best_egress),
+        best_plain.as_secs_f64() / best_egress.as_secs_f64()
+    );
+    println!("\nRun of {}.", date());
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
@@ -153,6 +201,7 @@ fn main() -> anyhow::Result<()> {
         Some("ws") => ws_table(&args[1..]),
         Some("durable") => durable_table(&args[1..]),
         Some("pg") => pg_table(&args[1..]),
+        Some("nats") => nats_table(&args[1..]),
         Some("--help") | Some("-h") | None => {
             print!("{HELP}");
             Ok(())

@@ -1,0 +1,72 @@
+//! A NATS JetStream transport for egress cells: the broker as the receiver.
+//!
+//! ```text
+//!  cell ── Publisher (one task) ── publish(subject, headers, payload) ──▶ JetStream stream
+//!    ▲        │  Nats-Msg-Id = producer:incarnation:sequence   (dedupe within the window)
+//!    │        │  Nats-Expected-Last-Subject-Sequence = the previous message's (the fence)
+//!    │        ▼
+//!    └── publish acks, in any order ──▶ completion tracker ──▶ cumulative ack
+//!
+//!  JetStream stream ──▶ Subscriber ──▶ in order, once, per producer ──▶ the application,
+//!                          ▲                                          whose ack acks JetStream
+//! ```
+//!
+//! - **[`Publisher`]** publishes an [`AsyncEgressCell`]'s records to one
+//!   subject (one egress stream; the JetStream stream holds that subject
+//!   only). Each message carries the [`Stamp`] headers and a
+//!   `Nats-Msg-Id` of `producer:incarnation:sequence`, so a record sent
+//!   again within the server's duplicate window is stored once. Each also
+//!   carries `Nats-Expected-Last-Subject-Sequence`: the stream sequence the
+//!   message before it got (predicted, so that publishes are pipelined up
+//!   to the cell's window). A publish whose expectation does not hold is
+//!   refused by the broker, so nothing is stored out of the chain the
+//!   publisher built, however long ago its duplicate went out.
+//! - **Takeover, resync, fencing.** Each connection epoch starts by
+//!   reading the subject's last message: its egress sequence is what the
+//!   broker holds (acknowledged through it, as a WebSocket receiver's
+//!   `Welcome { next }`), and its stream sequence the first expectation.
+//!   The first epoch takes the stream over: its generation's owner part
+//!   ([`owner_of`]) is above every generation stored. A refused
+//!   expectation ends the epoch and reads the last message again: a
+//!   message of a higher owner there means another publisher took the
+//!   stream over, and this one stops ([`PublisherError::Fenced`]);
+//!   otherwise (its own earlier publishes, a duplicate) it resumes under a
+//!   new generation of the same owner. The fence does not depend on the
+//!   duplicate window.
+//! - **Reconnects on top of the client's own.** The client reconnects by
+//!   itself; a disconnect ends the epoch (its publish acknowledgements may
+//!   never come), and the next epoch replays exactly what the broker does
+//!   not hold, under a new generation.
+//! - **Failures onto the core's kinds.** A message above the server's
+//!   `max_payload` is refused before it is sent: a permanent failure (a
+//!   dead letter). A wrong-last-sequence refusal is a resync or a fence,
+//!   never a retry of one record; a timeout, a broken connection or a
+//!   stream the server does not have ends the epoch and reconnects after a
+//!   jittered backoff.
+//! - **[`Subscriber`]** reads the JetStream stream through a durable pull
+//!   consumer and hands the application each producer's records in
+//!   sequence order, each once (duplicates beyond the window, and a stale
+//!   owner's copies, are dropped; a record above a gap waits for it). The
+//!   consumer's acknowledgement of a message is sent when the application
+//!   acknowledges the delivery, not before. See its docs for restarts.
+//!
+//! **Durability.** A publish acknowledgement means the server stored the
+//! message, not that it reached the disk: unless the server syncs every
+//! write (`sync_interval: always` in its JetStream configuration), a
+//! server crash may lose what it acknowledged in the last sync interval.
+//! Deduplication by message id holds within the stream's duplicate window
+//! (two minutes by default); the expected-sequence fence and the
+//! subscriber's per-producer sequence check hold beyond it.
+
+mod publisher;
+mod stamp;
+mod subscriber;
+
+pub use publisher::{Options, Publisher, PublisherConfig, PublisherError, PublisherStats, SpawnError, owner_of};
+pub use stamp::{Stamp, StampError, headers};
+pub use subscriber::{Content, Delivery, Position, SubscribeError, Subscriber, SubscriberConfig, SubscriberStats};
+
+#[doc(no_inline)]
+pub use async_nats;
+#[doc(no_inline)]
+pub use egress_reactive::AsyncEgressCell;

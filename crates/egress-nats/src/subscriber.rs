@@ -1,0 +1,396 @@
+//! The consuming side: a JetStream stream's egress records handed to the
+//! application in order and once per producer, each acknowledged to the
+//! broker when the application acknowledges it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::Context;
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use bytes::Bytes;
+use egress_core::DeadReason;
+use futures_util::StreamExt as _;
+
+use crate::stamp::Stamp;
+
+/// How a [`Subscriber`] consumes.
+#[derive(Clone, Debug)]
+pub struct SubscriberConfig {
+    /// The durable consumer's name: the broker keeps its acknowledgement
+    /// floor across restarts. One subscriber per name at a time (a new one
+    /// takes the consumer over).
+    pub durable: String,
+    /// Messages taken from the broker and not yet acknowledged to it, at
+    /// most: the bound of what the subscriber holds (deliveries waiting,
+    /// records waiting above a gap).
+    pub max_ack_pending: usize,
+    /// How long the broker waits for an acknowledgement before sending a
+    /// message again (the subscriber ignores a copy of one it holds).
+    pub ack_wait: Duration,
+    /// Where each producer's stream resumes, as the application stored it
+    /// with its effects ([`Delivery::position`]): what makes delivery
+    /// exactly once across the application's restarts. A producer stream
+    /// not named here starts at the first of its records the consumer
+    /// reads.
+    pub positions: Vec<Position>,
+}
+
+impl SubscriberConfig {
+    /// The defaults for durable consumer `durable`.
+    pub fn new(durable: impl Into<String>) -> Self {
+        SubscriberConfig {
+            durable: durable.into(),
+            max_ack_pending: 4096,
+            ack_wait: Duration::from_secs(30),
+            positions: Vec::new(),
+        }
+    }
+}
+
+/// Where a producer's stream resumes: the first sequence the application
+/// has not processed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Position {
+    /// The producer id.
+    pub producer: String,
+    /// Its incarnation.
+    pub incarnation: u128,
+    /// The first sequence not processed.
+    pub next: u64,
+}
+
+/// What a delivery carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Content {
+    /// The application's bytes.
+    Message(Bytes),
+    /// The producer gave up on this sequence (a dead letter): there is no
+    /// message, and the stream goes on past it.
+    Skipped(DeadReason),
+}
+
+/// Why the subscriber could not go on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscribeError {
+    /// Setting up the consumer failed.
+    #[error("consumer: {0}")]
+    Consumer(String),
+    /// Reading messages failed (the client reconnects; calling
+    /// [`Subscriber::next`] again goes on).
+    #[error("messages: {0}")]
+    Messages(String),
+    /// The message stream ended.
+    #[error("the consumer's message stream ended")]
+    Ended,
+    /// Acknowledging to the broker failed: the broker sends the message
+    /// again after `ack_wait`, and the subscriber's sequence check drops
+    /// the copy.
+    #[error("acknowledge: {0}")]
+    Ack(String),
+}
+
+/// Counters of a subscriber's work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubscriberStats {
+    /// Deliveries the application acknowledged.
+    pub delivered: u64,
+    /// Copies dropped: a sequence delivered or queued before.
+    pub duplicates: u64,
+    /// Messages without egress headers, acknowledged and dropped.
+    pub foreign: u64,
+}
+
+/// A record taken from the broker.
+struct Item {
+    stamp: Stamp,
+    payload: Bytes,
+    stream_sequence: u64,
+    message: async_nats::jetstream::Message,
+}
+
+type Key = (Arc<str>, u128);
+
+/// One producer stream's progress.
+struct Lane {
+    /// The first sequence not yet queued for delivery.
+    handed: u64,
+    /// Records above a gap, waiting for it.
+    buffer: BTreeMap<u64, Item>,
+}
+
+/// Reads egress records from a JetStream stream and hands them to the
+/// application in sequence order, once, per producer stream (producer id
+/// and incarnation); see the crate's docs.
+///
+/// ```text
+///  broker ──(stream order)──▶ per producer: below `handed` → a copy: dropped
+///                                          at `handed`    → queued for the application
+///                                          above          → waits for the gap
+///  next() ──▶ Delivery ──ack()──▶ the broker's acknowledgement (cumulative, up to the
+///                                 first message still held)
+/// ```
+///
+/// The consumer is durable with cumulative acknowledgements: the broker
+/// acknowledges a message only once every message before it was handled
+/// (delivered and acknowledged by the application, or dropped). A
+/// subscriber started again resumes at that floor, so the application sees
+/// again at most what it had not acknowledged; give it the
+/// [`positions`](SubscriberConfig::positions) it stored with its effects
+/// and it drops those copies too (exactly once). A [`Delivery`] dropped
+/// without [`ack`](Delivery::ack) comes back at the next
+/// [`next`](Self::next).
+pub struct Subscriber {
+    messages: pull::Stream,
+    lanes: HashMap<Key, Lane>,
+    ready: VecDeque<Item>,
+    /// Stream sequences taken in and not yet handled.
+    outstanding: BTreeSet<u64>,
+    /// Handled messages above the first outstanding one: the highest is
+    /// acknowledged (cumulatively) when the ones below it are handled.
+    handled: BTreeMap<u64, async_nats::jetstream::Message>,
+    /// The highest stream sequence taken in: a copy at or below it is the
+    /// broker's redelivery of a message held here.
+    seen: u64,
+    positions: HashMap<Key, u64>,
+    stats: SubscriberStats,
+}
+
+impl std::fmt::Debug for Subscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscriber")
+            .field("stats", &self.stats)
+            .field("ready", &self.ready.len())
+            .field("outstanding", &self.outstanding.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscriber {
+    /// Consumes JetStream stream `stream` through durable consumer
+    /// `config.durable`, from the consumer's acknowledgement floor (the
+    /// stream's start for a new consumer).
+    ///
+    /// # Errors
+    /// [`SubscribeError::Consumer`]: the stream or the consumer could not
+    /// be read or made.
+    pub async fn new(js: &Context, stream: &str, config: SubscriberConfig) -> Result<Subscriber, SubscribeError> {
+        let consumer_error = |e: &dyn std::fmt::Display| SubscribeError::Consumer(e.to_string());
+        let stream = js.get_stream(stream).await.map_err(|e| consumer_error(&e))?;
+        // A consumer's unacknowledged messages would come back only after
+        // `ack_wait`, after newer ones: it is made again at its floor, so
+        // that everything comes in stream order.
+        let floor = match stream.get_consumer::<pull::Config>(&config.durable).await {
+            Ok(mut consumer) => {
+                let floor = consumer.info().await.map_err(|e| consumer_error(&e))?.ack_floor.stream_sequence;
+                stream.delete_consumer(&config.durable).await.map_err(|e| consumer_error(&e))?;
+                floor
+            }
+            Err(_) => 0,
+        };
+        let deliver_policy = match floor {
+            0 => DeliverPolicy::All,
+            floor => DeliverPolicy::ByStartSequence { start_sequence: floor.saturating_add(1) },
+        };
+        let consumer = stream
+            .create_consumer(pull::Config {
+                durable_name: Some(config.durable.clone()),
+                ack_policy: AckPolicy::All,
+                deliver_policy,
+                ack_wait: config.ack_wait,
+                max_ack_pending: i64::try_from(config.max_ack_pending.max(1)).unwrap_or(i64::MAX),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| consumer_error(&e))?;
+        let messages = consumer.messages().await.map_err(|e| consumer_error(&e))?;
+        let positions =
+            config.positions.into_iter().map(|p| ((Arc::<str>::from(p.producer), p.incarnation), p.next)).collect();
+        Ok(Subscriber {
+            messages,
+            lanes: HashMap::new(),
+            ready: VecDeque::new(),
+            outstanding: BTreeSet::new(),
+            handled: BTreeMap::new(),
+            seen: floor,
+            positions,
+            stats: SubscriberStats::default(),
+        })
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> SubscriberStats {
+        self.stats
+    }
+
+    /// The next record in its producer's order. It is the application's
+    /// until [`Delivery::ack`]; while it is held, no other is handed out
+    /// (the borrow says so).
+    ///
+    /// # Errors
+    /// Reading from the broker failed ([`SubscribeError::Messages`]; call
+    /// again to go on), or the stream ended.
+    pub async fn next(&mut self) -> Result<Delivery<'_>, SubscribeError> {
+        loop {
+            if let Some(item) = self.ready.pop_front() {
+                return Ok(Delivery { subscriber: self, item: Some(item) });
+            }
+            let message = match self.messages.next().await {
+                Some(Ok(message)) => message,
+                Some(Err(e)) => return Err(SubscribeError::Messages(e.to_string())),
+                None => return Err(SubscribeError::Ended),
+            };
+            self.take_in(message).await?;
+        }
+    }
+
+    /// Sorts a message from the broker: a copy of one held here is
+    /// ignored; a foreign one or a sequence seen before is handled at
+    /// once; the next of its producer is queued; one above a gap waits.
+    async fn take_in(&mut self, message: async_nats::jetstream::Message) -> Result<(), SubscribeError> {
+        let Ok(info) = message.info() else {
+            // Not a consumer's message (no reply subject to parse): it
+            // cannot be acknowledged either.
+            self.stats.foreign += 1;
+            return Ok(());
+        };
+        let stream_sequence = info.stream_sequence;
+        if stream_sequence <= self.seen {
+            return Ok(());
+        }
+        self.seen = stream_sequence;
+        self.outstanding.insert(stream_sequence);
+        let stamp = match message.headers.as_ref().map(Stamp::from_headers) {
+            Some(Ok(stamp)) => stamp,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, stream_sequence, "egress nats subscriber: not an egress record; dropped");
+                self.stats.foreign += 1;
+                return self.handle(stream_sequence, message).await;
+            }
+            None => {
+                tracing::warn!(stream_sequence, "egress nats subscriber: a message without headers; dropped");
+                self.stats.foreign += 1;
+                return self.handle(stream_sequence, message).await;
+            }
+        };
+        let key: Key = (Arc::from(stamp.producer.as_str()), stamp.incarnation);
+        let start = self.positions.get(&key).copied().unwrap_or(stamp.sequence);
+        let lane = self.lanes.entry(key).or_insert(Lane { handed: start, buffer: BTreeMap::new() });
+        let sequence = stamp.sequence;
+        if sequence < lane.handed || lane.buffer.contains_key(&sequence) {
+            self.stats.duplicates += 1;
+            return self.handle(stream_sequence, message).await;
+        }
+        let payload = message.payload.clone();
+        let item = Item { stamp, payload, stream_sequence, message };
+        if sequence > lane.handed {
+            lane.buffer.insert(sequence, item);
+            return Ok(());
+        }
+        lane.handed = sequence.saturating_add(1);
+        self.ready.push_back(item);
+        while let Some(item) = lane.buffer.remove(&lane.handed) {
+            lane.handed = lane.handed.saturating_add(1);
+            self.ready.push_back(item);
+        }
+        Ok(())
+    }
+
+    /// Marks a message handled, and acknowledges to the broker the highest
+    /// handled one below every message still held.
+    async fn handle(
+        &mut self,
+        stream_sequence: u64,
+        message: async_nats::jetstream::Message,
+    ) -> Result<(), SubscribeError> {
+        self.outstanding.remove(&stream_sequence);
+        self.handled.insert(stream_sequence, message);
+        let floor = self.outstanding.first().copied().unwrap_or(u64::MAX);
+        let Some(&highest) = self.handled.range(..floor).next_back().map(|(s, _)| s) else {
+            return Ok(());
+        };
+        let rest = self.handled.split_off(&highest.saturating_add(1));
+        let below = std::mem::replace(&mut self.handled, rest);
+        if let Some((_, message)) = below.into_iter().next_back() {
+            message.ack().await.map_err(|e| SubscribeError::Ack(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// A record for the application: see [`Subscriber::next`].
+pub struct Delivery<'a> {
+    subscriber: &'a mut Subscriber,
+    item: Option<Item>,
+}
+
+impl std::fmt::Debug for Delivery<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery").field("stamp", &self.item.as_ref().map(|i| &i.stamp)).finish_non_exhaustive()
+    }
+}
+
+impl Delivery<'_> {
+    fn item(&self) -> &Item {
+        self.item.as_ref().expect("a delivery holds its item until acknowledged or dropped")
+    }
+
+    /// Its stamp: the producer, incarnation, sequence and generation.
+    pub fn stamp(&self) -> &Stamp {
+        &self.item().stamp
+    }
+
+    /// Its sequence in its producer's stream.
+    pub fn sequence(&self) -> u64 {
+        self.item().stamp.sequence
+    }
+
+    /// What it carries.
+    pub fn content(&self) -> Content {
+        let item = self.item();
+        match item.stamp.dead {
+            Some(reason) => Content::Skipped(reason),
+            None => Content::Message(item.payload.clone()),
+        }
+    }
+
+    /// Its stream sequence in the JetStream stream.
+    pub fn stream_sequence(&self) -> u64 {
+        self.item().stream_sequence
+    }
+
+    /// Where its producer's stream resumes once it is processed: what the
+    /// application stores with its effect (in the same transaction) and
+    /// gives back in [`SubscriberConfig::positions`] after a restart.
+    pub fn position(&self) -> Position {
+        let stamp = &self.item().stamp;
+        Position {
+            producer: stamp.producer.clone(),
+            incarnation: stamp.incarnation,
+            next: stamp.sequence.saturating_add(1),
+        }
+    }
+
+    /// The application processed it: the broker is told (cumulatively,
+    /// once nothing before it is held).
+    ///
+    /// # Errors
+    /// [`SubscribeError::Ack`]: the broker was not told; it sends the
+    /// message again after `ack_wait`, and the copy is dropped.
+    pub async fn ack(mut self) -> Result<(), SubscribeError> {
+        let item = self.item.take().expect("a delivery holds its item until acknowledged or dropped");
+        let sub = &mut *self.subscriber;
+        sub.stats.delivered += 1;
+        sub.handle(item.stream_sequence, item.message).await
+    }
+}
+
+impl Drop for Delivery<'_> {
+    fn drop(&mut self) {
+        // Not acknowledged: it comes back first.
+        if let Some(item) = self.item.take() {
+            self.subscriber.ready.push_front(item);
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! End to end against a real nats-server with JetStream: the publisher
+//! through a chaos proxy that kills its connections, a second publisher
+//! taking a stream over, hostile messages in the stream, and the
+//! subscriber's order, dedupe and acknowledgements.
+//!
+//! The server comes from `EGRESS_NATS_URL` (`.ci/run` starts a throwaway
+//! `nats-server -js` on a loopback port and sets it, with
+//! `EGRESS_NATS_REQUIRED=1`). Without it each test says so and passes,
+//! unless `EGRESS_NATS_REQUIRED` is set: then a missing server fails it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, Context};
+use bytes::Bytes;
+use egress_core::{Policy, Sequence};
+use egress_nats::{
+    Content, Publisher, PublisherConfig, PublisherError, Stamp, SubscribeError, Subscriber, SubscriberConfig, owner_of,
+};
+use egress_reactive::{AsyncContext, AsyncEgressCell};
+use egress_ws::{Chaos, ChaosProxy};
+use futures_util::StreamExt as _;
+
+fn url() -> Option<String> {
+    if std::env::var_os("EGRESS_TEST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt().with_env_filter("egress_nats=debug").with_test_writer().try_init();
+    }
+    match std::env::var("EGRESS_NATS_URL") {
+        Ok(url) => Some(url),
+        Err(_) if std::env::var_os("EGRESS_NATS_REQUIRED").is_some() => {
+            panic!("EGRESS_NATS_REQUIRED is set but EGRESS_NATS_URL is not")
+        }
+        Err(_) => {
+            eprintln!("EGRESS_NATS_URL is not set: this NATS test does nothing");
+            None
+        }
+    }
+}
+
+fn addr(url: &str) -> SocketAddr {
+    url.trim_start_matches("nats://").parse().expect("EGRESS_NATS_URL is nats://ip:port")
+}
+
+/// A name no other test (or earlier run) uses.
+fn fresh(name: &str) -> String {
+    use std::hash::BuildHasher;
+    format!("{name}_{:016x}", std::collections::hash_map::RandomState::new().hash_one(0u64))
+}
+
+/// A JetStream stream of one subject, in memory; its name and subject.
+async fn stream(js: &Context, name: &str, duplicate_window: Duration) -> (String, String) {
+    let name = fresh(name);
+    let subject = format!("egress.{name}");
+    js.create_stream(jetstream::stream::Config {
+        name: name.clone(),
+        subjects: vec![subject.clone()],
+        storage: jetstream::stream::StorageType::Memory,
+        duplicate_window,
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the stream is made: {e}"));
+    (name, subject)
+}
+
+async fn connect(url: &str) -> Context {
+    jetstream::new(async_nats::connect(url).await.expect("the server answers"))
+}
+
+fn cell(cx: &AsyncContext, window: usize) -> AsyncEgressCell<Bytes> {
+    AsyncEgressCell::new(cx, Policy::builder().inflight_limit(window).build().expect("a valid policy"))
+}
+
+fn config(producer: &str, stream: &str, subject: &str) -> PublisherConfig {
+    PublisherConfig {
+        timeout: Duration::from_secs(1),
+        backoff_base: Duration::from_millis(5),
+        backoff_max: Duration::from_millis(100),
+        ..PublisherConfig::new(producer, stream, subject)
+    }
+}
+
+/// Waits (bounded) until the cell's acknowledgement watermark reaches
+/// `through`.
+async fn acked(cell: &AsyncEgressCell<Bytes>, through: u64, within: Duration) {
+    let waited = tokio::time::timeout(within, async {
+        while cell.acked_through().get_untracked() < Some(Sequence(through)) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "acked through {:?}, not {through}, within {within:?}",
+        cell.acked_through().get_untracked()
+    );
+}
+
+/// Every message of the stream, in stream order, read raw (no dedupe):
+/// its stamp (or `None`) and payload.
+async fn contents(js: &Context, stream: &str) -> Vec<(Option<Stamp>, Bytes)> {
+    let stream = js.get_stream(stream).await.expect("the stream exists");
+    let count = stream.cached_info().state.messages;
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            ack_policy: jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("a reader");
+    let mut messages = consumer.messages().await.expect("messages");
+    let mut out = Vec::new();
+    while (out.len() as u64) < count {
+        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("the stream's messages come")
+            .expect("not ended")
+            .expect("a message");
+        out.push((m.headers.as_ref().and_then(|h| Stamp::from_headers(h).ok()), m.payload.clone()));
+    }
+    out
+}
+
+fn payload(i: u64) -> Bytes {
+    Bytes::from(format!("message {i}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_thousand_messages_through_killed_connections_are_stored_once_each_in_order() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "chaos", Duration::from_secs(120)).await;
+    let proxy = ChaosProxy::start(addr(&url), Some(Chaos { seed: 0xc4a05, mean_interval: Duration::from_millis(150) }))
+        .await
+        .expect("the proxy starts");
+    let cx = AsyncContext::new();
+    let cell = cell(&cx, 512);
+    const N: u64 = 100_000;
+    let publisher =
+        Publisher::spawn(cell.clone(), &format!("nats://{}", proxy.local_addr()), config("chaos", &name, &subject))
+            .expect("valid arguments");
+    for i in 0..N {
+        cell.enqueue(payload(i));
+    }
+    acked(&cell, N - 1, Duration::from_secs(240)).await;
+    let kills = proxy.kills();
+    let stats = publisher.shutdown().await;
+    assert!(kills >= 3, "the proxy killed connections: {kills}");
+    assert!(stats.lost >= 1 && stats.epochs > stats.lost, "epochs were lost and replaced: {stats:?}");
+
+    let stored = contents(&js, &name).await;
+    assert_eq!(stored.len() as u64, N, "each message once: {stats:?}");
+    for (i, (stamp, body)) in stored.iter().enumerate() {
+        let stamp = stamp.as_ref().expect("an egress record");
+        assert_eq!(stamp.sequence, i as u64, "in order");
+        assert_eq!(body, &payload(i as u64));
+        assert_eq!(stamp.producer, "chaos");
+    }
+    // The generations only rise along the stream, within one owner.
+    let generations: Vec<u64> = stored.iter().map(|(s, _)| s.as_ref().map_or(0, |s| s.generation)).collect();
+    assert!(generations.windows(2).all(|w| w[0] <= w[1]), "generations rise");
+    assert!(generations.iter().all(|g| owner_of(*g) == 1), "one owner");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_publisher_takes_the_stream_over_and_the_first_is_fenced_by_the_broker() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    // The shortest duplicate window the server takes: the fence must not
+    // rest on it.
+    let (name, subject) = stream(&js, "takeover", Duration::from_millis(100)).await;
+    let cx = AsyncContext::new();
+    let first = cell(&cx, 64);
+    let mut a = Publisher::spawn(first.clone(), &url, config("p", &name, &subject)).expect("valid");
+    for i in 0..100 {
+        first.enqueue(payload(i));
+    }
+    acked(&first, 99, Duration::from_secs(30)).await;
+
+    // A second instance of the producer (another process: another
+    // incarnation) takes over.
+    let second = cell(&cx, 64);
+    let b = Publisher::spawn(second.clone(), &url, config("p", &name, &subject)).expect("valid");
+    for i in 0..10 {
+        second.enqueue(payload(1_000 + i));
+    }
+    acked(&second, 9, Duration::from_secs(30)).await;
+
+    // The first goes on publishing: the broker refuses it, and it stops.
+    for i in 100..150 {
+        first.enqueue(payload(i));
+    }
+    let stopped = tokio::time::timeout(Duration::from_secs(30), a.stopped()).await.expect("the first stops");
+    match stopped {
+        Some(PublisherError::Fenced { owner, by }) => {
+            assert_eq!(owner, 1);
+            assert_eq!(owner_of(by), 2);
+        }
+        other => panic!("expected a fence, got {other:?}"),
+    }
+    assert!(first.acked_through().get_untracked() <= Some(Sequence(99)), "nothing after the takeover was acknowledged");
+    // The second goes on.
+    second.enqueue(payload(1_010));
+    acked(&second, 10, Duration::from_secs(30)).await;
+    b.shutdown().await;
+
+    let stored = contents(&js, &name).await;
+    let incarnations: Vec<u128> = stored.iter().filter_map(|(s, _)| s.as_ref().map(|s| s.incarnation)).collect();
+    let switch = incarnations.iter().position(|i| *i == second.incarnation().get()).expect("the second's records");
+    assert_eq!(switch, 100, "the first's 100 records, then the second's");
+    assert!(incarnations[switch..].iter().all(|i| *i == second.incarnation().get()), "none of the first's after");
+    let bodies: Vec<Bytes> = stored[switch..].iter().map(|(_, b)| b.clone()).collect();
+    assert_eq!(bodies, (0..11).map(|i| payload(1_000 + i)).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_publisher_with_the_same_identity_resumes_after_what_the_stream_holds() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "resume", Duration::from_secs(120)).await;
+    let cx = AsyncContext::new();
+    let c = cell(&cx, 32);
+    let p = Publisher::spawn(c.clone(), &url, config("r", &name, &subject)).expect("valid");
+    for i in 0..50 {
+        c.enqueue(payload(i));
+    }
+    acked(&c, 49, Duration::from_secs(30)).await;
+    p.shutdown().await;
+    // More records while no publisher runs, then a new publisher on the
+    // same cell: it takes over (a new owner) and sends only the new ones.
+    for i in 50..60 {
+        c.enqueue(payload(i));
+    }
+    let p = Publisher::spawn(c.clone(), &url, config("r", &name, &subject)).expect("valid");
+    acked(&c, 59, Duration::from_secs(30)).await;
+    let stats = p.shutdown().await;
+    assert_eq!(stats.published, 10, "only what the stream did not hold: {stats:?}");
+    let stored = contents(&js, &name).await;
+    let sequences: Vec<u64> = stored.iter().map(|(s, _)| s.as_ref().expect("egress").sequence).collect();
+    assert_eq!(sequences, (0..60).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_stream_and_bad_arguments_are_refused() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let name = fresh("shared");
+    js.create_stream(jetstream::stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{name}.a"), format!("{name}.b")],
+        storage: jetstream::stream::StorageType::Memory,
+        ..Default::default()
+    })
+    .await
+    .expect("made");
+    let cx = AsyncContext::new();
+    let c = cell(&cx, 8);
+    let mut p = Publisher::spawn(c.clone(), &url, config("s", &name, &format!("{name}.a"))).expect("valid");
+    let stopped = tokio::time::timeout(Duration::from_secs(10), p.stopped()).await.expect("stops");
+    assert!(matches!(stopped, Some(PublisherError::SharedStream { .. })), "{stopped:?}");
+
+    use egress_nats::SpawnError;
+    let spawn =
+        |cfg: PublisherConfig, url: &str| Publisher::spawn(c.clone(), url, cfg).map(|_| ()).expect_err("refused");
+    assert!(matches!(spawn(config("s", &name, "a.*"), &url), SpawnError::InvalidSubject(_)));
+    assert!(matches!(spawn(config("s", &name, "a..b"), &url), SpawnError::InvalidSubject(_)));
+    assert!(matches!(spawn(config("s\r\nX: y", &name, "a.b"), &url), SpawnError::InvalidProducer(_)));
+    assert!(matches!(spawn(config("", &name, "a.b"), &url), SpawnError::InvalidProducer(_)));
+    assert!(matches!(spawn(config("s", "a.b", "a.b"), &url), SpawnError::InvalidStream(_)));
+    assert!(matches!(spawn(config("s", &name, "a.b"), "nats://[::1"), SpawnError::InvalidUrl { .. }));
+    let held = Policy::builder().dead_letters(egress_core::DeadLetters::Hold).build().expect("valid");
+    let holding = AsyncEgressCell::<Bytes>::new(&cx, held);
+    let refused = Publisher::spawn(holding, &url, config("s", &name, "a.b")).map(|_| ()).expect_err("refused");
+    assert_eq!(refused, SpawnError::HoldUnsupported);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_above_the_servers_limit_is_a_dead_letter_and_the_stream_goes_on() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "large", Duration::from_secs(120)).await;
+    let cx = AsyncContext::new();
+    let c = cell(&cx, 8);
+    let p = Publisher::spawn(c.clone(), &url, config("l", &name, &subject)).expect("valid");
+    c.enqueue(payload(0));
+    c.enqueue(Bytes::from(vec![0u8; 2 << 20])); // above the default 1 MiB
+    c.enqueue(payload(2));
+    acked(&c, 2, Duration::from_secs(30)).await;
+    let stats = p.shutdown().await;
+    assert_eq!(stats.refused, 1);
+    let stored = contents(&js, &name).await;
+    let seen: Vec<(u64, bool)> = stored
+        .iter()
+        .map(|(s, _)| {
+            let s = s.as_ref().expect("egress");
+            (s.sequence, s.dead.is_some())
+        })
+        .collect();
+    // The tombstone takes the record's place: the stream has no hole.
+    assert_eq!(seen, [(0, false), (1, true), (2, false)]);
+    let mut sub = Subscriber::new(&js, &name, SubscriberConfig::new(fresh("d"))).await.expect("consumer");
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let d = sub.next().await.expect("a delivery");
+        got.push((d.sequence(), d.content()));
+        d.ack().await.expect("acked");
+    }
+    assert_eq!(got[0], (0, Content::Message(payload(0))));
+    assert!(matches!(got[1], (1, Content::Skipped(_))));
+    assert_eq!(got[2], (2, Content::Message(payload(2))));
+}
+
+/// Publishes a raw message with `stamp`'s headers (no message id: the
+/// broker does not deduplicate it), as a hostile or broken peer would.
+async fn raw(js: &Context, subject: &str, stamp: Option<&Stamp>, body: Bytes) {
+    let headers = stamp.map(|s| {
+        let mut h = async_nats::HeaderMap::new();
+        for (name, values) in s.to_headers().iter() {
+            if AsRef::<str>::as_ref(name) != "Nats-Msg-Id" {
+                for v in values {
+                    h.append(name.clone(), v.clone());
+                }
+            }
+        }
+        h
+    });
+    let ack = match headers {
+        Some(h) => js.publish_with_headers(subject.to_owned(), h, body).await,
+        None => js.publish(subject.to_owned(), body).await,
+    };
+    ack.expect("sent").await.expect("stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subscriber_delivers_each_record_once_in_order_and_acknowledges_only_what_the_application_did() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "sub", Duration::from_secs(120)).await;
+    let stamp =
+        |sequence: u64| Stamp { producer: "q".into(), incarnation: 7, sequence, generation: 1 << 32, dead: None };
+    // Out of order, with copies beyond the duplicate window, a foreign
+    // message, and a message whose headers are hostile.
+    for s in [0, 2, 1, 1, 0, 3] {
+        raw(&js, &subject, Some(&stamp(s)), payload(s)).await;
+    }
+    raw(&js, &subject, None, Bytes::from_static(b"not ours")).await;
+    let mut bad = stamp(4).to_headers();
+    bad.insert(egress_nats::headers::SEQUENCE, "-4");
+    js.publish_with_headers(subject.clone(), bad, payload(4)).await.expect("sent").await.expect("stored");
+    raw(&js, &subject, Some(&stamp(4)), payload(4)).await;
+
+    let durable = fresh("app");
+    let mut sub = Subscriber::new(&js, &name, SubscriberConfig::new(durable.clone())).await.expect("consumer");
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let d = sub.next().await.expect("a delivery");
+        got.push(d.sequence());
+        d.ack().await.expect("acked");
+    }
+    // The next one dropped without an acknowledgement comes back.
+    {
+        let d = sub.next().await.expect("a delivery");
+        assert_eq!(d.sequence(), 3);
+    }
+    let d = sub.next().await.expect("again");
+    assert_eq!(d.sequence(), 3, "given back, handed out again");
+    let position = d.position();
+    d.ack().await.expect("acked");
+    got.push(3);
+    assert_eq!(got, [0, 1, 2, 3]);
+    let d = sub.next().await.expect("a delivery");
+    assert_eq!((d.sequence(), d.content()), (4, Content::Message(payload(4))));
+    drop(d); // not processed: the broker must send it again
+    let stats = sub.stats();
+    assert_eq!((stats.delivered, stats.duplicates, stats.foreign), (4, 2, 2), "{stats:?}");
+    drop(sub);
+
+    // A new subscriber on the same durable consumer resumes at the
+    // broker's floor; with the position the application stored, nothing
+    // it processed comes again.
+    let mut config = SubscriberConfig::new(durable);
+    config.positions = vec![position];
+    let mut sub = Subscriber::new(&js, &name, config).await.expect("consumer");
+    let d = sub.next().await.expect("a delivery");
+    assert_eq!(d.sequence(), 4, "only the unprocessed one");
+    d.ack().await.expect("acked");
+    let next = tokio::time::timeout(Duration::from_millis(300), sub.next()).await;
+    assert!(next.is_err(), "nothing more");
+    let _: Option<SubscribeError> = None;
+}
