@@ -11,6 +11,7 @@
 //! cargo run --release -p egress-demo -- send --url ws://127.0.0.1:9000
 //! ```
 
+mod nats;
 mod restarts;
 mod workers;
 
@@ -166,6 +167,11 @@ struct Together {
     durable: bool,
     #[command(flatten, next_help_heading = "With --durable")]
     kills: Kills,
+    /// Run over NATS JetStream instead: publish into a fresh stream on the
+    /// server at URL (nats://host:port, JetStream enabled) through the
+    /// killing proxy, read it back with a subscriber, same summary.
+    #[arg(long, value_name = "URL", conflicts_with = "durable")]
+    nats: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -267,7 +273,12 @@ async fn main() -> anyhow::Result<()> {
     // RUST_LOG=info shows connections, reconnects and admissions;
     // RUST_LOG=egress_ws=trace every frame.
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        // Without RUST_LOG: errors only, and not the NATS client's report
+        // of each connection the chaos kills (it reconnects by itself).
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error,async_nats=off")),
+        )
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
@@ -288,7 +299,9 @@ async fn main() -> anyhow::Result<()> {
             let t = cli.together;
             let o =
                 Options { chaos: !t.no_chaos, kill_every: t.kill_every, ..Options::new(t.common, t.pace.per_second()) };
-            if t.durable || t.kills.db.is_some() {
+            if let Some(url) = &t.nats {
+                nats::run(o, url).await
+            } else if t.durable || t.kills.db.is_some() {
                 restarts::run(o.with_kills(t.kills, t.durable)).await
             } else {
                 together(o).await

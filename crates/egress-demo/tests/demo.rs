@@ -33,6 +33,28 @@ fn one_process_with_chaos_delivers_exactly_once_in_order() {
     let _ = std::fs::remove_file(path);
 }
 
+#[test]
+fn the_main_job_runs_over_nats_with_the_same_summary() {
+    // The server comes from EGRESS_NATS_URL (.ci/run starts one); without
+    // it the test says so and passes, unless EGRESS_NATS_REQUIRED is set.
+    let url = match std::env::var("EGRESS_NATS_URL") {
+        Ok(url) => url,
+        Err(_) if std::env::var_os("EGRESS_NATS_REQUIRED").is_some() => {
+            panic!("EGRESS_NATS_REQUIRED is set but EGRESS_NATS_URL is not")
+        }
+        Err(_) => return eprintln!("EGRESS_NATS_URL is not set: this NATS test does nothing"),
+    };
+    let s =
+        together("nats", &["--nats", &url, "--messages", "20000", "--seed", "5", "--kill-every", "1000", "--max-rate"]);
+    assert_eq!(s["exactly_once_in_order"], true, "{s}");
+    assert_eq!(s["delivered"], 20000);
+    assert_eq!(s["stored_in_stream"], 20000, "each message once in the stream: {s}");
+    assert_eq!(s["left_pending_inflight_parked"], 0);
+    let points = s["kill_points"].as_array().map_or(0, Vec::len) as u64;
+    assert!(points >= 5, "{s}");
+    assert_eq!(s["connections_killed"].as_u64(), Some(points), "every scheduled kill landed: {s}");
+}
+
 /// One run in one process with `args`; its summary.
 fn together(name: &str, args: &[&str]) -> serde_json::Value {
     let path = temp(name);

@@ -1,0 +1,115 @@
+//! `egress-demo --nats URL`: the main job over NATS JetStream. The cell
+//! publishes into a fresh stream through a proxy that kills its connection
+//! at the seeded points; a subscriber reads the stream back and the summary
+//! says whether each message arrived exactly once and in order.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use async_nats::jetstream;
+use bytes::Bytes;
+use egress_nats::{Content, Publisher, PublisherConfig, Subscriber, SubscriberConfig};
+use egress_reactive::{AsyncContext, AsyncEgressCell};
+use egress_ws::ChaosProxy;
+use serde_json::json;
+
+use crate::{Options, enqueue_paced, finish, kill_points, payload, policy, progress};
+
+pub(crate) async fn run(o: Options, url: &str) -> anyhow::Result<()> {
+    let server: std::net::SocketAddr = tokio::net::lookup_host(url.trim_start_matches("nats://"))
+        .await
+        .with_context(|| format!("{url}: not host:port"))?
+        .next()
+        .with_context(|| format!("{url}: no address"))?;
+    let js = jetstream::new(async_nats::connect(url).await.with_context(|| format!("connecting to {url}"))?);
+    let name = format!("egress_demo_{}_{}", std::process::id(), o.seed);
+    let subject = format!("egress.demo.{name}");
+    js.create_stream(jetstream::stream::Config {
+        name: name.clone(),
+        subjects: vec![subject.clone()],
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("creating stream {name}: {e}"))?;
+    let proxy = ChaosProxy::start(server, None).await?;
+    let points = if o.chaos { kill_points(o.seed, o.kill_every, o.messages) } else { Vec::new() };
+    crate::say!(
+        "egress-demo: {} messages{} into NATS stream {name} at {url}, through {} {}",
+        o.messages,
+        o.rate.map(|r| format!(" at {r}/s")).unwrap_or_default(),
+        proxy.local_addr(),
+        if o.chaos {
+            format!("(chaos: {} kills, about one every {} messages, seed {})", points.len(), o.kill_every, o.seed)
+        } else {
+            "(no chaos)".into()
+        }
+    );
+    let cx = AsyncContext::new();
+    let options = egress_reactive::CellOptions::new().jitter_seed(o.seed);
+    let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::with_options(&cx, policy()?, options);
+    let (bar, _effect, retries) = progress(&cx, &cell, o.messages);
+    let started = Instant::now();
+    let config = PublisherConfig {
+        seed: o.seed,
+        backoff_base: Duration::from_millis(5),
+        backoff_max: Duration::from_millis(500),
+        ..PublisherConfig::new("egress-demo", &name, &subject)
+    };
+    let publisher = Publisher::spawn(cell.clone(), &format!("nats://{}", proxy.local_addr()), config)?;
+    // The application side: read the stream back and check each delivery.
+    let n = o.messages;
+    let mut subscriber = Subscriber::new(&js, &name, SubscriberConfig::new("egress-demo")).await?;
+    let check = tokio::spawn(async move {
+        let (mut next, mut out_of_order) = (0u64, 0u64);
+        while next < n {
+            let d = match subscriber.next().await {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(error = %e, "egress-demo: reading the stream");
+                    continue;
+                }
+            };
+            if d.sequence() != next || d.content() != Content::Message(payload(next)) {
+                out_of_order += 1;
+            }
+            next = d.sequence() + 1;
+            d.ack().await?;
+        }
+        anyhow::Ok((next, out_of_order, subscriber))
+    });
+    enqueue_paced(&cell, 0..o.messages, o.rate, Some((&proxy, &points))).await;
+    let (received, out_of_order, subscriber) = check.await??;
+    while cell.acked_through().get_untracked().map_or(0, |s| s.get() + 1) < o.messages {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+    bar.finish();
+    let stats = publisher.shutdown().await;
+    let s = subscriber.stats();
+    let stored = js.get_stream(&name).await?.cached_info().state.messages;
+    let _ = js.delete_stream(&name).await;
+    let exactly_once = received == o.messages && out_of_order == 0 && s.delivered == o.messages && stored == o.messages;
+    finish(
+        json!({
+            "messages": o.messages,
+            "delivered": s.delivered,
+            "exactly_once_in_order": exactly_once,
+            "stored_in_stream": stored,
+            "duplicates_dropped_by_receiver": s.duplicates,
+            "duplicates_acknowledged_by_broker": stats.duplicates,
+            "connections_killed": proxy.kills(),
+            "kill_points": points,
+            "reconnects": stats.lost + stats.resyncs,
+            "retries": retries.load(Ordering::Relaxed),
+            "seconds": elapsed.as_secs_f64(),
+            "messages_per_second": (o.messages as f64 / elapsed.as_secs_f64()).round(),
+            "left_pending_inflight_parked": cell.pending_len().get() + cell.inflight_len().get() + cell.parked_len().get(),
+        }),
+        o.summary_json.as_deref(),
+    )?;
+    if !exactly_once {
+        bail!("delivery was not exactly once and in order");
+    }
+    Ok(())
+}
