@@ -44,6 +44,13 @@ pub mod store {
     pub use egress_store::*;
 }
 
+/// The NATS JetStream transport and subscriber (feature `nats`): see
+/// `egress_nats`.
+#[cfg(feature = "nats")]
+pub mod nats {
+    pub use egress_nats::*;
+}
+
 pub use egress_reactive::{
     AsyncContext, AsyncEgressCell, AsyncTransport, Attachment, CellOptions, Clock, Computed, Context, Effect,
     EgressCell, ManualClock, MonotonicClock, ParkedRecord, Scope, SendError, Signal, Snapshot, ThreadSafeContext,

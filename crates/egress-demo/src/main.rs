@@ -429,21 +429,18 @@ pub(crate) fn finish(summary: serde_json::Value, path: Option<&str>) -> anyhow::
     Ok(())
 }
 
-/// The demo's seeded generator (xorshift64): every schedule it draws is
-/// reproducible from `--seed`.
-pub(crate) struct Xorshift(u64);
+/// The demo's seeded generator (egress-reactive's xorshift64): every
+/// schedule it draws is reproducible from `--seed`.
+pub(crate) struct Xorshift(egress_reactive::Xorshift);
 
 impl Xorshift {
     pub(crate) fn new(seed: u64) -> Self {
-        Xorshift(seed | 1)
+        Xorshift(egress_reactive::Xorshift::new(seed))
     }
 
     /// The next draw, in `0..n` (`n` at least 1).
     pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
+        self.0.next_u64() % n.max(1)
     }
 }
 

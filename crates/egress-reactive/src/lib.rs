@@ -126,7 +126,7 @@ pub use cells::{AsyncEgressCell, TokioClock, Undelivered};
 pub use cells::{
     AsyncTransport, AttachRun, Attachment, Backoff, CellFlavor, CellOptions, Clock, EgressCell, EgressCellOf, Full,
     Inner, ManualClock, MonotonicClock, ParkedRecord, Project, SendError, Snapshot, State, ThreadSafeEgressCell,
-    Transport, delay,
+    Transport, Xorshift, delay,
 };
 pub use computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never, SameBy, Slot};
 pub use context::{Context, Ctx, Handle, NodeRef, Runtime, Scope, ThreadSafeContext};

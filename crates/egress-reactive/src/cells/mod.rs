@@ -19,7 +19,7 @@ mod transport;
 
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncEgressCell, Undelivered};
-pub use backoff::Backoff;
+pub use backoff::{Backoff, Xorshift};
 pub use cell::{
     AttachRun, Attachment, CellFlavor, CellOptions, EgressCell, EgressCellOf, Full, Inner, ParkedRecord, Project,
     Snapshot, State, ThreadSafeEgressCell,
