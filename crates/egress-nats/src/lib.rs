@@ -3,7 +3,8 @@
 //! ```text
 //!  cell ── Publisher (one task) ── publish(subject, headers, payload) ──▶ JetStream stream
 //!    ▲        │  Nats-Msg-Id = producer:incarnation:sequence   (dedupe within the window)
-//!    │        │  Nats-Expected-Last-Subject-Sequence = the previous message's (the fence)
+//!    │        │  fence: the epoch's first expects the subject's last sequence,
+//!    │        │         each later one the message id before it
 //!    │        ▼
 //!    └── publish acks, in any order ──▶ completion tracker ──▶ cumulative ack
 //!
@@ -15,12 +16,14 @@
 //!   subject (one egress stream; the JetStream stream holds that subject
 //!   only). Each message carries the [`Stamp`] headers and a
 //!   `Nats-Msg-Id` of `producer:incarnation:sequence`, so a record sent
-//!   again within the server's duplicate window is stored once. Each also
-//!   carries `Nats-Expected-Last-Subject-Sequence`: the stream sequence the
-//!   message before it got (predicted, so that publishes are pipelined up
-//!   to the cell's window). A publish whose expectation does not hold is
-//!   refused by the broker, so nothing is stored out of the chain the
-//!   publisher built, however long ago its duplicate went out.
+//!   again within the server's duplicate window is stored once. Each is
+//!   fenced by its predecessor: an epoch's first message expects the
+//!   subject's last sequence as read (`Nats-Expected-Last-Subject-Sequence`),
+//!   every later one the message id of the message published before it
+//!   (`Nats-Expected-Last-Msg-Id`), so publishes are pipelined up to the
+//!   cell's window and still none is stored out of the chain: once one is
+//!   refused, every later one of the epoch is too, however long ago a
+//!   duplicate went out.
 //! - **Takeover, resync, fencing.** Each connection epoch starts by
 //!   reading the subject's last message: its egress sequence is what the
 //!   broker holds (acknowledged through it, as a WebSocket receiver's
@@ -46,7 +49,8 @@
 //! - **[`Subscriber`]** reads the JetStream stream through a durable pull
 //!   consumer and hands the application each producer's records in
 //!   sequence order, each once (duplicates beyond the window, and a stale
-//!   owner's copies, are dropped; a record above a gap waits for it). The
+//!   owner's copies, are dropped; a record above a gap waits for it).
+//!   See docs/nats.md in the repository for the whole design. The
 //!   consumer's acknowledgement of a message is sent when the application
 //!   acknowledges the delivery, not before. See its docs for restarts.
 //!

@@ -38,9 +38,10 @@ pub struct PublisherConfig {
     /// The producer id, in every message's headers and message id: with
     /// the cell's incarnation, the key of the consumers' state.
     pub producer: String,
-    /// The JetStream stream, which must hold `subject` only (the
-    /// expected-sequence fence is pipelined on that: checked at the first
-    /// connection, [`PublisherError::SharedStream`]).
+    /// The JetStream stream, which must hold `subject` only (the fence
+    /// expects the stream's last message id, so another subject's message
+    /// would refuse every publish: checked at the first connection,
+    /// [`PublisherError::SharedStream`]).
     pub stream: String,
     /// The subject the records are published to: one egress stream.
     pub subject: String,
@@ -144,7 +145,7 @@ pub enum PublisherError {
         by: u64,
     },
     /// The JetStream stream holds other subjects too: the fence's
-    /// expected sequences would be wrong after every foreign message.
+    /// expectations would fail after every foreign message.
     #[error("stream {stream:?} holds subjects {subjects:?}, not only {subject:?}")]
     SharedStream {
         /// The stream.
@@ -177,7 +178,7 @@ pub struct PublisherStats {
     /// Epochs ended by the connection (a disconnect, a timeout, a failed
     /// request).
     pub lost: u64,
-    /// Epochs ended by a refused expected sequence that was not a fence.
+    /// Epochs ended by a refused expectation that was not a fence.
     pub resyncs: u64,
     /// Messages published (sent, acknowledged or not).
     pub published: u64,
@@ -346,7 +347,8 @@ enum End {
     Stop,
     /// The connection or a request failed: a new epoch after the backoff.
     Lost(String),
-    /// An expected sequence was refused: read the subject again.
+    /// An expectation (last sequence, last message id) was refused: read
+    /// the subject again.
     Resync,
     Fatal(PublisherError),
 }
@@ -440,7 +442,7 @@ async fn supervise(
             }
             End::Resync => {
                 counters.resyncs.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!("egress nats publisher: an expected sequence was refused; resyncing");
+                tracing::debug!("egress nats publisher: an expectation was refused; resyncing");
                 std::mem::replace(&mut hurried, true)
             }
         };
