@@ -29,12 +29,16 @@
 //!   broker holds (acknowledged through it, as a WebSocket receiver's
 //!   `Welcome { next }`), and its stream sequence the first expectation.
 //!   The first epoch takes the stream over: its generation's owner part
-//!   ([`owner_of`]) is above every generation stored. A refused
+//!   ([`owner_of`]) is above every generation stored, made the subject's
+//!   by a claim published on the condition that nothing was written since
+//!   the read ([`Stamp::claim`]). A refused
 //!   expectation ends the epoch and reads the last message again: a
 //!   message of a higher owner there means another publisher took the
 //!   stream over, and this one stops ([`PublisherError::Fenced`]);
-//!   otherwise (its own earlier publishes, a duplicate) it resumes under a
-//!   new generation of the same owner. The fence does not depend on the
+//!   otherwise (its own earlier publishes) it resumes under a new
+//!   generation of the same owner. An acknowledgement that says
+//!   "duplicate" is never taken as delivered (the server checks ids before
+//!   expectations): it resyncs too. The fence does not depend on the
 //!   duplicate window.
 //! - **Reconnects on top of the client's own.** The client reconnects by
 //!   itself; a disconnect ends the epoch (its publish acknowledgements may
@@ -49,7 +53,8 @@
 //! - **[`Subscriber`]** reads the JetStream stream through a durable pull
 //!   consumer and hands the application each producer's records in
 //!   sequence order, each once (duplicates beyond the window, and a stale
-//!   owner's copies, are dropped; a record above a gap waits for it).
+//!   owner's copies, are dropped; a record above a gap waits for it, until
+//!   the gap is given up and the delivery says so).
 //!   See docs/nats.md in the repository for the whole design. The
 //!   consumer's acknowledgement of a message is sent when the application
 //!   acknowledges the delivery, not before. See its docs for restarts.

@@ -187,6 +187,9 @@ pub struct PublisherStats {
     /// Records refused before publishing (above the server's payload
     /// limit): permanent failures.
     pub refused: u64,
+    /// Takeover claims stored (messages of the subject that are no
+    /// record; see [`Stamp::claim`]).
+    pub claims: u64,
 }
 
 #[derive(Default)]
@@ -197,6 +200,7 @@ struct Counters {
     published: AtomicU64,
     duplicates: AtomicU64,
     refused: AtomicU64,
+    claims: AtomicU64,
     failure: parking_lot::Mutex<Option<PublisherError>>,
 }
 
@@ -209,6 +213,7 @@ impl Counters {
             published: self.published.load(Ordering::Relaxed),
             duplicates: self.duplicates.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
+            claims: self.claims.load(Ordering::Relaxed),
         }
     }
 }
@@ -578,6 +583,7 @@ impl AsyncTransport<Bytes> for NatsTransport {
             sequence,
             generation: envelope.generation.get(),
             dead: envelope.dead,
+            claim: false,
         };
         let payload = if envelope.dead.is_some() { Bytes::new() } else { envelope.payload };
         match self.publish(&stamp, payload).await {
@@ -629,6 +635,8 @@ async fn epoch(
     };
     let stored = last.as_ref().and_then(|l| l.stamp.as_ref()).map_or(0, |s| s.generation);
     let current = cell.generation().get_untracked().get();
+    // A takeover's owner is the subject's only once its claim is stored.
+    let mut claiming = None;
     let generation = match *owner {
         None => {
             // Take the stream over: the first generation of an owner above
@@ -636,7 +644,7 @@ async fn epoch(
             let Some(mine) = owner_of(stored).max(owner_of(current)).checked_add(1).filter(|o| *o < 1 << 32) else {
                 return End::Fatal(PublisherError::Exhausted);
             };
-            *owner = Some(mine);
+            claiming = Some(mine);
             mine << 32
         }
         Some(mine) => {
@@ -658,18 +666,20 @@ async fn epoch(
         _ = stop.changed() => return End::Stop,
     }
     let incarnation = cell.incarnation().get();
-    // What the stream holds of this producer's incarnation is delivered.
+    // What the stream holds of this producer's incarnation is delivered
+    // (a claim of it: what it held when claimed).
     if let Some(stamp) = last.as_ref().and_then(|l| l.stamp.as_ref())
         && stamp.producer == config.producer
         && stamp.incarnation == incarnation
+        && let Some(held) = if stamp.claim { stamp.sequence.checked_sub(1) } else { Some(stamp.sequence) }
     {
-        match cell.ack(generation, Sequence(stamp.sequence)) {
+        match cell.ack(generation, Sequence(held)) {
             AckOutcome::Unsent { sent_through, .. } => {
-                return End::Fatal(PublisherError::AheadOfCell { held: stamp.sequence, sent: sent_through });
+                return End::Fatal(PublisherError::AheadOfCell { held, sent: sent_through });
             }
-            AckOutcome::Unchanged { through: Some(acked) } if acked.get() > stamp.sequence => {
+            AckOutcome::Unchanged { through: Some(acked) } if acked.get() > held => {
                 tracing::warn!(
-                    held = stamp.sequence,
+                    held,
                     acked = acked.get(),
                     "egress nats publisher: the stream holds less than it acknowledged (purged, or lost in a server crash)"
                 );
@@ -678,6 +688,45 @@ async fn epoch(
         }
     }
     let acked = cell.acked_through().get_untracked();
+    let mut first_expected = last.as_ref().map_or(0, |l| l.stream_sequence);
+    if let Some(mine) = claiming {
+        let claim = Stamp {
+            producer: config.producer.clone(),
+            incarnation,
+            sequence: acked.map_or(0, |s| s.get().saturating_add(1)),
+            generation: generation.get(),
+            dead: None,
+            claim: true,
+        };
+        let mut headers = claim.to_headers();
+        headers.insert(async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, first_expected.to_string().as_str());
+        let claimed = async {
+            let ack = js.publish_with_headers(config.subject.clone(), headers, Bytes::new()).await?;
+            ack.await
+        };
+        let claimed = tokio::select! {
+            claimed = tokio::time::timeout(config.timeout, claimed) => claimed,
+            () = disconnected(link, disconnects) => return End::Lost("disconnected".into()),
+            _ = stop.changed() => return End::Stop,
+        };
+        match claimed {
+            Ok(Ok(ack)) => {
+                counters.claims.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    owner = mine,
+                    stream_sequence = ack.sequence,
+                    "egress nats publisher: took the subject over"
+                );
+                *owner = Some(mine);
+                first_expected = ack.sequence;
+            }
+            // Another publisher wrote since the read: read again, and take
+            // over above it.
+            Ok(Err(e)) if e.kind() == PublishErrorKind::WrongLastSequence => return End::Resync,
+            Ok(Err(e)) => return End::Lost(format!("claim: {e}")),
+            Err(_) => return End::Lost("claim: timed out".into()),
+        }
+    }
     let mut completions = Completions::starting_at(acked.map_or(0, |s| s.get().saturating_add(1)));
     let (sent_tx, mut sent) = mpsc::unbounded_channel();
     let transport = NatsTransport {
@@ -685,7 +734,7 @@ async fn epoch(
         subject: config.subject.clone().into(),
         producer: config.producer.clone(),
         incarnation,
-        first_expected: last.as_ref().map_or(0, |l| l.stream_sequence),
+        first_expected,
         previous: None,
         placed: std::collections::BTreeSet::new(),
         sent: sent_tx,
@@ -705,10 +754,17 @@ async fn epoch(
                 None => break End::Stop,
             },
             Some((sequence, result)) = acks.next(), if !acks.is_empty() => match result {
-                Ok(ack) => {
-                    if ack.duplicate {
-                        counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                    }
+                Ok(ack) if ack.duplicate => {
+                    // A message of this id is stored, but not necessarily
+                    // this publisher's (a stale owner of the same
+                    // incarnation answered "duplicate" is not fenced by
+                    // the expectation, which the server checks after the
+                    // id): the next epoch's read decides, and a higher
+                    // owner there fences.
+                    counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                    break End::Resync;
+                }
+                Ok(_) => {
                     if let Some(through) = completions.complete(sequence.get()) {
                         let _ = attachment.ack(through);
                     }

@@ -16,6 +16,10 @@ pub mod headers {
     pub const GENERATION: &str = "Egress-Generation";
     /// Present on a tombstone (a dead letter's place in the stream): why.
     pub const DEAD: &str = "Egress-Dead";
+    /// Present (`1`) on a takeover's claim: a message without a record
+    /// that makes the publisher's owner the subject's (see
+    /// [`Stamp::claim`](crate::Stamp::claim)).
+    pub const CLAIM: &str = "Egress-Claim";
 }
 
 /// Who sent a message and where it goes in its producer's stream.
@@ -33,6 +37,12 @@ pub struct Stamp {
     pub generation: u64,
     /// A tombstone: the producer gave up on this sequence.
     pub dead: Option<DeadReason>,
+    /// A takeover's claim, not a record: published once by a publisher
+    /// taking the subject over, conditional on the last message it read,
+    /// so that of two publishers taking over at once one owns the subject.
+    /// Its `sequence` is the first the claimant will publish. Consumers
+    /// skip it.
+    pub claim: bool,
 }
 
 /// A message without valid egress headers.
@@ -54,13 +64,20 @@ impl Stamp {
     /// The headers of the message.
     pub fn to_headers(&self) -> HeaderMap {
         let mut h = HeaderMap::new();
-        h.insert(async_nats::header::NATS_MESSAGE_ID, self.message_id().as_str());
+        // A claim is no record: nothing to deduplicate (a claim sent again
+        // must be refused or stored by its own condition).
+        if !self.claim {
+            h.insert(async_nats::header::NATS_MESSAGE_ID, self.message_id().as_str());
+        }
         h.insert(headers::PRODUCER, self.producer.as_str());
         h.insert(headers::INCARNATION, format!("{:032x}", self.incarnation).as_str());
         h.insert(headers::SEQUENCE, self.sequence.to_string().as_str());
         h.insert(headers::GENERATION, self.generation.to_string().as_str());
         if let Some(reason) = self.dead {
             h.insert(headers::DEAD, dead_name(reason));
+        }
+        if self.claim {
+            h.insert(headers::CLAIM, "1");
         }
         h
     }
@@ -91,12 +108,18 @@ impl Stamp {
                     .ok_or(StampError { header: headers::DEAD, reason: "not a dead-letter reason" })?,
             ),
         };
+        let claim = match h.get(headers::CLAIM).map(|v| v.as_str()) {
+            None => false,
+            Some("1") => true,
+            Some(_) => return Err(StampError { header: headers::CLAIM, reason: "not 1" }),
+        };
         Ok(Stamp {
             producer,
             incarnation,
             sequence: number(headers::SEQUENCE)?,
             generation: number(headers::GENERATION)?,
             dead,
+            claim,
         })
     }
 }
@@ -114,19 +137,25 @@ mod tests {
     use super::*;
 
     fn stamp() -> Stamp {
-        Stamp { producer: "p-1".into(), incarnation: 0xabc, sequence: 42, generation: 7 << 32, dead: None }
+        Stamp {
+            producer: "p-1".into(),
+            incarnation: 0xabc,
+            sequence: 42,
+            generation: 7 << 32,
+            dead: None,
+            claim: false,
+        }
     }
 
     #[test]
     fn a_stamp_goes_through_its_headers_and_names_its_message_id() {
-        for dead in [None, Some(DeadReason::Permanent), Some(DeadReason::Retries), Some(DeadReason::Replays)] {
-            let s = Stamp { dead, ..stamp() };
+        let deads = [None, Some(DeadReason::Permanent), Some(DeadReason::Retries), Some(DeadReason::Replays)];
+        for (dead, claim) in deads.into_iter().flat_map(|d| [(d, false), (d, true)]) {
+            let s = Stamp { dead, claim, ..stamp() };
             let h = s.to_headers();
             assert_eq!(Stamp::from_headers(&h), Ok(s.clone()));
-            assert_eq!(
-                h.get(async_nats::header::NATS_MESSAGE_ID).map(|v| v.as_str().to_owned()),
-                Some("p-1:00000000000000000000000000000abc:42".to_owned())
-            );
+            let id = (!claim).then(|| "p-1:00000000000000000000000000000abc:42".to_owned());
+            assert_eq!(h.get(async_nats::header::NATS_MESSAGE_ID).map(|v| v.as_str().to_owned()), id);
         }
     }
 
@@ -143,6 +172,7 @@ mod tests {
         assert_eq!(with(headers::INCARNATION, "abc"), Err((headers::INCARNATION, "not 32 hex digits")));
         assert_eq!(with(headers::INCARNATION, &"g".repeat(32)), Err((headers::INCARNATION, "not 32 hex digits")));
         assert_eq!(with(headers::DEAD, "eaten"), Err((headers::DEAD, "not a dead-letter reason")));
+        assert_eq!(with(headers::CLAIM, "yes"), Err((headers::CLAIM, "not 1")));
         assert_eq!(with(headers::SEQUENCE, "18446744073709551615"), Ok(()));
         let mut bare = HeaderMap::new();
         bare.insert(headers::PRODUCER, "p");

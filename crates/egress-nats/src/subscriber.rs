@@ -28,6 +28,13 @@ pub struct SubscriberConfig {
     /// How long the broker waits for an acknowledgement before sending a
     /// message again (the subscriber ignores a copy of one it holds).
     pub ack_wait: Duration,
+    /// How long a record may wait above a gap before the subscriber gives
+    /// the gap up (the missing records were discarded by the stream's
+    /// limits, or never written): it then goes on past it and says so
+    /// ([`Delivery::skipped`], [`SubscriberStats::skipped`]). It also gives
+    /// the oldest gap up at once when it holds `max_ack_pending` messages,
+    /// since the broker sends nothing more then.
+    pub gap_timeout: Duration,
     /// Where each producer's stream resumes, as the application stored it
     /// with its effects ([`Delivery::position`]): what makes delivery
     /// exactly once across the application's restarts. A producer stream
@@ -43,6 +50,7 @@ impl SubscriberConfig {
             durable: durable.into(),
             max_ack_pending: 4096,
             ack_wait: Duration::from_secs(30),
+            gap_timeout: Duration::from_secs(30),
             positions: Vec::new(),
         }
     }
@@ -100,10 +108,15 @@ pub struct SubscriberStats {
     pub duplicates: u64,
     /// Messages without egress headers, acknowledged and dropped.
     pub foreign: u64,
+    /// Sequences given up: gaps that did not fill within `gap_timeout`
+    /// (or while the subscriber held all it may).
+    pub skipped: u64,
 }
 
 /// A record taken from the broker.
 struct Item {
+    /// Sequences given up right before this one.
+    gap: Option<std::ops::Range<u64>>,
     stamp: Stamp,
     payload: Bytes,
     stream_sequence: u64,
@@ -118,6 +131,19 @@ struct Lane {
     handed: u64,
     /// Records above a gap, waiting for it.
     buffer: BTreeMap<u64, Item>,
+    /// Since when the buffer has waited (`None`: empty).
+    waiting_since: Option<tokio::time::Instant>,
+}
+
+impl Lane {
+    /// Queues the records that follow `handed` without a gap.
+    fn release(&mut self, ready: &mut VecDeque<Item>) {
+        while let Some(item) = self.buffer.remove(&self.handed) {
+            self.handed = self.handed.saturating_add(1);
+            ready.push_back(item);
+        }
+        self.waiting_since = if self.buffer.is_empty() { None } else { Some(tokio::time::Instant::now()) };
+    }
 }
 
 /// Reads egress records from a JetStream stream and hands them to the
@@ -154,6 +180,8 @@ pub struct Subscriber {
     /// broker's redelivery of a message held here.
     seen: u64,
     positions: HashMap<Key, u64>,
+    max_ack_pending: usize,
+    gap_timeout: Duration,
     stats: SubscriberStats,
 }
 
@@ -215,6 +243,8 @@ impl Subscriber {
             handled: BTreeMap::new(),
             seen: floor,
             positions,
+            max_ack_pending: config.max_ack_pending.max(1),
+            gap_timeout: config.gap_timeout,
             stats: SubscriberStats::default(),
         })
     }
@@ -236,7 +266,24 @@ impl Subscriber {
             if let Some(item) = self.ready.pop_front() {
                 return Ok(Delivery { subscriber: self, item: Some(item) });
             }
-            let message = match self.messages.next().await {
+            // The broker's unacknowledged messages (held here, or handled
+            // above one held) at its limit: it sends nothing more, so the
+            // oldest gap cannot fill.
+            if self.outstanding.len() + self.handled.len() >= self.max_ack_pending && self.skip_oldest_gap() {
+                continue;
+            }
+            let oldest = self.lanes.values().filter_map(|l| l.waiting_since).min();
+            let next = match oldest {
+                Some(since) => match tokio::time::timeout_at(since + self.gap_timeout, self.messages.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        self.skip_oldest_gap();
+                        continue;
+                    }
+                },
+                None => self.messages.next().await,
+            };
+            let message = match next {
                 Some(Ok(message)) => message,
                 Some(Err(e)) => return Err(SubscribeError::Messages(e.to_string())),
                 None => return Err(SubscribeError::Ended),
@@ -274,27 +321,49 @@ impl Subscriber {
                 return self.handle(stream_sequence, message).await;
             }
         };
+        if stamp.claim {
+            // A takeover's claim: no record.
+            return self.handle(stream_sequence, message).await;
+        }
         let key: Key = (Arc::from(stamp.producer.as_str()), stamp.incarnation);
         let start = self.positions.get(&key).copied().unwrap_or(stamp.sequence);
-        let lane = self.lanes.entry(key).or_insert(Lane { handed: start, buffer: BTreeMap::new() });
+        let lane =
+            self.lanes.entry(key).or_insert(Lane { handed: start, buffer: BTreeMap::new(), waiting_since: None });
         let sequence = stamp.sequence;
         if sequence < lane.handed || lane.buffer.contains_key(&sequence) {
             self.stats.duplicates += 1;
             return self.handle(stream_sequence, message).await;
         }
         let payload = message.payload.clone();
-        let item = Item { stamp, payload, stream_sequence, message };
+        let item = Item { gap: None, stamp, payload, stream_sequence, message };
         if sequence > lane.handed {
             lane.buffer.insert(sequence, item);
+            lane.waiting_since.get_or_insert_with(tokio::time::Instant::now);
             return Ok(());
         }
         lane.handed = sequence.saturating_add(1);
         self.ready.push_back(item);
-        while let Some(item) = lane.buffer.remove(&lane.handed) {
-            lane.handed = lane.handed.saturating_add(1);
-            self.ready.push_back(item);
-        }
+        lane.release(&mut self.ready);
         Ok(())
+    }
+
+    /// Gives up the gap that has waited longest: its lane goes on from the
+    /// lowest record it holds. Returns whether there was one.
+    fn skip_oldest_gap(&mut self) -> bool {
+        let Some(lane) = self.lanes.values_mut().filter(|l| l.waiting_since.is_some()).min_by_key(|l| l.waiting_since)
+        else {
+            return false;
+        };
+        let Some((&first, _)) = lane.buffer.first_key_value() else { return false };
+        let gap = lane.handed..first;
+        tracing::warn!(?gap, "egress nats subscriber: a gap did not fill; going on past it");
+        self.stats.skipped += gap.end - gap.start;
+        if let Some(item) = lane.buffer.get_mut(&first) {
+            item.gap = Some(gap);
+        }
+        lane.handed = first;
+        lane.release(&mut self.ready);
+        true
     }
 
     /// Marks a message handled, and acknowledges to the broker the highest
@@ -353,6 +422,12 @@ impl Delivery<'_> {
             Some(reason) => Content::Skipped(reason),
             None => Content::Message(item.payload.clone()),
         }
+    }
+
+    /// The sequences of its producer given up right before it (a gap that
+    /// did not fill within `gap_timeout`), if any.
+    pub fn skipped(&self) -> Option<std::ops::Range<u64>> {
+        self.item().gap.clone()
     }
 
     /// Its stream sequence in the JetStream stream.

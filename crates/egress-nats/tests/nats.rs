@@ -96,9 +96,14 @@ async fn acked(cell: &AsyncEgressCell<Bytes>, through: u64, within: Duration) {
     );
 }
 
-/// Every message of the stream, in stream order, read raw (no dedupe):
-/// its stamp (or `None`) and payload.
+/// Every record of the stream (takeover claims left out), in stream order,
+/// read raw (no dedupe): its stamp (or `None`) and payload.
 async fn contents(js: &Context, stream: &str) -> Vec<(Option<Stamp>, Bytes)> {
+    messages(js, stream).await.into_iter().filter(|(s, _)| !s.as_ref().is_some_and(|s| s.claim)).collect()
+}
+
+/// Every message of the stream, in stream order, read raw.
+async fn messages(js: &Context, stream: &str) -> Vec<(Option<Stamp>, Bytes)> {
     let stream = js.get_stream(stream).await.expect("the stream exists");
     let count = stream.cached_info().state.messages;
     let consumer = stream
@@ -204,6 +209,8 @@ async fn a_second_publisher_takes_the_stream_over_and_the_first_is_fenced_by_the
     acked(&second, 10, Duration::from_secs(30)).await;
     b.shutdown().await;
 
+    let claims = messages(&js, &name).await.iter().filter(|(s, _)| s.as_ref().is_some_and(|s| s.claim)).count();
+    assert_eq!(claims, 2, "one claim per takeover");
     let stored = contents(&js, &name).await;
     let incarnations: Vec<u128> = stored.iter().filter_map(|(s, _)| s.as_ref().map(|s| s.incarnation)).collect();
     let switch = incarnations.iter().position(|i| *i == second.incarnation().get()).expect("the second's records");
@@ -336,8 +343,14 @@ async fn the_subscriber_delivers_each_record_once_in_order_and_acknowledges_only
     let Some(url) = url() else { return };
     let js = connect(&url).await;
     let (name, subject) = stream(&js, "sub", Duration::from_secs(120)).await;
-    let stamp =
-        |sequence: u64| Stamp { producer: "q".into(), incarnation: 7, sequence, generation: 1 << 32, dead: None };
+    let stamp = |sequence: u64| Stamp {
+        producer: "q".into(),
+        incarnation: 7,
+        sequence,
+        generation: 1 << 32,
+        dead: None,
+        claim: false,
+    };
     // Out of order, with copies beyond the duplicate window, a foreign
     // message, and a message whose headers are hostile.
     for s in [0, 2, 1, 1, 0, 3] {
@@ -387,4 +400,171 @@ async fn the_subscriber_delivers_each_record_once_in_order_and_acknowledges_only
     let next = tokio::time::timeout(Duration::from_millis(300), sub.next()).await;
     assert!(next.is_err(), "nothing more");
     let _: Option<SubscribeError> = None;
+}
+
+/// The restarted process of `cell`'s producer: a cell of the same
+/// incarnation restored as its store would restore it (everything through
+/// `acked` acknowledged, at `generation`), its journal kept durable.
+fn restarted(cx: &AsyncContext, cell: &AsyncEgressCell<Bytes>, acked: u64) -> AsyncEgressCell<Bytes> {
+    use egress_core::{EgressCore, Restored};
+    let restored = Restored {
+        generation: cell.generation().get_untracked(),
+        next_sequence: Sequence(acked + 1),
+        acked_through: Some(Sequence(acked)),
+        records: vec![],
+    };
+    let core = EgressCore::restore(Policy::builder().inflight_limit(16).build().expect("valid"), restored)
+        .expect("a valid restore");
+    let options = egress_reactive::CellOptions::new().incarnation(cell.incarnation());
+    let b = AsyncEgressCell::from_core(cx, core, options);
+    let journal = b.clone();
+    tokio::spawn(async move {
+        loop {
+            while let Some((ready, _)) = journal.poll_ready() {
+                let _ = journal.persisted(ready.epoch);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_owner_of_the_same_incarnation_is_fenced_not_told_duplicate() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "zombie", Duration::from_secs(120)).await;
+    let cx = AsyncContext::new();
+    let a = cell(&cx, 16);
+    let mut pa = Publisher::spawn(a.clone(), &url, config("z", &name, &subject)).expect("valid");
+    for i in 0..100 {
+        a.enqueue(payload(i));
+    }
+    acked(&a, 99, Duration::from_secs(30)).await;
+    // The producer's process restarted from its store (same incarnation)
+    // while the old one lives on: the new one takes over and goes on.
+    let b = restarted(&cx, &a, 99);
+    let pb = Publisher::spawn(b.clone(), &url, config("z", &name, &subject)).expect("valid");
+    for i in 100..200 {
+        b.enqueue(Bytes::from(format!("new {i}")));
+    }
+    acked(&b, 199, Duration::from_secs(30)).await;
+    // The old one enqueues the same sequences (other payloads): every id
+    // is a duplicate to the broker, which answers before the fence.
+    for i in 100..200 {
+        a.enqueue(Bytes::from(format!("old {i}")));
+    }
+    let stopped = tokio::time::timeout(Duration::from_secs(30), pa.stopped()).await.expect("the old one stops");
+    assert!(matches!(stopped, Some(PublisherError::Fenced { owner: 1, .. })), "{stopped:?}");
+    assert_eq!(a.acked_through().get_untracked(), Some(Sequence(99)), "nothing of the old one's acknowledged");
+    pb.shutdown().await;
+    let stored = contents(&js, &name).await;
+    let bodies: Vec<Bytes> = stored.iter().map(|(_, b)| b.clone()).collect();
+    let expected: Vec<Bytes> =
+        (0..100).map(payload).chain((100..200).map(|i| Bytes::from(format!("new {i}")))).collect();
+    assert_eq!(bodies, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_publishers_taking_over_at_once_one_owns_the_subject_and_the_other_is_fenced() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    for round in 0..3 {
+        let (name, subject) = stream(&js, "race", Duration::from_secs(120)).await;
+        let cx = AsyncContext::new();
+        let (a, b) = (cell(&cx, 64), cell(&cx, 64));
+        // Both read the empty subject and take it over at once.
+        let mut pa = Publisher::spawn(a.clone(), &url, config("r", &name, &subject)).expect("valid");
+        let mut pb = Publisher::spawn(b.clone(), &url, config("r", &name, &subject)).expect("valid");
+        let settled = tokio::time::timeout(Duration::from_secs(30), async {
+            while pa.stats().epochs == 0 || pb.stats().epochs == 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+        assert!(settled.is_ok(), "round {round}: both claimed: {:?} {:?}", pa.stats(), pb.stats());
+        for i in 0..300 {
+            a.enqueue(payload(i));
+            b.enqueue(payload(1_000 + i));
+        }
+        // One of them is fenced; the other publishes everything.
+        let (fenced, winner, loser) = tokio::select! {
+            f = pa.stopped() => (f, b.clone(), a.clone()),
+            f = pb.stopped() => (f, a.clone(), b.clone()),
+            () = tokio::time::sleep(Duration::from_secs(30)) => panic!("round {round}: nobody was fenced"),
+        };
+        assert!(matches!(fenced, Some(PublisherError::Fenced { .. })), "round {round}: {fenced:?}");
+        acked(&winner, 299, Duration::from_secs(30)).await;
+        let stored = contents(&js, &name).await;
+        let of = |c: &AsyncEgressCell<Bytes>| -> Vec<u64> {
+            stored
+                .iter()
+                .filter_map(|(s, _)| s.as_ref())
+                .filter(|s| s.incarnation == c.incarnation().get())
+                .map(|s| s.sequence)
+                .collect()
+        };
+        assert_eq!(of(&winner), (0..300).collect::<Vec<_>>(), "round {round}: the owner's records, in order, once");
+        assert!(of(&loser).is_empty(), "round {round}: nothing of the fenced one: {:?}", of(&loser));
+        assert_eq!(loser.acked_through().get_untracked(), None, "round {round}");
+        drop((pa, pb));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_that_never_fills_is_given_up_and_said_not_a_stall_of_every_producer() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let stamp = |producer: &str, sequence: u64| Stamp {
+        producer: producer.into(),
+        incarnation: 9,
+        sequence,
+        generation: 1 << 32,
+        dead: None,
+        claim: false,
+    };
+    // Held at the broker's limit: q's 1..5 never come, while r's records
+    // keep coming behind q:5.
+    let (name, subject) = stream(&js, "gap", Duration::from_secs(120)).await;
+    raw(&js, &subject, Some(&stamp("q", 0)), payload(0)).await;
+    raw(&js, &subject, Some(&stamp("q", 5)), payload(5)).await;
+    for i in 0..50 {
+        raw(&js, &subject, Some(&stamp("r", i)), payload(i)).await;
+    }
+    let config = SubscriberConfig {
+        max_ack_pending: 16,
+        gap_timeout: Duration::from_secs(3600),
+        ..SubscriberConfig::new(fresh("g"))
+    };
+    let mut sub = Subscriber::new(&js, &name, config).await.expect("consumer");
+    let mut r = 0;
+    let mut q = Vec::new();
+    let all = tokio::time::timeout(Duration::from_secs(20), async {
+        while r < 50 || q.len() < 2 {
+            let d = sub.next().await.expect("a delivery");
+            if d.stamp().producer == "r" {
+                assert_eq!(d.sequence(), r, "r in order");
+                r += 1;
+            } else {
+                q.push((d.sequence(), d.skipped()));
+            }
+            d.ack().await.expect("acked");
+        }
+    })
+    .await;
+    assert!(all.is_ok(), "stalled after r {r}, q {q:?}");
+    assert_eq!(q, [(0, None), (5, Some(1..5))]);
+    assert_eq!(sub.stats().skipped, 4);
+
+    // Or after the gap's timeout.
+    let (name, subject) = stream(&js, "gap2", Duration::from_secs(120)).await;
+    raw(&js, &subject, Some(&stamp("q", 0)), payload(0)).await;
+    raw(&js, &subject, Some(&stamp("q", 3)), payload(3)).await;
+    let config = SubscriberConfig { gap_timeout: Duration::from_millis(200), ..SubscriberConfig::new(fresh("g")) };
+    let mut sub = Subscriber::new(&js, &name, config).await.expect("consumer");
+    let d = sub.next().await.expect("q:0");
+    assert_eq!((d.sequence(), d.skipped()), (0, None));
+    d.ack().await.expect("acked");
+    let d = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("given up in time").expect("q:3");
+    assert_eq!((d.sequence(), d.skipped()), (3, Some(1..3)));
 }
