@@ -493,6 +493,20 @@ async fn read_last(js: &Context, config: &PublisherConfig, check_stream: bool) -
     }
 }
 
+/// Whether the stream refused a message for its size (the stream's
+/// `max_msg_size`, or its headers): no retry can store it.
+fn never_storable(e: &async_nats::jetstream::context::PublishError) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    std::error::Error::source(e).and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>()).is_some_and(
+        |je| {
+            matches!(
+                je.error_code(),
+                ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM
+            )
+        },
+    )
+}
+
 /// Returns when the client has disconnected since `disconnects` (or is
 /// gone).
 async fn disconnected(link: &mut watch::Receiver<Link>, disconnects: u64) {
@@ -770,6 +784,14 @@ async fn epoch(
                     }
                 }
                 Err(e) if matches!(e.kind(), PublishErrorKind::WrongLastSequence | PublishErrorKind::WrongLastMessageId) => {
+                    break End::Resync;
+                }
+                Err(e) if never_storable(&e) => {
+                    // Above the stream's own limits: never storable, a dead
+                    // letter. What was pipelined behind it is refused by its
+                    // fence; the next epoch puts its tombstone in its place.
+                    counters.refused.fetch_add(1, Ordering::Relaxed);
+                    let _ = attachment.fail(sequence, egress_core::FailureKind::Permanent);
                     break End::Resync;
                 }
                 Err(e) => break End::Lost(format!("publish acknowledgement: {e}")),

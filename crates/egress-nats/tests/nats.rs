@@ -568,3 +568,39 @@ async fn a_gap_that_never_fills_is_given_up_and_said_not_a_stall_of_every_produc
     let d = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("given up in time").expect("q:3");
     assert_eq!((d.sequence(), d.skipped()), (3, Some(1..3)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_above_the_streams_own_size_limit_is_a_dead_letter_in_its_place_at_once() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let name = fresh("maxsize");
+    let subject = format!("egress.{name}");
+    js.create_stream(jetstream::stream::Config {
+        name: name.clone(),
+        subjects: vec![subject.clone()],
+        storage: jetstream::stream::StorageType::Memory,
+        max_message_size: 1024,
+        ..Default::default()
+    })
+    .await
+    .expect("made");
+    let cx = AsyncContext::new();
+    let c = cell(&cx, 8);
+    let p = Publisher::spawn(c.clone(), &url, config("m", &name, &subject)).expect("valid");
+    c.enqueue(payload(0));
+    c.enqueue(Bytes::from(vec![b'x'; 2_000])); // under the server's limit, above the stream's
+    c.enqueue(payload(2));
+    acked(&c, 2, Duration::from_secs(30)).await;
+    let stats = p.shutdown().await;
+    assert_eq!(stats.refused, 1, "{stats:?}");
+    assert_eq!(stats.lost, 0, "a refusal for size is no lost connection: {stats:?}");
+    let seen: Vec<(u64, bool)> = contents(&js, &name)
+        .await
+        .iter()
+        .map(|(s, _)| {
+            let s = s.as_ref().expect("egress");
+            (s.sequence, s.dead.is_some())
+        })
+        .collect();
+    assert_eq!(seen, [(0, false), (1, true), (2, false)]);
+}
