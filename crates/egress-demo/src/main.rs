@@ -497,6 +497,23 @@ async fn enqueue_paced(
     }
 }
 
+/// What the opening line says of the chaos.
+fn chaos_note(o: &Options, points: &[u64]) -> String {
+    if o.chaos {
+        format!("(chaos: {} kills, about one every {} messages, seed {})", points.len(), o.kill_every, o.seed)
+    } else {
+        "(no chaos)".into()
+    }
+}
+
+/// The one-process run's cell (its jitter seeded by `--seed`) and context.
+fn demo_cell(o: &Options) -> anyhow::Result<(AsyncContext, AsyncEgressCell<Bytes>)> {
+    let cx = AsyncContext::new();
+    let options = egress_reactive::CellOptions::new().jitter_seed(o.seed);
+    let cell = AsyncEgressCell::with_options(&cx, policy()?, options);
+    Ok((cx, cell))
+}
+
 async fn together(o: Options) -> anyhow::Result<()> {
     let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await?;
     let proxy = ChaosProxy::start(receiver.local_addr(), None).await?;
@@ -507,15 +524,9 @@ async fn together(o: Options) -> anyhow::Result<()> {
         o.rate.map(|r| format!(" at {r}/s")).unwrap_or_default(),
         receiver.local_addr(),
         proxy.local_addr(),
-        if o.chaos {
-            format!("(chaos: {} kills, about one every {} messages, seed {})", points.len(), o.kill_every, o.seed)
-        } else {
-            "(no chaos)".into()
-        }
+        chaos_note(&o, &points)
     );
-    let cx = AsyncContext::new();
-    let options = egress_reactive::CellOptions::new().jitter_seed(o.seed);
-    let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::with_options(&cx, policy()?, options);
+    let (cx, cell) = demo_cell(&o)?;
     let (bar, _effect, retries) = progress(&cx, &cell, o.messages);
     let started = Instant::now();
     let sender = Sender::spawn(cell.clone(), format!("ws://{}", proxy.local_addr()), sender_config(o.seed))?;

@@ -8,13 +8,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use async_nats::jetstream;
-use bytes::Bytes;
 use egress_nats::{Content, Publisher, PublisherConfig, Subscriber, SubscriberConfig};
-use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::ChaosProxy;
 use serde_json::json;
 
-use crate::{Options, enqueue_paced, finish, kill_points, payload, policy, progress};
+use crate::{Options, chaos_note, demo_cell, enqueue_paced, finish, kill_points, payload, progress};
 
 pub(crate) async fn run(o: Options, url: &str) -> anyhow::Result<()> {
     let server: std::net::SocketAddr = tokio::net::lookup_host(url.trim_start_matches("nats://"))
@@ -39,15 +37,9 @@ pub(crate) async fn run(o: Options, url: &str) -> anyhow::Result<()> {
         o.messages,
         o.rate.map(|r| format!(" at {r}/s")).unwrap_or_default(),
         proxy.local_addr(),
-        if o.chaos {
-            format!("(chaos: {} kills, about one every {} messages, seed {})", points.len(), o.kill_every, o.seed)
-        } else {
-            "(no chaos)".into()
-        }
+        chaos_note(&o, &points)
     );
-    let cx = AsyncContext::new();
-    let options = egress_reactive::CellOptions::new().jitter_seed(o.seed);
-    let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::with_options(&cx, policy()?, options);
+    let (cx, cell) = demo_cell(&o)?;
     let (bar, _effect, retries) = progress(&cx, &cell, o.messages);
     let started = Instant::now();
     let config = PublisherConfig {
