@@ -79,8 +79,10 @@ pub(crate) async fn run(o: Options, url: &str) -> anyhow::Result<()> {
     bar.finish();
     let stats = publisher.shutdown().await;
     let s = subscriber.stats();
-    // The stream holds the records and the publisher's takeover claim.
-    let stored = js.get_stream(&name).await?.cached_info().state.messages.saturating_sub(stats.claims);
+    // The stream holds the records and the publisher's takeover claims
+    // (more than one when a claim's acknowledgement was lost), which the
+    // subscriber passed over.
+    let stored = js.get_stream(&name).await?.cached_info().state.messages.saturating_sub(s.claims);
     let _ = js.delete_stream(&name).await;
     let exactly_once = received == o.messages && out_of_order == 0 && s.delivered == o.messages && stored == o.messages;
     finish(

@@ -187,8 +187,10 @@ pub struct PublisherStats {
     /// Records refused before publishing (above the server's payload
     /// limit): permanent failures.
     pub refused: u64,
-    /// Takeover claims stored (messages of the subject that are no
-    /// record; see [`Stamp::claim`]).
+    /// Takeover claims acknowledged as stored (messages of the subject
+    /// that are no record; see [`Stamp::claim`]). A claim whose
+    /// acknowledgement was lost with its connection is stored but not
+    /// counted (the takeover then claims again).
     pub claims: u64,
 }
 

@@ -108,6 +108,8 @@ pub struct SubscriberStats {
     pub duplicates: u64,
     /// Messages without egress headers, acknowledged and dropped.
     pub foreign: u64,
+    /// Takeover claims passed over (messages that are no record).
+    pub claims: u64,
     /// Sequences given up: gaps that did not fill within `gap_timeout`
     /// (or while the subscriber held all it may).
     pub skipped: u64,
@@ -323,6 +325,7 @@ impl Subscriber {
         };
         if stamp.claim {
             // A takeover's claim: no record.
+            self.stats.claims += 1;
             return self.handle(stream_sequence, message).await;
         }
         let key: Key = (Arc::from(stamp.producer.as_str()), stamp.incarnation);
