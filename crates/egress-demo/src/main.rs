@@ -497,6 +497,29 @@ async fn enqueue_paced(
     }
 }
 
+/// Ends a one-process run: its summary (`fields`, and the time, rate and
+/// what the cell still holds), and an error unless delivery was exactly
+/// once and in order.
+fn finish_run(
+    o: &Options,
+    cell: &AsyncEgressCell<Bytes>,
+    elapsed: Duration,
+    mut fields: serde_json::Value,
+    exactly_once: bool,
+) -> anyhow::Result<()> {
+    if let Some(map) = fields.as_object_mut() {
+        map.insert("seconds".into(), json!(elapsed.as_secs_f64()));
+        map.insert("messages_per_second".into(), json!((o.messages as f64 / elapsed.as_secs_f64()).round()));
+        let left = cell.pending_len().get() + cell.inflight_len().get() + cell.parked_len().get();
+        map.insert("left_pending_inflight_parked".into(), json!(left));
+    }
+    finish(fields, o.summary_json.as_deref())?;
+    if !exactly_once {
+        bail!("delivery was not exactly once and in order");
+    }
+    Ok(())
+}
+
 /// What the opening line says of the chaos.
 fn chaos_note(o: &Options, points: &[u64]) -> String {
     if o.chaos {
@@ -553,7 +576,10 @@ async fn together(o: Options) -> anyhow::Result<()> {
     let stats = sender.shutdown().await;
     let r = receiver.stats();
     let exactly_once = received == o.messages && out_of_order == 0 && r.delivered == o.messages;
-    finish(
+    finish_run(
+        &o,
+        &cell,
+        elapsed,
         json!({
             "messages": o.messages,
             "delivered": r.delivered,
@@ -563,16 +589,9 @@ async fn together(o: Options) -> anyhow::Result<()> {
             "kill_points": points,
             "reconnects": stats.reconnects,
             "retries": retries.load(Ordering::Relaxed),
-            "seconds": elapsed.as_secs_f64(),
-            "messages_per_second": (o.messages as f64 / elapsed.as_secs_f64()).round(),
-            "left_pending_inflight_parked": cell.pending_len().get() + cell.inflight_len().get() + cell.parked_len().get(),
         }),
-        o.summary_json.as_deref(),
-    )?;
-    if !exactly_once {
-        bail!("delivery was not exactly once and in order");
-    }
-    Ok(())
+        exactly_once,
+    )
 }
 
 async fn receive(o: Options) -> anyhow::Result<()> {

@@ -6,13 +6,13 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use async_nats::jetstream;
 use egress_nats::{Content, Publisher, PublisherConfig, Subscriber, SubscriberConfig};
 use egress_ws::ChaosProxy;
 use serde_json::json;
 
-use crate::{Options, chaos_note, demo_cell, enqueue_paced, finish, kill_points, payload, progress};
+use crate::{Options, chaos_note, demo_cell, enqueue_paced, finish_run, kill_points, payload, progress};
 
 pub(crate) async fn run(o: Options, url: &str) -> anyhow::Result<()> {
     let server: std::net::SocketAddr = tokio::net::lookup_host(url.trim_start_matches("nats://"))
@@ -85,7 +85,10 @@ pub(crate) async fn run(o: Options, url: &str) -> anyhow::Result<()> {
     let stored = js.get_stream(&name).await?.cached_info().state.messages.saturating_sub(s.claims);
     let _ = js.delete_stream(&name).await;
     let exactly_once = received == o.messages && out_of_order == 0 && s.delivered == o.messages && stored == o.messages;
-    finish(
+    finish_run(
+        &o,
+        &cell,
+        elapsed,
         json!({
             "messages": o.messages,
             "delivered": s.delivered,
@@ -97,14 +100,7 @@ pub(crate) async fn run(o: Options, url: &str) -> anyhow::Result<()> {
             "kill_points": points,
             "reconnects": stats.lost + stats.resyncs,
             "retries": retries.load(Ordering::Relaxed),
-            "seconds": elapsed.as_secs_f64(),
-            "messages_per_second": (o.messages as f64 / elapsed.as_secs_f64()).round(),
-            "left_pending_inflight_parked": cell.pending_len().get() + cell.inflight_len().get() + cell.parked_len().get(),
         }),
-        o.summary_json.as_deref(),
-    )?;
-    if !exactly_once {
-        bail!("delivery was not exactly once and in order");
-    }
-    Ok(())
+        exactly_once,
+    )
 }
