@@ -604,3 +604,32 @@ async fn a_record_above_the_streams_own_size_limit_is_a_dead_letter_in_its_place
         .collect();
     assert_eq!(seen, [(0, false), (1, true), (2, false)]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_message_of_a_higher_owner_fences_the_publisher_and_nothing_after_it_is_acknowledged() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "forged", Duration::from_secs(120)).await;
+    let cx = AsyncContext::new();
+    let c = cell(&cx, 16);
+    let mut p = Publisher::spawn(c.clone(), &url, config("f", &name, &subject)).expect("valid");
+    for i in 0..20 {
+        c.enqueue(payload(i));
+    }
+    acked(&c, 19, Duration::from_secs(30)).await;
+    // A writer with publish permission forges a message of owner 9.
+    let forged =
+        Stamp { producer: "x".into(), incarnation: 1, sequence: 0, generation: 9 << 32, dead: None, claim: false };
+    raw(&js, &subject, Some(&forged), Bytes::from_static(b"forged")).await;
+    for i in 20..30 {
+        c.enqueue(payload(i));
+    }
+    let stopped = tokio::time::timeout(Duration::from_secs(30), p.stopped()).await.expect("it stops");
+    assert_eq!(stopped, Some(PublisherError::Fenced { owner: 1, by: 9 << 32 }));
+    assert_eq!(c.acked_through().get_untracked(), Some(Sequence(19)), "nothing after the forgery acknowledged");
+    assert_eq!(
+        c.pending_len().get_untracked() + c.inflight_len().get_untracked(),
+        10,
+        "nothing lost: still in the cell"
+    );
+}
