@@ -313,11 +313,15 @@ fn recompute_in_walk<'a, F: Flavor>(
     let changed = update_borrowed(cell, g, key);
     let mut g = cell.borrow_mut();
     g.walk_stack.truncate(depth);
+    // A changed value reaches the subscribers before anything else: when
+    // the run freed nodes, the walk starts over (or ends, its start gone),
+    // and a subscriber that is not on it (a sibling effect queued behind
+    // it) learns of the change only through this mark.
+    if changed && g.alive(key) {
+        g.shallow_propagate(node);
+    }
     if g.epoch != epoch {
         return (g, None);
-    }
-    if changed {
-        g.shallow_propagate(node);
     }
     (g, Some(changed))
 }
