@@ -347,7 +347,8 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
                 return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.created_at });
             }
             // Fast path: up to date, nothing batched to settle first.
-            if g.node(self.key.index).flags & (DIRTY | PENDING | RUNNING | FAILED) == 0 && g.writes.is_empty() {
+            if g.node(self.key.index).flags & (DIRTY | PENDING | RUNNING | FAILED | ORPHAN) == 0 && g.writes.is_empty()
+            {
                 let active = g.active;
                 if track && active != NONE {
                     g.link(self.key.index, active);

@@ -602,6 +602,38 @@ impl<F: Flavor> Scope<F> {
         }
     }
 
+    /// Cancels the scope's teardown: the nodes it owns now are handed to
+    /// the scope's own owner (the context, for a scope made outside any
+    /// computation), as if they had been made there, after that owner's
+    /// other nodes. Nothing is disposed and nothing else changes: values,
+    /// dependencies and pending runs stay as they are, and each node can
+    /// still be disposed on its own. Disposing the scope afterwards
+    /// disposes only what was made in it since. A no-op on a disposed
+    /// scope.
+    ///
+    /// ```
+    /// use egress_reactive::Context;
+    ///
+    /// let cx = Context::new();
+    /// let (scope, kept) = cx.scope(|| cx.signal(1));
+    /// scope.disarm();
+    /// scope.dispose();
+    /// assert_eq!(kept.get(), 1);
+    /// ```
+    pub fn disarm(&self) {
+        self.handle.enter(|cell| {
+            let mut g = cell.borrow_mut();
+            if g.alive(self.key) {
+                g.hand_children_up(self.key.index);
+            }
+        });
+    }
+
+    /// How many nodes the scope owns directly (0 once disposed).
+    pub fn owned_count(&self) -> usize {
+        self.handle.introspect(self.key, |g| g.child_count(self.key.index)).unwrap_or(0)
+    }
+
     /// Where the scope was created.
     pub fn created_at(&self) -> &'static Location<'static> {
         self.created_at

@@ -65,6 +65,11 @@ pub(crate) mod flags {
     pub(crate) const DOOMED: u32 = 1 << 13;
     /// A signal with its own equality, kept in [`Graph::equalities`].
     pub(crate) const CUSTOM_EQ: u32 = 1 << 14;
+    /// A node it read was disposed: its next read (or, for an effect, its
+    /// next queued run) runs it again, so a computation that still reads
+    /// the disposed node fails there instead of serving the value it had.
+    /// Not a mark for propagation (a later write still queues the node).
+    pub(crate) const ORPHAN: u32 = 1 << 15;
 }
 use flags::*;
 
@@ -567,7 +572,7 @@ impl<F: Flavor> Graph<F> {
         let node = &mut self.nodes[index as usize];
         let obj = node.obj.take()?;
         let saved = Saved { active: self.active, owner: self.owner, depth: self.depth };
-        node.flags = (node.flags & !(DIRTY | PENDING)) | RUNNING;
+        node.flags = (node.flags & !(DIRTY | PENDING | ORPHAN)) | RUNNING;
         node.deps_tail = NONE;
         node.runs = node.runs.wrapping_add(1);
         node.aux = saved.active;
@@ -616,7 +621,7 @@ impl<F: Flavor> Graph<F> {
     #[cfg(feature = "async")]
     pub(crate) fn begin_detached(&mut self, index: u32) {
         let node = &mut self.nodes[index as usize];
-        node.flags &= !(DIRTY | PENDING);
+        node.flags &= !(DIRTY | PENDING | ORPHAN);
         node.deps_tail = NONE;
         node.runs = node.runs.wrapping_add(1);
     }
@@ -817,7 +822,49 @@ impl<F: Flavor> Graph<F> {
         }
     }
 
-    /// Removes every link of `index`, both ways.
+    /// How many nodes `index` owns directly.
+    pub(crate) fn child_count(&self, index: u32) -> usize {
+        let mut n = 0;
+        let mut child = self.nodes[index as usize].last_child;
+        while child != NONE {
+            n += 1;
+            child = self.nodes[child as usize].prev_sibling;
+        }
+        n
+    }
+
+    /// Hands every child of `index` to the owner of `index` (the root if it
+    /// has none), after that owner's own children and in their creation
+    /// order: disposing `index` then disposes none of them. Links, values
+    /// and flags are untouched.
+    pub(crate) fn hand_children_up(&mut self, index: u32) {
+        let heir = match self.nodes[index as usize].owner {
+            NONE => self.root,
+            owner => owner,
+        };
+        // The first child: the children list runs backwards from the last.
+        let mut first = self.nodes[index as usize].last_child;
+        if first == NONE {
+            return;
+        }
+        while self.nodes[first as usize].prev_sibling != NONE {
+            first = self.nodes[first as usize].prev_sibling;
+        }
+        let last = std::mem::replace(&mut self.nodes[index as usize].last_child, NONE);
+        let mut child = first;
+        while child != NONE {
+            self.nodes[child as usize].owner = heir;
+            child = self.nodes[child as usize].next_sibling;
+        }
+        // Splice the whole list after the heir's last child.
+        let tail = std::mem::replace(&mut self.nodes[heir as usize].last_child, last);
+        self.nodes[first as usize].prev_sibling = tail;
+        if tail != NONE {
+            self.nodes[tail as usize].next_sibling = first;
+        }
+    }
+
+    /// Removes every link of `index`, both ways.    /// Removes every link of `index`, both ways.
     #[inline(never)]
     fn unlink_all(&mut self, index: u32) {
         let mut l = self.nodes[index as usize].deps_head;
@@ -832,10 +879,13 @@ impl<F: Flavor> Graph<F> {
         self.release_unwatched();
         let mut l = self.nodes[index as usize].subs_head;
         while l != NONE {
-            let next = self.links[l as usize].next_sub;
+            let Link { sub, next_sub, .. } = self.links[l as usize];
+            // The subscriber still names this node: it must run again
+            // before its value (or its effect) is taken as current.
+            self.nodes[sub as usize].flags |= ORPHAN;
             self.unlink_dep_side(l);
             self.free_link(l);
-            l = next;
+            l = next_sub;
         }
         let node = &mut self.nodes[index as usize];
         node.deps_head = NONE;

@@ -216,8 +216,8 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
                 }
                 let dep = g.link_at(link).dep;
                 let f = g.node(dep).flags;
-                if f & COMPUTED != 0 && f & (DIRTY | PENDING | FAILED) != 0 {
-                    step = Some((dep, f & (DIRTY | FAILED) != 0));
+                if f & COMPUTED != 0 && f & (DIRTY | PENDING | FAILED | ORPHAN) != 0 {
+                    step = Some((dep, f & (DIRTY | FAILED | ORPHAN) != 0));
                     break;
                 }
                 link = g.link_at(link).next_dep;
@@ -353,7 +353,7 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
         nodes.reverse();
         return Err(CycleError { nodes });
     }
-    let stale = flags & (DIRTY | FAILED) != 0 || (flags & PENDING != 0 && check_dirty(cell, key));
+    let stale = flags & (DIRTY | FAILED | ORPHAN) != 0 || (flags & PENDING != 0 && check_dirty(cell, key));
     if stale && update(cell, key) {
         let mut g = cell.borrow_mut();
         if g.alive(key) {
@@ -598,7 +598,7 @@ fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key
         return;
     }
     drop(g);
-    if flags & DIRTY == 0 && !(flags & PENDING != 0 && check_dirty(cell, key)) {
+    if flags & (DIRTY | ORPHAN) == 0 && !(flags & PENDING != 0 && check_dirty(cell, key)) {
         return;
     }
     if flags & ASYNC != 0 {

@@ -1,0 +1,147 @@
+#![allow(clippy::unwrap_used)]
+//! What disposal leaves behind: a computation that read a disposed node
+//! runs again before its value is used (and fails there while it still
+//! reads it), an effect is not run by the disposal itself, and a scope's
+//! teardown can be cancelled.
+
+mod common;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use common::Log;
+
+each_flavour! {
+    fn a_reader_of_a_disposed_computed_fails_at_its_next_read_instead_of_serving_its_value(cx) {
+        let src = cx.signal(4);
+        let derived = cx.computed({ let src = src.clone(); move || src.get() });
+        let reader = cx.computed({ let d = derived.clone(); move || d.get() + 1 });
+        assert_eq!(reader.get(), 5);
+        derived.dispose();
+        for _ in 0..2 {
+            // It stays broken: every read runs it again, and it fails again.
+            let runs = reader.runs();
+            assert!(catch_unwind(AssertUnwindSafe(|| reader.get())).is_err(), "served a value computed from a disposed node");
+            assert_eq!(reader.runs(), runs + 1);
+        }
+        assert!(!reader.is_disposed());
+    }
+
+    fn a_reader_that_no_longer_reads_the_disposed_node_recovers(cx) {
+        let src = cx.signal(4);
+        let use_derived = cx.signal(true);
+        let derived = cx.computed({ let src = src.clone(); move || src.get() * 10 });
+        let reader = cx.computed({
+            let (d, src, use_derived) = (derived.clone(), src.clone(), use_derived.clone());
+            move || if use_derived.get() { d.try_get().unwrap_or(-1) } else { src.get() }
+        });
+        assert_eq!(reader.get(), 40);
+        derived.dispose();
+        assert_eq!(reader.get(), -1, "the read ran it again");
+        use_derived.set(false);
+        assert_eq!(reader.get(), 4);
+        src.set(5);
+        assert_eq!(reader.get(), 5);
+    }
+
+    fn disposal_runs_no_effect_and_an_unrelated_write_does_not_either(cx) {
+        let src = cx.signal(1);
+        let other = cx.signal(100);
+        let mid = cx.computed({ let src = src.clone(); move || src.get() + 10 });
+        let log = Log::new();
+        let watch = cx.effect({ let (mid, log) = (mid.clone(), log.clone()); move || log.push(format!("watch {:?}", mid.try_get().ok())) });
+        cx.effect({ let (other, log) = (other.clone(), log.clone()); move || log.push(format!("keeper {}", other.get())) });
+        assert_eq!(log.take(), ["watch Some(11)", "keeper 100"]);
+        mid.dispose();
+        assert_eq!(log.take(), Vec::<String>::new());
+        other.set(200);
+        assert_eq!(log.take(), ["keeper 200"]);
+        assert!(!watch.is_disposed());
+    }
+
+    fn an_effect_that_read_a_disposed_node_runs_again_when_another_of_its_sources_changes(cx) {
+        let src = cx.signal(1);
+        let other = cx.signal(0);
+        let mid = cx.computed({ let src = src.clone(); move || src.get() + 10 });
+        // `other` read first, so its change queues the effect as pending
+        // and the re-validation, not the write, decides that it runs.
+        let below = cx.computed({ let other = other.clone(); move || other.get() % 2 });
+        let log = Log::new();
+        cx.effect({
+            let (below, mid, log) = (below.clone(), mid.clone(), log.clone());
+            move || log.push(format!("{} {:?}", below.get(), mid.try_get().ok()))
+        });
+        assert_eq!(log.take(), ["0 Some(11)"]);
+        mid.dispose();
+        // `below` keeps its value (2 % 2 == 0): only the disposal makes the
+        // effect run again, and it sees the node gone.
+        other.set(2);
+        assert_eq!(log.take(), ["0 None"]);
+        other.set(4);
+        assert_eq!(log.take(), Vec::<String>::new());
+    }
+
+    fn a_disarmed_scope_disposes_nothing_and_its_nodes_go_on(cx) {
+        let topic = cx.signal(1);
+        let log = Log::new();
+        let (scope, (escaped, watch)) = cx.scope(|| {
+            let escaped = cx.computed({ let t = topic.clone(); move || t.get() + 5 });
+            let watch = cx.effect({ let (e, log) = (escaped.clone(), log.clone()); move || log.push(format!("watch {}", e.get())) });
+            (escaped, watch)
+        });
+        assert_eq!(scope.owned_count(), 2);
+        let nodes = cx.node_count();
+        scope.disarm();
+        assert_eq!(scope.owned_count(), 0);
+        assert_eq!(cx.node_count(), nodes);
+        scope.dispose();
+        assert!(!escaped.is_disposed() && !watch.is_disposed());
+        topic.set(4);
+        assert_eq!(log.take(), ["watch 6", "watch 9"]);
+        // They belong to the context now, in the order they were made,
+        // and can still be disposed one by one.
+        watch.dispose();
+        escaped.dispose();
+        assert_eq!(topic.subscriber_count(), 0);
+    }
+
+    fn a_disarmed_scope_inside_an_effect_hands_its_nodes_to_the_effect(cx) {
+        let trigger = cx.signal(0);
+        let made = Log::new();
+        let h = cx.handle();
+        let outer = cx.effect({
+            let (trigger, made, h) = (trigger.clone(), made.clone(), h.clone());
+            move || {
+                trigger.get();
+                let (scope, inner) = h.scope(|| h.signal(7));
+                scope.disarm();
+                drop(scope);
+                made.push(format!("{}", inner.get()));
+            }
+        });
+        let count = cx.node_count();
+        trigger.set(1);
+        // The rerun disposed what the first run made (the effect owned it).
+        assert_eq!(cx.node_count(), count);
+        assert_eq!(made.take(), ["7", "7"]);
+        outer.dispose();
+    }
+
+    fn disarm_keeps_creation_order_for_teardown(cx) {
+        let log = Log::new();
+        let (outer, ()) = cx.scope(|| {
+            let h = cx.handle();
+            let (inner, ()) = cx.scope(|| {
+                for name in ["a", "b", "c"] {
+                    let log = log.clone();
+                    let h2 = h.clone();
+                    cx.effect(move || { let log = log.clone(); h2.on_cleanup(move || log.push(name)); });
+                }
+            });
+            inner.disarm();
+            drop(inner);
+            let log = log.clone();
+            cx.effect(move || { let log = log.clone(); h.on_cleanup(move || log.push("d")); });
+        });
+        outer.dispose();
+        assert_eq!(log.take(), ["d", "c", "b", "a"]);
+    }
+}
