@@ -211,14 +211,16 @@ let policy_of doc =
     match member "ordering" pol_j with Some (`String "strict") -> Strict | _ -> Pipelined
   in
   jitter := float_of "jitter" pol_j;
+  (* Absent extensions read as the design has them, as the Rust fixture
+     loader does: dead letters held (an exhausted record is terminal), no
+     replay limit (u32::MAX). *)
   let hold =
     match member "dead_letters" pol_j with
-    | Some (`String "hold") -> true
-    | None | Some (`String "skip") -> false
+    | None | Some (`String "hold") -> true
+    | Some (`String "skip") -> false
     | Some _ -> raise (Bad "dead_letters is neither skip nor hold")
   in
-  (* The policy's default replay limit, as the Rust fixture loader has it. *)
-  let rlimit = num_or "replay_limit" (n_of_z (Big.of_int 8)) pol_j in
+  let rlimit = num_or "replay_limit" (n_of_z (Big.of_string "4294967295")) pol_j in
   { limit = num "inflight_limit" pol_j; budget = num "retry_budget" pol_j; rlimit; base = num "retry_base" pol_j;
     ceiling = num "retry_ceiling" pol_j; ordering_of = ordering; hold }
 

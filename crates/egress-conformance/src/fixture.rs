@@ -69,8 +69,10 @@ pub struct FixturePolicy {
     pub inflight_limit: usize,
     /// See [`Policy::retry_budget`].
     pub retry_budget: u32,
-    /// See [`Policy::replay_limit`] (default 8, the policy's default).
-    #[serde(default = "default_replay_limit")]
+    /// See [`Policy::replay_limit`]. Absent: no limit (`u32::MAX`), as the
+    /// design has none; an extension of this corpus, so a fixture that
+    /// relies on a limit states it.
+    #[serde(default = "design_replay_limit")]
     pub replay_limit: u32,
     /// See [`Policy::retry_base`], in ticks.
     pub retry_base: u64,
@@ -82,13 +84,21 @@ pub struct FixturePolicy {
     /// An extension of this corpus: the jitter fraction (default 0).
     #[serde(default)]
     pub jitter: f64,
-    /// `"skip"` (the default: dead letters become tombstones) or `"hold"`.
-    #[serde(default)]
+    /// `"skip"` (dead letters become tombstones) or `"hold"`. Absent:
+    /// `"hold"`, the design's reading (an exhausted record is terminal and
+    /// stays out of the stream), not [`Policy::default`]'s `skip`: an
+    /// extension of this corpus, so a fixture that relies on tombstones
+    /// states it.
+    #[serde(default = "design_dead_letters")]
     pub dead_letters: DeadLetters,
 }
 
-fn default_replay_limit() -> u32 {
-    Policy::default().replay_limit()
+const fn design_replay_limit() -> u32 {
+    u32::MAX
+}
+
+const fn design_dead_letters() -> DeadLetters {
+    DeadLetters::Hold
 }
 
 /// One step: an operation, what it must return, and the state after it.

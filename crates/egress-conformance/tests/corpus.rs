@@ -112,6 +112,31 @@ fn absent_expected_keys_are_not_asserted() {
     assert!(matches!(verdict_of(&v), Verdict::Passed { .. }));
 }
 
+#[test]
+fn an_extension_field_the_fixture_names_is_asserted() {
+    // The second reconnect names `dead`: a wrong count fails there, and an
+    // extension field of another op is not dropped.
+    let mut v = load_value("design_reading_reconnect_names_dead_only_as_an_extension.json");
+    v["steps"][4]["returns"]["dead"] = json!(1);
+    assert_eq!(mismatch_field(&v), (4, "returns.dead".to_owned()));
+    // A return that has no such extension keeps every field asserted.
+    let mut v = load_value("design_reading_reconnect_names_dead_only_as_an_extension.json");
+    v["steps"][4]["returns"].as_object_mut().expect("an object").remove("replayed");
+    assert_eq!(mismatch_field(&v), (4, "returns.replayed".to_owned()));
+}
+
+#[test]
+fn a_policy_naming_skip_gets_tombstones_where_the_design_reading_holds() {
+    // The same steps under `dead_letters: skip`: the exhausted record
+    // becomes a tombstone in pending, which the design reading's fixture
+    // says is not there.
+    let mut v = load_value("design_reading_absent_dead_letters_are_held.json");
+    v["policy"]["dead_letters"] = json!("skip");
+    assert_eq!(mismatch_field(&v).0, 3);
+    v["policy"]["dead_letters"] = json!("hold");
+    assert!(matches!(verdict_of(&v), Verdict::Passed { .. }));
+}
+
 fn malformed(text: &str) -> (String, String) {
     let e = Fixture::parse(Path::new("bad.json"), text).expect_err("must be refused");
     assert_eq!(e.file, Path::new("bad.json"));
