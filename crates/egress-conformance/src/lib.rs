@@ -27,14 +27,16 @@
 //! ```
 
 pub mod fixture;
+pub mod graph;
 pub mod runner;
 pub mod shell;
 pub mod target;
 
 pub use fixture::{Fixture, FixtureError, Op};
-pub use runner::{Mismatch, Report, Verdict, collect_files, run_files, run_fixture};
+pub use graph::{GraphFixture, GraphSession, run_graph_fixture};
+pub use runner::{KINDS_NOT_IMPLEMENTED, Mismatch, Report, Verdict, collect_files, run_files, run_fixture};
 pub use shell::{AsyncTarget, ContextTarget, ThreadSafeTarget};
-pub use target::{CoreTarget, Observation, Session, Target};
+pub use target::{CoreTarget, GraphStart, Observation, Session, Target};
 
 /// Every target this build knows, by name.
 #[must_use]

@@ -56,6 +56,13 @@ fn on_graph<F: CellFlavor<Value>>(cx: Ctx<F>, fixture: &Fixture) -> Result<Box<d
 }
 
 impl Target for ContextTarget {
+    fn graph(&self) -> Option<crate::target::GraphStart> {
+        Some(Box::new(|| {
+            let cx = Context::new();
+            crate::graph::local::start(cx.handle(), Box::new(cx))
+        }))
+    }
+
     fn name(&self) -> &'static str {
         "context"
     }
@@ -66,6 +73,13 @@ impl Target for ContextTarget {
 }
 
 impl Target for ThreadSafeTarget {
+    fn graph(&self) -> Option<crate::target::GraphStart> {
+        Some(Box::new(|| {
+            let cx = ThreadSafeContext::new();
+            crate::graph::threaded::start(cx.handle(), Box::new(cx))
+        }))
+    }
+
     fn name(&self) -> &'static str {
         "thread-safe"
     }
@@ -76,6 +90,13 @@ impl Target for ThreadSafeTarget {
 }
 
 impl Target for AsyncTarget {
+    fn graph(&self) -> Option<crate::target::GraphStart> {
+        Some(Box::new(|| {
+            let cx = AsyncContext::new();
+            crate::graph::threaded::start(cx.handle(), Box::new(cx))
+        }))
+    }
+
     fn name(&self) -> &'static str {
         "async"
     }

@@ -24,7 +24,17 @@ pub trait Target {
     /// # Errors
     /// A description of why the target cannot start.
     fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String>;
+
+    /// What starts a fresh reactive graph of this target's flavour for a
+    /// reactive-graph fixture; `None` for a target without a graph (the
+    /// core).
+    fn graph(&self) -> Option<GraphStart> {
+        None
+    }
 }
+
+/// Starts a session of the reactive-graph interpreter on a fresh graph.
+pub type GraphStart = Box<dyn Fn() -> Box<dyn crate::graph::GraphSession>>;
 
 /// One fixture's run on one target.
 pub trait Session {
