@@ -427,8 +427,16 @@ pub(crate) fn field_i64(op: &Value, key: &str) -> Result<i64, String> {
     op.get(key).and_then(Value::as_i64).ok_or_else(|| format!("op field {key} missing or not an integer"))
 }
 
+/// The most nodes (or cycles) one `fanout` or `churn` op may ask for: a
+/// fixture is a test, and a count past this is a mistake, not a load.
+pub const MAX_COUNT: u64 = 100_000;
+
 pub(crate) fn field_u64(op: &Value, key: &str) -> Result<u64, String> {
-    op.get(key).and_then(Value::as_u64).ok_or_else(|| format!("op field {key} missing or not a count"))
+    let n = op.get(key).and_then(Value::as_u64).ok_or_else(|| format!("op field {key} missing or not a count"))?;
+    if n > MAX_COUNT {
+        return Err(format!("op field {key}: {n} is above {MAX_COUNT}"));
+    }
+    Ok(n)
 }
 
 pub(crate) fn ids<'a>(op: &'a Value, key: &str) -> Result<Vec<&'a str>, String> {
