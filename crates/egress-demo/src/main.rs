@@ -321,12 +321,15 @@ fn policy() -> anyhow::Result<Policy> {
         .build()?)
 }
 
+/// The documented defaults (docs/protocol.md, "Timeouts, bounds and
+/// backoff"), but for the reconnect backoff: 5 ms doubling to 500 ms
+/// instead of 20 ms to 2 s, since the demo's proxy kills a connection every
+/// few thousand messages on purpose (README says so).
 fn sender_config(seed: u64) -> SenderConfig {
     SenderConfig {
         seed,
         backoff_base: Duration::from_millis(5),
         backoff_max: Duration::from_millis(500),
-        stall_timeout: Some(Duration::from_secs(3)),
         ..SenderConfig::new("egress-demo")
     }
 }
@@ -754,6 +757,15 @@ async fn send(o: Options) -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use indicatif::{InMemoryTerm, ProgressDrawTarget};
+
+    #[test]
+    fn the_sender_runs_with_the_documented_timeouts() {
+        // docs/protocol.md: connect timeout 5 s, stall timeout 5 s.
+        let demo = sender_config(1);
+        assert_eq!(demo.stall_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(demo.connect_timeout, Duration::from_secs(5));
+        assert_eq!((demo.backoff_base, demo.backoff_max), (Duration::from_millis(5), Duration::from_millis(500)));
+    }
 
     #[test]
     fn counts_take_at_most_six_columns() {

@@ -18,7 +18,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tracing::Instrument as _;
 
-use crate::protocol::{CloseCode, Frame, GENERATION_LIMIT, Limits, MAX_GENERATION_JUMP};
+use crate::protocol::{CloseCode, DecodeError, Frame, GENERATION_LIMIT, Limits, MAX_GENERATION_JUMP, VERSION};
 
 /// A byte stream a sender can speak WebSocket over: what a [`Connect`]
 /// opens (a TCP connection by default; a Unix socket, a proxy tunnel or an
@@ -639,6 +639,9 @@ enum End {
     Stale(u64),
     /// A protocol error (of either side).
     Protocol(String),
+    /// The receiver speaks another version (a protocol error, closed with
+    /// code 2).
+    Version(String),
     /// The sender cannot go on.
     Fatal(String),
 }
@@ -687,7 +690,7 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
             End::Stop => return None,
             End::Fatal(why) => return Some(why),
             End::Lost(why) => (true, why),
-            End::Protocol(why) => {
+            End::Protocol(why) | End::Version(why) => {
                 counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%why, "egress sender: protocol error");
                 (true, format!("protocol error: {why}"))
@@ -730,13 +733,35 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
 /// Sends a close frame, giving up after a moment (a peer that does not read
 /// must not hold the sender).
 async fn send_close(sink: &Mutex<Sink>, code: CloseCode, reason: &str) {
-    let frame = Frame::Close { code, detail: 0, reason: reason.into() };
+    let mut sink = sink.lock().await;
+    close_with(&mut *sink, code, 0, reason).await;
+}
+
+/// Sends the close frame `code` (`detail`, `reason`, cut to the protocol's
+/// limit by the encoding) and closes, giving up after a moment.
+async fn close_with<S>(sink: &mut S, code: CloseCode, detail: u64, reason: &str)
+where
+    S: futures_util::Sink<Message> + Unpin,
+{
+    let frame = Frame::Close { code, detail, reason: reason.into() };
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        let mut sink = sink.lock().await;
         let _ = sink.send(Message::Binary(frame.encode())).await;
         let _ = sink.close().await;
     })
     .await;
+}
+
+/// Closes for `end`, if it is the receiver's breach of the protocol: code 1,
+/// or code 2 (with the version this side speaks) for another version.
+async fn close_for<S>(sink: &mut S, end: &End)
+where
+    S: futures_util::Sink<Message> + Unpin,
+{
+    match end {
+        End::Protocol(why) => close_with(sink, CloseCode::Protocol, 0, why).await,
+        End::Version(why) => close_with(sink, CloseCode::Version, u64::from(VERSION), why).await,
+        _ => {}
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -777,18 +802,26 @@ async fn connection<T: Clone + Send + Sync + 'static>(
             resume_from,
         };
         ws.send(Message::Binary(hello.encode())).await.map_err(|e| End::Lost(e.to_string()))?;
-        match read_frame(&mut ws, config.limits, &mut Instant::now()).await? {
-            Frame::Welcome { generation: g, next, received, terms } if g == generation.get() => {
-                Ok((ws, next, received, terms))
+        let end = match read_frame(&mut ws, config.limits, &mut Instant::now()).await {
+            Ok(Frame::Welcome { generation: g, next, received, terms }) if g == generation.get() => {
+                return Ok((ws, next, received, terms));
             }
-            Frame::Close { code: CloseCode::StaleGeneration, detail, .. } => Err(End::Stale(detail)),
-            Frame::Close { code: CloseCode::Retry, .. } => Err(End::Retry),
-            Frame::Close { code: CloseCode::Normal | CloseCode::Busy, reason, .. } => {
-                Err(End::Lost(format!("refused: {reason}")))
+            Ok(Frame::Close { code: CloseCode::StaleGeneration, detail, .. }) => return Err(End::Stale(detail)),
+            Ok(Frame::Close { code: CloseCode::Retry, .. }) => return Err(End::Retry),
+            Ok(Frame::Close { code: CloseCode::Normal | CloseCode::Busy, reason, .. }) => {
+                return Err(End::Lost(format!("refused: {reason}")));
             }
-            Frame::Close { code, reason, .. } => Err(End::Protocol(format!("refused: {code:?} {reason}"))),
-            other => Err(End::Protocol(format!("expected a welcome, got {other:?}"))),
-        }
+            // The receiver closed: nothing to answer.
+            Ok(Frame::Close { code, reason, .. }) => return Err(End::Protocol(format!("refused: {code:?} {reason}"))),
+            Ok(Frame::Welcome { generation: g, .. }) => {
+                End::Protocol(format!("a welcome for generation {g}, not {generation}"))
+            }
+            Ok(other) => End::Protocol(format!("expected a welcome, got {other:?}")),
+            Err(end) => end,
+        };
+        // The receiver broke the protocol: it is told so before the close.
+        close_for(&mut ws, &end).await;
+        Err(end)
     });
     let connected = tokio::select! {
         connected = connecting => connected,
@@ -846,6 +879,10 @@ async fn connection<T: Clone + Send + Sync + 'static>(
                 Ok(Frame::Close { code, reason, .. }) => break End::Protocol(format!("{code:?}: {reason}")),
                 Ok(other) => break protocol(format!("unexpected frame {other:?}")).await,
                 Err(End::Protocol(why)) => break protocol(why).await,
+                Err(end @ End::Version(_)) => {
+                    close_for(&mut *sink.lock().await, &end).await;
+                    break end;
+                }
                 Err(end) => break end,
             },
             () = kill.notified() => break End::Lost("killed".into()),
@@ -933,7 +970,10 @@ where
         *heard = Instant::now();
         match message {
             Some(Ok(Message::Binary(bytes))) => {
-                return Frame::decode(&bytes, limits).map_err(|e| End::Protocol(e.to_string()));
+                return Frame::decode(&bytes, limits).map_err(|e| match e {
+                    DecodeError::Version(_) => End::Version(e.to_string()),
+                    e => End::Protocol(e.to_string()),
+                });
             }
             Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
             Some(Ok(Message::Text(_))) => return Err(End::Protocol("a text message".into())),

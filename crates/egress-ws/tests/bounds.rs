@@ -325,3 +325,36 @@ async fn a_cell_out_of_generations_stops_its_sender_without_a_panic_or_a_loop() 
     assert_eq!(receiver.stats().connections, 0);
     assert_eq!(cell.pending_len().get_untracked(), 3, "nothing lost");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_with_nothing_to_say_pings_at_the_period_its_welcome_advertises() {
+    // The welcome says "silent at most keepalive-ms"; a ping came every
+    // other period (the tick that followed a ping found the silence a hair
+    // short of the period and skipped). Real time, so the median gap is
+    // judged against a 2x difference, not against scheduling noise.
+    let keepalive = Duration::from_millis(100);
+    let config = ReceiverConfig { keepalive, idle_timeout: Duration::from_secs(60), ..ReceiverConfig::default() };
+    let receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}", receiver.local_addr())).await.unwrap();
+    let hello = Frame::Handshake { producer: "quiet".into(), incarnation: 1, generation: 1, resume_from: 0 };
+    ws.send(send(hello)).await.unwrap();
+    let mut pings = Vec::new();
+    let read = async {
+        while pings.len() < 9 {
+            match futures_util::StreamExt::next(&mut ws).await {
+                Some(Ok(Message::Binary(bytes))) => {
+                    let frame = Frame::decode(&bytes, egress_ws::protocol::Limits::default()).unwrap();
+                    let Frame::Welcome { terms, .. } = frame else { panic!("expected a welcome, got {frame:?}") };
+                    assert_eq!(u128::from(terms.keepalive_ms), keepalive.as_millis());
+                }
+                Some(Ok(Message::Ping(_))) => pings.push(tokio::time::Instant::now()),
+                other => panic!("expected pings, got {other:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(limit(), read).await.expect("pings keep coming");
+    let mut gaps: Vec<Duration> = pings.windows(2).map(|w| w[1] - w[0]).collect();
+    gaps.sort();
+    let median = gaps[gaps.len() / 2];
+    assert!(median < keepalive * 3 / 2, "pings {median:?} apart with keepalive {keepalive:?}: {gaps:?}");
+}

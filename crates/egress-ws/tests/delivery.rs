@@ -793,6 +793,59 @@ async fn a_welcome_for_another_generation_is_a_protocol_error_and_gets_no_data()
     assert_eq!(cell.pending_len().get_untracked(), 5);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_welcome_gets_the_close_the_protocol_names() {
+    // A receiver that answers the n-th handshake with the n-th bad reply and
+    // records the close the sender ends with: code 1 for a protocol error,
+    // code 2 (with the version the sender speaks) for another version.
+    let mut version_3 = Frame::Welcome { generation: 0, next: 0, received: 0, terms: TERMS }.encode().to_vec();
+    version_3[1..3].copy_from_slice(&3u16.to_be_bytes());
+    type Reply = Box<dyn Fn(u64) -> Message + Send + Sync>;
+    let replies: Vec<(Reply, (CloseCode, u64))> = vec![
+        (Box::new(|_| Message::Binary(vec![0x02, 0x00].into())), (CloseCode::Protocol, 0)),
+        (Box::new(move |_| Message::Binary(version_3.clone().into())), (CloseCode::Version, 2)),
+        (
+            Box::new(|g| send(Frame::Welcome { generation: g + 1, next: 0, received: 0, terms: TERMS })),
+            (CloseCode::Protocol, 0),
+        ),
+        (Box::new(|g| send(Frame::Ack { generation: g, through: 0 })), (CloseCode::Protocol, 0)),
+        (Box::new(|_| Message::Text("welcome".into())), (CloseCode::Protocol, 0)),
+        (
+            Box::new(|g| send(Frame::Welcome { generation: g, next: 1, received: 0, terms: TERMS })),
+            (CloseCode::Protocol, 0),
+        ),
+    ];
+    let expected: Vec<(CloseCode, u64)> = replies.iter().map(|(_, close)| *close).collect();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let closes = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let seen = closes.clone();
+    tokio::spawn(async move {
+        for (reply, _) in replies {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { return };
+            let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await else { return };
+            let _ = ws.send(reply(generation)).await;
+            let close = close_of(&mut ws).await;
+            seen.lock().push(close);
+        }
+    });
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    cell.enqueue_all((0..3).map(payload));
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(21)).unwrap();
+    let deadline = tokio::time::Instant::now() + limit();
+    while closes.lock().len() < expected.len() {
+        assert!(tokio::time::Instant::now() < deadline, "closes so far: {:?}", closes.lock());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = sender.shutdown().await;
+    let got: Vec<Option<(CloseCode, u64)>> = closes.lock().clone();
+    assert_eq!(got, expected.into_iter().map(Some).collect::<Vec<_>>());
+    assert_eq!(stats.protocol_errors, 6, "{stats:?}");
+    assert_eq!(cell.pending_len().get_untracked(), 3, "nothing was taken as sent");
+}
+
 /// A receiver that welcomes each connection and then neither reads nor
 /// writes anything (not even a pong): silent, as a hung peer is. Counts
 /// the connections.

@@ -829,8 +829,10 @@ impl Connection<'_> {
         let config = &self.shared.config;
         let mut space = self.shared.space.subscribe();
         let mut waiting: Option<(u64, Content)> = None;
-        let mut keepalive = tokio::time::interval(config.keepalive.max(Duration::from_millis(1)));
-        keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A ping once the connection has been silent for the keepalive the
+        // welcome advertised: counted from the last thing sent, whatever
+        // it was.
+        let keepalive = config.keepalive.max(Duration::from_millis(1));
         let mut last_sent = Instant::now();
         // When the producer was last heard: a frame, a ping or a pong.
         let mut heard = Instant::now();
@@ -870,11 +872,9 @@ impl Connection<'_> {
                     close(&mut self.ws, CloseCode::Normal, 0, "nothing heard in time").await;
                     return Err(ServeError::Timeout("nothing heard from the producer in time"));
                 }
-                _ = keepalive.tick() => {
-                    if last_sent.elapsed() >= config.keepalive {
-                        self.send(Message::Ping(Bytes::new())).await?;
-                        last_sent = Instant::now();
-                    }
+                () = tokio::time::sleep_until(last_sent + keepalive) => {
+                    self.send(Message::Ping(Bytes::new())).await?;
+                    last_sent = Instant::now();
                     Step::Go
                 }
             };
