@@ -64,8 +64,9 @@ fn a_wrong_expectation_fails_at_its_field() {
     assert_eq!(mismatch(&v), (6, "expect.computes_of.twice".to_owned()));
 
     let mut v = load("a_reader_of_a_disposed_node_fails_at_every_read.json");
-    v["steps"][6]["expect"]["error"] = Value::Null;
-    assert_eq!(mismatch(&v), (6, "expect.error".to_owned()));
+    assert_eq!(v["steps"][10]["op"]["id"], "total");
+    v["steps"][10]["expect"]["error"] = Value::Null;
+    assert_eq!(mismatch(&v), (10, "expect.error".to_owned()));
 
     let mut v = load("scope_teardown_order_and_disarm.json");
     v["steps"][6]["expect"]["cleanup_order"] = json!(["e1", "e2", "e3", "c"]);
@@ -119,6 +120,16 @@ fn what_a_flavour_does_not_offer_is_skipped_with_its_issue_and_the_rest_is_an_er
 }
 
 #[test]
+fn a_node_made_in_an_ended_scope_is_the_ops_failure() {
+    let doc = json!({"kind": "ReactiveGraph", "steps": [
+        {"op": {"type": "begin_scope", "scope": "s"}},
+        {"op": {"type": "end_scope", "scope": "s"}},
+        {"op": {"type": "cell", "id": "late", "value": 1, "scope": "s"}, "expect": {"error": null}}]});
+    let (step, field) = mismatch(&doc);
+    assert_eq!((step, field.as_str()), (2, "expect.error"));
+}
+
+#[test]
 fn malformed_graph_fixtures_name_the_field() {
     let cases = [
         (json!({"kind": "ReactiveGraph"}), "."),
@@ -126,6 +137,28 @@ fn malformed_graph_fixtures_name_the_field() {
         (json!({"kind": "ReactiveGraph", "steps": [{"op": {}}]}), "steps[0].op.type"),
         (json!({"kind": "ReactiveGraph", "steps": [{"op": {"type": "read"}, "expect": 3}]}), "steps[0].expect"),
         (json!({"kind": "ReactiveGraph", "scenarios": [{"name": "x"}]}), "scenarios[0].steps"),
+        (json!({"kind": "ReactiveGraph", "steps": []}), "steps"),
+        (json!({"kind": "ReactiveGraph", "steps": [{"op": {"type": "read"}, "expects": {}}]}), "steps[0].expects"),
+        (json!({"kind": "ReactiveGraph", "steps": [3]}), "steps[0]"),
+        (
+            json!({"kind": "ReactiveGraph", "steps": [{"op": {"type": "read"}}], "expected": {"final_states": {}}}),
+            "expected.final_states",
+        ),
+        (
+            json!({"kind": "ReactiveGraph", "scenarios": [{"name": "a", "steps": [{"op": {"type": "read"}}]}],
+                   "expected": {"observationally_equal": ["a"]}}),
+            "expected.observationally_equal",
+        ),
+        (
+            json!({"kind": "ReactiveGraph", "scenarios": [{"name": "a", "steps": [{"op": {"type": "read"}}]}],
+                   "expected": {"observationally_equal": ["a", 7]}}),
+            "expected.observationally_equal",
+        ),
+        (
+            json!({"kind": "ReactiveGraph", "scenarios": [{"name": "a", "steps": [{"op": {"type": "read"}}]}],
+                   "expected": {"observationally_equal": ["a", "b"]}}),
+            "expected.observationally_equal",
+        ),
     ];
     for (doc, path) in cases {
         let err = GraphFixture::from_value(Path::new("bad.json"), &doc).expect_err("malformed");

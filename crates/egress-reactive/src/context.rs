@@ -608,8 +608,10 @@ impl<F: Flavor> Scope<F> {
     /// other nodes. Nothing is disposed and nothing else changes: values,
     /// dependencies and pending runs stay as they are, and each node can
     /// still be disposed on its own. Disposing the scope afterwards
-    /// disposes only what was made in it since. A no-op on a disposed
-    /// scope.
+    /// disposes only what was made in it since. A no-op on a scope that was
+    /// disposed, or whose disposal waits for its [`run`](Self::run) to end.
+    /// Called from a cleanup while the scope itself is being disposed, it
+    /// hands up what is left, and the disposal stops at the scope.
     ///
     /// ```
     /// use egress_reactive::Context;
@@ -623,7 +625,7 @@ impl<F: Flavor> Scope<F> {
     pub fn disarm(&self) {
         self.handle.enter(|cell| {
             let mut g = cell.borrow_mut();
-            if g.alive(self.key) {
+            if g.alive(self.key) && g.node(self.key.index).flags & DOOMED == 0 {
                 g.hand_children_up(self.key.index);
             }
         });

@@ -65,10 +65,11 @@ pub(crate) mod flags {
     pub(crate) const DOOMED: u32 = 1 << 13;
     /// A signal with its own equality, kept in [`Graph::equalities`].
     pub(crate) const CUSTOM_EQ: u32 = 1 << 14;
-    /// A node it read was disposed: its next read (or, for an effect, its
-    /// next queued run) runs it again, so a computation that still reads
-    /// the disposed node fails there instead of serving the value it had.
-    /// Not a mark for propagation (a later write still queues the node).
+    /// A node it read, directly or not, was disposed: its next read (or,
+    /// for an effect, its next queued run) runs it again, so a computation
+    /// that still reads the disposed node fails there instead of serving
+    /// the value it had. Not a mark for propagation (a later write still
+    /// queues the node); cleared when the node runs.
     pub(crate) const ORPHAN: u32 = 1 << 15;
 }
 use flags::*;
@@ -231,6 +232,10 @@ pub(crate) struct Graph<F: Flavor> {
     /// How many disposals are running cleanups now (the graph is not
     /// [`quiet`](Graph::quiet) while one is).
     pub(crate) cleaning: u32,
+    /// Bumped whenever nodes change owner ([`Graph::hand_children_up`]): a
+    /// disposal walk that ran user code checks it to learn whether the
+    /// owner it climbs to may lie outside the subtree it disposes.
+    pub(crate) reparents: u32,
     /// The equality of each signal made with one (flag [`CUSTOM_EQ`]), by
     /// node index: an `F::EqFn<T>`, erased. A side table, so that signals
     /// without one pay no memory for it.
@@ -288,6 +293,7 @@ impl<F: Flavor> Graph<F> {
             epoch: 0,
             closed: false,
             cleaning: 0,
+            reparents: 0,
             equalities: HashMap::new(),
             dropped: Vec::new(),
         };
@@ -822,6 +828,48 @@ impl<F: Flavor> Graph<F> {
         }
     }
 
+    /// `sub` read a node being freed (through a link read at its run
+    /// `version`): it, and everything that read it, directly or not, is
+    /// marked [`ORPHAN`], so that none serves a value computed from the
+    /// gone node before it runs again. A running subscriber is marked only
+    /// if its run already read the node: otherwise the run reads it later
+    /// (and fails there) or no longer reads it. A node marked already is
+    /// not walked again (what reads it was marked with it, or has run since
+    /// it ran).
+    fn orphan(&mut self, sub: u32, version: u32) {
+        let node = &self.nodes[sub as usize];
+        if node.flags & ORPHAN != 0 || (node.flags & RUNNING != 0 && version != node.runs) {
+            return;
+        }
+        let mut stack = std::mem::take(&mut self.propagate_stack);
+        stack.push(sub);
+        while let Some(n) = stack.pop() {
+            let node = &mut self.nodes[n as usize];
+            if node.flags & ORPHAN != 0 {
+                continue;
+            }
+            node.flags |= ORPHAN;
+            let mut l = node.subs_head;
+            while l != NONE {
+                let Link { sub, next_sub, .. } = self.links[l as usize];
+                stack.push(sub);
+                l = next_sub;
+            }
+        }
+        self.propagate_stack = stack;
+    }
+
+    /// Whether `node` is `ancestor` or owned, directly or not, by it.
+    pub(crate) fn is_within(&self, mut node: u32, ancestor: u32) -> bool {
+        while node != NONE {
+            if node == ancestor {
+                return true;
+            }
+            node = self.nodes[node as usize].owner;
+        }
+        false
+    }
+
     /// How many nodes `index` owns directly.
     pub(crate) fn child_count(&self, index: u32) -> usize {
         let mut n = 0;
@@ -850,6 +898,7 @@ impl<F: Flavor> Graph<F> {
         while self.nodes[first as usize].prev_sibling != NONE {
             first = self.nodes[first as usize].prev_sibling;
         }
+        self.reparents = self.reparents.wrapping_add(1);
         let last = std::mem::replace(&mut self.nodes[index as usize].last_child, NONE);
         let mut child = first;
         while child != NONE {
@@ -879,10 +928,8 @@ impl<F: Flavor> Graph<F> {
         self.release_unwatched();
         let mut l = self.nodes[index as usize].subs_head;
         while l != NONE {
-            let Link { sub, next_sub, .. } = self.links[l as usize];
-            // The subscriber still names this node: it must run again
-            // before its value (or its effect) is taken as current.
-            self.nodes[sub as usize].flags |= ORPHAN;
+            let Link { sub, next_sub, version, .. } = self.links[l as usize];
+            self.orphan(sub, version);
             self.unlink_dep_side(l);
             self.free_link(l);
             l = next_sub;

@@ -691,6 +691,8 @@ pub(crate) fn dispose_caught<F: Flavor>(cell: &Cell<F>, index: u32, include_self
     let mut cur = index;
     // Cleanup rounds run at `cur` so far (a cleanup may register another).
     let mut rounds = 0;
+    // A cleanup may disarm a scope of this subtree, handing nodes out of it.
+    let reparents = g.reparents;
     loop {
         let last = g.node(cur).last_child;
         if last != NONE {
@@ -755,9 +757,13 @@ pub(crate) fn dispose_caught<F: Flavor>(cell: &Cell<F>, index: u32, include_self
             g = cell.borrow_mut();
         }
         rounds = 0;
-        // Unless a nested disposal (a cleanup's) detached `cur`, its owner
-        // is under `index` and outlives it.
-        cur = if owner != NONE && g.node(owner).flags & (ALIVE | DOOMED | RUNNING) == ALIVE {
+        // Unless a nested disposal (a cleanup's) detached `cur`, or a
+        // disarmed scope handed it out of the subtree, its owner is under
+        // `index` and outlives it.
+        cur = if owner != NONE
+            && g.node(owner).flags & (ALIVE | DOOMED | RUNNING) == ALIVE
+            && (g.reparents == reparents || g.is_within(owner, index))
+        {
             owner
         } else if g.alive(root_key) {
             index

@@ -144,4 +144,101 @@ each_flavour! {
         outer.dispose();
         assert_eq!(log.take(), ["d", "c", "b", "a"]);
     }
+
+
+    // Found by attacking the first version of the mark: it reached only the
+    // direct readers, a running reader was marked for a node it no longer
+    // read, and a scope disarmed from a cleanup of its own disposal let the
+    // disposal walk climb out of it.
+    fn a_reader_two_steps_from_a_disposed_node_fails_too(cx) {
+        let src = cx.signal(4);
+        let d = cx.computed({ let s = src.clone(); move || s.get() * 10 });
+        let c = cx.computed({ let d = d.clone(); move || d.get() + 1 });
+        let x = cx.computed({ let c = c.clone(); move || c.get() + 100 });
+        let watch = cx.effect({ let x = x.clone(); move || { let _ = x.try_get(); } });
+        assert_eq!(x.get(), 141);
+        d.dispose();
+        assert!(catch_unwind(AssertUnwindSafe(|| x.get())).is_err(), "x served 141, computed from a disposed node");
+        assert!(catch_unwind(AssertUnwindSafe(|| c.get())).is_err());
+        watch.dispose();
+    }
+
+    fn a_run_that_disposes_a_node_it_no_longer_reads_is_not_run_again_for_it(cx) {
+        let flag = cx.signal(true);
+        let base = cx.signal(1);
+        let parity = cx.computed({ let b = base.clone(); move || b.get() % 2 });
+        let x = cx.signal(100);
+        let log = Log::new();
+        cx.effect({
+            let (flag, parity, x, log) = (flag.clone(), parity.clone(), x.clone(), log.clone());
+            move || {
+                let p = parity.get();
+                if flag.get() {
+                    log.push(format!("p{p} x{}", x.get()));
+                } else {
+                    x.dispose();
+                    log.push(format!("p{p} no x"));
+                }
+            }
+        });
+        assert_eq!(log.take(), ["p1 x100"]);
+        flag.set(false);
+        assert_eq!(log.take(), ["p1 no x"]);
+        // parity stays 1: nothing the effect reads changed.
+        base.set(3);
+        assert_eq!(log.take(), Vec::<String>::new());
+
+        let flag = cx.signal(true);
+        let y = cx.signal(7);
+        let c = cx.computed({
+            let (flag, y) = (flag.clone(), y.clone());
+            move || if flag.get() { y.get() } else { y.dispose(); 0 }
+        });
+        assert_eq!(c.get(), 7);
+        flag.set(false);
+        assert_eq!(c.get(), 0);
+        let runs = c.runs();
+        assert_eq!(c.get(), 0);
+        assert_eq!(c.runs(), runs, "run again with nothing changed");
+    }
+
+    fn a_scope_disarmed_from_a_cleanup_of_its_own_disposal_disposes_nothing_outside_it(cx) {
+        use std::sync::{Arc, Mutex};
+        let h = cx.handle();
+        let (scope, kept) = cx.scope(|| cx.signal(10));
+        let after = cx.signal(2);
+        let after_c = cx.computed({ let a = after.clone(); move || a.get() + 1 });
+        let slot: Arc<Mutex<Option<Arc<egress_reactive::Scope<_>>>>> = Arc::new(Mutex::new(None));
+        let eff = scope.run(|| {
+            let (slot, h2) = (slot.clone(), h.clone());
+            cx.effect(move || {
+                let slot = slot.clone();
+                h2.on_cleanup(move || {
+                    if let Some(s) = slot.lock().unwrap().as_ref() {
+                        s.disarm();
+                    }
+                });
+            })
+        });
+        let scope = Arc::new(scope);
+        *slot.lock().unwrap() = Some(scope.clone());
+        scope.dispose();
+        assert!(!after.is_disposed() && !after_c.is_disposed(), "the walk climbed out of the scope");
+        assert_eq!(after_c.get(), 3);
+        assert!(eff.is_disposed(), "the node whose cleanup ran was being disposed");
+        assert!(!kept.is_disposed(), "what the scope still held was handed up");
+        *slot.lock().unwrap() = None;
+    }
+
+    fn disarm_after_dispose_inside_run_is_a_no_op(cx) {
+        let (scope, ()) = cx.scope(|| ());
+        let made = scope.run(|| {
+            let s = cx.signal(1);
+            scope.dispose();
+            scope.disarm();
+            s
+        });
+        assert!(scope.is_disposed());
+        assert!(made.is_disposed(), "disposal waited for the run, and disarm did not undo it");
+    }
 }

@@ -164,7 +164,14 @@ impl GraphFixture {
         let description = doc.get("description").and_then(Value::as_str).unwrap_or_default().to_owned();
         let steps_of = |v: &Value, path: &str| -> Result<Vec<Value>, FixtureError> {
             let steps = v.as_array().ok_or_else(|| err(path, "not a list of steps"))?;
+            if steps.is_empty() {
+                return Err(err(path, "no steps"));
+            }
             for (i, step) in steps.iter().enumerate() {
+                let keys = step.as_object().ok_or_else(|| err(&format!("{path}[{i}]"), "not an object"))?;
+                if let Some(key) = keys.keys().find(|k| !["op", "expect", "note"].contains(&k.as_str())) {
+                    return Err(err(&format!("{path}[{i}].{key}"), "unknown key (a step has op, expect, note)"));
+                }
                 let kind = step.get("op").and_then(|op| op.get("type")).and_then(Value::as_str);
                 if kind.is_none() {
                     return Err(err(&format!("{path}[{i}].op.type"), "missing"));
@@ -192,7 +199,31 @@ impl GraphFixture {
         if scenarios.is_empty() {
             return Err(err(".", "neither steps nor scenarios"));
         }
-        Ok(GraphFixture { description, scenarios, expected: doc.get("expected").cloned() })
+        let expected = doc.get("expected").cloned();
+        if let Some(expected) = &expected {
+            let block = expected.as_object().ok_or_else(|| err("expected", "not an object"))?;
+            for (key, value) in block {
+                match key.as_str() {
+                    "final_state" | "after_publish" if value.is_object() => {}
+                    "observationally_equal" => {
+                        let names: Vec<&str> =
+                            value.as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+                        let known = |n: &&str| scenarios.iter().any(|(name, _)| name == n);
+                        if names.len() < 2
+                            || value.as_array().map(Vec::len) != Some(names.len())
+                            || !names.iter().all(known)
+                        {
+                            return Err(err(
+                                "expected.observationally_equal",
+                                "not a list of two or more scenario names",
+                            ));
+                        }
+                    }
+                    _ => return Err(err(&format!("expected.{key}"), "unknown key, or not an object")),
+                }
+            }
+        }
+        Ok(GraphFixture { description, scenarios, expected })
     }
 }
 
@@ -427,9 +458,12 @@ pub(crate) fn field_i64(op: &Value, key: &str) -> Result<i64, String> {
     op.get(key).and_then(Value::as_i64).ok_or_else(|| format!("op field {key} missing or not an integer"))
 }
 
-/// The most nodes (or cycles) one `fanout` or `churn` op may ask for: a
-/// fixture is a test, and a count past this is a mistake, not a load.
-pub const MAX_COUNT: u64 = 100_000;
+/// The most nodes (or cycles) one `fanout` or `churn` op may ask for, and
+/// the most ids one `reads` may name: a fixture is a test, and a count
+/// past these is a mistake, not a load. (A fixture is code the runner
+/// runs: a feedback loop over many effects still costs what it asks for,
+/// up to the flush's round limit per write.)
+pub const MAX_COUNT: u64 = 10_000;
 
 pub(crate) fn field_u64(op: &Value, key: &str) -> Result<u64, String> {
     let n = op.get(key).and_then(Value::as_u64).ok_or_else(|| format!("op field {key} missing or not a count"))?;
@@ -442,6 +476,9 @@ pub(crate) fn field_u64(op: &Value, key: &str) -> Result<u64, String> {
 pub(crate) fn ids<'a>(op: &'a Value, key: &str) -> Result<Vec<&'a str>, String> {
     match op.get(key) {
         None => Ok(Vec::new()),
+        Some(Value::Array(items)) if items.len() as u64 > MAX_COUNT => {
+            Err(format!("op field {key}: more than {MAX_COUNT} ids"))
+        }
         Some(Value::Array(items)) => {
             items.iter().map(|v| v.as_str().ok_or_else(|| format!("op field {key}: not a list of ids"))).collect()
         }

@@ -146,7 +146,11 @@ impl Session {
             None => Ok(make()),
             Some(name) => {
                 let scope = self.scopes.get(name).ok_or_else(|| format!("unknown scope {name}"))?;
-                scope.try_run(make).map_err(|e| e.to_string())
+                match scope.try_run(make) {
+                    Ok(made) => Ok(made),
+                    // An ended scope: the op's failure, not the runner's.
+                    Err(e) => resume_unwind(Box::new(Failure::Other(format!("scope {name}: {e}")))),
+                }
             }
         }
     }
