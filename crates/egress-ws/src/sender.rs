@@ -54,7 +54,9 @@ pub struct SenderConfig {
     /// Reconnect when nothing at all (no frame, no ping) was heard from the
     /// receiver for this long while records are in flight: a dead peer. A
     /// live receiver whose application is slow keeps the connection alive
-    /// with pings, and is waited for. `None`: never.
+    /// with pings, and is waited for: the timeout in force on a connection
+    /// is at least three of the keepalives its welcome advertised (each
+    /// taken up to 60 s), whatever is configured here. `None`: never.
     pub stall_timeout: Option<Duration>,
     /// Decoding limits for what the receiver sends.
     pub limits: Limits,
@@ -856,7 +858,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
     let transport =
         WsTransport { codec: codec.clone(), sink: sink.clone(), pass: None, max_payload, unwritten: unwritten.clone() };
     let link = cell.attach(transport);
-    let stall = config.stall_timeout.unwrap_or(Duration::MAX);
+    let stall = stall_in_force(config.stall_timeout, terms.keepalive_ms);
     let mut heard = Instant::now();
     let end = loop {
         let check = tokio::time::sleep(stall.min(Duration::from_secs(3600)) / 4);
@@ -900,6 +902,22 @@ async fn connection<T: Clone + Send + Sync + 'static>(
     let progressed = cell.received_through().get_untracked() > receipt;
     Outcome { end, progressed, lasted: opened.elapsed() }
 }
+
+/// The longest a receiver may keep silent before it counts as dead: at
+/// least three of the keepalives its welcome advertised (a live receiver
+/// pings at least once per keepalive, whatever its application does), so a
+/// stall timeout configured below that cannot drop a slow but live peer;
+/// the keepalive is taken up to [`MAX_KEEPALIVE_WAIT`], so a receiver
+/// cannot advertise its way out of ever being found dead. `None`: never.
+fn stall_in_force(configured: Option<Duration>, keepalive_ms: u32) -> Duration {
+    let Some(configured) = configured else { return Duration::MAX };
+    let keepalive = Duration::from_millis(u64::from(keepalive_ms)).min(MAX_KEEPALIVE_WAIT);
+    configured.max(keepalive.saturating_mul(3))
+}
+
+/// The longest advertised keepalive a sender waits three times for before
+/// a silent receiver counts as dead.
+const MAX_KEEPALIVE_WAIT: Duration = Duration::from_secs(60);
 
 /// Opens the byte stream ([`SenderConfig::connect`], or TCP), then TLS on
 /// top for `wss://`, then the WebSocket upgrade with the configured headers.
@@ -980,5 +998,20 @@ where
             Some(Ok(Message::Close(_))) | None => return Err(End::Lost("connection closed".into())),
             Some(Err(e)) => return Err(End::Lost(e.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Duration, stall_in_force};
+
+    #[test]
+    fn the_stall_in_force_is_at_least_three_advertised_keepalives() {
+        let ms = Duration::from_millis;
+        assert_eq!(stall_in_force(Some(ms(60)), 200), ms(600));
+        assert_eq!(stall_in_force(Some(ms(5_000)), 1_000), ms(5_000));
+        assert_eq!(stall_in_force(Some(ms(60)), 0), ms(60));
+        assert_eq!(stall_in_force(Some(ms(60)), u32::MAX), Duration::from_secs(180));
+        assert_eq!(stall_in_force(None, 1_000), Duration::MAX);
     }
 }

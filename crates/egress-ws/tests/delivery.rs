@@ -519,6 +519,30 @@ async fn a_slow_application_is_not_a_dead_receiver() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_timeout_below_the_advertised_keepalive_does_not_drop_a_slow_receiver() {
+    // The receiver promises a sign of life every 200 ms; the sender was
+    // configured to give up after 60 ms of silence. The stall timeout in
+    // force is at least three keepalives, so the pings of a receiver whose
+    // application stops reading keep the connection, and no replay is
+    // charged for the sender's own impatience.
+    let config =
+        ReceiverConfig { delivery_buffer: 8, keepalive: Duration::from_millis(200), ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let cx = AsyncContext::new();
+    let strict = Policy::builder().inflight_limit(64).replay_limit(1).retry_base(Delay(5)).build().unwrap();
+    let cell = AsyncEgressCell::new(&cx, strict);
+    let config = SenderConfig { stall_timeout: Some(Duration::from_millis(60)), ..sender_config(22) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), config).unwrap();
+    cell.enqueue_all((0..200).map(payload));
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    receive_in_order(&mut receiver, 0, 200).await;
+    drained(&cell, 200).await;
+    let stats = sender.shutdown().await;
+    assert_eq!((stats.connections, stats.reconnects), (1, 0), "{stats:?}");
+    assert_eq!(cell.exhausted_len().get_untracked(), 0, "no dead letter");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clean_shutdowns_close_as_normal_and_count_as_nothing() {
     let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
     let cx = AsyncContext::new();
