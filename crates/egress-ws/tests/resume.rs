@@ -92,3 +92,49 @@ async fn a_record_that_cannot_be_read_refuses_the_handshake_and_the_producer_com
     assert!(stats.failed_attempts >= 2, "{stats:?}");
     assert!(receiver.stats().rejected >= 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_forgotten_for_a_newcomer_resumes_from_the_record_and_delivers_nothing_twice() {
+    // Two producer ids at most, and acknowledgements that never arrive:
+    // the producer never learns what the application applied. Its id is
+    // forgotten for newcomers while it is away; back, it resumes from the
+    // application's record, not from its own resume-from (0).
+    let record = Arc::new(Record::default());
+    let lossy = ReceiverConfig {
+        max_producers: 2,
+        ack_faults: AckFaults { drop: 1.0, ..AckFaults::default() },
+        ..config(&record)
+    };
+    let mut receiver = Receiver::bind("127.0.0.1:0", lossy).await.unwrap();
+    let url = format!("ws://{}", receiver.local_addr());
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::new(&cx, policy());
+    cell.enqueue_all((0..10).map(payload));
+    let sender = Sender::spawn(cell.clone(), url.clone(), sender_config(8)).unwrap();
+    assert_eq!(apply(&mut receiver, &record, 10).await, (0..10).collect::<Vec<_>>());
+    let _ = sender.shutdown().await;
+    assert_eq!(cell.acked_through().get_untracked(), None, "no acknowledgement reached the producer");
+    // Two strangers: the second takes the idle producer's place.
+    let mut strangers = Vec::new();
+    for name in ["s1", "s2"] {
+        let mut ws = common::raw_client(&receiver).await;
+        let hello = egress_ws::protocol::Frame::Handshake {
+            producer: name.into(),
+            incarnation: 1,
+            generation: 1,
+            resume_from: 0,
+        };
+        futures_util::SinkExt::send(&mut ws, tokio_tungstenite::tungstenite::Message::Binary(hello.encode()))
+            .await
+            .unwrap();
+        assert!(matches!(common::next_frame(&mut ws).await, Some(egress_ws::protocol::Frame::Welcome { .. })));
+        strangers.push(ws);
+    }
+    assert!(receiver.stats().evictions >= 1, "{:?}", receiver.stats());
+    // The strangers leave, so that the producer finds room again.
+    drop(strangers);
+    cell.enqueue_all((10..12).map(payload));
+    let sender = Sender::spawn(cell.clone(), url, sender_config(9)).unwrap();
+    assert_eq!(apply(&mut receiver, &record, 2).await, [10, 11], "nothing applied twice");
+    let _ = sender.shutdown().await;
+}
