@@ -859,17 +859,6 @@ impl<F: Flavor> Graph<F> {
         self.propagate_stack = stack;
     }
 
-    /// Whether `node` is `ancestor` or owned, directly or not, by it.
-    pub(crate) fn is_within(&self, mut node: u32, ancestor: u32) -> bool {
-        while node != NONE {
-            if node == ancestor {
-                return true;
-            }
-            node = self.nodes[node as usize].owner;
-        }
-        false
-    }
-
     /// How many nodes `index` owns directly.
     pub(crate) fn child_count(&self, index: u32) -> usize {
         let mut n = 0;

@@ -216,8 +216,8 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
                 }
                 let dep = g.link_at(link).dep;
                 let f = g.node(dep).flags;
-                if f & COMPUTED != 0 && f & (DIRTY | PENDING | FAILED | ORPHAN) != 0 {
-                    step = Some((dep, f & (DIRTY | FAILED | ORPHAN) != 0));
+                if f & COMPUTED != 0 && f & (DIRTY | PENDING | FAILED) != 0 {
+                    step = Some((dep, f & (DIRTY | FAILED) != 0));
                     break;
                 }
                 link = g.link_at(link).next_dep;
@@ -757,12 +757,11 @@ pub(crate) fn dispose_caught<F: Flavor>(cell: &Cell<F>, index: u32, include_self
             g = cell.borrow_mut();
         }
         rounds = 0;
-        // Unless a nested disposal (a cleanup's) detached `cur`, or a
-        // disarmed scope handed it out of the subtree, its owner is under
-        // `index` and outlives it.
-        cur = if owner != NONE
-            && g.node(owner).flags & (ALIVE | DOOMED | RUNNING) == ALIVE
-            && (g.reparents == reparents || g.is_within(owner, index))
+        // Unless a nested disposal (a cleanup's) detached `cur`, its owner
+        // is under `index` and outlives it. After a cleanup disarmed a scope
+        // (nodes changed owner), the owner may lie outside: the walk goes
+        // back to `index` and down again instead.
+        cur = if owner != NONE && g.node(owner).flags & (ALIVE | DOOMED | RUNNING) == ALIVE && g.reparents == reparents
         {
             owner
         } else if g.alive(root_key) {

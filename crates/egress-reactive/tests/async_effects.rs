@@ -183,3 +183,36 @@ async fn sync_effects_and_computeds_work_as_in_thread_safe() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(cx.now() - t0, Duration::from_secs(5), "tokio's clock, paused");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_async_effect_run_clears_the_mark_of_a_disposed_dependency() {
+    // The disposal marks the effect: its next queued run happens even though
+    // what it reads did not change. That run clears the mark: the one after
+    // is decided by its dependencies again.
+    let cx = AsyncContext::new();
+    let x = cx.signal(1);
+    let s = cx.signal(0);
+    let parity = cx.computed({
+        let s = s.clone();
+        move || s.get() % 2
+    });
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let fx = cx.effect_async({
+        let (x, parity) = (x.clone(), parity.clone());
+        move |ecx| {
+            let (x, parity, tx) = (x.clone(), parity.clone(), tx.clone());
+            async move {
+                let p = ecx.get(&parity);
+                tx.send((p, ecx.try_get(&x).ok())).unwrap();
+            }
+        }
+    });
+    assert_eq!(rx.recv().await.unwrap(), (0, Some(1)));
+    x.dispose();
+    s.set(2);
+    assert_eq!(rx.recv().await.unwrap(), (0, None), "run again: it read a disposed node");
+    s.set(4);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(rx.try_recv().is_err(), "nothing it reads changed");
+    assert_eq!(fx.runs(), 2);
+}

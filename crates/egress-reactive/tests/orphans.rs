@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::arc_with_non_send_sync)] // Arc: one test body serves the local and the thread-safe flavours
 //! What disposal leaves behind: a computation that read a disposed node
 //! runs again before its value is used (and fails there while it still
 //! reads it), an effect is not run by the disposal itself, and a scope's
@@ -240,5 +240,48 @@ each_flavour! {
         });
         assert!(scope.is_disposed());
         assert!(made.is_disposed(), "disposal waited for the run, and disarm did not undo it");
+    }
+
+    fn a_failed_run_that_kept_a_disposed_dependency_runs_again(cx) {
+        // Run 2 panics before reading `x`: its link to `x` is kept (a
+        // change there must still reach it). Disposing `x` then marks the
+        // effect, so the next change that queues it, even one its values
+        // do not show, runs it.
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::sync::Arc;
+        let x = cx.signal(1);
+        let s = cx.signal(0);
+        let boom = cx.signal(false);
+        let parity = cx.computed({ let s = s.clone(); move || s.get() % 2 });
+        let panics = Arc::new(AtomicU32::new(1));
+        let log = Log::new();
+        cx.effect({
+            let (x, parity, boom, panics, log) = (x.clone(), parity.clone(), boom.clone(), panics.clone(), log.clone());
+            move || {
+                let p = parity.get();
+                if boom.get() && panics.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                    std::panic::resume_unwind(Box::new("the second run fails"));
+                }
+                log.push(format!("{p} {:?}", x.try_get().ok()));
+            }
+        });
+        assert_eq!(log.take(), ["0 Some(1)"]);
+        assert!(catch_unwind(AssertUnwindSafe(|| boom.set(true))).is_err());
+        assert_eq!(log.take(), Vec::<String>::new());
+        x.dispose();
+        s.set(2);
+        assert_eq!(log.take(), ["0 None"]);
+    }
+
+    fn a_read_through_an_unchanged_computed_runs_nothing_again(cx) {
+        // The read path's re-validation: `top` is pending after the write,
+        // but `parity` keeps its value, so `top` is not run again.
+        let a = cx.signal(1);
+        let parity = cx.computed({ let a = a.clone(); move || a.get() % 2 });
+        let top = cx.computed({ let p = parity.clone(); move || p.get() + 10 });
+        assert_eq!(top.get(), 11);
+        a.set(3);
+        assert_eq!(top.get(), 11);
+        assert_eq!((parity.runs(), top.runs()), (2, 1));
     }
 }
