@@ -215,4 +215,7 @@ async fn an_async_effect_run_clears_the_mark_of_a_disposed_dependency() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(rx.try_recv().is_err(), "nothing it reads changed");
     assert_eq!(fx.runs(), 2);
+    s.set(5);
+    let next = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
+    assert_eq!(next.ok().flatten(), Some((1, None)), "a change it reads still runs it");
 }
