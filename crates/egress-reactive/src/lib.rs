@@ -28,10 +28,11 @@
 //!   first (see below for nodes disposed from anywhere). Reading a disposed
 //!   node is a typed error ([`ReadError`]) from the `try_` methods, and a
 //!   panic naming where the node was created from the others. A computed
-//!   that read a node which was then disposed runs again at its next read
-//!   (and an effect at its next run), so it fails there rather than serve
-//!   what it computed from the gone node; the disposal itself runs no
-//!   effect. [`Scope::disarm`] cancels a scope's teardown.
+//!   that read a node which was then disposed, directly or through other
+//!   computeds, runs again at its next read (and an effect at its next
+//!   run), so it fails there rather than serve what it computed from the
+//!   gone node; the disposal itself runs no effect. [`Scope::disarm`]
+//!   cancels a scope's teardown.
 //! - **No hangs, no stack overflows**: cycles of computeds are errors
 //!   ([`CycleError`]); effect feedback loops stop at [`MAX_FLUSH_ROUNDS`];
 //!   propagation and re-validation are iterative, so a chain of 100,000
