@@ -357,4 +357,7 @@ async fn a_receiver_with_nothing_to_say_pings_at_the_period_its_welcome_advertis
     gaps.sort();
     let median = gaps[gaps.len() / 2];
     assert!(median < keepalive * 3 / 2, "pings {median:?} apart with keepalive {keepalive:?}: {gaps:?}");
+    // And not much more often than that either: a ping when silent, not a
+    // flood.
+    assert!(median > keepalive / 2, "pings {median:?} apart with keepalive {keepalive:?}: {gaps:?}");
 }
