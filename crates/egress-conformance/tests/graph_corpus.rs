@@ -120,6 +120,36 @@ fn what_a_flavour_does_not_offer_is_skipped_with_its_issue_and_the_rest_is_an_er
 }
 
 #[test]
+fn counts_and_read_lists_are_bounded_at_ten_thousand() {
+    let ids = |n: usize| vec![json!("c"); n];
+    let fixture = |fanout: u64, reads: usize| {
+        json!({"kind": "ReactiveGraph", "steps": [
+            {"op": {"type": "cell", "id": "c", "value": 1}},
+            {"op": {"type": "computed", "id": "wide", "reads": ids(reads)}, "expect": {"computes_of": {"wide": 1}}},
+            {"op": {"type": "fanout", "id_prefix": "f", "reads": ["c"], "count": fanout},
+             "expect": {"dependents_of": {"c": fanout + 1}}}]})
+    };
+    assert_eq!(verdict(&fixture(10_000, 10_000)), Verdict::Passed { steps: 3 }, "the bound itself is allowed");
+    for (fanout, reads, step) in [(10_001, 1, 2), (1, 10_001, 1)] {
+        match verdict(&fixture(fanout, reads)) {
+            Verdict::TargetError { step: Some(s), message } => {
+                assert_eq!(s, step, "{message}");
+                assert!(message.contains("10000"), "{message}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_passing_run_counts_the_steps_of_every_scenario() {
+    let v = load("ending_a_scope_equals_disposing_its_members.json");
+    let steps: usize =
+        v["scenarios"].as_array().expect("scenarios").iter().map(|s| s["steps"].as_array().expect("steps").len()).sum();
+    assert_eq!(verdict(&v), Verdict::Passed { steps });
+}
+
+#[test]
 fn a_node_made_in_an_ended_scope_is_the_ops_failure() {
     let doc = json!({"kind": "ReactiveGraph", "steps": [
         {"op": {"type": "begin_scope", "scope": "s"}},
@@ -158,6 +188,24 @@ fn malformed_graph_fixtures_name_the_field() {
             json!({"kind": "ReactiveGraph", "scenarios": [{"name": "a", "steps": [{"op": {"type": "read"}}]}],
                    "expected": {"observationally_equal": ["a", "b"]}}),
             "expected.observationally_equal",
+        ),
+        (
+            json!({"kind": "ReactiveGraph", "scenarios": [
+                      {"name": "a", "steps": [{"op": {"type": "read"}}]},
+                      {"name": "b", "steps": [{"op": {"type": "read"}}]}],
+                   "expected": {"observationally_equal": ["a", "b", 7]}}),
+            "expected.observationally_equal",
+        ),
+        (
+            json!({"kind": "ReactiveGraph", "scenarios": [
+                      {"name": "a", "steps": [{"op": {"type": "read"}}]},
+                      {"name": "b", "steps": [{"op": {"type": "read"}}]}],
+                   "expected": {"observationally_equal": ["a", "c"]}}),
+            "expected.observationally_equal",
+        ),
+        (
+            json!({"kind": "ReactiveGraph", "steps": [{"op": {"type": "read"}}], "expected": {"final_state": 3}}),
+            "expected.final_state",
         ),
     ];
     for (doc, path) in cases {
