@@ -7,7 +7,7 @@
 //! evaluation (a "killer" armed from a chosen batch on), so the walks that
 //! re-validate the graph have nodes freed under them.
 
-use egress_reactive::{Context, Effect, Local};
+use egress_reactive::{Computed, Context, Effect, Local, Signal};
 use proptest::prelude::*;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -61,6 +61,17 @@ fn graph_strategy() -> impl Strategy<Value = (usize, Vec<Op>)> {
     })
 }
 
+/// What reads node `j`: source `j`, or computed `j - sources.len()`.
+fn reader(sources: &[Signal<i64, Local>], computeds: &[Computed<i64, Local>], j: usize) -> Rc<dyn Fn() -> i64> {
+    if j < sources.len() {
+        let s = sources[j].clone();
+        Rc::new(move || s.get())
+    } else {
+        let c = computeds[j - sources.len()].clone();
+        Rc::new(move || c.get())
+    }
+}
+
 /// Computeds that dispose an effect while they evaluate: `(node, victim,
 /// from_batch)`, the computed of node `node` (taken modulo the number of
 /// computeds) disposes victim effect `victim` (modulo their number) in any
@@ -103,15 +114,7 @@ fn check(
     let batch_no = Rc::new(Cell::new(0usize));
     let mut computeds = Vec::new();
     for (k, op) in ops.iter().enumerate() {
-        let reader = |j: usize, computeds: &Vec<egress_reactive::Computed<i64, Local>>| -> Rc<dyn Fn() -> i64> {
-            if j < n_sources {
-                let s = sources[j].clone();
-                Rc::new(move || s.get())
-            } else {
-                let c = computeds[j - n_sources].clone();
-                Rc::new(move || c.get())
-            }
-        };
+        let reader = |j: usize, computeds: &[Computed<i64, Local>]| reader(&sources, computeds, j);
         let value: Rc<dyn Fn() -> i64> = match op.clone() {
             Op::Sum(inputs) => {
                 let rs: Vec<_> = inputs.iter().map(|&j| reader(j, &computeds)).collect();
@@ -152,15 +155,7 @@ fn check(
         computeds.push(c);
     }
     let total = n_sources + ops.len();
-    let reader_of = |w: usize| -> Rc<dyn Fn() -> i64> {
-        if w < n_sources {
-            let s = sources[w].clone();
-            Rc::new(move || s.get())
-        } else {
-            let c = computeds[w - n_sources].clone();
-            Rc::new(move || c.get())
-        }
-    };
+    let reader_of = |w: usize| reader(&sources, &computeds, w);
     // Effects over a few nodes (the watched ones, then the victims) record
     // what they saw: (effect, node, value).
     let seen: Rc<RefCell<Vec<(usize, usize, i64)>>> = Rc::new(RefCell::new(Vec::new()));
