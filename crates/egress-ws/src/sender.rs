@@ -636,6 +636,10 @@ enum End {
     Lost(String),
     /// The receiver asked to reconnect at once.
     Retry,
+    /// The receiver is at one of its bounds (code 6): reconnect after the
+    /// backoff, and not before the retry-after it named (in milliseconds,
+    /// taken up to [`MAX_BUSY_WAIT`]).
+    Busy(u64, String),
     /// The receiver's latest generation for this producer: reconnect at
     /// once above it.
     Stale(u64),
@@ -688,10 +692,15 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
         if outcome.progressed {
             hurried = false;
         }
+        let mut at_least = Duration::ZERO;
         let (wait, why) = match outcome.end {
             End::Stop => return None,
             End::Fatal(why) => return Some(why),
             End::Lost(why) => (true, why),
+            End::Busy(retry_after, why) => {
+                at_least = Duration::from_millis(retry_after).min(MAX_BUSY_WAIT);
+                (true, format!("the receiver is busy: {why}"))
+            }
             End::Protocol(why) | End::Version(why) => {
                 counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%why, "egress sender: protocol error");
@@ -718,7 +727,7 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
         };
         counters.reconnects.fetch_add(1, Ordering::Relaxed);
         if wait {
-            let delay = backoff.delay(failures);
+            let delay = backoff.delay(failures).max(at_least);
             failures = failures.saturating_add(1);
             let retry_at = std::time::Instant::now() + delay;
             counters.report(ConnectionState::Reconnecting { retry_at, failures, error: why.into() });
@@ -810,7 +819,8 @@ async fn connection<T: Clone + Send + Sync + 'static>(
             }
             Ok(Frame::Close { code: CloseCode::StaleGeneration, detail, .. }) => return Err(End::Stale(detail)),
             Ok(Frame::Close { code: CloseCode::Retry, .. }) => return Err(End::Retry),
-            Ok(Frame::Close { code: CloseCode::Normal | CloseCode::Busy, reason, .. }) => {
+            Ok(Frame::Close { code: CloseCode::Busy, detail, reason }) => return Err(End::Busy(detail, reason)),
+            Ok(Frame::Close { code: CloseCode::Normal, reason, .. }) => {
                 return Err(End::Lost(format!("refused: {reason}")));
             }
             // The receiver closed: nothing to answer.
@@ -873,7 +883,8 @@ async fn connection<T: Clone + Send + Sync + 'static>(
                         break protocol(format!("ack through {through}, but only {sent_through:?} was sent")).await;
                     }
                 }
-                Ok(Frame::Close { code: CloseCode::Normal | CloseCode::Fenced | CloseCode::Busy, reason, .. }) => {
+                Ok(Frame::Close { code: CloseCode::Busy, detail, reason }) => break End::Busy(detail, reason),
+                Ok(Frame::Close { code: CloseCode::Normal | CloseCode::Fenced, reason, .. }) => {
                     break End::Lost(format!("closed by the receiver: {reason}"));
                 }
                 Ok(Frame::Close { code: CloseCode::Retry, .. }) => break End::Retry,
@@ -889,7 +900,11 @@ async fn connection<T: Clone + Send + Sync + 'static>(
             },
             () = kill.notified() => break End::Lost("killed".into()),
             _ = stop.changed() => {
-                send_close(&sink, CloseCode::Normal, "the producer is shutting down").await;
+                // The detail is the resume-from: what this producer saw
+                // acknowledged (the receiver may forget what is confirmed).
+                let resume_from = cell.acked_through().get_untracked().map_or(0, |s| s.get().saturating_add(1));
+                close_with(&mut *sink.lock().await, CloseCode::Normal, resume_from, "the producer is shutting down")
+                    .await;
                 break End::Stop;
             }
             () = check => {}
@@ -918,6 +933,10 @@ fn stall_in_force(configured: Option<Duration>, keepalive_ms: u32) -> Duration {
 /// The longest advertised keepalive a sender waits three times for before
 /// a silent receiver counts as dead.
 const MAX_KEEPALIVE_WAIT: Duration = Duration::from_secs(60);
+
+/// The longest retry-after of a busy receiver (code 6) a sender honours: a
+/// receiver cannot park a producer for longer with one frame.
+const MAX_BUSY_WAIT: Duration = Duration::from_secs(60);
 
 /// Opens the byte stream ([`SenderConfig::connect`], or TCP), then TLS on
 /// top for `wss://`, then the WebSocket upgrade with the configured headers.

@@ -228,8 +228,12 @@ async fn queued_bytes_are_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_producer_table_is_bounded_and_idle_ids_are_forgotten() {
-    let config =
-        ReceiverConfig { max_producers: 5, producer_idle: Duration::from_millis(200), ..ReceiverConfig::default() };
+    let config = ReceiverConfig {
+        max_producers: 5,
+        producer_idle: Duration::from_millis(200),
+        eviction_floor: Duration::ZERO,
+        ..ReceiverConfig::default()
+    };
     let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
     let url = format!("ws://{}", receiver.local_addr());
     let mut held = Vec::new();

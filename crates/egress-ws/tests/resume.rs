@@ -102,6 +102,7 @@ async fn a_stream_forgotten_for_a_newcomer_resumes_from_the_record_and_delivers_
     let record = Arc::new(Record::default());
     let lossy = ReceiverConfig {
         max_producers: 2,
+        eviction_floor: std::time::Duration::ZERO,
         ack_faults: AckFaults { drop: 1.0, ..AckFaults::default() },
         ..config(&record)
     };

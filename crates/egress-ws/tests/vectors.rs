@@ -106,6 +106,9 @@ where
             if let Some(d) = step.get("detail") {
                 assert_eq!(Some(detail), d.as_u64(), "{name}: close detail");
             }
+            let (lo, hi) = (step.get("detail_min"), step.get("detail_max"));
+            assert!(lo.is_none_or(|lo| lo.as_u64().is_some_and(|lo| detail >= lo)), "{name}: detail {detail}");
+            assert!(hi.is_none_or(|hi| hi.as_u64().is_some_and(|hi| detail <= hi)), "{name}: detail {detail}");
         }
         other => panic!("{name}: expected a close, got {other:?}"),
     }
@@ -124,6 +127,12 @@ async fn run_receiver_case(case: &Value) {
     if let Some(max) = config.get("max_producers").and_then(Value::as_u64) {
         rc.max_producers = usize::try_from(max).unwrap();
     }
+    if let Some(max) = config.get("incarnations_per_producer").and_then(Value::as_u64) {
+        rc.incarnations_per_producer = usize::try_from(max).unwrap();
+    }
+    if let Some(ms) = config.get("eviction_floor_ms").and_then(Value::as_u64) {
+        rc.eviction_floor = Duration::from_millis(ms);
+    }
     let mut receiver = Receiver::bind("127.0.0.1:0", rc).await.unwrap();
     let mut conns = HashMap::new();
     for step in case["steps"].as_array().unwrap() {
@@ -140,6 +149,13 @@ async fn run_receiver_case(case: &Value) {
             assert_eq!(got.map(|f| f.encode()), Some(want), "{name}: {step}");
         } else if let Some(c) = conn("expect_close") {
             expect_close(conns.get_mut(&c).unwrap(), step, name).await;
+        } else if let Some(c) = conn("disconnect") {
+            drop(conns.remove(&c).unwrap());
+            let deadline = tokio::time::Instant::now() + limit();
+            while receiver.stats().open_connections > conns.len() {
+                assert!(tokio::time::Instant::now() < deadline, "{name}: connection {c} never ended");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
         } else if let Some(c) = conn("expect_nothing") {
             let quiet = Duration::from_millis(n(step, "ms"));
             let got = tokio::time::timeout(quiet, next_frame(conns.get_mut(&c).unwrap())).await;
@@ -180,6 +196,9 @@ async fn run_sender_case(case: &Value) {
         } else if step.get("shutdown").is_some() {
             let shutdown = sender.take().unwrap().shutdown();
             tokio::spawn(shutdown);
+        } else if let Some(ms) = step.get("expect_no_accept_ms").and_then(Value::as_u64) {
+            let early = tokio::time::timeout(Duration::from_millis(ms), listener.accept()).await;
+            assert!(early.is_err(), "{name}: the sender connected again within {ms} ms");
         } else if let Some(c) = conn("accept") {
             let (stream, _) = tokio::time::timeout(limit(), listener.accept()).await.unwrap().unwrap();
             conns.insert(c, tokio_tungstenite::accept_async(stream).await.unwrap());

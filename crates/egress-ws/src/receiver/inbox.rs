@@ -96,6 +96,13 @@ pub(crate) struct Rules {
     /// sit idle (no connection, nothing of its streams waiting for the
     /// application) before it is forgotten.
     pub(crate) producer_idle: u64,
+    /// How long a producer id must have been idle before it may be
+    /// forgotten to make room for a newcomer.
+    pub(crate) eviction_floor: u64,
+    /// Whether the application keeps a durable record of what it committed
+    /// (`ReceiverConfig::resume`): a forgotten stream is resumed from it,
+    /// so forgetting one never costs exactly-once.
+    pub(crate) durable: bool,
 }
 
 /// Counters of what the inbox has seen.
@@ -114,6 +121,12 @@ pub(crate) struct Counts {
     pub(crate) busy: u64,
     /// Producer ids forgotten (idle too long, or to make room).
     pub(crate) evictions: u64,
+    /// Streams forgotten (with their producer id, or as an incarnation
+    /// beyond the per-id bound) while their producer had not confirmed
+    /// every acknowledgement, once `producer_idle` had passed: if it comes
+    /// back, what its application took since its last confirmation is
+    /// delivered again (without a durable record).
+    pub(crate) unconfirmed_forgotten: u64,
 }
 
 /// What an inbox holds at one moment.
@@ -174,6 +187,13 @@ struct Stream {
     buffer: BTreeMap<u64, Content>,
     /// The payload bytes in `buffer`.
     buffered_bytes: usize,
+    /// The highest watermark the producer said it holds acknowledged (the
+    /// resume-from of its handshakes, the detail of its orderly close):
+    /// commits above it may have been acknowledged without the producer
+    /// knowing, and forgetting the stream would deliver them again.
+    confirmed: u64,
+    /// When its last connection ended (or, while one is up, was admitted).
+    ended: u64,
 }
 
 /// What a delivery weighs against the byte bounds: its payload.
@@ -185,7 +205,7 @@ pub(crate) fn weight(content: &Content) -> usize {
 }
 
 impl Stream {
-    fn new(id: u64, from: u64) -> Self {
+    fn new(id: u64, from: u64, now: u64) -> Self {
         Stream {
             id,
             next: from,
@@ -194,7 +214,16 @@ impl Stream {
             redo: BTreeSet::new(),
             buffer: BTreeMap::new(),
             buffered_bytes: 0,
+            confirmed: from,
+            ended: now,
         }
+    }
+
+    /// Whether the producer confirmed every acknowledgement the stream may
+    /// have sent: forgetting it then costs nothing (the producer resumes
+    /// at or above everything committed).
+    fn confirmed(&self) -> bool {
+        self.committed <= self.confirmed
     }
 
     /// Empties the out-of-order buffer; returns the bytes freed.
@@ -253,6 +282,18 @@ impl<W> Producer<W> {
     fn idle(&self) -> bool {
         self.conn.is_none() && self.streams.iter().all(|(_, s)| s.settled())
     }
+
+    /// Whether its producer confirmed every acknowledgement of every stream.
+    fn confirmed(&self) -> bool {
+        self.streams.iter().all(|(_, s)| s.confirmed())
+    }
+}
+
+/// Why a handshake must wait: the bound it met, and when room may be made
+/// (in milliseconds from now; 0 when nothing foreseeable frees it).
+struct Full {
+    what: String,
+    retry_after: u64,
 }
 
 /// The receiver's state. See the module docs.
@@ -268,6 +309,10 @@ pub(crate) struct Inbox<W> {
     /// Idle producers, by when they became idle: the order they are
     /// forgotten in.
     idle: BTreeSet<(u64, Arc<str>)>,
+    /// The idle producers that may be forgotten for a newcomer (every
+    /// acknowledgement confirmed, or a durable record), by when they
+    /// became idle: a subset of `idle`.
+    forgettable: BTreeSet<(u64, Arc<str>)>,
     /// Payload bytes buffered above gaps, all streams together.
     buffered_bytes: usize,
     /// Payload bytes in the queue.
@@ -285,6 +330,7 @@ impl<W: Clone> Inbox<W> {
             next_stream: 0,
             stopped: false,
             idle: BTreeSet::new(),
+            forgettable: BTreeSet::new(),
             buffered_bytes: 0,
             queued_bytes: 0,
             counts: Counts::default(),
@@ -331,27 +377,30 @@ impl<W: Clone> Inbox<W> {
         }
         self.forget_idle(now);
         let known = self.producers.get(producer).map(|p| (p.conn.is_some() || !p.streams.is_empty(), p.generation));
-        match known {
-            Some((true, latest)) if generation <= latest => {
-                self.counts.refused += 1;
-                return Admission::Refused {
-                    code: CloseCode::StaleGeneration,
-                    detail: latest,
-                    reason: format!("generation {generation} is not above {latest}"),
-                };
-            }
-            // A new producer id: only if there is room, or an idle one to
-            // forget for it.
-            None if self.producers.len() >= rules.max_producers.max(1) && !self.forget_oldest() => {
-                self.counts.busy += 1;
-                return Admission::Refused {
-                    code: CloseCode::Busy,
-                    detail: 0,
-                    reason: format!("{} producers held, none of them idle", self.producers.len()),
-                };
-            }
-            _ => {}
+        if let Some((true, latest)) = known
+            && generation <= latest
+        {
+            self.counts.refused += 1;
+            return Admission::Refused {
+                code: CloseCode::StaleGeneration,
+                detail: latest,
+                reason: format!("generation {generation} is not above {latest}"),
+            };
         }
+        // Room for it: a new producer id needs a place in the table, a new
+        // incarnation a place among its id's streams. Checked before
+        // anything changes: a refusal leaves the inbox as it was.
+        let room = match self.producers.get(producer) {
+            Some(p) => Self::room_for_stream(&rules, p, incarnation, now),
+            None => self.room_for_producer(now).map(|()| (Vec::new(), 0)),
+        };
+        let (forgotten, expired) = match room {
+            Ok(plan) => plan,
+            Err(full) => {
+                self.counts.busy += 1;
+                return Admission::Refused { code: CloseCode::Busy, detail: full.retry_after, reason: full.what };
+            }
+        };
         let entry = self.producers.entry(producer.clone()).or_insert_with(|| Producer {
             generation: 0,
             conn: None,
@@ -360,6 +409,7 @@ impl<W: Clone> Inbox<W> {
         });
         if let Some(since) = entry.idle_since.take() {
             self.idle.remove(&(since, producer.clone()));
+            self.forgettable.remove(&(since, producer.clone()));
         }
         let known = entry.conn.is_some() || !entry.streams.is_empty();
         // Recorded as the latest, but at most MAX_GENERATION_JUMP above the
@@ -374,17 +424,31 @@ impl<W: Clone> Inbox<W> {
             // The old connection's out-of-order frames go with it.
             if let Some(s) = entry.stream(old.incarnation) {
                 freed += s.clear_buffer();
+                s.ended = now;
             }
             old.wake
         });
-        // Most recently admitted last; the least recent beyond the bound
-        // are forgotten.
+        // The streams to forget for a new incarnation, chosen above.
+        // Nothing of a forgotten stream is queued (it was settled), and
+        // its buffer is empty (only the current connection's stream
+        // buffers, and that buffer went with the connection).
+        entry.streams.retain(|(_, s)| !forgotten.contains(&s.id));
+        if expired > 0 {
+            self.counts.unconfirmed_forgotten += expired;
+            tracing::warn!(
+                %producer,
+                streams = expired,
+                "egress receiver: incarnations idle past producer_idle are forgotten with acknowledgements their \
+                 producer never confirmed"
+            );
+        }
+        // Most recently admitted last.
         let index = entry.streams.iter().position(|(i, _)| *i == incarnation);
         let mut stream = match index {
             Some(i) => entry.streams.remove(i).1,
             None => {
                 self.next_stream += 1;
-                Stream::new(self.next_stream, resume_from.max(stored.unwrap_or(0)))
+                Stream::new(self.next_stream, resume_from.max(stored.unwrap_or(0)), now)
             }
         };
         // Everything below `resume_from` was acknowledged to the producer,
@@ -401,60 +465,138 @@ impl<W: Clone> Inbox<W> {
         }
         stream.redo = stream.redo.split_off(&resume_from);
         stream.settle();
+        // The producer's word: it saw everything below `resume_from`
+        // acknowledged.
+        stream.confirmed = stream.confirmed.max(resume_from);
+        stream.ended = now;
         let (next, received) = (stream.committed, stream.next);
         entry.streams.push((incarnation, stream));
-        let excess = entry.streams.len().saturating_sub(rules.incarnations.max(1));
-        let forgotten: Vec<Stream> = entry.streams.drain(..excess).map(|(_, s)| s).collect();
         let conn = ConnId(self.next_conn);
         self.next_conn = self.next_conn.wrapping_add(1);
         entry.conn = Some(Conn { id: conn, incarnation, generation, wake, acked: next });
         self.counts.connections += 1;
         self.buffered_bytes -= freed;
-        self.forget_streams(forgotten);
         Admission::Welcome { conn, next, received, fenced }
     }
 
-    /// Drops streams no longer remembered: their buffers, and what they
-    /// still had queued (never taken, so never acknowledged: their producer
-    /// replays it into the stream made if it comes back, which would
-    /// deliver it twice otherwise).
-    fn forget_streams(&mut self, streams: Vec<Stream>) {
-        if streams.is_empty() {
-            return;
+    /// Whether a new producer id fits in the table at `now`, forgetting for
+    /// it the idle producer that has been idle the longest among those that
+    /// may be forgotten: idle for at least `eviction_floor`, and holding no
+    /// acknowledgement its producer has not confirmed (or with a durable
+    /// record to resume from). A stream whose acknowledgements are not
+    /// confirmed is never forgotten for a newcomer: its producer may come
+    /// back from below what the application took.
+    fn room_for_producer(&mut self, now: u64) -> Result<(), Full> {
+        let rules = self.rules;
+        if self.producers.len() < rules.max_producers.max(1) {
+            return Ok(());
         }
-        // Their buffers are empty: only the current connection's stream
-        // buffers, and a forgotten stream is never that (the driver checks).
-        let ids: Vec<u64> = streams.iter().map(|s| s.id).collect();
-        let mut dropped = 0;
-        self.queue.retain(|q| {
-            let keep = !ids.contains(&q.stream);
-            if !keep {
-                dropped += weight(&q.content);
+        if let Some((since, producer)) = self.forgettable.first().cloned()
+            && since.saturating_add(rules.eviction_floor) <= now
+        {
+            self.forget(&(since, producer));
+            return Ok(());
+        }
+        // When room may be made: the first forgettable one reaching the
+        // floor, or the first idle one reaching `producer_idle` (expired,
+        // it goes whatever it holds).
+        let floor = self.forgettable.first().map(|(since, _)| since.saturating_add(rules.eviction_floor));
+        let expiry = self.idle.first().map(|(since, _)| since.saturating_add(rules.producer_idle));
+        let at = floor.into_iter().chain(expiry).min();
+        Err(Full {
+            what: format!(
+                "{} producers held, {} of them idle, none of them forgettable now",
+                self.producers.len(),
+                self.idle.len()
+            ),
+            retry_after: at.map_or(0, |at| at.saturating_sub(now).max(1)),
+        })
+    }
+
+    /// Whether producer `p` can take stream `incarnation` at `now`: the
+    /// streams to forget for it (by id, least recently admitted first), and
+    /// how many of those go with acknowledgements their producer never
+    /// confirmed. A stream may be forgotten for another incarnation only if
+    /// nothing of it waits for the application and its producer confirmed
+    /// every acknowledgement (or there is a durable record), or, failing
+    /// that, once it has been without a connection for `producer_idle`.
+    fn room_for_stream(rules: &Rules, p: &Producer<W>, incarnation: u128, now: u64) -> Result<(Vec<u64>, u64), Full> {
+        let bound = rules.incarnations.max(1);
+        if p.streams.len() < bound || p.streams.iter().any(|(i, _)| *i == incarnation) {
+            return Ok((Vec::new(), 0));
+        }
+        let need = p.streams.len() + 1 - bound;
+        let current = p.conn.as_ref().map(|c| c.incarnation);
+        let expires = |s: &Stream| s.ended.saturating_add(rules.producer_idle);
+        let (mut clean, mut expired) = (Vec::new(), Vec::new());
+        for (i, s) in &p.streams {
+            if !s.settled() {
+                continue;
             }
-            keep
-        });
-        self.queued_bytes -= dropped;
+            if rules.durable || s.confirmed() {
+                clean.push(s.id);
+            } else if Some(*i) != current && expires(s) <= now {
+                expired.push(s.id);
+            }
+        }
+        if clean.len() + expired.len() < need {
+            // The earliest an unconfirmed stream without a connection
+            // expires (the current one's clock starts when it is fenced).
+            let at = p
+                .streams
+                .iter()
+                .filter(|(i, s)| s.settled() && !s.confirmed() && Some(*i) != current)
+                .map(|(_, s)| expires(s))
+                .min()
+                .or_else(|| current.map(|_| now.saturating_add(rules.producer_idle)));
+            return Err(Full {
+                what: format!(
+                    "{} incarnations held for this producer id, none of them forgettable now",
+                    p.streams.len()
+                ),
+                retry_after: at.map_or(0, |at| at.saturating_sub(now).max(1)),
+            });
+        }
+        // Clean ones first (least recently admitted first among them), then
+        // expired ones.
+        let take_clean = clean.len().min(need);
+        let take_expired = need - take_clean;
+        let mut forget: Vec<u64> = clean.into_iter().take(take_clean).collect();
+        forget.extend(expired.into_iter().take(take_expired));
+        Ok((forget, u64::try_from(take_expired).unwrap_or(u64::MAX)))
     }
 
     /// Forgets the producers idle since `producer_idle` or longer before
-    /// `now`.
+    /// `now`, whatever they hold: past that age, a producer that comes back
+    /// is a new one.
     fn forget_idle(&mut self, now: u64) {
-        while let Some((since, _)) = self.idle.first()
-            && since.saturating_add(self.rules.producer_idle) <= now
+        while let Some(first) = self.idle.first().cloned()
+            && first.0.saturating_add(self.rules.producer_idle) <= now
         {
-            self.forget_oldest();
+            self.forget(&first);
         }
     }
 
-    /// Forgets the producer idle the longest; returns whether there was one.
-    fn forget_oldest(&mut self) -> bool {
-        let Some((_, producer)) = self.idle.pop_first() else { return false };
-        if let Some(p) = self.producers.remove(&producer) {
+    /// Forgets idle producer `(since, producer)`.
+    fn forget(&mut self, key: &(u64, Arc<str>)) {
+        self.idle.remove(key);
+        self.forgettable.remove(key);
+        let producer = &key.1;
+        if let Some(p) = self.producers.remove(producer) {
             self.counts.evictions += 1;
-            self.forget_streams(p.streams.into_iter().map(|(_, s)| s).collect());
-            tracing::debug!(%producer, "egress receiver: an idle producer id is forgotten");
+            let unconfirmed = p.streams.iter().filter(|(_, s)| !s.confirmed()).count();
+            if unconfirmed > 0 && !self.rules.durable {
+                self.counts.unconfirmed_forgotten += u64::try_from(unconfirmed).unwrap_or(u64::MAX);
+                tracing::warn!(
+                    %producer,
+                    streams = unconfirmed,
+                    "egress receiver: a producer id idle past producer_idle is forgotten with acknowledgements it \
+                     never confirmed"
+                );
+            } else {
+                tracing::debug!(%producer, "egress receiver: an idle producer id is forgotten");
+            }
         }
-        true
     }
 
     /// Notes that `producer` may have become idle at `now`.
@@ -465,6 +607,19 @@ impl<W: Clone> Inbox<W> {
         {
             p.idle_since = Some(now);
             self.idle.insert((now, producer.clone()));
+            if self.rules.durable || p.confirmed() {
+                self.forgettable.insert((now, producer.clone()));
+            }
+        }
+    }
+
+    /// The producer of connection `conn` closed it in order, saying it
+    /// holds everything from `resume_from` on (the detail of its code-0
+    /// close): every acknowledgement below is confirmed. A claim above
+    /// what was committed confirms only what was.
+    pub(crate) fn confirm(&mut self, producer: &str, conn: ConnId, resume_from: u64) {
+        if let Some((_, s)) = self.current(producer, conn) {
+            s.confirmed = s.confirmed.max(resume_from.min(s.committed));
         }
     }
 
@@ -547,12 +702,6 @@ impl<W: Clone> Inbox<W> {
             self.queue.push_back(Queued { producer, incarnation, sequence, content, given_back: 0, stream });
         }
         Taken::Delivered { count }
-    }
-
-    /// How many deliveries are waiting.
-    #[cfg(test)]
-    pub(crate) fn queued(&self) -> usize {
-        self.queue.len()
     }
 
     /// Hands the oldest delivery to the application; when taking commits,
@@ -677,6 +826,7 @@ impl<W: Clone> Inbox<W> {
             let incarnation = p.conn.take().map(|c| c.incarnation);
             if let Some(s) = incarnation.and_then(|i| p.stream(i)) {
                 self.buffered_bytes -= s.clear_buffer();
+                s.ended = now;
             }
             self.maybe_idle(producer, now);
             self.forget_idle(now);
@@ -747,6 +897,8 @@ pub(crate) mod drive {
             queue_bytes: 60,
             max_producers: 3,
             producer_idle: 50,
+            eviction_floor: 5,
+            durable: mode & 2 != 0,
         };
         let names: [Arc<str>; 4] = ["a".into(), "b".into(), "c".into(), "d".into()];
         let mut inbox: Inbox<u8> = Inbox::new(rules);
@@ -756,6 +908,7 @@ pub(crate) mod drive {
         let mut seen: HashMap<u64, Seen> = HashMap::new();
         while let (Some(op), Some(arg)) = (next(), next()) {
             let pick = |n: usize| usize::from(arg) % n.max(1);
+            let before = promises(&inbox);
             match op % 9 {
                 0 => {
                     let producer = names[pick(4)].clone();
@@ -852,7 +1005,32 @@ pub(crate) mod drive {
                 }
             }
             check(&inbox, &rules);
+            // A stream goes only once its producer confirmed every
+            // acknowledgement, or with a durable record, or past
+            // `producer_idle` without a connection.
+            let after = promises(&inbox);
+            for (id, (confirmed, ended)) in before {
+                if !after.contains_key(&id) {
+                    let expired = ended.saturating_add(rules.producer_idle) <= now;
+                    assert!(rules.durable || confirmed || expired, "stream {id} forgotten with an unconfirmed ack");
+                }
+            }
         }
+    }
+
+    /// Each stream's id: whether its producer confirmed every
+    /// acknowledgement, and since when it has been without a connection
+    /// (now for the connected ones).
+    fn promises(inbox: &Inbox<u8>) -> HashMap<u64, (bool, u64)> {
+        let mut all = HashMap::new();
+        for p in inbox.producers.values() {
+            let current = p.conn.as_ref().map(|c| c.incarnation);
+            for (i, s) in &p.streams {
+                let ended = if Some(*i) == current { u64::MAX } else { s.ended };
+                all.insert(s.id, (s.confirmed(), ended));
+            }
+        }
+        all
     }
 
     /// The inbox's own bookkeeping agrees with what it holds, within its
@@ -883,6 +1061,16 @@ pub(crate) mod drive {
         assert_eq!(queued, inbox.queued_bytes, "queued bytes");
         assert!(inbox.producers.len() <= rules.max_producers);
         assert!(inbox.idle.iter().all(|(_, p)| inbox.producers.contains_key(p)), "the idle index names held producers");
+        assert!(inbox.forgettable.is_subset(&inbox.idle), "only idle producers are forgettable");
+        for q in &inbox.queue {
+            let stream =
+                inbox.producers.get(&q.producer).and_then(|p| p.streams.iter().find(|(i, _)| *i == q.incarnation));
+            assert!(stream.is_some_and(|(_, s)| s.id == q.stream), "a queued delivery's stream is held");
+        }
+        for (_, name) in &inbox.forgettable {
+            let p = &inbox.producers[name];
+            assert!(rules.durable || p.confirmed(), "a forgettable producer confirmed every acknowledgement");
+        }
     }
 }
 
@@ -902,6 +1090,8 @@ mod tests {
             queue_bytes: usize::MAX,
             max_producers: 100,
             producer_idle: u64::MAX,
+            eviction_floor: 0,
+            durable: false,
         }
     }
 
@@ -1066,6 +1256,7 @@ mod tests {
             released: 1,
             busy: 1,
             evictions: 0,
+            unconfirmed_forgotten: 0,
         };
         assert_eq!(inbox.counts, counts);
     }
@@ -1241,14 +1432,24 @@ mod tests {
     }
 
     #[test]
-    fn a_forgotten_stream_frees_the_bytes_it_had_queued() {
+    fn a_stream_with_deliveries_waiting_is_not_forgotten_for_a_new_incarnation() {
         let mut inbox = Inbox::new(Rules { incarnations: 1, ..rules() });
         let p: Arc<str> = "p".into();
         let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
         let _ = inbox.take_frame(&p, c, 1, 0, Content::Message(Bytes::from(vec![0u8; 7])));
-        assert_eq!(inbox.held().queued_bytes, 7);
+        inbox.closed(&p, c, 0);
+        // Even with a durable record, and past the producer-idle time: what
+        // waits for the application keeps its stream.
+        inbox.rules.durable = true;
+        inbox.rules.producer_idle = 0;
+        match inbox.handshake(&p, 2, 2, 0, None, (), 5) {
+            Admission::Refused { code: CloseCode::Busy, .. } => {}
+            other => panic!("expected busy, got {other:?}"),
+        }
+        assert_eq!(inbox.held(), Held { producers: 1, buffered_bytes: 0, queued: 1, queued_bytes: 7 });
+        assert!(inbox.take(5).is_some());
         admit(&mut inbox, &p, 2, 2, 0);
-        assert_eq!(inbox.held(), Held { producers: 1, buffered_bytes: 0, queued: 0, queued_bytes: 0 });
+        assert!(!inbox.holds(&p, 1) && inbox.holds(&p, 2));
     }
 
     #[test]
@@ -1377,26 +1578,36 @@ mod tests {
     }
 
     #[test]
-    fn a_forgotten_stream_takes_its_queue_and_its_give_backs_with_it() {
+    fn a_stream_forgotten_once_confirmed_comes_back_as_a_new_one_and_an_old_delivery_is_void() {
         let mut inbox = Inbox::new(Rules { commit_on_take: false, incarnations: 1, ..rules() });
         let p: Arc<str> = "p".into();
         let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
         for s in 0..3 {
             let _ = inbox.take_frame(&p, c, 1, s, msg(s));
         }
-        let held = inbox.take(0).expect("queued").0;
-        // Incarnation 2 pushes 1 out (one remembered); its queue goes.
-        admit(&mut inbox, &p, 2, 2, 0);
-        assert_eq!(inbox.queued(), 0, "nothing of a forgotten stream is delivered");
-        // Incarnation 1 comes back: a new stream, resumed where it says.
-        let (c, next, _) = admit(&mut inbox, &p, 1, 3, 1);
-        assert_eq!(next, 1);
+        let all = take_all(&mut inbox);
+        // Given back, then taken and held: the stream waits on it.
+        assert!(inbox.release(again(&all[0])));
+        let held = inbox.take(0).expect("given back").0;
+        assert!(matches!(inbox.handshake(&p, 2, 2, 0, None, (), 0), Admission::Refused { code: CloseCode::Busy, .. }));
+        for q in [&held, &all[1], &all[2]] {
+            let _ = inbox.commit(q, 0);
+        }
+        // Committed, but the producer never said it saw the acks: still
+        // not forgettable; once it says so (resume-from 3), it is.
+        assert!(matches!(inbox.handshake(&p, 2, 2, 0, None, (), 0), Admission::Refused { code: CloseCode::Busy, .. }));
+        let (c, next, _) = admit(&mut inbox, &p, 1, 2, 3);
+        assert_eq!(next, 3);
+        inbox.closed(&p, c, 0);
+        admit(&mut inbox, &p, 2, 3, 0);
+        // Incarnation 1 comes back: a new stream, resumed where it says;
+        // a give-back or commit of the old stream's delivery is void.
+        let (c, next, _) = admit(&mut inbox, &p, 1, 4, 3);
+        assert_eq!(next, 3);
         assert!(!inbox.release(again(&held)), "a give-back of the old stream is void");
         assert!(inbox.commit(&held, 0).is_none(), "and so is its commit");
-        for s in 1..3 {
-            let _ = inbox.take_frame(&p, c, 3, s, msg(s));
-        }
+        let _ = inbox.take_frame(&p, c, 4, 3, msg(3));
         let order: Vec<u64> = take_all(&mut inbox).iter().map(|g| g.sequence).collect();
-        assert_eq!(order, [1, 2], "each once, in order");
+        assert_eq!(order, [3], "each once, in order");
     }
 }

@@ -94,14 +94,23 @@ pub struct ReceiverConfig {
     pub idle_timeout: Duration,
     /// How many producer ids the receiver remembers at once. A new one
     /// beyond is admitted only if an idle one (no connection, nothing
-    /// waiting for the application) can be forgotten; otherwise it is
-    /// refused with close code 6 (Busy).
+    /// waiting for the application) that has been idle for at least
+    /// `eviction_floor`, and whose producer confirmed every acknowledgement
+    /// (see [`ReceiverConfig::resume`] for the exception), can be
+    /// forgotten; otherwise it is refused with close code 6 (Busy), its
+    /// detail the milliseconds after which room may be made.
     pub max_producers: usize,
-    /// How long a producer id may sit idle before it is forgotten. A
-    /// forgotten producer is admitted again like a new one: its streams
-    /// resume where its handshake says (at-least-once for what it had
-    /// delivered but not yet seen acknowledged).
+    /// How long a producer id may sit idle before it is forgotten, whatever
+    /// it holds. A forgotten producer is admitted again like a new one: its
+    /// streams resume where its handshake says, so a producer that comes
+    /// back later than this gets again what its application took but it
+    /// had not seen acknowledged (unless [`ReceiverConfig::resume`] is
+    /// set).
     pub producer_idle: Duration,
+    /// How long a producer id must have been idle before it may be
+    /// forgotten to make room for a newcomer (even one that confirmed every
+    /// acknowledgement).
+    pub eviction_floor: Duration,
     /// Decoding limits, and the payload limit the welcome announces.
     pub limits: Limits,
     /// How long a new TCP connection has to complete the WebSocket upgrade
@@ -112,7 +121,10 @@ pub struct ReceiverConfig {
     /// from a dead one; the welcome announces it.
     pub keepalive: Duration,
     /// How many incarnations (sequence spaces) are remembered per producer
-    /// id; the least recently admitted beyond it are forgotten.
+    /// id. A new one beyond takes the place of the least recently admitted
+    /// one whose producer confirmed every acknowledgement (or, failing
+    /// that, of one without a connection for `producer_idle`); if there is
+    /// none, it is refused with close code 6 (Busy).
     pub incarnations_per_producer: usize,
     /// Faults injected into the acknowledgements this receiver sends, for
     /// tests and demos (none by default).
@@ -161,6 +173,7 @@ impl Default for ReceiverConfig {
             idle_timeout: Duration::from_secs(10),
             max_producers: 10_000,
             producer_idle: Duration::from_secs(600),
+            eviction_floor: Duration::from_secs(1),
             limits: Limits::default(),
             handshake_timeout: Duration::from_secs(5),
             keepalive: Duration::from_secs(1),
@@ -302,7 +315,8 @@ pub struct ReceiverStats {
     pub open_connections: usize,
     /// Connections answered 503 because `max_connections` were open.
     pub refused_capacity: u64,
-    /// Handshakes refused as Busy: `max_producers` held, none idle.
+    /// Handshakes refused as Busy: `max_producers` held (or
+    /// `incarnations_per_producer` for its id), none forgettable.
     pub refused_busy: u64,
     /// Connections closed because nothing came in time: no upgrade and
     /// handshake within `handshake_timeout`.
@@ -314,6 +328,11 @@ pub struct ReceiverStats {
     pub producers: usize,
     /// Producer ids forgotten so far.
     pub evictions: u64,
+    /// Streams forgotten past `producer_idle` before their producer
+    /// confirmed every acknowledgement (without [`ReceiverConfig::resume`]:
+    /// if such a producer comes back, what its application took since its
+    /// last confirmation is delivered again).
+    pub unconfirmed_forgotten: u64,
     /// Payload bytes waiting out of order now.
     pub bytes_buffered: usize,
     /// Deliveries, and their payload bytes, waiting for the application now.
@@ -427,6 +446,8 @@ impl Receiver {
             queue_bytes: config.delivery_buffer_bytes,
             max_producers: config.max_producers.max(1),
             producer_idle: u64::try_from(config.producer_idle.as_millis()).unwrap_or(u64::MAX),
+            eviction_floor: u64::try_from(config.eviction_floor.as_millis()).unwrap_or(u64::MAX),
+            durable: config.resume.is_some(),
         };
         let shared = Arc::new(Shared {
             config,
@@ -526,6 +547,7 @@ impl Receiver {
             idle_closed: s.idle_closed.load(Ordering::Relaxed),
             producers: held.producers,
             evictions: c.evictions,
+            unconfirmed_forgotten: c.unconfirmed_forgotten,
             bytes_buffered: held.buffered_bytes,
             queued: held.queued,
             bytes_queued: held.queued_bytes,
@@ -925,8 +947,13 @@ impl Connection<'_> {
             Frame::Tombstone { generation, sequence, reason, .. } if generation == self.generation => {
                 self.offer(sequence, Content::Skipped(reason), space, waiting)
             }
-            Frame::Close { code, reason, .. } => {
-                tracing::debug!(?code, %reason, "producer closed the connection");
+            Frame::Close { code, detail, reason } => {
+                tracing::debug!(?code, detail, %reason, "producer closed the connection");
+                // An orderly close names what the producer saw acknowledged.
+                if code == CloseCode::Normal {
+                    let a = &self.admitted;
+                    a.shared.inbox.lock().confirm(&a.producer, a.conn, detail);
+                }
                 Step::End(Ok(()))
             }
             other => Step::Refuse(format!("unexpected frame {other:?}")),
