@@ -119,7 +119,7 @@ Proof.
   - unfold fail, stale. destruct (negb _); [exact H0 |].
     destruct (take seq s (inflight st)) as [[r rest] |] eqn:T; [| exact H0].
     destruct (Forall_take _ _ _ _ _ _ _ T Hi) as [Hr Hrest].
-    destruct (K r Hr) as [Hf _]. destruct (K _ Hf) as [_ [_ [_ [_ He']]]].
+    destruct (K r Hr) as [Hf _]. destruct (K _ Hf) as [_ [_ [_ [Hfr He']]]].
     destruct k; simpl; try destruct (budget pol <? fails r + 1);
       unfold bury; destruct (dead (failed r)), (hold pol); unfold all_held; simpl; repeat split; auto;
       apply Forall_insert_by; auto.
@@ -143,13 +143,13 @@ Proof.
     + apply Forall_fold_insert; [| exact Hp]. apply Forall_app. split; [| apply Forall_app; split].
       * apply Forall_filter. exact Fl.
       * destruct (hold pol); [constructor |]. apply Forall_map. apply Forall_forall. intros a Ha.
-        apply filter_In in Ha. destruct Ha as [Ha _]. apply filter_In in Ha. destruct Ha as [Ha _].
-        rewrite Forall_forall in Fl. apply (K a (Fl a Ha)).
+        apply filter_In in Ha. destruct Ha as [Ha _].
+        rewrite Forall_forall in Fl. destruct (K a (Fl a Ha)) as [_ [_ [_ [Hfr Hen]]]].
+        unfold revive. destruct (dead a); [exact Hfr | apply Hen].
       * apply Forall_map. exact Hk.
     + apply Forall_fold_insert_ex; [| exact He].
       apply Forall_forall. intros a Ha. simpl. rewrite Forall_forall in Fl. apply Fl.
-      destruct (hold pol); [apply filter_In in Ha; apply Ha |].
-      apply filter_In in Ha. destruct Ha as [Ha _]. apply filter_In in Ha. apply Ha.
+      destruct (hold pol); [apply filter_In in Ha; apply Ha | destruct Ha].
 Qed.
 
 (** What each sequence was enqueued with: [assign f st o] is [f], and for

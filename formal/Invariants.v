@@ -115,21 +115,17 @@ Proof. intros rs. induction l as [| a l IH]; simpl; [reflexivity |]. rewrite IH.
 Lemma reconnect_partition :
   forall pol (l : list record) x,
   let dying := filter (dies pol) l in
-  let tombs := if hold pol then [] else map (entomb DReplays) (filter (fun r => match dead r with None => true | Some _ => false end) dying) in
-  let kept := if hold pol then dying else filter (fun r => match dead r with None => false | Some _ => true end) dying in
+  let tombs := if hold pol then [] else map revive dying in
+  let kept := if hold pol then dying else [] in
   (cnt (map seq (filter (fun r => negb (dies pol r)) l)) x + cnt (map seq tombs) x + cnt (map seq kept) x
    = cnt (map seq l) x)%nat.
 Proof.
   intros pol l x dying tombs kept. subst dying tombs kept.
   pose proof (cnt_filter _ seq (dies pol) l x (fun _ _ => eq_refl)) as P.
   destruct (hold pol); simpl; [lia |].
-  rewrite map_seq_entomb.
-  pose proof (cnt_filter _ seq (fun r => match dead r with None => false | Some _ => true end)
-                (filter (dies pol) l) x (fun _ _ => eq_refl)) as Q.
-  assert (E : forall m, filter (fun r => negb (match dead r with None => false | Some _ => true end)) m
-                      = filter (fun r => match dead r with None => true | Some _ => false end) m).
-  { induction m as [| a m IH]; simpl; [reflexivity |]. destruct (dead a); simpl; rewrite IH; reflexivity. }
-  rewrite E in Q. lia.
+  assert (R : forall m, map seq (map revive m) = map seq m).
+  { induction m as [| a m IH]; simpl; [reflexivity |]. rewrite IH. unfold revive. destruct (dead a); reflexivity. }
+  rewrite R. lia.
 Qed.
 
 (** ** 7. Conservation: every assigned, unacknowledged sequence is held
@@ -621,9 +617,10 @@ Proof.
     assert (Bury : forall rs, claims_ok pol (let '(pend, ex, _) := bury pol (gen st) rs (failed r) (pending st) (exhausted st) in
                    mkState (gen st) (next st) pend rest (parked st) ex (acked st) (recvd st) (sent st) (retry_st st)
                            (progressed st) (isol st))).
-    { intros rs. unfold bury. destruct (dead (failed r)), (hold pol); unfold claims_ok;
+    { intros rs. unfold bury. destruct (dead (failed r)), (hold pol), rs; unfold claims_ok;
         cbn [pending inflight parked exhausted snd fst]; repeat split; auto;
         try (apply Forall_insert_by; [apply waits_entomb | exact Hp]);
+        try (apply Forall_insert_by; [apply waits_fresh | exact Hp]);
         apply Forall_insert_by; auto; cbn [snd]; unfold failed; rec_cbn; lia. }
     destruct k; simpl;
       [ destruct (budget pol <? fails r + 1) eqn:B | | destruct (budget pol <? fails r + 1) eqn:B ];
@@ -651,7 +648,8 @@ Proof.
         apply in_map_iff in Ha. destruct Ha as [b [<- Hb]]. rewrite Forall_forall in Hi.
         destruct (Hi b Hb) as [B1 [B2 B3]]. unfold dies in D. facts.
         unfold waits_ok, replayed, ind in *; rec_cbn. destruct (0 <? claims b) eqn:C; facts; repeat split; lia.
-      * destruct (hold pol); [constructor |]. apply Forall_map. apply Forall_forall. intros a _. apply waits_entomb.
+      * destruct (hold pol); [constructor |]. apply Forall_map. apply Forall_forall. intros a _.
+        unfold revive. destruct (dead a); [apply waits_fresh | apply waits_entomb].
       * apply Forall_map. exact Hk.
     + apply Forall_fold_insert_ex; [| exact He].
       assert (K : forall a, In a (filter (dies pol) (map replayed (inflight st))) -> claims a <= 1 + budget pol + rlimit pol).
@@ -659,7 +657,7 @@ Proof.
         destruct Ha as [b [<- Hb]]. rewrite Forall_forall in Hi. unfold replayed; rec_cbn.
         apply (flies_bound pol b). exact (Hi b Hb). }
       apply Forall_forall. intros a Ha. simpl. apply K.
-      destruct (hold pol); [exact Ha |]. apply filter_In in Ha. apply Ha.
+      destruct (hold pol); [exact Ha | destruct Ha].
 Qed.
 
 (** ** Every invariant holds in every reachable state *)

@@ -187,14 +187,25 @@ Definition entomb (rs : dreason) (r : record) : record :=
   mkRec (seq r) (att r) 0 0 false (Some rs) 0 (payload r).
 
 (** A dead letter under policy [pol]: a tombstone back in pending (skip, a
-    live record), or held among the exhausted. Returns pending, exhausted,
-    and whether it was held. *)
+    live record), or held among the exhausted. A tombstone that runs out of
+    budget or replays goes on under a fresh budget, with its first reason:
+    the receiver must learn of the gap, or it waits on it for good; only a
+    permanent refusal of the tombstone itself holds it. Returns pending,
+    exhausted, and whether it was held. *)
 Definition bury (pol : policy) (g : N) (rs : dreason) (r : record)
     (pend : list record) (ex : list ((N * dreason) * record)) :=
-  match dead r, hold pol with
-  | None, false => (insert (entomb rs r) pend, ex, false)
-  | _, _ => (pend, insert_ex ((g, rs), r) ex, true)
+  match dead r, hold pol, rs with
+  | None, false, _ => (insert (entomb rs r) pend, ex, false)
+  | Some _, false, DRetries => (insert (fresh r) pend, ex, false)
+  | Some _, false, DReplays => (insert (fresh r) pend, ex, false)
+  | _, _, _ => (pend, insert_ex ((g, rs), r) ex, true)
   end.
+
+(** What a replay past the limit makes of a record under the skip policy:
+    a live record becomes a tombstone, a tombstone goes on under a fresh
+    budget. *)
+Definition revive (r : record) : record :=
+  match dead r with None => entomb DReplays r | Some _ => fresh r end.
 
 (** ** Transitions *)
 
@@ -363,8 +374,8 @@ Definition reconnect (pol : policy) (st : state) (g : N) :=
   let fl := map replayed (inflight st) in
   let alive := filter (fun r => negb (dies pol r)) fl in
   let dying := filter (dies pol) fl in
-  let tombs := if hold pol then [] else map (entomb DReplays) (filter (fun r => match dead r with None => true | Some _ => false end) dying) in
-  let kept := if hold pol then dying else filter (fun r => match dead r with None => false | Some _ => true end) dying in
+  let tombs := if hold pol then [] else map revive dying in
+  let kept := if hold pol then dying else [] in
   let moved := alive ++ tombs ++ map prec (parked st) in
   let pend := fold_left (fun acc r => insert r acc) moved (pending st) in
   let ex := fold_left (fun acc r => insert_ex ((g, DReplays), r) acc) kept (exhausted st) in

@@ -278,6 +278,9 @@ pub(crate) struct Journal {
     durable_generation: Generation,
     written_generation: Generation,
     written_acked: Option<Sequence>,
+    /// The acknowledgement watermark the store is known to hold: where a
+    /// restart resumes from.
+    durable_acked: Option<Sequence>,
     /// Dead-letter changes not yet handed out, latest per sequence.
     dead: BTreeMap<Sequence, Option<DeadMark>>,
     /// The epoch being written, with its dead-letter changes (given back
@@ -370,6 +373,7 @@ impl<T> EgressCore<T> {
                 durable_generation: generation,
                 written_generation: generation,
                 written_acked: acked_through,
+                durable_acked: acked_through,
                 dead: BTreeMap::new(),
                 writing: None,
                 next_epoch: Epoch(0),
@@ -399,6 +403,24 @@ impl<T> EgressCore<T> {
     #[must_use]
     pub fn durable_through(&self) -> Option<Sequence> {
         self.journal.as_ref().and_then(|j| j.durable_next.0.checked_sub(1).map(Sequence))
+    }
+
+    /// The lowest sequence the producer holds for good: one above the
+    /// acknowledgement watermark its store holds (with a journal), or the
+    /// one it knows (without: a restart is a new incarnation anyway). A
+    /// stored watermark trails the known one (acknowledgements are written
+    /// with the next commit), and a restart resumes from the stored one:
+    /// this is what the producer may tell a receiver it saw acknowledged
+    /// (a handshake's resume-from, the detail of an orderly close), so that
+    /// a receiver that forgets the stream on that word never sees it come
+    /// back from lower.
+    #[must_use]
+    pub fn resume_from(&self) -> Sequence {
+        let acked = match self.journal.as_deref() {
+            Some(j) => j.durable_acked,
+            None => self.acked_through,
+        };
+        acked.map_or(Sequence(0), |a| Sequence(a.0.saturating_add(1)))
     }
 
     /// How many records are enqueued and not yet durable: a chat UI's
@@ -495,6 +517,9 @@ impl<T> EgressCore<T> {
         let moved = j.durable_next != j.written_next;
         j.durable_next = j.written_next;
         j.durable_generation = j.written_generation;
+        // Only one epoch is written at a time, and nothing changes what it
+        // said meanwhile: what it wrote is stored now.
+        j.durable_acked = j.durable_acked.max(j.written_acked);
         let generation_moved = was_durable != (j.durable_generation >= generation);
         let cleared = j.error.take().is_some();
         let changes = Changes::NONE

@@ -74,16 +74,23 @@ impl<T> EgressCore<T> {
 
     /// Disposes of a dead letter as the policy says: under
     /// [`DeadLetters::Skip`] a live record becomes a tombstone with a fresh
-    /// budget, back in pending; otherwise (a hold, or a tombstone that died
-    /// too) it is held among the exhausted records. Returns the projection
-    /// it went to.
+    /// budget, back in pending, and a tombstone that ran out of budget or
+    /// replays goes on under a fresh budget, with its first reason (its
+    /// receiver must learn of the gap, or it waits on it for good);
+    /// otherwise (a hold, or a tombstone refused permanently) it is held
+    /// among the exhausted records. Returns the projection it went to.
     pub(crate) fn bury(&mut self, mut record: Record<T>, reason: DeadReason) -> Projection {
         let sequence = record.sequence;
-        if record.dead.is_none() && self.policy.dead_letters() == DeadLetters::Skip {
+        let skip = self.policy.dead_letters() == DeadLetters::Skip;
+        if skip && record.dead.is_none() {
             record.dead = Some(reason);
             record.fresh_budget();
             self.pending.put_back(record);
             self.note_dead(sequence, Some(DeadMark { reason, held: false }));
+            Projection::Pending
+        } else if skip && reason != DeadReason::Permanent {
+            record.fresh_budget();
+            self.pending.put_back(record);
             Projection::Pending
         } else {
             self.exhausted.insert(sequence, Exhausted { generation: self.generation, reason, record });

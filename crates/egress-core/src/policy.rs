@@ -27,10 +27,12 @@ pub enum DeadLetters {
     /// fresh budget, and is sent as "this sequence is skipped, for this
     /// reason" (its envelope's [`dead`](crate::Envelope::dead) is set), so a
     /// receiver that delivers in order moves past it and tells its
-    /// application of the gap. Nothing behind a dead letter waits for it,
-    /// unless its tombstone too runs out of budget or replays (a receiver
-    /// that refuses even tombstones): then the tombstone is held, as
-    /// [`Hold`](Self::Hold) holds a record.
+    /// application of the gap. Nothing behind a dead letter waits for it:
+    /// a tombstone that runs out of budget or replays in turn goes on under
+    /// a fresh budget (with its first reason), so it reaches the receiver
+    /// whatever the connection does. Only a transport that refuses the
+    /// tombstone itself permanently makes it held, as [`Hold`](Self::Hold)
+    /// holds a record.
     #[default]
     Skip,
     /// The record is held among the [`exhausted`](crate::EgressCore::exhausted)

@@ -595,3 +595,42 @@ fn a_record_waits_for_the_flush_epoch_of_the_state_it_depends_on() {
     let _ = core.release(FlushEpoch(1));
     assert_eq!(core.poll_ready().unwrap().appends, Sequence(1)..Sequence(3));
 }
+
+#[test]
+fn the_resume_point_is_the_stored_acknowledgement_not_the_known_one() {
+    let mut core: EgressCore<&str> = EgressCore::restore(Policy::default(), Restored::empty()).unwrap();
+    let g = core.generation();
+    let _ = core.enqueue("a");
+    let _ = core.enqueue("b");
+    let ready = core.poll_ready().unwrap();
+    let _ = core.persisted(ready.epoch);
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)));
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)));
+    let _ = core.ack(g, Sequence(1));
+    // Known, not stored: a crash now resumes from 0.
+    assert_eq!((core.acked_through(), core.resume_from()), (Some(Sequence(1)), Sequence(0)));
+    let ready = core.poll_ready().unwrap();
+    assert_eq!(ready.acked_through, Some(Sequence(1)));
+    assert_eq!(core.resume_from(), Sequence(0), "written, not yet reported stored");
+    let t = core.persist_failed(ready.epoch, "disk full");
+    assert!(!t.changes.is_empty());
+    assert_eq!(core.resume_from(), Sequence(0), "a failed write stores nothing");
+    let ready = core.poll_ready().unwrap();
+    let _ = core.persisted(ready.epoch);
+    assert_eq!(core.resume_from(), Sequence(2));
+    // Restored from what was stored, it resumes from there; a core without
+    // a journal resumes from what it knows.
+    let restored: EgressCore<&str> = EgressCore::restore(
+        Policy::default(),
+        Restored { acked_through: Some(Sequence(1)), next_sequence: Sequence(2), ..Restored::empty() },
+    )
+    .unwrap();
+    assert_eq!(restored.resume_from(), Sequence(2));
+    let mut plain: EgressCore<&str> = EgressCore::new(Policy::default());
+    assert_eq!(plain.resume_from(), Sequence(0));
+    let _ = plain.enqueue("a");
+    let g = plain.generation();
+    let _ = plain.claim(g);
+    let _ = plain.ack(g, Sequence(0));
+    assert_eq!(plain.resume_from(), Sequence(1));
+}

@@ -223,9 +223,12 @@ impl Model {
         b.saturating_add(spread)
     }
 
+    /// A dead letter under skip becomes a tombstone; a tombstone that runs
+    /// out of budget or replays goes on (with its first reason); held
+    /// otherwise (hold, or a tombstone refused permanently).
     fn bury(&mut self, mut r: Rec, reason: DeadReason) {
-        if r.dead.is_none() && !self.hold {
-            r.dead = Some(reason);
+        if !self.hold && (r.dead.is_none() || reason != DeadReason::Permanent) {
+            r.dead = r.dead.or(Some(reason));
             r.failures = 0;
             r.replays = 0;
             r.resend = false;

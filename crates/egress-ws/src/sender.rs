@@ -805,7 +805,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
     }
     let connecting = tokio::time::timeout(config.connect_timeout, async {
         let mut ws = open(target, config).await.map_err(End::Lost)?;
-        let resume_from = cell.acked_through().get_untracked().map_or(0, |s| s.get().saturating_add(1));
+        let resume_from = cell.with_core(|core| core.resume_from().get());
         let hello = Frame::Handshake {
             producer: config.producer.clone(),
             incarnation: cell.incarnation().get(),
@@ -900,9 +900,10 @@ async fn connection<T: Clone + Send + Sync + 'static>(
             },
             () = kill.notified() => break End::Lost("killed".into()),
             _ = stop.changed() => {
-                // The detail is the resume-from: what this producer saw
-                // acknowledged (the receiver may forget what is confirmed).
-                let resume_from = cell.acked_through().get_untracked().map_or(0, |s| s.get().saturating_add(1));
+                // The detail is the resume-from: the acknowledgements this
+                // producer holds for good (its store's, for a durable cell),
+                // on which the receiver may forget the stream.
+                let resume_from = cell.with_core(|core| core.resume_from().get());
                 close_with(&mut *sink.lock().await, CloseCode::Normal, resume_from, "the producer is shutting down")
                     .await;
                 break End::Stop;

@@ -496,6 +496,71 @@ async fn a_record_that_kills_its_connections_dies_of_replays_alone() {
     assert!(killed >= 2 && killed <= u64::from(replays) + 2, "{killed} connections killed: {stats:?}");
 }
 
+/// An honest in-order receiver whose first `kills` connections die at their
+/// first data or tombstone frame, whatever it carries (a network that
+/// keeps failing).
+async fn flaky_receiver(
+    kills: u64,
+) -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<(u64, Content)>, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let deaths = Arc::new(AtomicU64::new(0));
+    let died = deaths.clone();
+    tokio::spawn(async move {
+        let mut next = 0;
+        while let Ok((stream, _)) = listener.accept().await {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { continue };
+            let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await else { continue };
+            let welcome = Frame::Welcome { generation, next, received: next, terms: TERMS };
+            if ws.send(send(welcome)).await.is_err() {
+                continue;
+            }
+            while let Some(Ok(Message::Binary(b))) = ws.next().await {
+                let (sequence, content) = match Frame::decode(&b, egress_ws::protocol::Limits::default()) {
+                    Ok(Frame::Data { sequence, payload, .. }) => (sequence, Content::Message(payload)),
+                    Ok(Frame::Tombstone { sequence, reason, .. }) => (sequence, Content::Skipped(reason)),
+                    _ => break,
+                };
+                if died.load(Ordering::SeqCst) < kills {
+                    died.fetch_add(1, Ordering::SeqCst);
+                    break;
+                }
+                if sequence == next {
+                    next += 1;
+                    let _ = tx.send((sequence, content));
+                    let _ = ws.send(send(Frame::Ack { generation, through: sequence })).await;
+                }
+            }
+        }
+    });
+    (addr, rx, deaths)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tombstone_replayed_past_its_limit_still_reaches_the_receiver() {
+    // Replay limit 1: the record dies at its second replay, and its
+    // tombstone is replayed past the limit in turn. A held tombstone would
+    // leave the receiver waiting on sequence 0 for good, and sequence 1
+    // behind it.
+    let kills = 5;
+    let (addr, mut delivered, deaths) = flaky_receiver(kills).await;
+    let cx = AsyncContext::new();
+    let policy = Policy::builder().inflight_limit(16).replay_limit(1).retry_base(Delay(5)).build().unwrap();
+    let cell = AsyncEgressCell::new(&cx, policy);
+    let config = SenderConfig { backoff_max: Duration::from_millis(20), ..sender_config(11) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
+    cell.enqueue_all((0..2).map(payload));
+    let first = tokio::time::timeout(limit(), delivered.recv()).await.expect("the tombstone arrives").unwrap();
+    assert_eq!(first, (0, Content::Skipped(DeadReason::Replays)));
+    let second = tokio::time::timeout(limit(), delivered.recv()).await.unwrap().unwrap();
+    assert_eq!(second, (1, Content::Message(payload(1))));
+    drained(&cell, 2).await;
+    assert_eq!(deaths.load(Ordering::SeqCst), kills);
+    assert_eq!(cell.exhausted_len().get_untracked(), 0, "nothing held");
+    sender.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_application_is_not_a_dead_receiver() {
     let config =
