@@ -336,6 +336,57 @@ each_flavour! {
         assert_eq!(wire.sent().last(), Some(&(1, 3, 2)));
     }
 
+    fn a_held_record_parks_until_the_next_connection_and_the_pass_goes_on(cx) {
+        // A peer that cannot take payloads above 99 (it says so per record,
+        // as egress-ws does for a receiver's limit), over a sound connection.
+        struct Small(Arc<Mutex<Vec<u64>>>, bool);
+        impl Transport<u32> for Small {
+            fn send(&mut self, envelope: Envelope<u32>) -> Result<(), SendError> {
+                if envelope.payload > 99 {
+                    return Err(if self.1 {
+                        SendError::held(Delay(u64::MAX), "above this peer's limit")
+                    } else {
+                        SendError::retry_after(Delay(u64::MAX), "above this peer's limit")
+                    });
+                }
+                self.0.lock().expect("sent").push(envelope.sequence.0);
+                Ok(())
+            }
+        }
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let link = cell.attach(Small(sent.clone(), true));
+        cell.enqueue_all([0, 100, 2]);
+        // Held: parked, never due on its own, and the pass went on to 2.
+        assert_eq!(*sent.lock().expect("sent"), [0, 2]);
+        assert_eq!(cell.parked().get().iter().map(|p| (p.sequence, p.backoff)).collect::<Vec<_>>(), [(
+            Sequence(1),
+            Delay(u64::MAX)
+        )]);
+        assert_eq!(cell.poll_timeout(), Some(Time(u64::MAX)));
+        assert_eq!(cell.exhausted_len().get(), 0);
+        // The same retry-after without `held` stops the pass (the connection
+        // is suspect): 4 waits behind it.
+        drop(link);
+        let _ = cell.reconnect(Generation(2));
+        sent.lock().expect("sent").clear();
+        let _link = cell.attach(Small(sent.clone(), false));
+        assert_eq!(*sent.lock().expect("sent"), [0], "the pass stopped at the parked record");
+        // A reconnect makes the held record pending again, for a peer that
+        // takes it.
+        let _ = cell.reconnect(Generation(3));
+        sent.lock().expect("sent").clear();
+        // (Nothing reached a peer since the last reconnect with records in
+        // flight, so one record goes at a time until one does.)
+        let wire = Wire::default();
+        let link = cell.attach(wire.clone());
+        assert_eq!(wire.sequences(), [0]);
+        let _ = link.ack(Sequence(0));
+        assert_eq!(wire.sequences(), [0, 1, 2]);
+        assert_eq!(cell.parked_len().get(), 0);
+    }
+
     fn a_dead_letter_goes_out_as_a_tombstone_in_the_same_pass(cx) {
         let clock = ManualClock::new();
         let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(8), options(&clock));

@@ -55,6 +55,6 @@ pub use receiver::{AckFaults, AckMode, Content, Delivery, Receiver, ReceiverConf
 #[cfg(feature = "json")]
 pub use sender::Json;
 pub use sender::{
-    Codec, Connect, ConnectionState, Io, Raw, Sender, SenderConfig, SenderStats, SpawnError, TooLarge, Unencodable,
-    WsTransport,
+    Codec, Connect, ConnectionState, Io, Raw, ReceiverTooSmall, Sender, SenderConfig, SenderStats, SpawnError,
+    TooLarge, UNTIL_RECONNECT, Unencodable, WsTransport,
 };

@@ -20,6 +20,13 @@ pub const MAX_REASON: usize = 1024;
 /// The default limit on a data frame's payload.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
 
+/// The smallest max-payload a welcome may advertise: a welcome below is a
+/// protocol error of the receiver (a receiver that cannot take 1 KiB is
+/// misconfigured or hostile, and must not make a producer hold back its
+/// records), and [`Receiver::bind`](crate::Receiver::bind) refuses a
+/// configuration below it.
+pub const MIN_MAX_PAYLOAD: u32 = 1024;
+
 /// Generations at or above this are refused (by a receiver in a handshake,
 /// by a producer in a stale-generation close).
 pub const GENERATION_LIMIT: u64 = 1 << 63;

@@ -18,7 +18,10 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tracing::Instrument as _;
 
-use crate::protocol::{CloseCode, DecodeError, Frame, GENERATION_LIMIT, Limits, MAX_GENERATION_JUMP, VERSION};
+use crate::protocol::{
+    CloseCode, DEFAULT_MAX_PAYLOAD, DecodeError, Frame, GENERATION_LIMIT, Limits, MAX_GENERATION_JUMP, MIN_MAX_PAYLOAD,
+    VERSION,
+};
 
 /// A byte stream a sender can speak WebSocket over: what a [`Connect`]
 /// opens (a TCP connection by default; a Unix socket, a proxy tunnel or an
@@ -60,6 +63,12 @@ pub struct SenderConfig {
     pub stall_timeout: Option<Duration>,
     /// Decoding limits for what the receiver sends.
     pub limits: Limits,
+    /// The largest payload this sender sends at all (1 MiB by default): a
+    /// record above it is a dead letter at once (a permanent failure,
+    /// tombstone reason 1), whatever a receiver accepts. A record within it
+    /// but above what the connected receiver advertises is not: it is
+    /// parked until the next connection (see [`ReceiverTooSmall`]).
+    pub max_payload: usize,
     /// Headers added to every WebSocket upgrade request, such as
     /// `("authorization", "Bearer ...")`; checked by [`Sender::spawn`].
     pub headers: Vec<(String, String)>,
@@ -83,6 +92,7 @@ impl std::fmt::Debug for SenderConfig {
             .field("seed", &self.seed)
             .field("stall_timeout", &self.stall_timeout)
             .field("limits", &self.limits)
+            .field("max_payload", &self.max_payload)
             .field("headers", &headers)
             .field("connect", &self.connect.as_ref().map(|_| "custom"))
             .finish_non_exhaustive()
@@ -100,6 +110,7 @@ impl SenderConfig {
             seed: 0x5eed,
             stall_timeout: Some(Duration::from_secs(5)),
             limits: Limits::default(),
+            max_payload: DEFAULT_MAX_PAYLOAD,
             headers: Vec::new(),
             connect: None,
             #[cfg(feature = "tls")]
@@ -161,6 +172,10 @@ pub struct SenderStats {
     /// (at once, unless the one before was answered at once too and nothing
     /// got through since).
     pub stale_refusals: u64,
+    /// Sends held back because the payload was above the connected
+    /// receiver's advertised max-payload (but within the sender's own):
+    /// each record stays parked until the next connection.
+    pub held_too_large: u64,
 }
 
 struct Counters {
@@ -171,6 +186,7 @@ struct Counters {
     failed_attempts: AtomicU64,
     protocol_errors: AtomicU64,
     stale_refusals: AtomicU64,
+    held_too_large: AtomicU64,
     fatal: parking_lot::Mutex<Option<String>>,
 }
 
@@ -183,6 +199,7 @@ impl Counters {
             failed_attempts: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),
             stale_refusals: AtomicU64::new(0),
+            held_too_large: AtomicU64::new(0),
             fatal: parking_lot::Mutex::new(None),
         }
     }
@@ -214,20 +231,47 @@ impl Counters {
             failed_attempts: self.failed_attempts.load(Ordering::Relaxed),
             protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
             stale_refusals: self.stale_refusals.load(Ordering::Relaxed),
+            held_too_large: self.held_too_large.load(Ordering::Relaxed),
         }
     }
 }
 
-/// A payload above the receiver's announced limit: it can never be sent,
-/// so its send fails as permanent (the record becomes a dead letter).
+/// A payload above the sender's own limit ([`SenderConfig::max_payload`]):
+/// it is never sent, so its send fails as permanent (the record becomes a
+/// dead letter).
 #[derive(Debug, thiserror::Error)]
-#[error("a payload of {len} bytes exceeds the receiver's limit of {limit}")]
+#[error("a payload of {len} bytes exceeds the sender's limit of {limit}")]
 pub struct TooLarge {
     /// The payload's length.
     pub len: usize,
-    /// The receiver's limit.
+    /// The sender's limit.
     pub limit: usize,
 }
+
+/// A payload within the sender's own limit but above the max-payload the
+/// connected receiver advertised. The receiver's limit is not a verdict on
+/// the data (another receiver, or this one reconfigured, may take it): the
+/// send fails as held ([`SendError::held`], the connection goes on with
+/// the next record) with a retry-after of [`UNTIL_RECONNECT`], so it is
+/// parked until the next connection (a reconnect returns parked records to
+/// pending) or the application's `retry_now`. Each such refusal spends one
+/// failure of the record's retry budget: a record that receiver after
+/// receiver refuses becomes a dead letter ([`DeadReason::Retries`]) only
+/// once the budget is spent.
+///
+/// [`DeadReason::Retries`]: egress_core::DeadReason::Retries
+#[derive(Debug, thiserror::Error)]
+#[error("a payload of {len} bytes exceeds this receiver's limit of {limit}: held until the next connection")]
+pub struct ReceiverTooSmall {
+    /// The payload's length.
+    pub len: usize,
+    /// The connected receiver's advertised limit.
+    pub limit: usize,
+}
+
+/// The retry-after of a record held for a receiver too small for it: never
+/// due on its own; a reconnect (or `retry_now`) makes it pending again.
+pub const UNTIL_RECONNECT: egress_core::Delay = egress_core::Delay(u64::MAX);
 
 /// The transport an attachment sends through: the connection's write half.
 /// Frames are queued by `send` and written by `flush`, once per pass. A
@@ -238,8 +282,12 @@ pub struct WsTransport<T = Bytes> {
     sink: Arc<Mutex<Sink>>,
     /// Held from the first send of a pass to its flush.
     pass: Option<OwnedMutexGuard<Sink>>,
+    /// The sender's own limit.
+    own_max: usize,
+    /// The connected receiver's advertised limit.
     max_payload: usize,
     unwritten: Arc<Unwritten>,
+    counters: Arc<Counters>,
 }
 
 /// The sequences whose last send this sender refused before writing them
@@ -310,9 +358,16 @@ impl<T: Send + Sync + 'static> AsyncTransport<T> for WsTransport<T> {
                         return Err(SendError::permanent(Unencodable(e)));
                     }
                 };
+                if payload.len() > self.own_max {
+                    self.unwritten.0.lock().insert(sequence);
+                    return Err(SendError::permanent(TooLarge { len: payload.len(), limit: self.own_max }));
+                }
                 if payload.len() > self.max_payload {
                     self.unwritten.0.lock().insert(sequence);
-                    return Err(SendError::permanent(TooLarge { len: payload.len(), limit: self.max_payload }));
+                    self.counters.held_too_large.fetch_add(1, Ordering::Relaxed);
+                    let (len, limit) = (payload.len(), self.max_payload);
+                    tracing::warn!(sequence, len, limit, "egress sender: a record above the receiver's limit is held");
+                    return Err(SendError::held(UNTIL_RECONNECT, ReceiverTooSmall { len, limit }));
                 }
                 Frame::Data { generation, sequence, attempt, payload }
             }
@@ -782,7 +837,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
     target: &Target,
     config: &SenderConfig,
     kill: &Notify,
-    counters: &Counters,
+    counters: &Arc<Counters>,
     floor: Generation,
     unwritten: &Arc<Unwritten>,
     stop: &mut watch::Receiver<bool>,
@@ -858,6 +913,10 @@ async fn connection<T: Clone + Send + Sync + 'static>(
         End::Protocol(why)
     };
     counters.connections.fetch_add(1, Ordering::Relaxed);
+    if terms.max_payload < MIN_MAX_PAYLOAD {
+        let why = format!("welcome: max-payload {} is below the floor of {MIN_MAX_PAYLOAD}", terms.max_payload);
+        return Outcome { end: protocol(why).await, progressed: false, lasted: opened.elapsed() };
+    }
     if let Err(why) = welcome(cell, generation, next, received, unwritten) {
         return Outcome { end: protocol(why).await, progressed: false, lasted: opened.elapsed() };
     }
@@ -865,8 +924,15 @@ async fn connection<T: Clone + Send + Sync + 'static>(
     counters.report(ConnectionState::Connected { generation });
     let receipt = cell.received_through().get_untracked();
     let max_payload = usize::try_from(terms.max_payload).unwrap_or(usize::MAX);
-    let transport =
-        WsTransport { codec: codec.clone(), sink: sink.clone(), pass: None, max_payload, unwritten: unwritten.clone() };
+    let transport = WsTransport {
+        codec: codec.clone(),
+        sink: sink.clone(),
+        pass: None,
+        own_max: config.max_payload,
+        max_payload,
+        unwritten: unwritten.clone(),
+        counters: counters.clone(),
+    };
     let link = cell.attach(transport);
     let stall = stall_in_force(config.stall_timeout, terms.keepalive_ms);
     let mut heard = Instant::now();

@@ -366,9 +366,9 @@ async fn a_stale_close_out_of_reach_does_not_use_up_the_generations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_covering_a_held_record_that_was_never_sent_is_refused() {
-    // Dead letters held (not skipped); the receiver announces a 16-byte
-    // limit, so record 3 (100 bytes) is never sent and is held. An ack
-    // through 9 is then a lie that would drop it: refused with code 1.
+    // Dead letters held (not skipped); the sender's own limit is 16 bytes,
+    // so record 3 (100 bytes) is never sent and is held. An ack through 9
+    // is then a lie that would drop it: refused with code 1.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
@@ -376,8 +376,7 @@ async fn an_ack_covering_a_held_record_that_was_never_sent_is_refused() {
         let (stream, _) = listener.accept().await.unwrap();
         let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
         let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await else { return };
-        let terms = Terms { max_payload: 16, keepalive_ms: 1_000 };
-        ws.send(send(Frame::Welcome { generation, next: 0, received: 0, terms })).await.unwrap();
+        ws.send(send(Frame::Welcome { generation, next: 0, received: 0, terms: TERMS })).await.unwrap();
         let mut sent = Vec::new();
         while sent.len() < 9 {
             match next_frame(&mut ws).await {
@@ -393,7 +392,8 @@ async fn an_ack_covering_a_held_record_that_was_never_sent_is_refused() {
     let hold = Policy::builder().dead_letters(egress_core::DeadLetters::Hold).retry_base(Delay(5)).build().unwrap();
     let cell = AsyncEgressCell::new(&cx, hold);
     cell.enqueue_all((0..10).map(|i| if i == 3 { Bytes::from(vec![b'x'; 100]) } else { payload(i) }));
-    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(16)).unwrap();
+    let config = SenderConfig { max_payload: 16, ..sender_config(16) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
     let close = tokio::time::timeout(limit(), closed.recv()).await.unwrap().unwrap();
     assert_eq!(close.map(|(code, _)| code), Some(CloseCode::Protocol));
     let stats = sender.shutdown().await;
@@ -403,7 +403,9 @@ async fn an_ack_covering_a_held_record_that_was_never_sent_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_above_the_receivers_limit_is_skipped_without_a_wedge() {
+async fn a_record_above_the_senders_limit_is_skipped_without_a_wedge() {
+    // The sender's own limit is 1 MiB by default: a 2 MiB record is a dead
+    // letter whatever a receiver accepts.
     let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
@@ -727,13 +729,12 @@ async fn a_squatter_cannot_lock_a_producer_id_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_exactly_at_the_receivers_limit_is_sent_and_one_byte_more_is_skipped() {
-    let config =
-        ReceiverConfig { limits: egress_ws::protocol::Limits { max_payload: 1_024 }, ..ReceiverConfig::default() };
-    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+async fn a_record_exactly_at_the_senders_limit_is_sent_and_one_byte_more_is_skipped() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
     let cx = AsyncContext::new();
     let cell = AsyncEgressCell::new(&cx, policy());
-    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(13)).unwrap();
+    let config = SenderConfig { max_payload: 1_024, ..sender_config(13) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), config).unwrap();
     let (at, over) = (Bytes::from(vec![b'a'; 1_024]), Bytes::from(vec![b'o'; 1_025]));
     cell.enqueue_all([payload(0), at.clone(), over, payload(3)]);
     let expected = [
@@ -748,6 +749,71 @@ async fn a_record_exactly_at_the_receivers_limit_is_sent_and_one_byte_more_is_sk
     }
     drained(&cell, 4).await;
     sender.shutdown().await;
+}
+
+/// Plays the receivers of `a_small_receiver_...`: the first welcome
+/// advertises max-payload 4 (below the floor), the second 1,024 (then the
+/// connection is dropped once the sender has sent what fits); every later
+/// connection goes to `honest`.
+async fn small_then_honest(
+    honest: std::net::SocketAddr,
+) -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        for max_payload in [4, 1_024] {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
+            let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await else { return };
+            let terms = Terms { max_payload, keepalive_ms: 1_000 };
+            ws.send(send(Frame::Welcome { generation, next: 0, received: 0, terms })).await.unwrap();
+            if max_payload == 4 {
+                let close = close_of(&mut ws).await;
+                let _ = tx.send(format!("{max_payload}: {close:?}"));
+                continue;
+            }
+            // Only the small record fits: it comes, nothing else does.
+            let first = next_frame(&mut ws).await;
+            let more = tokio::time::timeout(Duration::from_millis(200), next_frame(&mut ws)).await;
+            let _ = tx.send(format!("{max_payload}: {first:?} then {more:?}"));
+        }
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(splice(client, honest));
+        }
+    });
+    (addr, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_receiver_holds_records_back_for_the_next_and_destroys_none() {
+    // 20 records of 2 KiB and one small one: a welcome advertising 4 bytes
+    // is a protocol error (closed with code 1, nothing held); one
+    // advertising 1 KiB holds the big ones back (parked, not dead), sends
+    // the small one; the honest receiver after it gets every record, each
+    // once, as its message.
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let (addr, mut seen) = small_then_honest(receiver.local_addr()).await;
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let big = |i: u64| Bytes::from(vec![u8::try_from(i).unwrap(); 2_048]);
+    let records: Vec<Bytes> = (0..21).map(|i| if i == 20 { payload(i) } else { big(i) }).collect();
+    cell.enqueue_all(records.clone());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(19)).unwrap();
+    let floor = tokio::time::timeout(limit(), seen.recv()).await.unwrap().unwrap();
+    assert!(floor.contains("Protocol"), "the welcome below the floor is closed with code 1: {floor}");
+    let small = tokio::time::timeout(limit(), seen.recv()).await.unwrap().unwrap();
+    assert!(small.contains("sequence: 20") && small.contains("Err(Elapsed"), "only the small one is sent: {small}");
+    for (i, record) in records.iter().enumerate() {
+        let d = recv(&mut receiver).await;
+        assert_eq!((d.sequence, d.content), (i as u64, Content::Message(record.clone())));
+    }
+    drained(&cell, 21).await;
+    assert_eq!(cell.exhausted_len().get_untracked(), 0, "nothing dead");
+    let stats = sender.shutdown().await;
+    assert_eq!(stats.held_too_large, 20, "{stats:?}");
+    assert!(stats.protocol_errors >= 1, "{stats:?}");
+    assert_eq!(receiver.stats().skipped, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ use egress_core::{DeadReason, Delay, Incarnation, Policy};
 use egress_reactive::{AsyncContext, AsyncEgressCell, CellOptions};
 use egress_ws::protocol::{CloseCode, Frame, Limits, Terms};
 use egress_ws::{Content, Receiver, ReceiverConfig, Sender, SenderConfig};
-use futures_util::SinkExt;
+use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::Message;
@@ -149,6 +149,20 @@ async fn run_receiver_case(case: &Value) {
             assert_eq!(got.map(|f| f.encode()), Some(want), "{name}: {step}");
         } else if let Some(c) = conn("expect_close") {
             expect_close(conns.get_mut(&c).unwrap(), step, name).await;
+        } else if let Some(c) = conn("sync") {
+            // The receiver reads a connection's messages in order and
+            // answers a ping as it reads it: its pong says everything sent
+            // before was read.
+            let ws = conns.get_mut(&c).unwrap();
+            ws.send(Message::Ping(b"sync".to_vec().into())).await.unwrap();
+            let deadline = tokio::time::Instant::now() + limit();
+            loop {
+                match tokio::time::timeout_at(deadline, ws.next()).await {
+                    Ok(Some(Ok(Message::Pong(p)))) if &p[..] == b"sync" => break,
+                    Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
+                    other => panic!("{name}: no pong on {c}: {other:?}"),
+                }
+            }
         } else if let Some(c) = conn("disconnect") {
             drop(conns.remove(&c).unwrap());
             let deadline = tokio::time::Instant::now() + limit();

@@ -431,8 +431,16 @@ impl Receiver {
     /// [`local_addr`](Self::local_addr)).
     ///
     /// # Errors
-    /// The bind's I/O error.
+    /// The bind's I/O error; `InvalidInput` for a `limits.max_payload`
+    /// below [`MIN_MAX_PAYLOAD`](crate::protocol::MIN_MAX_PAYLOAD).
     pub async fn bind(addr: impl ToSocketAddrs, config: ReceiverConfig) -> std::io::Result<Receiver> {
+        let floor = usize::try_from(crate::protocol::MIN_MAX_PAYLOAD).unwrap_or(usize::MAX);
+        if config.limits.max_payload < floor {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("max_payload {} is below the protocol's floor of {floor}", config.limits.max_payload),
+            ));
+        }
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
         let rules = Rules {
