@@ -120,8 +120,8 @@ Proof.
     destruct (take seq s (inflight st)) as [[r rest] |] eqn:T; [| exact H0].
     destruct (Forall_take _ _ _ _ _ _ _ T Hi) as [Hr Hrest].
     destruct (K r Hr) as [Hf _]. destruct (K _ Hf) as [_ [_ [_ [Hfr He']]]].
-    destruct k; simpl; try destruct (budget pol <? fails r + 1);
-      unfold bury; destruct (dead (failed r)), (hold pol); unfold all_held; simpl; repeat split; auto;
+    destruct k; unfold bury; simpl; try destruct (budget pol <? fails r + 1);
+      simpl; destruct (dead r), (hold pol); unfold all_held; simpl; repeat split; auto;
       apply Forall_insert_by; auto.
   - unfold retry_now, stale. destruct (negb _); [exact H0 |].
     destruct (take _ s (parked st)) as [[p rest] |] eqn:T; [| exact H0].

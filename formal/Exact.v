@@ -205,9 +205,9 @@ Proof.
   destruct (negb (g =? gen st)); [apply Exact_nochange |].
   destruct (take seq s (inflight st)) as [[r rest] |] eqn:T; [| apply Exact_nochange].
   pose proof (len_take _ seq s _ _ _ T) as LT.
-  cbv zeta.
-  destruct kd; [destruct (budget pol <? fails (failed r)) | | destruct (budget pol <? fails (failed r))];
-    unfold bury; try destruct (dead (failed r)); try destruct (hold pol);
+  cbv zeta. unfold bury, failed. cbn [dead fails].
+  destruct (dead r) eqn:Dr; destruct (hold pol) eqn:Hh;
+  destruct kd; try destruct (budget pol <? fails r + 1) eqn:B;
     unfold Exact, st_of, ch_of, v_pending, v_inflight, v_parked, v_exhausted; simpl; conj_split;
     first [apply retry_change_exact | close_lengths].
 Qed.

@@ -624,9 +624,10 @@ Proof.
         apply Forall_insert_by; auto; cbn [snd]; unfold failed; rec_cbn; lia. }
     destruct k; simpl;
       [ destruct (budget pol <? fails r + 1) eqn:B | | destruct (budget pol <? fails r + 1) eqn:B ];
-      unfold bury in Bury |- *; destruct (dead (failed r)), (hold pol); simpl in Bury |- *;
+      unfold bury, failed in Bury |- *; simpl in Bury |- *; destruct (dead r) eqn:Dr, (hold pol); simpl in Bury |- *;
       try exact (Bury DRetries); try exact (Bury DPermanent);
       unfold claims_ok; simpl; repeat split; auto; apply Forall_insert_by; auto;
+      try (simpl; apply waits_fresh);
       unfold waits_ok, failed, ind; rec_cbn; facts; destruct (0 <? claims r) eqn:C; facts; repeat split; lia.
   - unfold retry_now, stale. destruct (negb _); [exact H0 |].
     destruct (take _ s (parked st)) as [[p rest] |] eqn:T; [| exact H0].

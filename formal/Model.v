@@ -187,16 +187,16 @@ Definition entomb (rs : dreason) (r : record) : record :=
   mkRec (seq r) (att r) 0 0 false (Some rs) 0 (payload r).
 
 (** A dead letter under policy [pol]: a tombstone back in pending (skip, a
-    live record), or held among the exhausted. A tombstone that runs out of
-    budget or replays goes on under a fresh budget, with its first reason:
-    the receiver must learn of the gap, or it waits on it for good; only a
-    permanent refusal of the tombstone itself holds it. Returns pending,
-    exhausted, and whether it was held. *)
+    live record), or held among the exhausted. A tombstone replayed past
+    the limit goes on under a fresh budget, with its first reason: the
+    receiver must learn of the gap, or it waits on it for good (one whose
+    budget is spent parks instead: see [fail]); only a permanent refusal of
+    the tombstone itself holds it. Returns pending, exhausted, and whether
+    it was held. *)
 Definition bury (pol : policy) (g : N) (rs : dreason) (r : record)
     (pend : list record) (ex : list ((N * dreason) * record)) :=
   match dead r, hold pol, rs with
   | None, false, _ => (insert (entomb rs r) pend, ex, false)
-  | Some _, false, DRetries => (insert (fresh r) pend, ex, false)
   | Some _, false, DReplays => (insert (fresh r) pend, ex, false)
   | _, _, _ => (pend, insert_ex ((g, rs), r) ex, true)
   end.
@@ -306,7 +306,14 @@ Definition fail (pol : policy) (st : state) (g s : N) (kd : kind) (now : N) (spr
       let k := fails r1 in
       let hint := match kd with RetryAfter d => Some d | _ => None end in
       let b := sat (backoff pol k hint + spread (backoff pol k hint)) in
-      let dr := match kd with Permanent => Some DPermanent | _ => if budget pol <? k then Some DRetries else None end in
+      (* A tombstone under skip is not given up on for its budget: it parks
+         for its backoff under a fresh budget. *)
+      let renew := match dead r, hold pol with Some _, false => true | _, _ => false end in
+      let dr := match kd with
+                | Permanent => Some DPermanent
+                | _ => if budget pol <? k then (if renew then None else Some DRetries) else None
+                end in
+      let r2 := if andb renew (budget pol <? k) then fresh r1 else r1 in
       let rt := mkRetry s (att r) b (match dr with Some _ => true | None => false end) in
       let ch_retry := negb (opt_retry_eqb (retry_st st) (Some rt)) in
       let iso1 := match isol st with IProbe p => if p =? s then IReady else IProbe p | i => i end in
@@ -318,7 +325,7 @@ Definition fail (pol : policy) (st : state) (g s : N) (kd : kind) (now : N) (spr
            OExhausted rt, mkCh (negb held) true false ch_retry false held false false)
       | None =>
           (mkState (gen st) (next st) (pending st) rest
-                   (insert_parked (mkPark r1 b (sat (now + b))) (parked st))
+                   (insert_parked (mkPark r2 b (sat (now + b))) (parked st))
                    (exhausted st) (acked st) (recvd st) (sent st) (Some rt) (progressed st) iso1,
            ORetrying rt, mkCh false true false ch_retry true false false false)
       end

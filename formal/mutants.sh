@@ -31,7 +31,7 @@ mutants=(
   "a receipt never flags received#false false false false false rose).#false false false false false false)."
   "a quiet reconnect isolates#IOff => IOff | _ => IReady end),#IOff => IReady | _ => IReady end),"
   "a receipt does not end isolation#(progressed st || rose) (if rose then IOff else isol st),#(progressed st || rose) (isol st),"
-  "a due time not saturated#(mkPark r1 b (sat (now + b)))#(mkPark r1 b (now + b))"
+  "a due time not saturated#(mkPark r2 b (sat (now + b)))#(mkPark r2 b (now + b))"
   "a requeue keeps the spent budget#(insert (fresh r) (pending st))#(insert r (pending st))"
   "retry_now does not flag parked#OScheduled s, mkCh true false false cleared true false false false)#OScheduled s, mkCh true false false cleared false false false false)"
   "a reconnect keeps the retry state#(sent st) (if cleared then None else retry_st st)#(sent st) (retry_st st)"

@@ -21,7 +21,9 @@ impl<T> EgressCore<T> {
     /// failure, or k above the retry budget, makes the record a dead letter
     /// (`Exhausted`: a tombstone back in pending, or held, as the policy's
     /// [`DeadLetters`] says); otherwise it is parked until `now + backoff`
-    /// (`Retrying`). Replays after a reconnect do not count here (see
+    /// (`Retrying`). A tombstone (under [`DeadLetters::Skip`]) whose budget
+    /// is spent is not given up on: it parks for its backoff under a fresh
+    /// budget. Replays after a reconnect do not count here (see
     /// [`Policy::replay_limit`](crate::Policy::replay_limit)).
     ///
     /// Refused with `StaleGeneration` unless `generation` is the core's, and
@@ -53,11 +55,18 @@ impl<T> EgressCore<T> {
             FailureKind::Transient | FailureKind::Permanent => None,
         };
         let delay = backoff(&self.policy, k, hint, jitter);
+        let skip = self.policy.dead_letters() == DeadLetters::Skip;
         let dead = if kind == FailureKind::Permanent {
             Some(DeadReason::Permanent)
-        } else if k > self.policy.retry_budget() {
+        } else if k > self.policy.retry_budget() && !(skip && record.dead.is_some()) {
             Some(DeadReason::Retries)
         } else {
+            if k > self.policy.retry_budget() {
+                // A tombstone is not given up on for its budget (its receiver
+                // would wait on the gap for good): it parks for its backoff,
+                // under a fresh budget.
+                record.fresh_budget();
+            }
             None
         };
         let retry = Retry { sequence, attempt: record.attempt, backoff: delay, exhausted: dead.is_some() };
@@ -74,11 +83,12 @@ impl<T> EgressCore<T> {
 
     /// Disposes of a dead letter as the policy says: under
     /// [`DeadLetters::Skip`] a live record becomes a tombstone with a fresh
-    /// budget, back in pending, and a tombstone that ran out of budget or
-    /// replays goes on under a fresh budget, with its first reason (its
-    /// receiver must learn of the gap, or it waits on it for good);
-    /// otherwise (a hold, or a tombstone refused permanently) it is held
-    /// among the exhausted records. Returns the projection it went to.
+    /// budget, back in pending, and a tombstone replayed past its limit goes
+    /// on under a fresh budget, with its first reason (its receiver must
+    /// learn of the gap, or it waits on it for good; one whose budget is
+    /// spent parks instead, see [`fail`](Self::fail)); otherwise (a hold,
+    /// or a tombstone refused permanently) it is held among the exhausted
+    /// records. Returns the projection it went to.
     pub(crate) fn bury(&mut self, mut record: Record<T>, reason: DeadReason) -> Projection {
         let sequence = record.sequence;
         let skip = self.policy.dead_letters() == DeadLetters::Skip;
@@ -88,7 +98,7 @@ impl<T> EgressCore<T> {
             self.pending.put_back(record);
             self.note_dead(sequence, Some(DeadMark { reason, held: false }));
             Projection::Pending
-        } else if skip && reason != DeadReason::Permanent {
+        } else if skip && reason == DeadReason::Replays {
             record.fresh_budget();
             self.pending.put_back(record);
             Projection::Pending

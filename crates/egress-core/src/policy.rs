@@ -28,8 +28,10 @@ pub enum DeadLetters {
     /// reason" (its envelope's [`dead`](crate::Envelope::dead) is set), so a
     /// receiver that delivers in order moves past it and tells its
     /// application of the gap. Nothing behind a dead letter waits for it:
-    /// a tombstone that runs out of budget or replays in turn goes on under
-    /// a fresh budget (with its first reason), so it reaches the receiver
+    /// a tombstone is never given up on for its budget or replays (one
+    /// whose budget is spent parks for its backoff under a fresh budget,
+    /// one replayed past the limit goes back to pending under a fresh
+    /// budget, both with the first reason), so it reaches the receiver
     /// whatever the connection does. Only a transport that refuses the
     /// tombstone itself permanently makes it held, as [`Hold`](Self::Hold)
     /// holds a record.

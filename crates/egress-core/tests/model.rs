@@ -223,11 +223,11 @@ impl Model {
         b.saturating_add(spread)
     }
 
-    /// A dead letter under skip becomes a tombstone; a tombstone that runs
-    /// out of budget or replays goes on (with its first reason); held
-    /// otherwise (hold, or a tombstone refused permanently).
+    /// A dead letter under skip becomes a tombstone; a tombstone replayed
+    /// past the limit goes on (with its first reason); held otherwise
+    /// (hold, or a tombstone refused permanently).
     fn bury(&mut self, mut r: Rec, reason: DeadReason) {
-        if !self.hold && (r.dead.is_none() || reason != DeadReason::Permanent) {
+        if !self.hold && (r.dead.is_none() || reason == DeadReason::Replays) {
             r.dead = r.dead.or(Some(reason));
             r.failures = 0;
             r.replays = 0;
@@ -256,11 +256,20 @@ impl Model {
         let k = r.failures;
         let hint = if let FailureKind::RetryAfter(d) = kind { Some(d.0) } else { None };
         let b = self.backoff(k, hint, sample);
+        // A tombstone under skip is never given up on for its budget: it
+        // parks for its backoff under a fresh one.
+        let renew = r.dead.is_some() && !self.hold;
         let dead = if kind == FailureKind::Permanent {
             Some(DeadReason::Permanent)
-        } else if k > self.budget {
+        } else if k > self.budget && !renew {
             Some(DeadReason::Retries)
         } else {
+            if k > self.budget {
+                r.failures = 0;
+                r.replays = 0;
+                r.resend = false;
+                r.claims = 0;
+            }
             None
         };
         self.retry = Some((s, r.attempt, b, dead.is_some()));

@@ -66,8 +66,8 @@ pub struct SenderConfig {
     /// The largest payload this sender sends at all (1 MiB by default): a
     /// record above it is a dead letter at once (a permanent failure,
     /// tombstone reason 1), whatever a receiver accepts. A record within it
-    /// but above what the connected receiver advertises is not: it is
-    /// parked until the next connection (see [`ReceiverTooSmall`]).
+    /// but above what the connected receiver advertises is held for the
+    /// next connection instead (see [`ReceiverTooSmall`]).
     pub max_payload: usize,
     /// Headers added to every WebSocket upgrade request, such as
     /// `("authorization", "Bearer ...")`; checked by [`Sender::spawn`].
@@ -174,7 +174,7 @@ pub struct SenderStats {
     pub stale_refusals: u64,
     /// Sends held back because the payload was above the connected
     /// receiver's advertised max-payload (but within the sender's own):
-    /// each record stays parked until the next connection.
+    /// each ended its connection, and its record waited for the next.
     pub held_too_large: u64,
 }
 
@@ -251,17 +251,16 @@ pub struct TooLarge {
 /// A payload within the sender's own limit but above the max-payload the
 /// connected receiver advertised. The receiver's limit is not a verdict on
 /// the data (another receiver, or this one reconfigured, may take it): the
-/// send fails as held ([`SendError::held`], the connection goes on with
-/// the next record) with a retry-after of [`UNTIL_RECONNECT`], so it is
-/// parked until the next connection (a reconnect returns parked records to
-/// pending) or the application's `retry_now`. Each such refusal spends one
-/// failure of the record's retry budget: a record that receiver after
-/// receiver refuses becomes a dead letter ([`DeadReason::Retries`]) only
-/// once the budget is spent.
+/// send fails with a retry-after of [`UNTIL_RECONNECT`], so the record
+/// parks until the next connection, and the connection ends at once (the
+/// stream cannot go past the record on it; an orderly close, code 0). Each
+/// such refusal spends one failure of the record's retry budget: a record
+/// that connection after connection refuses becomes a dead letter
+/// ([`DeadReason::Retries`]), its tombstone sent, once the budget is spent.
 ///
 /// [`DeadReason::Retries`]: egress_core::DeadReason::Retries
 #[derive(Debug, thiserror::Error)]
-#[error("a payload of {len} bytes exceeds this receiver's limit of {limit}: held until the next connection")]
+#[error("a payload of {len} bytes exceeds this receiver's limit of {limit}: held for the next connection")]
 pub struct ReceiverTooSmall {
     /// The payload's length.
     pub len: usize,
@@ -288,24 +287,61 @@ pub struct WsTransport<T = Bytes> {
     max_payload: usize,
     unwritten: Arc<Unwritten>,
     counters: Arc<Counters>,
+    /// Told when a record is above the receiver's limit.
+    too_small: Arc<Notify>,
 }
 
-/// The sequences whose last send this sender refused before writing them
-/// (too large): no receiver can hold them, so an acknowledgement or a
-/// receipt that covers one is a lie. Under [`DeadLetters::Hold`] such a
-/// record stays held, and an ack covering it would otherwise drop it. An
-/// entry goes when its sequence is written (a tombstone in its place, or a
-/// requeued record that fits a later receiver's limit). At most one entry
-/// per dead letter the cell holds.
+/// The sequences this sender refused before writing them, on every
+/// connection so far (too large, or not encodable): no receiver can hold
+/// them, so an acknowledgement or a receipt that covers one is a lie. Under
+/// [`DeadLetters::Hold`] such a record stays held, and a record held back
+/// for a receiver's limit waits for the next connection: an ack covering
+/// either would drop it. A refused entry goes when its sequence is written
+/// (a tombstone in its place, or the record on a later connection); a
+/// sequence written once is never refused-unwritten again (a receiver may
+/// hold it from then on), and is remembered until an ack covers it. So at
+/// most one entry per record the cell holds.
 ///
 /// [`DeadLetters::Hold`]: egress_core::DeadLetters::Hold
 #[derive(Debug, Default)]
-struct Unwritten(parking_lot::Mutex<std::collections::BTreeSet<u64>>);
+struct Unwritten(parking_lot::Mutex<Writes>);
+
+#[derive(Debug, Default)]
+struct Writes {
+    refused: std::collections::BTreeSet<u64>,
+    written: std::collections::BTreeSet<u64>,
+}
 
 impl Unwritten {
     /// The lowest refused sequence at or below `through`, if any.
     fn covered(&self, through: u64) -> Option<u64> {
-        self.0.lock().first().copied().filter(|&s| s <= through)
+        self.0.lock().refused.first().copied().filter(|&s| s <= through)
+    }
+
+    /// `sequence`'s send was refused before it was written.
+    fn refused(&self, sequence: u64) {
+        let mut w = self.0.lock();
+        if !w.written.contains(&sequence) {
+            w.refused.insert(sequence);
+        }
+    }
+
+    /// `sequence` goes to the wire (if the write fails, a receiver may
+    /// still hold it).
+    fn written(&self, sequence: u64) {
+        let mut w = self.0.lock();
+        w.refused.remove(&sequence);
+        w.written.insert(sequence);
+    }
+
+    /// Everything through `through` is acknowledged: its writes need no
+    /// remembering.
+    fn acked(&self, through: u64) {
+        let mut w = self.0.lock();
+        w.written = match through.checked_add(1) {
+            Some(above) => w.written.split_off(&above),
+            None => std::collections::BTreeSet::new(),
+        };
     }
 }
 
@@ -354,25 +390,33 @@ impl<T: Send + Sync + 'static> AsyncTransport<T> for WsTransport<T> {
                 let payload = match self.codec.encode(&envelope.payload) {
                     Ok(payload) => payload,
                     Err(e) => {
-                        self.unwritten.0.lock().insert(sequence);
+                        self.unwritten.refused(sequence);
                         return Err(SendError::permanent(Unencodable(e)));
                     }
                 };
                 if payload.len() > self.own_max {
-                    self.unwritten.0.lock().insert(sequence);
+                    self.unwritten.refused(sequence);
                     return Err(SendError::permanent(TooLarge { len: payload.len(), limit: self.own_max }));
                 }
                 if payload.len() > self.max_payload {
-                    self.unwritten.0.lock().insert(sequence);
+                    self.unwritten.refused(sequence);
                     self.counters.held_too_large.fetch_add(1, Ordering::Relaxed);
                     let (len, limit) = (payload.len(), self.max_payload);
-                    tracing::warn!(sequence, len, limit, "egress sender: a record above the receiver's limit is held");
-                    return Err(SendError::held(UNTIL_RECONNECT, ReceiverTooSmall { len, limit }));
+                    tracing::warn!(
+                        sequence,
+                        len,
+                        limit,
+                        "egress sender: a record above the receiver's limit is held, and the connection ends"
+                    );
+                    // The stream cannot go past it on this connection: the
+                    // connection ends, and the record waits for the next.
+                    self.too_small.notify_one();
+                    return Err(SendError::retry_after(UNTIL_RECONNECT, ReceiverTooSmall { len, limit }));
                 }
                 Frame::Data { generation, sequence, attempt, payload }
             }
         };
-        self.unwritten.0.lock().remove(&sequence);
+        self.unwritten.written(sequence);
         tracing::trace!(sequence, attempt, tombstone = envelope.dead.is_some(), "egress sender: frame");
         let sink = match &mut self.pass {
             Some(sink) => sink,
@@ -924,6 +968,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
     counters.report(ConnectionState::Connected { generation });
     let receipt = cell.received_through().get_untracked();
     let max_payload = usize::try_from(terms.max_payload).unwrap_or(usize::MAX);
+    let too_small = Arc::new(Notify::new());
     let transport = WsTransport {
         codec: codec.clone(),
         sink: sink.clone(),
@@ -932,6 +977,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
         max_payload,
         unwritten: unwritten.clone(),
         counters: counters.clone(),
+        too_small: too_small.clone(),
     };
     let link = cell.attach(transport);
     let stall = stall_in_force(config.stall_timeout, terms.keepalive_ms);
@@ -948,6 +994,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
                     if let AckOutcome::Unsent { sent_through, .. } = link.ack(Sequence(through)) {
                         break protocol(format!("ack through {through}, but only {sent_through:?} was sent")).await;
                     }
+                    unwritten.acked(through);
                 }
                 Ok(Frame::Close { code: CloseCode::Busy, detail, reason }) => break End::Busy(detail, reason),
                 Ok(Frame::Close { code: CloseCode::Normal | CloseCode::Fenced, reason, .. }) => {
@@ -965,6 +1012,12 @@ async fn connection<T: Clone + Send + Sync + 'static>(
                 Err(end) => break end,
             },
             () = kill.notified() => break End::Lost("killed".into()),
+            () = too_small.notified() => {
+                let resume_from = cell.with_core(|core| core.resume_from().get());
+                let why = "a record is above this receiver's max-payload";
+                close_with(&mut *sink.lock().await, CloseCode::Normal, resume_from, why).await;
+                break End::Lost(why.into());
+            }
             _ = stop.changed() => {
                 // The detail is the resume-from: the acknowledgements this
                 // producer holds for good (its store's, for a durable cell),
@@ -1050,10 +1103,11 @@ fn welcome<T: Clone + Send + Sync + 'static>(
     if let Some(never) = received.checked_sub(1).and_then(|through| unwritten.covered(through)) {
         return Err(format!("welcome holds {received} records, but {never} was never sent"));
     }
-    if let Some(through) = next.checked_sub(1)
-        && let AckOutcome::Unsent { sent_through, .. } = cell.ack(generation, Sequence(through))
-    {
-        return Err(format!("welcome acknowledges {next} records, but only {sent_through:?} was sent"));
+    if let Some(through) = next.checked_sub(1) {
+        if let AckOutcome::Unsent { sent_through, .. } = cell.ack(generation, Sequence(through)) {
+            return Err(format!("welcome acknowledges {next} records, but only {sent_through:?} was sent"));
+        }
+        unwritten.acked(through);
     }
     if let Some(through) = received.checked_sub(1)
         && let ReceivedOutcome::Unsent { sent_through, .. } = cell.received(generation, Sequence(through))

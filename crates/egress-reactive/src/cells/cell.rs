@@ -390,10 +390,9 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// Reports an attachment's failed send; returns whether its sending pass
     /// goes on. A failure that parks the record stops the pass (the
     /// connection is suspect; the record's timer, or the next ack or
-    /// enqueue, starts the next one), unless the transport said the record
-    /// alone was at fault ([`SendError::held`], checked by the caller). One
-    /// that makes a dead letter does not: the payload was at fault, and its
-    /// tombstone, if it has one, goes out in this pass.
+    /// enqueue, starts the next one). One that makes a dead letter does not:
+    /// the payload was at fault, and its tombstone, if it has one, goes out
+    /// in this pass.
     pub(crate) fn fail_in_pass(&self, generation: Generation, sequence: Sequence, kind: FailureKind) -> bool {
         !matches!(self.fail(By::Attachment, generation, sequence, kind, None), FailOutcome::Retrying(_))
     }
@@ -476,7 +475,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     ) -> bool {
         match catch_unwind(AssertUnwindSafe(send)) {
             Ok(Ok(())) => true,
-            Ok(Err(error)) => self.fail_in_pass(generation, sequence, error.kind()) || error.record_only(),
+            Ok(Err(error)) => self.fail_in_pass(generation, sequence, error.kind()),
             Err(panic) => {
                 self.fail(By::Attachment, generation, sequence, FailureKind::Transient, None);
                 resume_unwind(panic)

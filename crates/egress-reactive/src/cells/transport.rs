@@ -23,15 +23,12 @@ use egress_core::{Delay, Envelope, FailureKind};
 pub struct SendError {
     kind: FailureKind,
     source: Box<dyn StdError + Send + Sync>,
-    /// The connection is sound, the record alone is at fault: the sending
-    /// pass goes on with the next record.
-    record_only: bool,
 }
 
 impl SendError {
     /// A failure of the given kind.
     pub fn new(kind: FailureKind, source: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
-        SendError { kind, source: source.into(), record_only: false }
+        SendError { kind, source: source.into() }
     }
 
     /// Worth retrying after the backoff (a dropped connection, a timeout).
@@ -49,35 +46,10 @@ impl SendError {
         Self::new(FailureKind::RetryAfter(delay), source)
     }
 
-    /// The peer cannot take this record now, but the connection is sound
-    /// (a payload above the size this peer accepts): the record is parked
-    /// for at least `delay`, as [`retry_after`](Self::retry_after) parks
-    /// it, and the attachment's sending pass goes on with the next record
-    /// (after any other parking failure it stops: the connection is
-    /// suspect).
-    ///
-    /// ```
-    /// use egress_core::{Delay, FailureKind};
-    /// use egress_reactive::SendError;
-    ///
-    /// let e = SendError::held(Delay(u64::MAX), "above this peer's limit");
-    /// assert_eq!(e.kind(), FailureKind::RetryAfter(Delay(u64::MAX)));
-    /// assert!(e.record_only() && !SendError::retry_after(Delay(1), "429").record_only());
-    /// ```
-    pub fn held(delay: Delay, source: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
-        SendError { record_only: true, ..Self::retry_after(delay, source) }
-    }
-
     /// The kind the core receives.
     #[must_use]
     pub fn kind(&self) -> FailureKind {
         self.kind
-    }
-
-    /// Whether the record alone is at fault (see [`held`](Self::held)).
-    #[must_use]
-    pub fn record_only(&self) -> bool {
-        self.record_only
     }
 }
 
