@@ -914,7 +914,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
         ws.send(Message::Binary(hello.encode())).await.map_err(|e| End::Lost(e.to_string()))?;
         let end = match read_frame(&mut ws, config.limits, &mut Instant::now()).await {
             Ok(Frame::Welcome { generation: g, next, received, terms }) if g == generation.get() => {
-                return Ok((ws, next, received, terms));
+                return Ok((ws, next, received, terms, resume_from));
             }
             Ok(Frame::Close { code: CloseCode::StaleGeneration, detail, .. }) => return Err(End::Stale(detail)),
             Ok(Frame::Close { code: CloseCode::Retry, .. }) => return Err(End::Retry),
@@ -938,7 +938,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
         connected = connecting => connected,
         _ = stop.changed() => return lost(End::Stop),
     };
-    let (ws, next, received, terms) = match connected {
+    let (ws, next, received, terms, resume_from) = match connected {
         Ok(Ok(ok)) => ok,
         Ok(Err(end)) => {
             counters.failed_attempts.fetch_add(1, Ordering::Relaxed);
@@ -957,6 +957,13 @@ async fn connection<T: Clone + Send + Sync + 'static>(
         End::Protocol(why)
     };
     counters.connections.fetch_add(1, Ordering::Relaxed);
+    if next < resume_from {
+        // The receiver forgot what this producer said it holds (or never
+        // listened): the records below are gone here, and it would wait on
+        // them for good.
+        let why = format!("welcome: next {next} is below the resume-from {resume_from} of the handshake");
+        return Outcome { end: protocol(why).await, progressed: false, lasted: opened.elapsed() };
+    }
     if terms.max_payload < MIN_MAX_PAYLOAD {
         let why = format!("welcome: max-payload {} is below the floor of {MIN_MAX_PAYLOAD}", terms.max_payload);
         return Outcome { end: protocol(why).await, progressed: false, lasted: opened.elapsed() };

@@ -127,6 +127,9 @@ async fn run_receiver_case(case: &Value) {
     if let Some(max) = config.get("max_producers").and_then(Value::as_u64) {
         rc.max_producers = usize::try_from(max).unwrap();
     }
+    if let Some(max) = config.get("max_buffered").and_then(Value::as_u64) {
+        rc.max_buffered = usize::try_from(max).unwrap();
+    }
     if let Some(max) = config.get("incarnations_per_producer").and_then(Value::as_u64) {
         rc.incarnations_per_producer = usize::try_from(max).unwrap();
     }

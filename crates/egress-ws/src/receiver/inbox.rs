@@ -152,7 +152,12 @@ pub(crate) enum Admission<W> {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Taken {
     /// It, and `count - 1` buffered frames after it, went to the queue.
-    Delivered { count: usize },
+    /// `stuck`: the next sequence the stream needs is one this connection
+    /// dropped above a gap (its buffer was full): the producer will not
+    /// send it again on this connection, so the stream cannot go on here
+    /// (close with code 5: the producer reconnects and replays from the
+    /// welcome).
+    Delivered { count: usize, stuck: bool },
     /// It waits above a gap.
     Buffered,
     /// Already received: dropped.
@@ -194,6 +199,10 @@ struct Stream {
     confirmed: u64,
     /// When its last connection ended (or, while one is up, was admitted).
     ended: u64,
+    /// The lowest and highest sequences the current connection sent above
+    /// a gap and the stream dropped (its buffer full): any between may be
+    /// missing. Goes with the connection.
+    dropped: Option<(u64, u64)>,
 }
 
 /// What a delivery weighs against the byte bounds: its payload.
@@ -216,6 +225,7 @@ impl Stream {
             buffered_bytes: 0,
             confirmed: from,
             ended: now,
+            dropped: None,
         }
     }
 
@@ -226,9 +236,11 @@ impl Stream {
         self.committed <= self.confirmed
     }
 
-    /// Empties the out-of-order buffer; returns the bytes freed.
+    /// Empties the out-of-order buffer (and forgets what the connection
+    /// dropped); returns the bytes freed.
     fn clear_buffer(&mut self) -> usize {
         self.buffer.clear();
+        self.dropped = None;
         std::mem::take(&mut self.buffered_bytes)
     }
 
@@ -693,6 +705,8 @@ impl<W: Clone> Inbox<W> {
                 || !fits(stream.buffered_bytes, rules.max_buffered_bytes)
                 || !fits(buffered_bytes, rules.max_buffered_bytes_total)
             {
+                stream.dropped =
+                    Some(stream.dropped.map_or((sequence, sequence), |(lo, hi)| (lo.min(sequence), hi.max(sequence))));
                 self.counts.overflow += 1;
                 return Taken::Overflow;
             }
@@ -720,6 +734,13 @@ impl<W: Clone> Inbox<W> {
             }
         }
         stream.buffered_bytes -= released;
+        // Past the highest dropped sequence (the producer sent them again):
+        // nothing dropped is left. Within the range, the next one may be
+        // missing: stuck (a needless reconnect at worst).
+        if stream.dropped.is_some_and(|(_, hi)| hi < stream.next) {
+            stream.dropped = None;
+        }
+        let stuck = stream.dropped.is_some_and(|(lo, _)| lo <= stream.next);
         self.buffered_bytes -= released;
         self.queued_bytes += size + released;
         let count = ready.len();
@@ -727,7 +748,7 @@ impl<W: Clone> Inbox<W> {
             let (producer, stream) = (producer.clone(), stream_id);
             self.queue.push_back(Queued { producer, incarnation, sequence, content, given_back: 0, stream });
         }
-        Taken::Delivered { count }
+        Taken::Delivered { count, stuck }
     }
 
     /// Hands the oldest delivery to the application; when taking commits,
@@ -1154,7 +1175,7 @@ mod tests {
         assert_eq!(inbox.take_frame(&p, c, 1, 1, msg(1)), Taken::Buffered);
         assert_eq!(inbox.take_frame(&p, c, 1, 1, msg(1)), Taken::Duplicate);
         assert_eq!(inbox.poll_ack(&p, c, true), None, "nothing taken, nothing acknowledged");
-        assert_eq!(inbox.take_frame(&p, c, 1, 0, msg(0)), Taken::Delivered { count: 2 });
+        assert_eq!(inbox.take_frame(&p, c, 1, 0, msg(0)), Taken::Delivered { count: 2, stuck: false });
         assert_eq!(inbox.take_frame(&p, c, 1, 0, msg(0)), Taken::Duplicate);
         assert_eq!(inbox.poll_ack(&p, c, true), None, "queued is not acknowledged");
         assert_eq!(taken(&mut inbox), [(7, 0), (7, 1)]);
@@ -1168,7 +1189,7 @@ mod tests {
         let p: Arc<str> = "p".into();
         let (c, ..) = admit(&mut inbox, &p, 1, 5, 0);
         for s in 0..3 {
-            assert_eq!(inbox.take_frame(&p, c, 5, s, msg(s)), Taken::Delivered { count: 1 });
+            assert_eq!(inbox.take_frame(&p, c, 5, s, msg(s)), Taken::Delivered { count: 1, stuck: false });
         }
         let _ = taken(&mut inbox);
         // A restarted producer: new incarnation, generation 1.
@@ -1179,7 +1200,7 @@ mod tests {
         let (c2, next, received) = admit(&mut inbox, &p, 2, 6, 0);
         assert_eq!((next, received), (0, 0), "its own sequence space, from 0");
         assert_eq!(inbox.take_frame(&p, c, 5, 3, msg(3)), Taken::Fenced);
-        assert_eq!(inbox.take_frame(&p, c2, 6, 0, msg(0)), Taken::Delivered { count: 1 });
+        assert_eq!(inbox.take_frame(&p, c2, 6, 0, msg(0)), Taken::Delivered { count: 1, stuck: false });
         assert_eq!(taken(&mut inbox), [(2, 0)]);
         // The first incarnation is remembered: it resumes where it was.
         let (_, next, received) = admit(&mut inbox, &p, 1, 7, 0);
@@ -1200,7 +1221,7 @@ mod tests {
         // The last deliverable sequence is u64::MAX - 1.
         let q: Arc<str> = "q".into();
         let (c, ..) = admit(&mut inbox, &q, 1, 1, u64::MAX - 1);
-        assert_eq!(inbox.take_frame(&q, c, 1, u64::MAX - 1, msg(0)), Taken::Delivered { count: 1 });
+        assert_eq!(inbox.take_frame(&q, c, 1, u64::MAX - 1, msg(0)), Taken::Delivered { count: 1, stuck: false });
         assert_eq!(inbox.next_for("q"), Some(u64::MAX));
     }
 
@@ -1247,13 +1268,13 @@ mod tests {
         let mut inbox = Inbox::new(Rules { queue: 2, max_buffered: 1, ..rules() });
         let p: Arc<str> = "p".into();
         let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
-        assert_eq!(inbox.take_frame(&p, c, 1, 0, msg(0)), Taken::Delivered { count: 1 });
-        assert_eq!(inbox.take_frame(&p, c, 1, 1, msg(1)), Taken::Delivered { count: 1 });
+        assert_eq!(inbox.take_frame(&p, c, 1, 0, msg(0)), Taken::Delivered { count: 1, stuck: false });
+        assert_eq!(inbox.take_frame(&p, c, 1, 1, msg(1)), Taken::Delivered { count: 1, stuck: false });
         assert_eq!(inbox.take_frame(&p, c, 1, 2, msg(2)), Taken::Full(msg(2)));
         assert_eq!(inbox.take_frame(&p, c, 1, 4, msg(4)), Taken::Buffered);
         assert_eq!(inbox.take_frame(&p, c, 1, 5, msg(5)), Taken::Overflow);
         let _ = inbox.take(0);
-        assert_eq!(inbox.take_frame(&p, c, 1, 2, msg(2)), Taken::Delivered { count: 1 });
+        assert_eq!(inbox.take_frame(&p, c, 1, 2, msg(2)), Taken::Delivered { count: 1, stuck: false });
         // The buffer goes with its connection.
         inbox.closed(&p, c, 0);
         let (c, _, received) = admit(&mut inbox, &p, 1, 2, 0);
@@ -1312,9 +1333,9 @@ mod tests {
         assert_eq!(inbox.take_frame(&p, c, 1, 6, skipped), Taken::Buffered);
         assert_eq!(inbox.held().buffered_bytes, 4);
         // In order: 6 bytes queued; 5 more would pass the queue's 10.
-        assert_eq!(inbox.take_frame(&p, c, 1, 0, bytes(6)), Taken::Delivered { count: 1 });
+        assert_eq!(inbox.take_frame(&p, c, 1, 0, bytes(6)), Taken::Delivered { count: 1, stuck: false });
         assert_eq!(inbox.take_frame(&p, c, 1, 1, bytes(5)), Taken::Full(bytes(5)));
-        assert_eq!(inbox.take_frame(&p, c, 1, 1, bytes(4)), Taken::Delivered { count: 1 });
+        assert_eq!(inbox.take_frame(&p, c, 1, 1, bytes(4)), Taken::Delivered { count: 1, stuck: false });
         assert_eq!((inbox.held().queued_bytes, inbox.held().buffered_bytes), (10, 4));
         // Another producer's buffer counts against the total of 8.
         let q: Arc<str> = "q".into();
@@ -1415,7 +1436,11 @@ mod tests {
         let p: Arc<str> = "p".into();
         let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
         let big = Content::Message(Bytes::from(vec![1u8; 20]));
-        assert_eq!(inbox.take_frame(&p, c, 1, 0, big.clone()), Taken::Delivered { count: 1 }, "else it wedges");
+        assert_eq!(
+            inbox.take_frame(&p, c, 1, 0, big.clone()),
+            Taken::Delivered { count: 1, stuck: false },
+            "else it wedges"
+        );
         assert_eq!(inbox.take_frame(&p, c, 1, 1, big.clone()), Taken::Full(big), "not past another");
         assert_eq!(inbox.held().queued_bytes, 20);
     }
@@ -1441,7 +1466,7 @@ mod tests {
         // Above it: the producer no longer holds 2..5, so they are not waited for.
         let (c, next, received) = admit(&mut inbox, &p, 1, 4, 5);
         assert_eq!((next, received), (5, 5));
-        assert_eq!(inbox.take_frame(&p, c, 4, 5, msg(5)), Taken::Delivered { count: 1 });
+        assert_eq!(inbox.take_frame(&p, c, 4, 5, msg(5)), Taken::Delivered { count: 1, stuck: false });
     }
 
     #[test]
@@ -1558,6 +1583,30 @@ mod tests {
         fn any_sequence_of_operations_keeps_the_inbox_consistent(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
             super::drive::run(&data);
         }
+    }
+
+    #[test]
+    fn a_connection_whose_next_sequence_it_dropped_is_stuck_until_it_is_sent_again() {
+        let mut inbox = Inbox::new(Rules { max_buffered: 1, ..rules() });
+        let p: Arc<str> = "p".into();
+        let (c, ..) = admit(&mut inbox, &p, 1, 1, 0);
+        assert_eq!(inbox.take_frame(&p, c, 1, 0, msg(0)), Taken::Delivered { count: 1, stuck: false });
+        assert_eq!(inbox.take_frame(&p, c, 1, 3, msg(3)), Taken::Buffered);
+        // The buffer is full: 2, then 4, are dropped.
+        assert_eq!(inbox.take_frame(&p, c, 1, 4, msg(4)), Taken::Overflow);
+        assert_eq!(inbox.take_frame(&p, c, 1, 2, msg(2)), Taken::Overflow);
+        // 1 fills the gap below 2, which this connection dropped: stuck.
+        assert_eq!(inbox.take_frame(&p, c, 1, 1, msg(1)), Taken::Delivered { count: 1, stuck: true });
+        // Sent again, 2 goes, with 3 from the buffer; 4 is needed next and
+        // was dropped: stuck again (any sequence between the lowest and the
+        // highest dropped may be missing).
+        assert_eq!(inbox.take_frame(&p, c, 1, 2, msg(2)), Taken::Delivered { count: 2, stuck: true });
+        assert_eq!(inbox.take_frame(&p, c, 1, 4, msg(4)), Taken::Delivered { count: 1, stuck: false });
+        // A new connection forgets what the old one dropped.
+        assert_eq!(inbox.take_frame(&p, c, 1, 7, msg(7)), Taken::Buffered);
+        assert_eq!(inbox.take_frame(&p, c, 1, 6, msg(6)), Taken::Overflow);
+        let (c, ..) = admit(&mut inbox, &p, 1, 2, 0);
+        assert_eq!(inbox.take_frame(&p, c, 2, 5, msg(5)), Taken::Delivered { count: 1, stuck: false });
     }
 
     /// A stream forgotten with a delivery still queued (found by the

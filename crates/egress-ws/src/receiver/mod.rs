@@ -851,6 +851,10 @@ enum Step {
     Ack,
     /// A protocol error found by the inbox: close with code 1.
     Refuse(String),
+    /// The stream needs a sequence this connection dropped (its buffer
+    /// above a gap was full): close with code 5, so that the producer
+    /// replays from the welcome.
+    Stuck,
     End(Result<(), ServeError>),
 }
 
@@ -915,6 +919,12 @@ impl Connection<'_> {
                     self.shared.rejected.fetch_add(1, Ordering::Relaxed);
                     close(&mut self.ws, CloseCode::Protocol, 0, reason.clone()).await;
                     return Err(ServeError::Protocol(reason));
+                }
+                Step::Stuck => {
+                    let why = "the next sequence was dropped above a gap: reconnect and resend from the welcome";
+                    tracing::debug!(producer = %self.admitted.producer, why, "egress receiver: closing");
+                    close(&mut self.ws, CloseCode::Retry, 0, why).await;
+                    return Ok(());
                 }
                 Step::End(result) => return result,
             }
@@ -981,9 +991,9 @@ impl Connection<'_> {
         space.borrow_and_update();
         let taken = self.shared.inbox.lock().take_frame(&a.producer, a.conn, self.generation, sequence, content);
         match taken {
-            Taken::Delivered { .. } => {
+            Taken::Delivered { stuck, .. } => {
                 self.shared.ready.notify_one();
-                Step::Go
+                if stuck { Step::Stuck } else { Step::Go }
             }
             Taken::Buffered | Taken::Duplicate | Taken::Overflow => Step::Go,
             Taken::Full(content) => {
