@@ -198,9 +198,11 @@ async fn run_sender_case(case: &Value) {
     let cx = AsyncContext::new();
     let policy = Policy::builder().inflight_limit(4).retry_base(Delay(5)).build().unwrap();
     let cell = AsyncEgressCell::with_options(&cx, policy, CellOptions::new().incarnation(Incarnation(1)));
+    let own = case.get("config").and_then(|c| c.get("max_payload")).and_then(Value::as_u64);
     let config = SenderConfig {
         backoff_base: Duration::from_millis(1),
         backoff_max: Duration::from_millis(20),
+        max_payload: own.map_or(egress_ws::protocol::DEFAULT_MAX_PAYLOAD, |m| usize::try_from(m).unwrap()),
         ..SenderConfig::new("p")
     };
     let mut sender =
