@@ -1150,7 +1150,30 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{Duration, stall_in_force};
+    use super::{Duration, Unwritten, stall_in_force};
+
+    #[test]
+    fn what_was_written_is_remembered_until_acknowledged_and_never_refused_again() {
+        let u = Unwritten::default();
+        u.refused(3);
+        assert_eq!((u.covered(2), u.covered(3)), (None, Some(3)));
+        // Written on a later connection: no longer unwritten, and a later
+        // refusal (a smaller receiver) does not make it so again.
+        u.written(3);
+        u.refused(3);
+        assert_eq!(u.covered(9), None);
+        for s in 4..8 {
+            u.written(s);
+        }
+        // An ack through 5 forgets the writes it covers: a refusal of 6 is
+        // still not unwritten, one of 2 (acknowledged) would be.
+        u.acked(5);
+        assert_eq!(u.0.lock().written.iter().copied().collect::<Vec<_>>(), [6, 7]);
+        u.refused(6);
+        assert_eq!(u.covered(9), None);
+        u.acked(u64::MAX);
+        assert!(u.0.lock().written.is_empty());
+    }
 
     #[test]
     fn the_stall_in_force_is_at_least_three_advertised_keepalives() {

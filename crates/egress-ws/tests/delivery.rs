@@ -811,6 +811,25 @@ async fn a_small_receiver_holds_records_back_for_the_next_and_destroys_none() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_exactly_at_the_receivers_limit_is_sent() {
+    let config =
+        ReceiverConfig { limits: egress_ws::protocol::Limits { max_payload: 1_024 }, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let at = Bytes::from(vec![b'a'; 1_024]);
+    cell.enqueue_all([at.clone(), payload(1)]);
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(23)).unwrap();
+    for (i, content) in [Content::Message(at), Content::Message(payload(1))].into_iter().enumerate() {
+        let d = recv(&mut receiver).await;
+        assert_eq!((d.sequence, d.content), (i as u64, content));
+    }
+    drained(&cell, 2).await;
+    let stats = sender.shutdown().await;
+    assert_eq!((stats.held_too_large, stats.reconnects), (0, 0), "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_that_never_takes_a_record_costs_it_its_budget_not_the_stream() {
     // One honest receiver whose limit stays below record 0: each
     // connection holds it back and ends; once its budget (3) is spent it is
