@@ -1609,6 +1609,102 @@ mod tests {
         assert_eq!(inbox.take_frame(&p, c, 2, 5, msg(5)), Taken::Delivered { count: 1, stuck: false });
     }
 
+    /// A handshake at `now`: `Ok` with its connection, or the busy
+    /// retry-after.
+    fn at(inbox: &mut Inbox<()>, p: &Arc<str>, inc: u128, g: u64, now: u64) -> Result<ConnId, u64> {
+        match inbox.handshake(p, inc, g, 0, None, (), now) {
+            Admission::Welcome { conn, .. } => Ok(conn),
+            Admission::Refused { code: CloseCode::Busy, detail, .. } => Err(detail),
+            Admission::Refused { code, reason, .. } => panic!("refused with {code:?}: {reason}"),
+        }
+    }
+
+    #[test]
+    fn an_unconfirmed_incarnation_goes_only_once_expired_and_never_while_connected() {
+        let mut inbox = Inbox::new(Rules { incarnations: 2, producer_idle: 100, ..rules() });
+        let p: Arc<str> = "p".into();
+        // Two incarnations, each with a message taken and never confirmed.
+        let c = at(&mut inbox, &p, 1, 1, 0).unwrap();
+        let _ = inbox.take_frame(&p, c, 1, 0, msg(0));
+        let _ = inbox.take(0);
+        inbox.closed(&p, c, 510);
+        let c = at(&mut inbox, &p, 2, 2, 520).unwrap();
+        let _ = inbox.take_frame(&p, c, 2, 0, msg(0));
+        let _ = inbox.take(520);
+        // A third: room when incarnation 1 expires (its end plus the idle
+        // time); incarnation 2, connected, never counts.
+        assert_eq!(at(&mut inbox, &p, 3, 3, 600), Err(10));
+        assert_eq!(inbox.counts.unconfirmed_forgotten, 0);
+        let c = at(&mut inbox, &p, 3, 3, 610).unwrap();
+        assert!(!inbox.holds(&p, 1) && inbox.holds(&p, 2) && inbox.holds(&p, 3));
+        assert_eq!((inbox.counts.unconfirmed_forgotten, inbox.counts.busy), (1, 1));
+        let _ = inbox.take_frame(&p, c, 3, 0, msg(0));
+        let _ = inbox.take(610);
+        // Incarnation 3 (unconfirmed too) connected since 610, 2 ended then
+        // (fenced): long after, a fourth finds 2 expired, never 3.
+        assert!(at(&mut inbox, &p, 4, 4, 5_000).is_ok());
+        assert!(!inbox.holds(&p, 2) && inbox.holds(&p, 3));
+        // With only the current one left to wait for: room no sooner than
+        // the idle time after its end, counted from now.
+        let mut inbox = Inbox::new(Rules { incarnations: 1, producer_idle: 100, ..rules() });
+        let c = at(&mut inbox, &p, 1, 1, 0).unwrap();
+        let _ = inbox.take_frame(&p, c, 1, 0, msg(0));
+        let _ = inbox.take(0);
+        assert_eq!(at(&mut inbox, &p, 2, 2, 500), Err(100));
+    }
+
+    #[test]
+    fn the_retry_after_counts_only_streams_that_can_expire() {
+        let mut inbox = Inbox::new(Rules { incarnations: 2, producer_idle: 100, commit_on_take: false, ..rules() });
+        let p: Arc<str> = "p".into();
+        // Incarnation 1 ends at 5 with a delivery the application holds
+        // (never forgettable meanwhile); incarnation 2 ends at 10,
+        // committed and unconfirmed.
+        let c = at(&mut inbox, &p, 1, 1, 0).unwrap();
+        let _ = inbox.take_frame(&p, c, 1, 0, msg(0));
+        let held = inbox.take(0).expect("queued").0;
+        inbox.closed(&p, c, 5);
+        let c = at(&mut inbox, &p, 2, 2, 6).unwrap();
+        let _ = inbox.take_frame(&p, c, 2, 0, msg(0));
+        let q = inbox.take(6).expect("queued").0;
+        let _ = inbox.commit(&q, 6);
+        inbox.closed(&p, c, 10);
+        assert_eq!(at(&mut inbox, &p, 3, 3, 50), Err(60), "incarnation 2's expiry, not 1's");
+        assert!(at(&mut inbox, &p, 3, 3, 110).is_ok());
+        assert!(inbox.holds(&p, 1) && !inbox.holds(&p, 2), "the held delivery keeps its stream");
+        let _ = inbox.commit(&held, 110);
+    }
+
+    #[test]
+    fn a_confirmed_incarnation_goes_first_and_alone() {
+        let mut inbox = Inbox::new(Rules { incarnations: 2, producer_idle: 100, ..rules() });
+        let p: Arc<str> = "p".into();
+        // Incarnation 1: unconfirmed, expired by the time 3 comes.
+        let c = at(&mut inbox, &p, 1, 1, 0).unwrap();
+        let _ = inbox.take_frame(&p, c, 1, 0, msg(0));
+        let _ = inbox.take(0);
+        inbox.closed(&p, c, 0);
+        // Incarnation 2: nothing taken, so confirmed.
+        let c = at(&mut inbox, &p, 2, 2, 1).unwrap();
+        inbox.closed(&p, c, 1);
+        assert!(at(&mut inbox, &p, 3, 3, 100).is_ok());
+        assert!(inbox.holds(&p, 1) && !inbox.holds(&p, 2) && inbox.holds(&p, 3));
+        assert_eq!(inbox.counts.unconfirmed_forgotten, 0);
+    }
+
+    #[test]
+    fn with_a_durable_record_nothing_forgotten_counts_as_unconfirmed() {
+        let mut inbox = Inbox::new(Rules { durable: true, producer_idle: 100, ..rules() });
+        let p: Arc<str> = "p".into();
+        let c = at(&mut inbox, &p, 1, 1, 0).unwrap();
+        let _ = inbox.take_frame(&p, c, 1, 0, msg(0));
+        let _ = inbox.take(0);
+        inbox.closed(&p, c, 0);
+        let _ = at(&mut inbox, &"q".into(), 1, 1, 100);
+        assert!(!inbox.holds(&p, 1));
+        assert_eq!((inbox.counts.evictions, inbox.counts.unconfirmed_forgotten), (1, 0));
+    }
+
     /// A stream forgotten with a delivery still queued (found by the
     /// property test once forgetting stopped dropping queued deliveries).
     #[test]
