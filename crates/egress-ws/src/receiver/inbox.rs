@@ -1624,18 +1624,18 @@ mod tests {
         let mut inbox = Inbox::new(Rules { incarnations: 2, producer_idle: 100, ..rules() });
         let p: Arc<str> = "p".into();
         // Two incarnations, each with a message taken and never confirmed.
-        let c = at(&mut inbox, &p, 1, 1, 0).unwrap();
+        let c = at(&mut inbox, &p, 1, 1, 0).expect("admitted");
         let _ = inbox.take_frame(&p, c, 1, 0, msg(0));
         let _ = inbox.take(0);
         inbox.closed(&p, c, 510);
-        let c = at(&mut inbox, &p, 2, 2, 520).unwrap();
+        let c = at(&mut inbox, &p, 2, 2, 520).expect("admitted");
         let _ = inbox.take_frame(&p, c, 2, 0, msg(0));
         let _ = inbox.take(520);
         // A third: room when incarnation 1 expires (its end plus the idle
         // time); incarnation 2, connected, never counts.
         assert_eq!(at(&mut inbox, &p, 3, 3, 600), Err(10));
         assert_eq!(inbox.counts.unconfirmed_forgotten, 0);
-        let c = at(&mut inbox, &p, 3, 3, 610).unwrap();
+        let c = at(&mut inbox, &p, 3, 3, 610).expect("admitted");
         assert!(!inbox.holds(&p, 1) && inbox.holds(&p, 2) && inbox.holds(&p, 3));
         assert_eq!((inbox.counts.unconfirmed_forgotten, inbox.counts.busy), (1, 1));
         let _ = inbox.take_frame(&p, c, 3, 0, msg(0));
@@ -1647,7 +1647,7 @@ mod tests {
         // With only the current one left to wait for: room no sooner than
         // the idle time after its end, counted from now.
         let mut inbox = Inbox::new(Rules { incarnations: 1, producer_idle: 100, ..rules() });
-        let c = at(&mut inbox, &p, 1, 1, 0).unwrap();
+        let c = at(&mut inbox, &p, 1, 1, 0).expect("admitted");
         let _ = inbox.take_frame(&p, c, 1, 0, msg(0));
         let _ = inbox.take(0);
         assert_eq!(at(&mut inbox, &p, 2, 2, 500), Err(100));
@@ -1660,11 +1660,11 @@ mod tests {
         // Incarnation 1 ends at 5 with a delivery the application holds
         // (never forgettable meanwhile); incarnation 2 ends at 10,
         // committed and unconfirmed.
-        let c = at(&mut inbox, &p, 1, 1, 0).unwrap();
+        let c = at(&mut inbox, &p, 1, 1, 0).expect("admitted");
         let _ = inbox.take_frame(&p, c, 1, 0, msg(0));
         let held = inbox.take(0).expect("queued").0;
         inbox.closed(&p, c, 5);
-        let c = at(&mut inbox, &p, 2, 2, 6).unwrap();
+        let c = at(&mut inbox, &p, 2, 2, 6).expect("admitted");
         let _ = inbox.take_frame(&p, c, 2, 0, msg(0));
         let q = inbox.take(6).expect("queued").0;
         let _ = inbox.commit(&q, 6);
@@ -1680,12 +1680,12 @@ mod tests {
         let mut inbox = Inbox::new(Rules { incarnations: 2, producer_idle: 100, ..rules() });
         let p: Arc<str> = "p".into();
         // Incarnation 1: unconfirmed, expired by the time 3 comes.
-        let c = at(&mut inbox, &p, 1, 1, 0).unwrap();
+        let c = at(&mut inbox, &p, 1, 1, 0).expect("admitted");
         let _ = inbox.take_frame(&p, c, 1, 0, msg(0));
         let _ = inbox.take(0);
         inbox.closed(&p, c, 0);
         // Incarnation 2: nothing taken, so confirmed.
-        let c = at(&mut inbox, &p, 2, 2, 1).unwrap();
+        let c = at(&mut inbox, &p, 2, 2, 1).expect("admitted");
         inbox.closed(&p, c, 1);
         assert!(at(&mut inbox, &p, 3, 3, 100).is_ok());
         assert!(inbox.holds(&p, 1) && !inbox.holds(&p, 2) && inbox.holds(&p, 3));
@@ -1696,7 +1696,7 @@ mod tests {
     fn with_a_durable_record_nothing_forgotten_counts_as_unconfirmed() {
         let mut inbox = Inbox::new(Rules { durable: true, producer_idle: 100, ..rules() });
         let p: Arc<str> = "p".into();
-        let c = at(&mut inbox, &p, 1, 1, 0).unwrap();
+        let c = at(&mut inbox, &p, 1, 1, 0).expect("admitted");
         let _ = inbox.take_frame(&p, c, 1, 0, msg(0));
         let _ = inbox.take(0);
         inbox.closed(&p, c, 0);
