@@ -11,10 +11,10 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{drained, limit, next_frame, payload, policy, receive_in_order, sender_config};
+use common::{drained, limit, next_frame, payload, policy, receive_in_order, sender_config, until};
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::protocol::{CloseCode, Frame};
-use egress_ws::{Content, Receiver, ReceiverConfig, ReceiverStats, Sender};
+use egress_ws::{Content, Receiver, ReceiverConfig, Sender};
 use futures_util::SinkExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -24,19 +24,6 @@ type Client = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStre
 
 fn send(frame: Frame) -> Message {
     Message::Binary(frame.encode())
-}
-
-/// Waits until `ok(stats)` holds, polling the receiver's counters.
-async fn until(receiver: &Receiver, what: &str, ok: impl Fn(&ReceiverStats) -> bool) -> ReceiverStats {
-    let deadline = tokio::time::Instant::now() + limit();
-    loop {
-        let stats = receiver.stats();
-        if ok(&stats) {
-            return stats;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{what}: {stats:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Whether the peer closed `stream` (a read sees the end, or an error).

@@ -433,11 +433,13 @@ async fn a_record_above_the_senders_limit_is_skipped_without_a_wedge() {
     }
 }
 
-/// A receiver whose connections die whenever a data frame carries
-/// `b"POISON"` (as a receiver that crashes on one would), otherwise an
-/// honest in-order receiver that remembers its stream.
-async fn fragile_receiver()
--> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<(u64, Content)>, Arc<AtomicU64>) {
+/// An honest in-order receiver that remembers its stream, except that a
+/// connection dies at a data or tombstone frame when `dies(content,
+/// deaths so far)` says so (a receiver that crashes on a payload, a
+/// network that keeps failing).
+async fn fragile_receiver(
+    dies: impl Fn(&Content, u64) -> bool + Send + 'static,
+) -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<(u64, Content)>, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -459,7 +461,7 @@ async fn fragile_receiver()
                     Ok(Frame::Tombstone { sequence, reason, .. }) => (sequence, Content::Skipped(reason)),
                     _ => break,
                 };
-                if matches!(&content, Content::Message(p) if &p[..] == b"POISON") {
+                if dies(&content, died.load(Ordering::SeqCst)) {
                     died.fetch_add(1, Ordering::SeqCst);
                     break; // the connection dies with the receiver's process
                 }
@@ -476,7 +478,8 @@ async fn fragile_receiver()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_that_kills_its_connections_dies_of_replays_alone() {
-    let (addr, mut delivered, deaths) = fragile_receiver().await;
+    let poison = |c: &Content, _| matches!(c, Content::Message(p) if &p[..] == b"POISON");
+    let (addr, mut delivered, deaths) = fragile_receiver(poison).await;
     let cx = AsyncContext::new();
     let replays = 3;
     let policy = Policy::builder().inflight_limit(16).replay_limit(replays).retry_base(Delay(5)).build().unwrap();
@@ -498,47 +501,6 @@ async fn a_record_that_kills_its_connections_dies_of_replays_alone() {
     assert!(killed >= 2 && killed <= u64::from(replays) + 2, "{killed} connections killed: {stats:?}");
 }
 
-/// An honest in-order receiver whose first `kills` connections die at their
-/// first data or tombstone frame, whatever it carries (a network that
-/// keeps failing).
-async fn flaky_receiver(
-    kills: u64,
-) -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<(u64, Content)>, Arc<AtomicU64>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let deaths = Arc::new(AtomicU64::new(0));
-    let died = deaths.clone();
-    tokio::spawn(async move {
-        let mut next = 0;
-        while let Ok((stream, _)) = listener.accept().await {
-            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { continue };
-            let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await else { continue };
-            let welcome = Frame::Welcome { generation, next, received: next, terms: TERMS };
-            if ws.send(send(welcome)).await.is_err() {
-                continue;
-            }
-            while let Some(Ok(Message::Binary(b))) = ws.next().await {
-                let (sequence, content) = match Frame::decode(&b, egress_ws::protocol::Limits::default()) {
-                    Ok(Frame::Data { sequence, payload, .. }) => (sequence, Content::Message(payload)),
-                    Ok(Frame::Tombstone { sequence, reason, .. }) => (sequence, Content::Skipped(reason)),
-                    _ => break,
-                };
-                if died.load(Ordering::SeqCst) < kills {
-                    died.fetch_add(1, Ordering::SeqCst);
-                    break;
-                }
-                if sequence == next {
-                    next += 1;
-                    let _ = tx.send((sequence, content));
-                    let _ = ws.send(send(Frame::Ack { generation, through: sequence })).await;
-                }
-            }
-        }
-    });
-    (addr, rx, deaths)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tombstone_replayed_past_its_limit_still_reaches_the_receiver() {
     // Replay limit 1: the record dies at its second replay, and its
@@ -546,7 +508,7 @@ async fn a_tombstone_replayed_past_its_limit_still_reaches_the_receiver() {
     // leave the receiver waiting on sequence 0 for good, and sequence 1
     // behind it.
     let kills = 5;
-    let (addr, mut delivered, deaths) = flaky_receiver(kills).await;
+    let (addr, mut delivered, deaths) = fragile_receiver(move |_, deaths| deaths < kills).await;
     let cx = AsyncContext::new();
     let policy = Policy::builder().inflight_limit(16).replay_limit(1).retry_base(Delay(5)).build().unwrap();
     let cell = AsyncEgressCell::new(&cx, policy);

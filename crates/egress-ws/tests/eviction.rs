@@ -13,10 +13,10 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{limit, next_frame, payload, policy, sender_config};
+use common::{limit, next_frame, payload, policy, sender_config, until};
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::protocol::{CloseCode, Frame};
-use egress_ws::{Content, Receiver, ReceiverConfig, ReceiverStats, Sender};
+use egress_ws::{Content, Receiver, ReceiverConfig, Sender};
 use futures_util::SinkExt;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -42,19 +42,6 @@ async fn handshake(
     ws.send(hello(producer, incarnation, generation, resume_from)).await.unwrap();
     let reply = next_frame(&mut ws).await;
     (ws, reply)
-}
-
-/// Waits until `ok(stats)` holds.
-async fn until(receiver: &Receiver, what: &str, ok: impl Fn(&ReceiverStats) -> bool) -> ReceiverStats {
-    let deadline = tokio::time::Instant::now() + limit();
-    loop {
-        let stats = receiver.stats();
-        if ok(&stats) {
-            return stats;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{what}: {stats:?}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 /// A producer that sends `n` messages, has the application take them

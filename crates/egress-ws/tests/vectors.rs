@@ -168,11 +168,8 @@ async fn run_receiver_case(case: &Value) {
             }
         } else if let Some(c) = conn("disconnect") {
             drop(conns.remove(&c).unwrap());
-            let deadline = tokio::time::Instant::now() + limit();
-            while receiver.stats().open_connections > conns.len() {
-                assert!(tokio::time::Instant::now() < deadline, "{name}: connection {c} never ended");
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
+            let left = conns.len();
+            common::until(&receiver, name, |s| s.open_connections <= left).await;
         } else if let Some(c) = conn("expect_nothing") {
             let quiet = Duration::from_millis(n(step, "ms"));
             let got = tokio::time::timeout(quiet, next_frame(conns.get_mut(&c).unwrap())).await;

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use egress_core::{Delay, Policy, Sequence};
 use egress_reactive::AsyncEgressCell;
 use egress_ws::protocol::{CloseCode, Frame, Limits};
-use egress_ws::{Content, Receiver, SenderConfig};
+use egress_ws::{Content, Receiver, ReceiverStats, SenderConfig};
 use futures_util::StreamExt;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -124,4 +124,18 @@ where
     })
     .await
     .ok()?
+}
+
+/// Waits until `ok(stats)` holds, polling the receiver's counters; fails
+/// with `what` and the last counters after one [`limit`].
+pub async fn until(receiver: &Receiver, what: &str, ok: impl Fn(&ReceiverStats) -> bool) -> ReceiverStats {
+    let deadline = tokio::time::Instant::now() + limit();
+    loop {
+        let stats = receiver.stats();
+        if ok(&stats) {
+            return stats;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
