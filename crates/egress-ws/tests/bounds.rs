@@ -352,3 +352,13 @@ async fn a_receiver_with_nothing_to_say_pings_at_the_period_its_welcome_advertis
     // flood.
     assert!(median > keepalive / 2, "pings {median:?} apart with keepalive {keepalive:?}: {gaps:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_is_not_started_with_a_payload_limit_below_the_floor() {
+    let small =
+        ReceiverConfig { limits: egress_ws::protocol::Limits { max_payload: 1_023 }, ..ReceiverConfig::default() };
+    let refused = Receiver::bind("127.0.0.1:0", small).await.expect_err("below the floor");
+    assert_eq!(refused.kind(), std::io::ErrorKind::InvalidInput);
+    let at = ReceiverConfig { limits: egress_ws::protocol::Limits { max_payload: 1_024 }, ..ReceiverConfig::default() };
+    assert!(Receiver::bind("127.0.0.1:0", at).await.is_ok());
+}

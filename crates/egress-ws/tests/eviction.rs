@@ -234,3 +234,36 @@ async fn the_sender_waits_for_a_busy_receivers_retry_after() {
     assert!((1..=3).contains(&receiver_stats.refused_busy), "{receiver_stats:?}");
     assert!(stats.failed_attempts <= 3, "{stats:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_receiver_cannot_park_a_sender_for_more_than_a_minute() {
+    // A hostile receiver answers every handshake with code 6 and the
+    // largest retry-after there is: the sender waits at most 60 s.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { continue };
+            let _ = next_frame(&mut ws).await;
+            let busy = Frame::Close { code: CloseCode::Busy, detail: u64::MAX, reason: "busy".into() };
+            let _ = ws.send(Message::Binary(busy.encode())).await;
+            held.push(ws);
+        }
+    });
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<Bytes> = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell, format!("ws://{addr}"), sender_config(31)).unwrap();
+    let mut states = sender.watch_state();
+    let deadline = tokio::time::Instant::now() + limit();
+    let retry_at = loop {
+        let state = tokio::time::timeout_at(deadline, futures_util::StreamExt::next(&mut states)).await;
+        if let Ok(Some(egress_ws::ConnectionState::Reconnecting { retry_at, .. })) = state {
+            break retry_at;
+        }
+        assert!(state.is_ok(), "no reconnect in time");
+    };
+    let wait = retry_at.saturating_duration_since(std::time::Instant::now());
+    assert!(wait > Duration::from_secs(55) && wait <= Duration::from_secs(60), "waits {wait:?}");
+    sender.shutdown().await;
+}
