@@ -115,6 +115,10 @@ async fn a_stream_forgotten_for_a_newcomer_resumes_from_the_record_and_delivers_
     assert_eq!(apply(&mut receiver, &record, 10).await, (0..10).collect::<Vec<_>>());
     let _ = sender.shutdown().await;
     assert_eq!(cell.acked_through().get_untracked(), None, "no acknowledgement reached the producer");
+    // The sender's shutdown returns once its close is answered, which may be
+    // before the receiver's connection task has let the stream go: a
+    // stranger arriving in between would find it connected and be told Busy.
+    common::until(&receiver, "the producer's connection ended", |s| s.open_connections == 0).await;
     // Two strangers: the second takes the idle producer's place.
     let mut strangers = Vec::new();
     for name in ["s1", "s2"] {
