@@ -506,6 +506,7 @@ impl Fixture {
                     dead: x.dead.map(|reason| DeadMark { reason, held: x.held }),
                 })
                 .collect(),
+            skipped: Vec::new(),
         };
         EgressCore::restore(policy, snapshot).map_err(|e| e.to_string())
     }

@@ -2,7 +2,7 @@
 //! path (enqueue, claim, ack). Failures live in `failures.rs`, fencing and
 //! receipts in `fencing.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 
 use crate::changes::{Changes, Projection};
@@ -13,7 +13,7 @@ use crate::outcome::{AckOutcome, ClaimOutcome, Transition};
 use crate::parked::ParkedSet;
 use crate::pending::PendingQueue;
 use crate::policy::{Ordering, Policy};
-use crate::retry::{ParkedView, Retry};
+use crate::retry::{DeadReason, ParkedView, Retry};
 use crate::window::Window;
 
 /// The delivery state machine of one egress stream.
@@ -161,7 +161,18 @@ pub struct EgressCore<T> {
     pub(crate) gates: BTreeMap<Sequence, FlushEpoch>,
     /// Every flush epoch at or below it is released.
     pub(crate) released: FlushEpoch,
+    /// The dead letters whose tombstones were acknowledged (skipped by the
+    /// receiver), ascending: the newest [`SKIPPED_MEMORY`] of them, so that
+    /// their status stays dead once the records are gone.
+    pub(crate) skipped: VecDeque<(Sequence, DeadReason)>,
 }
+
+/// How many skipped dead letters a core remembers (see
+/// [`EgressCore::status`]): their status reads dead, with the reason, after
+/// their tombstones were acknowledged and the records forgotten. Past this
+/// many the oldest is forgotten, and its status reads acknowledged, like
+/// any sequence at or below the watermark.
+pub const SKIPPED_MEMORY: usize = 4096;
 
 /// Whether records are sent one at a time, to isolate one that kills its
 /// connections (see [`EgressCore`]'s rules).
@@ -204,6 +215,7 @@ impl<T> EgressCore<T> {
             journal: None,
             gates: BTreeMap::new(),
             released: FlushEpoch(0),
+            skipped: VecDeque::new(),
         }
     }
 
@@ -488,6 +500,7 @@ impl<T> EgressCore<T> {
         if self.acked_through.is_some_and(|w| through <= w) {
             return Transition::unchanged(AckOutcome::Unchanged { through: self.acked_through });
         }
+        self.remember_skipped(through);
         self.acked_through = Some(through);
         let received = self.note_receipt(through);
         let exhausted_changed = self.exhausted.first_key_value().is_some_and(|(s, _)| *s <= through);
@@ -515,6 +528,42 @@ impl<T> EgressCore<T> {
             .with_if(Projection::Exhausted, exhausted_changed)
             .with_if(Projection::Retry, retry_cleared);
         Transition::new(AckOutcome::Advanced { through }, changes)
+    }
+
+    /// Remembers the tombstones an acknowledgement through `through` is
+    /// about to retire: the receiver skipped them.
+    fn remember_skipped(&mut self, through: Sequence) {
+        let mut skipped: Vec<(Sequence, DeadReason)> = self
+            .inflight
+            .through(through)
+            .chain(self.pending.through(through))
+            .chain(self.parked.through(through))
+            .filter_map(|r| Some((r.sequence, r.dead?)))
+            .collect();
+        if skipped.is_empty() {
+            return;
+        }
+        skipped.sort_unstable_by_key(|(s, _)| *s);
+        self.remember(skipped);
+    }
+
+    /// Appends skipped dead letters (ascending, above every one remembered)
+    /// to the memory, forgetting the oldest past [`SKIPPED_MEMORY`].
+    pub(crate) fn remember(&mut self, skipped: impl IntoIterator<Item = (Sequence, DeadReason)>) {
+        for entry in skipped {
+            debug_assert!(self.skipped.back().is_none_or(|(s, _)| *s < entry.0));
+            if self.skipped.len() == SKIPPED_MEMORY {
+                self.skipped.pop_front();
+            }
+            self.skipped.push_back(entry);
+        }
+    }
+
+    /// Why the acknowledged sequence `sequence` was skipped, if it was a
+    /// dead letter the core still remembers.
+    pub(crate) fn skipped_reason(&self, sequence: Sequence) -> Option<DeadReason> {
+        let at = self.skipped.binary_search_by_key(&sequence, |(s, _)| *s).ok()?;
+        Some(self.skipped[at].1)
     }
 
     /// Raises the receipt watermark to `through` if it is below; that is

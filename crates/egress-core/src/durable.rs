@@ -169,10 +169,17 @@ pub enum MessageStatus {
     /// A send failed; waiting for its backoff.
     Retrying,
     /// A dead letter, for this reason: held, or sent as a tombstone in its
-    /// place.
+    /// place. Once the tombstone is acknowledged the receiver has skipped
+    /// the sequence, and the status stays dead (for the newest
+    /// [`SKIPPED_MEMORY`](crate::SKIPPED_MEMORY) such records, across a
+    /// restart from a store that keeps them). A tombstone replaces every
+    /// later try, not an earlier one: a try that reached the receiver
+    /// before its acknowledgement was lost was delivered, which the sender
+    /// cannot know (never so for a permanent refusal).
     Dead(DeadReason),
-    /// Acknowledged: delivered, or (for a dead letter's tombstone) skipped.
-    /// Stays so: the core forgets the record, not the watermark.
+    /// Acknowledged: delivered. Stays so: the core forgets the record, not
+    /// the watermark. (A skipped dead letter older than the newest
+    /// [`SKIPPED_MEMORY`](crate::SKIPPED_MEMORY) reads so too.)
     Acknowledged,
 }
 
@@ -188,13 +195,25 @@ pub struct Restored<T> {
     /// Every stored record above `acked_through`, ascending, without a gap,
     /// up to `next_sequence - 1`.
     pub records: Vec<RestoredRecord<T>>,
+    /// The dead letters the store remembers as skipped (their tombstones
+    /// acknowledged), ascending, each at or below `acked_through`: their
+    /// [`status`](EgressCore::status) stays dead after the restart. A store
+    /// that keeps none gives none; of more than
+    /// [`SKIPPED_MEMORY`](crate::SKIPPED_MEMORY) the newest are kept.
+    pub skipped: Vec<(Sequence, DeadReason)>,
 }
 
 impl<T> Restored<T> {
     /// Nothing stored: a new stream at generation 0.
     #[must_use]
     pub const fn empty() -> Self {
-        Restored { generation: Generation(0), next_sequence: Sequence(0), acked_through: None, records: Vec::new() }
+        Restored {
+            generation: Generation(0),
+            next_sequence: Sequence(0),
+            acked_through: None,
+            records: Vec::new(),
+            skipped: Vec::new(),
+        }
     }
 }
 
@@ -222,7 +241,8 @@ pub enum RestoreError {
         /// What was found instead (`None`: the records ended).
         found: Option<Sequence>,
     },
-    /// A record lies outside `(acked_through, next_sequence)`.
+    /// A record lies outside `(acked_through, next_sequence)`, or a skipped
+    /// dead letter above `acked_through` or out of ascending order.
     #[error("record {sequence} lies outside the stored range")]
     OutOfRange {
         /// The sequence found.
@@ -305,7 +325,7 @@ impl<T> EgressCore<T> {
     /// A record missing, out of range, a watermark at or above the next
     /// sequence, or a next sequence above `i64::MAX`: [`RestoreError`].
     pub fn restore(policy: Policy, snapshot: Restored<T>) -> Result<Self, RestoreError> {
-        let Restored { generation, next_sequence, acked_through, records } = snapshot;
+        let Restored { generation, next_sequence, acked_through, records, skipped } = snapshot;
         if next_sequence.0 > i64::MAX.unsigned_abs() {
             return Err(RestoreError::SequenceSpace { next_sequence });
         }
@@ -315,6 +335,13 @@ impl<T> EgressCore<T> {
             return Err(RestoreError::AckedBeyondNext { acked_through: a, next_sequence });
         }
         let first = acked_through.map_or(Sequence(0), |a| a.next());
+        let mut below = Some(first);
+        for &(sequence, _) in skipped.iter().rev() {
+            if below.is_none_or(|b| sequence >= b) {
+                return Err(RestoreError::OutOfRange { sequence });
+            }
+            below = Some(sequence);
+        }
         let mut expected = first;
         let mut pending = PendingQueue::default();
         let mut exhausted = BTreeMap::new();
@@ -367,6 +394,7 @@ impl<T> EgressCore<T> {
             isolation: Isolation::Off,
             gates: BTreeMap::new(),
             released: FlushEpoch(0),
+            skipped: skipped[skipped.len().saturating_sub(crate::SKIPPED_MEMORY)..].iter().copied().collect(),
             journal: Some(Box::new(Journal {
                 durable_next: next_sequence,
                 written_next: next_sequence,
@@ -651,14 +679,15 @@ impl<T> EgressCore<T> {
 
     /// Where the message `sequence` stands (`None`: never enqueued). A
     /// message does not vanish from this view: once acknowledged it stays
-    /// [`MessageStatus::Acknowledged`]. O(log n).
+    /// [`MessageStatus::Acknowledged`], and a dead letter whose tombstone
+    /// was acknowledged stays [`MessageStatus::Dead`]. O(log n).
     #[must_use]
     pub fn status(&self, sequence: Sequence) -> Option<MessageStatus> {
         if sequence >= self.next_sequence {
             return None;
         }
         if self.acked_through.is_some_and(|a| sequence <= a) {
-            return Some(MessageStatus::Acknowledged);
+            return Some(self.skipped_reason(sequence).map_or(MessageStatus::Acknowledged, MessageStatus::Dead));
         }
         if let Some(e) = self.exhausted.get(&sequence) {
             return Some(MessageStatus::Dead(e.reason));

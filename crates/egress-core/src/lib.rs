@@ -63,7 +63,7 @@ mod window;
 
 pub use crate::changes::{Changes, Projection};
 pub use crate::completions::Completions;
-pub use crate::core::{EgressCore, Isolation};
+pub use crate::core::{EgressCore, Isolation, SKIPPED_MEMORY};
 pub use crate::durable::{
     AdoptOutcome, DeadMark, MessageStatus, PersistError, PersistOutcome, Ready, RebaseOutcome, Recovered, RestoreError,
     Restored, RestoredRecord,

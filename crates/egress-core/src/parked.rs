@@ -90,6 +90,11 @@ impl<T> ParkedSet<T> {
         true
     }
 
+    /// The records at or below `through`, in sequence order.
+    pub(crate) fn through(&self, through: Sequence) -> impl Iterator<Item = &Record<T>> {
+        self.by_sequence.range(..=through).map(|(_, p)| &p.record)
+    }
+
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = Parked<T>> {
         self.by_due.clear();
         std::mem::take(&mut self.by_sequence).into_values()

@@ -72,6 +72,14 @@ impl<T> PendingQueue<T> {
         self.pop(fresh)
     }
 
+    /// The records at or below `through`, in no particular order.
+    pub(crate) fn through(&self, through: Sequence) -> impl Iterator<Item = &Record<T>> {
+        self.fresh
+            .iter()
+            .take_while(move |r| r.sequence <= through)
+            .chain(self.returned.range(..=through).map(|(_, r)| r))
+    }
+
     /// Removes every record at or below `through`; returns whether any left.
     pub(crate) fn remove_through(&mut self, through: Sequence) -> bool {
         let before = self.len();

@@ -72,6 +72,14 @@ impl<T> Window<T> {
         self.records.len() != before
     }
 
+    /// The records at or below `through`, in no particular order.
+    pub(crate) fn through(&self, through: Sequence) -> impl Iterator<Item = &Record<T>> {
+        // Sorted, the prefix ends at the first record above `through`;
+        // unsorted (bounded by the window), every record is looked at.
+        let sorted = self.sorted;
+        self.records.iter().take_while(move |r| !sorted || r.sequence <= through).filter(move |r| r.sequence <= through)
+    }
+
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = Record<T>> + '_ {
         self.sorted = true;
         self.records.drain(..)

@@ -9,15 +9,18 @@
 //!    the stored watermark is back, alive or dead as stored;
 //! 3. restoring what a fully written core stored gives back the same
 //!    pending and dead records, sequence and generation;
-//! 4. the durability projections change exactly when their flags say.
+//! 4. the durability projections change exactly when their flags say;
+//! 5. a dead letter whose tombstone was acknowledged reads dead, with its
+//!    reason, not acknowledged: in the core that saw the acknowledgement,
+//!    and after a restart from a store that stored it.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
 
 use egress_core::{
-    AdoptOutcome, ClaimOutcome, DeadLetters, DeadMark, EgressCore, Epoch, FailureKind, FlushEpoch, Generation,
-    JitterSample, PersistOutcome, Policy, Projection, Ready, RebaseOutcome, RestoreError, Restored, RestoredRecord,
-    Sequence, Time,
+    AdoptOutcome, ClaimOutcome, DeadLetters, DeadMark, DeadReason, EgressCore, Epoch, FailureKind, FlushEpoch,
+    Generation, JitterSample, PersistOutcome, Policy, Projection, Ready, RebaseOutcome, RestoreError, Restored,
+    RestoredRecord, Sequence, Time,
 };
 use proptest::prelude::*;
 
@@ -28,6 +31,8 @@ struct Disk {
     next: u64,
     acked: Option<u64>,
     records: BTreeMap<u64, (u32, Option<DeadMark>)>,
+    /// The tombstones pruned by an acknowledgement: skipped, by reason.
+    skipped: BTreeMap<u64, DeadReason>,
 }
 
 impl Disk {
@@ -55,7 +60,12 @@ impl Disk {
         if let Some(a) = ready.acked_through {
             let a = self.acked.map_or(a.0, |old| old.max(a.0));
             self.acked = Some(a);
-            self.records = self.records.split_off(&(a + 1));
+            let kept = self.records.split_off(&(a + 1));
+            for (s, (_, mark)) in std::mem::replace(&mut self.records, kept) {
+                if let Some(DeadMark { reason, held: false }) = mark {
+                    self.skipped.insert(s, reason);
+                }
+            }
         }
         true
     }
@@ -70,6 +80,7 @@ impl Disk {
                 .iter()
                 .map(|(s, (p, d))| RestoredRecord { sequence: Sequence(*s), payload: *p, dead: *d })
                 .collect(),
+            skipped: self.skipped.iter().map(|(s, r)| (Sequence(*s), *r)).collect(),
         }
     }
 }
@@ -134,6 +145,8 @@ fn run(policy: &Policy, ops: &[Op]) {
     let mut gates: BTreeMap<u32, FlushEpoch> = BTreeMap::new();
     // The epochs released before the last crash stay released: the
     // application's state is durable.
+    // The tombstones this core saw acknowledged, or restored as skipped.
+    let mut skipped: BTreeMap<u64, DeadReason> = BTreeMap::new();
     for op in ops {
         let (before, error_before) = (durable_view(&core), core.persist_error().cloned());
         let g = core.generation();
@@ -201,7 +214,18 @@ fn run(policy: &Policy, ops: &[Op]) {
                     continue;
                 }
                 let through = base + u64::from(*k) % (sent.0 - base + 1);
-                core.ack(g, Sequence(through)).changes
+                // The tombstones it covers (dead, not held) become skipped.
+                let tombstones: Vec<(u64, DeadReason)> = (base..=through)
+                    .filter_map(|s| match core.status(Sequence(s)) {
+                        Some(egress_core::MessageStatus::Dead(r)) if core.exhausted().all(|e| e.sequence.0 != s) => {
+                            Some((s, r))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let t = core.ack(g, Sequence(through));
+                skipped.extend(tombstones);
+                t.changes
             }
             Op::Fail(permanent) => {
                 let Some(s) = core.inflight().next().map(|e| e.sequence) else { continue };
@@ -274,6 +298,8 @@ fn run(policy: &Policy, ops: &[Op]) {
                 assert_eq!(all, stored, "a restore brings back every stored record");
                 let released = core.released();
                 core = restored;
+                // What the store remembers as skipped, and nothing else.
+                skipped.clone_from(&disk.skipped);
                 assert!(core.generation_durable() && core.unpersisted_len() == 0);
                 // The application announces what of its state is durable.
                 let _ = core.release(released);
@@ -293,7 +319,7 @@ fn run(policy: &Policy, ops: &[Op]) {
             "persist_error flag after {op:?}"
         );
         assert!(core.durable_through().is_none_or(|d| d < core.next_sequence()));
-        check_statuses(&core);
+        check_statuses(&core, &skipped);
     }
     // Released and written in full, a restore is the identity on what
     // survives a crash.
@@ -464,6 +490,7 @@ fn restore_refuses_a_store_that_breaks_its_rules() {
         next_sequence: Sequence(next),
         acked_through: acked.map(Sequence),
         records,
+        skipped: vec![],
     };
     let restore = |s| EgressCore::restore(Policy::default(), s).map(|_| ());
     assert_eq!(
@@ -529,7 +556,7 @@ fn without_a_journal_nothing_of_durability_changes_or_gates() {
 
 /// Every message below `next_sequence` has a status, and it agrees with
 /// where the record is.
-fn check_statuses(core: &EgressCore<u32>) {
+fn check_statuses(core: &EgressCore<u32>, skipped: &BTreeMap<u64, DeadReason>) {
     use egress_core::MessageStatus as M;
     let next = core.next_sequence().0;
     assert_eq!(core.status(Sequence(next)), None);
@@ -554,8 +581,10 @@ fn check_statuses(core: &EgressCore<u32>) {
         assert!(matches!(core.status(e.sequence), Some(M::Dead(_))));
     }
     if let Some(a) = core.acked_through() {
-        assert_eq!(core.status(a), Some(M::Acknowledged));
-        assert_eq!(core.status(Sequence(0)), Some(M::Acknowledged));
+        for s in 0..=a.0 {
+            let expected = skipped.get(&s).map_or(M::Acknowledged, |r| M::Dead(*r));
+            assert_eq!(core.status(Sequence(s)), Some(expected), "acknowledged {s}");
+        }
     }
     let listed = core.pending_len() + core.inflight_len() + core.parked_len() + core.exhausted_len();
     let acked = core.acked_through().map_or(0, |a| a.0 + 1);
@@ -633,4 +662,52 @@ fn the_resume_point_is_the_stored_acknowledgement_not_the_known_one() {
     let _ = plain.claim(g);
     let _ = plain.ack(g, Sequence(0));
     assert_eq!(plain.resume_from(), Sequence(1));
+}
+
+#[test]
+fn a_skipped_dead_letter_reads_dead_for_the_newest_skipped_memory_of_them() {
+    use egress_core::{MessageStatus as M, SKIPPED_MEMORY};
+    let n = SKIPPED_MEMORY as u64 + 2;
+    let policy = Policy::builder().inflight_limit(n as usize).build().unwrap();
+    let mut core: EgressCore<u64> = EgressCore::new(policy);
+    let g = core.generation();
+    for i in 0..n {
+        let _ = core.enqueue(i);
+    }
+    for _ in 0..n {
+        assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)));
+    }
+    // Every record but the last refused for good: tombstones, sent again.
+    for s in 0..n - 1 {
+        let _ = core.fail(g, Sequence(s), FailureKind::Permanent, Time(0), JitterSample::ZERO);
+    }
+    while matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)) {}
+    assert_eq!(core.status(Sequence(0)), Some(M::Dead(egress_core::DeadReason::Permanent)));
+    // The receiver skips them all and delivers the last.
+    let t = core.ack(g, Sequence(n - 1));
+    assert!(t.changes.contains(Projection::AckedThrough) && !t.changes.contains(Projection::Pending));
+    assert_eq!(core.status(Sequence(n - 1)), Some(M::Acknowledged), "delivered");
+    assert_eq!(core.status(Sequence(n - 2)), Some(M::Dead(egress_core::DeadReason::Permanent)), "skipped");
+    assert_eq!(core.status(Sequence(1)), Some(M::Dead(egress_core::DeadReason::Permanent)), "the oldest remembered");
+    assert_eq!(core.status(Sequence(0)), Some(M::Acknowledged), "past the memory: forgotten");
+}
+
+#[test]
+fn restore_refuses_skipped_dead_letters_above_the_watermark_or_out_of_order() {
+    let snap = |acked: Option<u64>, skipped: &[u64]| Restored::<()> {
+        generation: Generation(1),
+        next_sequence: Sequence(10),
+        acked_through: acked.map(Sequence),
+        records: (acked.map_or(0, |a| a + 1)..10)
+            .map(|s| RestoredRecord { sequence: Sequence(s), payload: (), dead: None })
+            .collect(),
+        skipped: skipped.iter().map(|s| (Sequence(*s), DeadReason::Retries)).collect(),
+    };
+    let restore = |s| EgressCore::restore(Policy::default(), s).map(|c| c.status(Sequence(3)));
+    assert_eq!(restore(snap(Some(5), &[1, 3, 5])), Ok(Some(egress_core::MessageStatus::Dead(DeadReason::Retries))));
+    assert_eq!(restore(snap(Some(5), &[1, 4])), Ok(Some(egress_core::MessageStatus::Acknowledged)));
+    assert_eq!(restore(snap(Some(5), &[1, 6])), Err(RestoreError::OutOfRange { sequence: Sequence(6) }));
+    assert_eq!(restore(snap(Some(5), &[3, 3])), Err(RestoreError::OutOfRange { sequence: Sequence(3) }));
+    assert_eq!(restore(snap(Some(5), &[4, 3])), Err(RestoreError::OutOfRange { sequence: Sequence(4) }));
+    assert_eq!(restore(snap(None, &[0])), Err(RestoreError::OutOfRange { sequence: Sequence(0) }));
 }

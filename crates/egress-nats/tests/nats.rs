@@ -412,6 +412,7 @@ fn restarted(cx: &AsyncContext, cell: &AsyncEgressCell<Bytes>, acked: u64) -> As
         next_sequence: Sequence(acked + 1),
         acked_through: Some(Sequence(acked)),
         records: vec![],
+        skipped: vec![],
     };
     let core = EgressCore::restore(Policy::builder().inflight_limit(16).build().expect("valid"), restored)
         .expect("a valid restore");

@@ -80,6 +80,7 @@ fn a_cell_says_what_its_restore_found_and_a_new_one_says_nothing() {
         next_sequence: Sequence(6),
         acked_through: Some(Sequence(1)),
         records: vec![rec(2, None), rec(3, None), rec(4, Some(tomb)), rec(5, Some(held))],
+        skipped: vec![],
     };
     let core = EgressCore::restore(Policy::default(), snapshot).unwrap();
     let cell: EgressCell<String> = EgressCell::from_core(&cx.handle(), core, CellOptions::new());

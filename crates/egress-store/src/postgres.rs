@@ -335,6 +335,7 @@ type Bells = Arc<Mutex<HashMap<String, Arc<Bell>>>>;
 struct Statements {
     take: Statement,
     load: Statement,
+    skipped: Statement,
     apply: Statement,
     appended: Statement,
     renew: Statement,
@@ -451,6 +452,20 @@ impl PgStore {
                          FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS t(stream, lo, hi)
                          JOIN egress_outbox o ON o.stream = t.stream AND o.seq >= t.lo AND o.seq < t.hi
                          ORDER BY o.stream, o.seq",
+                    )
+                    .await?,
+                // The newest tombstones at or below each watermark: dead
+                // letters the receiver skipped, whose status stays dead.
+                skipped: client
+                    .prepare(
+                        "SELECT t.stream, d.seq, d.dead_reason
+                         FROM unnest($1::text[], $2::bigint[]) AS t(stream, lo)
+                         CROSS JOIN LATERAL (
+                             SELECT o.seq, o.dead_reason FROM egress_outbox o
+                             WHERE o.stream = t.stream AND o.seq < t.lo
+                               AND o.dead_reason IS NOT NULL AND NOT o.dead_held
+                             ORDER BY o.seq DESC LIMIT $3::bigint) AS d
+                         ORDER BY t.stream, d.seq",
                     )
                     .await?,
                 apply: client
@@ -607,6 +622,21 @@ impl PgStore {
                 if let Ok((_, loaded)) = &mut taken[i].1 {
                     match record() {
                         Ok(record) => loaded.restored.records.push(record),
+                        Err(e) => taken[i].1 = Err(e),
+                    }
+                }
+            }
+            let memory = i64::try_from(egress_core::SKIPPED_MEMORY).unwrap_or(i64::MAX);
+            for row in client.query(&statements.skipped, &[&names, &from, &memory]).await? {
+                let Some(&i) = at.get(row.get::<_, &str>(0)) else { continue };
+                let skipped = || {
+                    let sequence = Sequence(to_u64("seq", row.get(1))?);
+                    let dead = dead_of(Some(i64::from(row.get::<_, i16>(2))), Some(0))?;
+                    Ok::<_, StoreError>((sequence, dead.map_or(egress_core::DeadReason::Permanent, |d| d.reason)))
+                };
+                if let Ok((_, loaded)) = &mut taken[i].1 {
+                    match skipped() {
+                        Ok(entry) => loaded.restored.skipped.push(entry),
                         Err(e) => taken[i].1 = Err(e),
                     }
                 }

@@ -133,7 +133,10 @@ impl Loaded {
         acked_through: Option<Sequence>,
         records: Vec<RestoredRecord<Bytes>>,
     ) -> Self {
-        Loaded { incarnation, restored: Restored { generation, next_sequence, acked_through, records } }
+        Loaded {
+            incarnation,
+            restored: Restored { generation, next_sequence, acked_through, records, skipped: Vec::new() },
+        }
     }
 }
 
@@ -224,6 +227,26 @@ impl SqliteStore {
         let generation = restorable_generation(generation)?;
         let from = acked.map_or(0, |a| a.saturating_add(1));
         let mut records = Vec::new();
+        let mut skipped = Vec::new();
+        {
+            // The newest tombstones at or below the watermark: dead letters
+            // the receiver skipped, whose status stays dead.
+            let mut select = tx.prepare_cached(
+                "SELECT seq, dead_reason FROM (
+                     SELECT seq, dead_reason FROM egress_outbox
+                     WHERE stream = ?1 AND seq < ?2 AND dead_reason IS NOT NULL AND dead_held = 0
+                     ORDER BY seq DESC LIMIT ?3)
+                 ORDER BY seq",
+            )?;
+            let memory = i64::try_from(egress_core::SKIPPED_MEMORY).unwrap_or(i64::MAX);
+            let mut rows = select.query(params![stream, to_i64("sequence", from)?, memory])?;
+            while let Some(row) = rows.next()? {
+                let sequence = Sequence(to_u64("seq", row.get(0)?)?);
+                if let Some(mark) = dead_of(row.get(1)?, Some(0))? {
+                    skipped.push((sequence, mark.reason));
+                }
+            }
+        }
         {
             let mut select = tx.prepare(
                 "SELECT seq, payload, dead_reason, dead_held FROM egress_outbox
@@ -239,7 +262,9 @@ impl SqliteStore {
         }
         tx.commit()?;
         self.owned.insert(stream.to_owned(), owner);
-        Ok(Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), records))
+        let mut loaded = Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), records);
+        loaded.restored.skipped = skipped;
+        Ok(loaded)
     }
 
     /// Writes one [`Ready`] of `stream` as one transaction: the appends
@@ -318,8 +343,24 @@ impl SqliteStore {
                 "UPDATE egress_stream SET acked_through = MAX(COALESCE(acked_through, -1), ?2) WHERE stream = ?1",
             )?
             .execute(params![stream, a])?;
-            tx.prepare_cached("DELETE FROM egress_outbox WHERE stream = ?1 AND seq <= ?2")?
-                .execute(params![stream, a])?;
+            // Tombstones stay, the newest SKIPPED_MEMORY of them: the
+            // receiver skipped them, and their status stays dead across a
+            // restart.
+            tx.prepare_cached(
+                "DELETE FROM egress_outbox WHERE stream = ?1 AND seq <= ?2
+                 AND NOT (dead_reason IS NOT NULL AND dead_held = 0)",
+            )?
+            .execute(params![stream, a])?;
+            tx.prepare_cached(
+                "DELETE FROM egress_outbox WHERE stream = ?1 AND seq <= ?2 AND seq < (
+                     SELECT seq FROM egress_outbox WHERE stream = ?1 AND seq <= ?2
+                     ORDER BY seq DESC LIMIT 1 OFFSET ?3)",
+            )?
+            .execute(params![
+                stream,
+                a,
+                i64::try_from(egress_core::SKIPPED_MEMORY - 1).unwrap_or(i64::MAX)
+            ])?;
         }
         tx.commit()?;
         Ok(())

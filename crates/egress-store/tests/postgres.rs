@@ -226,6 +226,27 @@ async fn a_taken_stream_restores_what_is_unacknowledged_with_its_dead_letters() 
         ]
     );
     assert_eq!(outbox_rows(store.client(), &stream).await.len(), 3, "acknowledged records pruned");
+
+    // The receiver skips the tombstone and delivers the rest: after another
+    // restart the skipped one still reads dead, for its reason.
+    let mut core = core;
+    let _ = core.reconnect(Generation(4));
+    flush(&mut core, &store, &lease_b).await.unwrap();
+    while matches!(core.claim(Generation(4)).outcome, egress_core::ClaimOutcome::Claimed(_)) {}
+    let _ = core.ack(Generation(4), Sequence(4));
+    flush(&mut core, &store, &lease_b).await.unwrap();
+    store.release(&lease_b).await.unwrap();
+    drop((core, store));
+    let store = PgStore::connect(&url, "worker-c").await.unwrap();
+    let (_, loaded) = store.take_stream(&stream, LONG).await.unwrap().unwrap();
+    let core = EgressCore::restore(policy, loaded.restored).unwrap();
+    let status = |s| core.status(Sequence(s));
+    use egress_core::MessageStatus::{Acknowledged, Dead};
+    assert_eq!(
+        [status(2), status(3), status(4)],
+        [Some(Acknowledged), Some(Dead(DeadReason::Permanent)), Some(Acknowledged)],
+        "the skipped dead letter reads dead after a restart"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -163,6 +163,45 @@ fn every_dead_letter_reason_survives_a_restart_as_a_tombstone_or_held() {
 }
 
 #[test]
+fn a_skipped_dead_letter_reads_dead_after_a_restart_and_the_store_keeps_the_newest() {
+    use egress_core::{ClaimOutcome, JitterSample, MessageStatus, SKIPPED_MEMORY};
+    let dir = TempDir::new();
+    let policy = Policy::builder().inflight_limit(SKIPPED_MEMORY + 8).build().unwrap();
+    for (stream, n) in [("few", 4u64), ("many", SKIPPED_MEMORY as u64 + 3)] {
+        let mut store = SqliteStore::open(dir.db()).unwrap();
+        let mut core = EgressCore::restore(policy, store.load(stream).unwrap().restored).unwrap();
+        let _ = core.enqueue_all((0..n).map(|i| Bytes::from(format!("m{i}"))));
+        flush(&mut core, &mut store, stream);
+        let g = core.generation();
+        while matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)) {}
+        for s in 0..n - 1 {
+            let _ = core.fail(g, Sequence(s), FailureKind::Permanent, egress_core::Time(0), JitterSample::ZERO);
+        }
+        while matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)) {}
+        flush(&mut core, &mut store, stream);
+        let _ = core.ack(g, Sequence(n - 1));
+        flush(&mut core, &mut store, stream);
+        drop((core, store));
+
+        let mut store = SqliteStore::open(dir.db()).unwrap();
+        let core = EgressCore::restore(policy, store.load(stream).unwrap().restored).unwrap();
+        let dead = Some(MessageStatus::Dead(DeadReason::Permanent));
+        assert_eq!(core.status(Sequence(n - 2)), dead, "{stream}: skipped, after a restart");
+        assert_eq!(core.status(Sequence(n - 1)), Some(MessageStatus::Acknowledged), "{stream}: delivered");
+        let oldest_kept = n.saturating_sub(1 + SKIPPED_MEMORY as u64);
+        assert_eq!(core.status(Sequence(oldest_kept)), dead, "{stream}: the oldest kept");
+        let kept: i64 = store
+            .connection()
+            .query_row("SELECT COUNT(*) FROM egress_outbox WHERE stream = ?1", [stream], |r| r.get(0))
+            .unwrap();
+        assert_eq!(kept as u64, (n - 1).min(SKIPPED_MEMORY as u64), "{stream}: the newest tombstones kept, no more");
+        if let Some(forgotten) = oldest_kept.checked_sub(1) {
+            assert_eq!(core.status(Sequence(forgotten)), Some(MessageStatus::Acknowledged), "{stream}: forgotten");
+        }
+    }
+}
+
+#[test]
 fn a_commit_syncs_fully_when_it_appends_and_normally_when_it_only_acknowledges() {
     let dir = TempDir::new();
     let mut store = SqliteStore::open(dir.db()).unwrap();

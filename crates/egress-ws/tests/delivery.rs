@@ -424,6 +424,14 @@ async fn a_record_above_the_senders_limit_is_skipped_without_a_wedge() {
         assert_eq!((d.sequence, d.content), (i, expected));
     }
     drained(&cell, 10).await;
+    // What the application is told: the skipped message is dead, not
+    // delivered, even when it asks after the skip was acknowledged.
+    let dead = egress_reactive::Undelivered::Dead(DeadReason::Permanent);
+    assert_eq!(cell.delivered(Sequence(3)).await, Err(dead), "a skipped message is not delivered");
+    assert_eq!(cell.delivered(Sequence(4)).await, Ok(()));
+    let status = cell.status(Sequence(3));
+    assert_eq!(status.get_untracked(), Some(egress_core::MessageStatus::Dead(DeadReason::Permanent)));
+    status.dispose();
     let stats = sender.shutdown().await;
     assert_eq!((stats.reconnects, stats.protocol_errors), (0, 0), "never sent, never a dead connection: {stats:?}");
     assert_eq!(receiver.stats().skipped, 1);

@@ -224,10 +224,11 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
 
     /// Waits until the message `sequence` is acknowledged (`Ok`), or
     /// becomes a dead letter (`Err(Undelivered::Dead)`: a tombstone goes in
-    /// its place, or it is held, as the policy says). The core forgets a
-    /// record once acknowledged, not its watermark: a dead letter whose
-    /// tombstone was acknowledged before the wait began reads as
-    /// acknowledged, so wait from the enqueue on to see every dead letter.
+    /// its place, or it is held, as the policy says). A dead letter whose
+    /// tombstone was acknowledged (the receiver skipped it) stays dead, so
+    /// a wait that begins after the skip still reports it (for the newest
+    /// [`SKIPPED_MEMORY`](egress_core::SKIPPED_MEMORY) of them; see
+    /// [`MessageStatus::Dead`]).
     ///
     /// # Errors
     /// [`Undelivered`]: a dead letter, a sequence the cell never took, or a
