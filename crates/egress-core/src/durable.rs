@@ -158,7 +158,9 @@ pub enum RebaseOutcome {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
 pub enum MessageStatus {
-    /// Enqueued, not yet durable (only with a journal).
+    /// Enqueued, not yet durable (only with a journal); or, at or above
+    /// the next sequence of a core with a journal, perhaps appended to the
+    /// store by an application's transaction and not yet adopted.
     Saving,
     /// Waiting to be sent (durable, with a journal).
     Queued,
@@ -677,14 +679,19 @@ impl<T> EgressCore<T> {
         )
     }
 
-    /// Where the message `sequence` stands (`None`: never enqueued). A
+    /// Where the message `sequence` stands (`None`: never enqueued; with a
+    /// journal, a sequence not yet taken is `Saving`, since an
+    /// application's transaction may have appended it to the store and the
+    /// core adopts it later: see [`adopt`](Self::adopt)). A
     /// message does not vanish from this view: once acknowledged it stays
     /// [`MessageStatus::Acknowledged`], and a dead letter whose tombstone
     /// was acknowledged stays [`MessageStatus::Dead`]. O(log n).
     #[must_use]
     pub fn status(&self, sequence: Sequence) -> Option<MessageStatus> {
         if sequence >= self.next_sequence {
-            return None;
+            // With a journal the store may hold it already: appended in an
+            // application's transaction, not yet adopted.
+            return self.journal.is_some().then_some(MessageStatus::Saving);
         }
         if self.acked_through.is_some_and(|a| sequence <= a) {
             return Some(self.skipped_reason(sequence).map_or(MessageStatus::Acknowledged, MessageStatus::Dead));

@@ -129,9 +129,9 @@ pub use asynchronous::{AsyncContext, AsyncEffect, EffectCx, Readable, Watch};
 #[cfg(feature = "async")]
 pub use cells::{AsyncEgressCell, TokioClock, Undelivered};
 pub use cells::{
-    AsyncTransport, AttachRun, Attachment, Backoff, CellFlavor, CellOptions, Clock, EgressCell, EgressCellOf, Full,
-    Inner, ManualClock, MonotonicClock, ParkedRecord, Project, SendError, Snapshot, State, ThreadSafeEgressCell,
-    Transport, Xorshift, delay,
+    AsyncTransport, AttachRun, Attachment, Backoff, CellFlavor, CellOptions, Clock, EgressCell, EgressCellOf, Inner,
+    ManualClock, MonotonicClock, ParkedRecord, Project, Refused, SendError, SizeCheck, Snapshot, State,
+    ThreadSafeEgressCell, Transport, Xorshift, delay,
 };
 pub use computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never, SameBy, Slot};
 pub use context::{Context, Ctx, Handle, NodeRef, Runtime, Scope, ThreadSafeContext};

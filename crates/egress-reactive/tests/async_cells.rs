@@ -283,7 +283,7 @@ async fn a_handshake_waits_for_its_generation_to_be_stored() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_cell_at_capacity_refuses_or_waits_for_room_and_delivered_waits_for_the_outcome() {
-    use egress_reactive::{CellOptions, Full, Undelivered};
+    use egress_reactive::{CellOptions, Refused, Undelivered};
     let cx = AsyncContext::new();
     let cell: AsyncEgressCell<u32> =
         AsyncEgressCell::with_options(&cx, policy(8), CellOptions::new().generation(Generation(1)).capacity(3));
@@ -298,8 +298,8 @@ async fn a_cell_at_capacity_refuses_or_waits_for_room_and_delivered_waits_for_th
     // Three unacknowledged (two sent, one a dead letter now): full. The
     // payload comes back, and nothing changed.
     let _ = drain(&mut rx).await;
-    assert_eq!(cell.try_enqueue(3), Err(Full { payload: 3, capacity: 3 }));
-    let shown = format!("{:?}", Full { payload: 3, capacity: 3 });
+    assert_eq!(cell.try_enqueue(3), Err(Refused::Full { payload: 3, capacity: 3 }));
+    let shown = format!("{:?}", Refused::Full { payload: 3, capacity: 3 });
     assert!(shown.starts_with("Full") && shown.contains("capacity: 3"), "{shown}");
     assert_eq!(cell.next_sequence(), Sequence(3));
 
@@ -323,7 +323,7 @@ async fn a_cell_at_capacity_refuses_or_waits_for_room_and_delivered_waits_for_th
     assert_eq!(dead.await.unwrap(), Err(Undelivered::Dead(egress_core::DeadReason::Permanent)));
     link.ack(Sequence(0));
     assert_eq!(first.await.unwrap(), Ok(()));
-    assert_eq!(waiter.await.unwrap(), Sequence(3), "room after the ack");
+    assert_eq!(waiter.await.unwrap(), Ok(Sequence(3)), "room after the ack");
     assert_eq!(cell.delivered(Sequence(0)).await, Ok(()), "an acknowledged message stays so");
     assert_eq!(cell.delivered(Sequence(9)).await, Err(Undelivered::Unknown(Sequence(9))));
     // Plain enqueue ignores the capacity.
@@ -360,4 +360,72 @@ async fn an_enqueue_waiting_for_room_that_is_dropped_queues_nothing() {
     assert!(waited.is_err(), "no acknowledgement, no room");
     assert_eq!(cell.next_sequence(), Sequence(1), "the abandoned payload was not queued");
     assert_eq!(cell.pending_len().get_untracked() + cell.inflight_len().get_untracked(), 1);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_payload_above_the_transports_limit_is_refused_at_once_and_comes_back() {
+    use egress_reactive::Refused;
+    let cx = AsyncContext::new();
+    let options = egress_reactive::CellOptions::new().capacity(2);
+    let cell: AsyncEgressCell<Vec<u8>> = AsyncEgressCell::with_options(&cx, policy(8), options);
+    assert_eq!(cell.too_large(&vec![0; 100]), None, "no transport, no limit");
+    cell.set_size_check(Some(std::sync::Arc::new(|p: &Vec<u8>| (p.len() > 4).then_some((p.len(), 4)))));
+    assert_eq!(cell.too_large(&vec![0; 5]), Some((5, 4)));
+    assert_eq!(cell.too_large(&vec![0; 4]), None);
+    let refused = cell.try_enqueue(vec![7; 5]);
+    assert_eq!(refused, Err(Refused::TooLarge { payload: vec![7; 5], size: 5, limit: 4 }));
+    let shown = format!("{:?} / {}", refused.clone().unwrap_err(), refused.clone().unwrap_err());
+    assert!(shown.starts_with("TooLarge") && shown.contains("size: 5") && shown.contains("limit of 4"), "{shown}");
+    assert_eq!(refused.unwrap_err().into_payload(), vec![7; 5], "the payload comes back");
+    assert_eq!(cell.next_sequence(), Sequence(0), "nothing queued");
+    assert_eq!(cell.try_enqueue(vec![1; 4]), Ok(Sequence(0)), "at the limit: taken");
+    // Waiting for room never waits for a payload no room would fit.
+    assert_eq!(
+        cell.enqueue_when_room(vec![2; 9]).await,
+        Err(Refused::TooLarge { payload: vec![2; 9], size: 9, limit: 4 })
+    );
+    assert_eq!(cell.enqueue_when_room(vec![3]).await, Ok(Sequence(1)));
+    // Too large is said before full.
+    assert!(matches!(cell.try_enqueue(vec![0; 5]), Err(Refused::TooLarge { .. })));
+    assert!(matches!(cell.try_enqueue(vec![0; 1]), Err(Refused::Full { capacity: 2, .. })));
+    // Removed, nothing is too large; plain enqueue never checks.
+    cell.set_size_check(None);
+    assert_eq!(cell.too_large(&vec![0; 100]), None);
+    assert_eq!(cell.enqueue(vec![0; 100]), Sequence(2));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn room_waits_until_an_acknowledgement_makes_room_and_never_without_a_capacity() {
+    let cx = AsyncContext::new();
+    AsyncEgressCell::<u32>::new(&cx, policy(8)).room().await;
+    let options = egress_reactive::CellOptions::new().generation(Generation(1)).capacity(2);
+    let cell: AsyncEgressCell<u32> = AsyncEgressCell::with_options(&cx, policy(8), options);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let link = cell.attach(Channel::new(tx));
+    let _ = cell.enqueue(0);
+    cell.room().await; // one of two: room
+    let _ = cell.enqueue(1);
+    let _ = drain(&mut rx).await;
+    let room = tokio::spawn({
+        let cell = cell.clone();
+        async move { cell.room().await }
+    });
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!room.is_finished(), "full: no room until an acknowledgement");
+    link.ack(Sequence(0));
+    tokio::time::timeout(Duration::from_secs(10), room).await.expect("room after the ack").unwrap();
+    // A disposed cell ends the wait.
+    let _ = cell.enqueue(2);
+    let room = tokio::spawn({
+        let cell = cell.clone();
+        async move { cell.room().await }
+    });
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!room.is_finished());
+    cell.dispose();
+    tokio::time::timeout(Duration::from_secs(10), room).await.expect("disposed: the wait ends").unwrap();
 }

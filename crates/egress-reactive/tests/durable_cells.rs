@@ -47,7 +47,8 @@ fn a_message_status_walks_from_saving_to_acknowledged_and_stays() {
     assert_eq!(
         *seen.borrow(),
         [
-            (None, 0),
+            // Journaled, a sequence not yet taken may be in the store.
+            (Some(M::Saving), 0),
             (Some(M::Saving), 1),
             // Durable, then claimed by the attachment: two transitions.
             (Some(M::Queued), 0),

@@ -158,4 +158,62 @@ pub enum StoreError {
     /// The relay's blocking task panicked or was cancelled.
     #[error("the store's task ended: {0}")]
     Task(String),
+    /// An outbox refused a payload above its limit (see
+    /// [`Outbox::max_payload`]): nothing was appended.
+    #[error("the payload is {size} bytes, above the outbox's limit of {limit}")]
+    TooLarge {
+        /// The payload's size.
+        size: usize,
+        /// The outbox's limit.
+        limit: usize,
+    },
+    /// An outbox refused an append past its capacity (see
+    /// [`Outbox::capacity`]): the stream holds that many records not yet
+    /// acknowledged; nothing was appended. Room comes with
+    /// acknowledgements.
+    #[error("stream {stream} holds {capacity} unacknowledged records, the outbox's capacity")]
+    Full {
+        /// The stream.
+        stream: String,
+        /// The outbox's capacity.
+        capacity: u64,
+    },
+}
+
+/// What an outbox refuses before its append lands: a payload above its
+/// limit, an append past its capacity. One rule for [`Outbox`] and the
+/// PostgreSQL outbox.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Admission {
+    pub(crate) max_payload: Option<usize>,
+    pub(crate) capacity: Option<u64>,
+}
+
+impl Admission {
+    /// Refuses a payload of `size` bytes above the limit.
+    pub(crate) fn size(&self, size: usize) -> Result<(), StoreError> {
+        match self.max_payload {
+            Some(limit) if size > limit => Err(StoreError::TooLarge { size, limit }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses the append that took `sequence` when the records from the
+    /// stored watermark `acked` on (the new one included) are more than
+    /// the capacity.
+    pub(crate) fn room(&self, stream: &str, sequence: u64, acked: Option<u64>) -> Result<(), StoreError> {
+        let Some(capacity) = self.capacity else { return Ok(()) };
+        let first = acked.map_or(0, |a| a.saturating_add(1));
+        if sequence.saturating_sub(first) >= capacity {
+            return Err(StoreError::Full { stream: stream.to_owned(), capacity });
+        }
+        Ok(())
+    }
+
+    /// How many more appends fit, with the stored counter at `next` and
+    /// the watermark at `acked` (`None`: no capacity).
+    pub(crate) fn free(&self, next: u64, acked: Option<u64>) -> Option<u64> {
+        let first = acked.map_or(0, |a| a.saturating_add(1));
+        self.capacity.map(|c| c.saturating_sub(next.saturating_sub(first)))
+    }
 }

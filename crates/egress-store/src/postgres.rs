@@ -211,12 +211,31 @@ pub async fn migrate(client: &mut Client) -> Result<(), StoreError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PgOutbox {
     stream: String,
+    admission: crate::Admission,
 }
 
 impl PgOutbox {
-    /// The outbox of `stream`.
+    /// The outbox of `stream`, with no limit on a payload's size and no
+    /// capacity.
     pub fn new(stream: impl Into<String>) -> Self {
-        PgOutbox { stream: stream.into() }
+        PgOutbox { stream: stream.into(), admission: crate::Admission::default() }
+    }
+
+    /// Refuses payloads above `bytes` with [`StoreError::TooLarge`], as
+    /// [`Outbox::max_payload`](crate::Outbox::max_payload) does.
+    #[must_use]
+    pub fn max_payload(mut self, bytes: usize) -> Self {
+        self.admission.max_payload = Some(bytes);
+        self
+    }
+
+    /// Refuses an append while the stream holds `records` not yet
+    /// acknowledged with [`StoreError::Full`], as
+    /// [`Outbox::capacity`](crate::Outbox::capacity) does.
+    #[must_use]
+    pub fn capacity(mut self, records: u64) -> Self {
+        self.admission.capacity = Some(records);
+        self
     }
 
     /// The stream's name.
@@ -229,9 +248,12 @@ impl PgOutbox {
     /// was. Returns the sequence assigned (final once `tx` commits).
     ///
     /// # Errors
-    /// PostgreSQL's error (the schema missing: call [`migrate`] first), or
-    /// the counter out of range; nothing is appended then.
+    /// PostgreSQL's error (the schema missing: call [`migrate`] first), the
+    /// counter out of range, a payload above the
+    /// [limit](Self::max_payload) or an append past the
+    /// [capacity](Self::capacity); nothing is appended then.
     pub async fn append(&self, tx: &Transaction<'_>, payload: &[u8]) -> Result<Sequence, StoreError> {
+        self.admission.size(payload.len())?;
         tx.batch_execute("SAVEPOINT egress_append").await?;
         let result = async {
             // One statement: the counter (the stream's row created at 1 if
@@ -241,16 +263,20 @@ impl PgOutbox {
                     "WITH counter AS (
                          INSERT INTO egress_stream (stream, incarnation, next_sequence) VALUES ($1, $2, 1)
                          ON CONFLICT (stream) DO UPDATE SET next_sequence = egress_stream.next_sequence + 1
-                         RETURNING next_sequence - 1 AS seq),
+                         RETURNING next_sequence - 1 AS seq, acked_through),
                      record AS (
                          INSERT INTO egress_outbox (stream, seq, payload) SELECT $1, seq, $3 FROM counter
                          RETURNING seq)
-                     SELECT seq, pg_notify($4, $1)::text FROM record",
+                     SELECT record.seq, pg_notify($4, $1)::text, counter.acked_through FROM record, counter",
                     &[&self.stream, &fresh_incarnation().as_slice(), &payload, &CHANNEL],
                 )
                 .await?;
-            let sequence: i64 = row.get(0);
-            Ok(Sequence(to_u64("sequence", sequence)?))
+            let sequence = to_u64("sequence", row.get(0))?;
+            let acked = row.get::<_, Option<i64>>(2).map(|a| to_u64("acked_through", a)).transpose()?;
+            // Refused, the savepoint takes back the counter, the record and
+            // the notification.
+            self.admission.room(&self.stream, sequence, acked)?;
+            Ok(Sequence(sequence))
         }
         .await;
         match result {

@@ -66,19 +66,75 @@ pub trait JournalStore: Send + 'static {
     fn stream(&self) -> &str;
 }
 
+/// The [`Outbox`](crate::Outbox) appends this process opened on one stream
+/// name: a relay of the stream watches closely for their commits, so that
+/// an append is adopted within a millisecond or so of its commit rather
+/// than at the next poll. SQLite cannot tell another connection of a
+/// commit, and the application's transaction commits after the append
+/// returns, so the relay polls the cheap `PRAGMA data_version` every
+/// [`HOT_POLL`] for [`HOT_FOR`] after an append opened.
+#[derive(Debug, Default)]
+pub(crate) struct Appends {
+    opened: Notify,
+    last: Mutex<Option<std::time::Instant>>,
+}
+
+/// How often a relay looks for a commit while an append of its stream is
+/// recent.
+const HOT_POLL: Duration = Duration::from_millis(1);
+/// How long after an append opened its relay looks that often.
+const HOT_FOR: Duration = Duration::from_secs(1);
+
+impl Appends {
+    /// The entry of `stream`: one per stream name an outbox or relay of this
+    /// process used (the bound is the application's streams).
+    pub(crate) fn of(stream: &str) -> Arc<Appends> {
+        static ALL: std::sync::LazyLock<Mutex<std::collections::HashMap<String, Arc<Appends>>>> =
+            std::sync::LazyLock::new(Mutex::default);
+        let mut all = ALL.lock();
+        match all.get(stream) {
+            Some(appends) => appends.clone(),
+            None => all.entry(stream.to_owned()).or_default().clone(),
+        }
+    }
+
+    /// An append opened: its relay watches closely for the commit.
+    pub(crate) fn opened(&self) {
+        *self.last.lock() = Some(std::time::Instant::now());
+        self.opened.notify_waiters();
+    }
+
+    /// Completes at the next close look: after [`HOT_POLL`] while an append
+    /// is recent, else once one opens.
+    async fn news(self: Arc<Self>) {
+        loop {
+            let opened = self.opened.notified();
+            tokio::pin!(opened);
+            opened.as_mut().enable();
+            if self.last.lock().is_some_and(|t| t.elapsed() < HOT_FOR) {
+                tokio::time::sleep(HOT_POLL).await;
+                return;
+            }
+            opened.await;
+        }
+    }
+}
+
 /// A [`SqliteStore`] and one of its streams, as a [`JournalStore`]: every
 /// call runs on a blocking thread.
 #[derive(Debug, Clone)]
 pub struct SqliteJournal {
     store: Arc<Mutex<SqliteStore>>,
     stream: Arc<str>,
+    appends: Arc<Appends>,
 }
 
 impl SqliteJournal {
     /// `stream` of `store` (a store that has [`load`](SqliteStore::load)ed
     /// it).
     pub fn new(store: SqliteStore, stream: impl Into<String>) -> Self {
-        SqliteJournal { store: Arc::new(Mutex::new(store)), stream: stream.into().into() }
+        let stream: String = stream.into();
+        SqliteJournal { store: Arc::new(Mutex::new(store)), appends: Appends::of(&stream), stream: stream.into() }
     }
 
     /// Runs `f` on the store on a blocking thread.
@@ -106,6 +162,10 @@ impl JournalStore for SqliteJournal {
 
     async fn changed(&mut self) -> Result<bool, StoreError> {
         self.blocking(|st, _| st.changed()).await
+    }
+
+    fn news(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.appends.clone().news()
     }
 
     async fn close(&mut self) -> Result<(), StoreError> {

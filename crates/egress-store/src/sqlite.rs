@@ -8,8 +8,8 @@ use bytes::Bytes;
 use egress_core::{Generation, Incarnation, Ready, Restored, RestoredRecord, Sequence};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use crate::StoreError;
 use crate::stored::{dead_code, dead_of, fresh_incarnation, incarnation_of, restorable_generation, to_i64, to_u64};
+use crate::{Admission, StoreError};
 
 /// The schema, one migration per version: `PRAGMA user_version` counts the
 /// ones applied. Never edit a migration that shipped; add one.
@@ -455,12 +455,62 @@ impl SqliteStore {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outbox {
     stream: String,
+    admission: Admission,
 }
 
 impl Outbox {
-    /// The outbox of `stream`.
+    /// The outbox of `stream`, with no limit on a payload's size and no
+    /// capacity.
     pub fn new(stream: impl Into<String>) -> Self {
-        Outbox { stream: stream.into() }
+        Outbox { stream: stream.into(), admission: Admission::default() }
+    }
+
+    /// Refuses payloads above `bytes` with [`StoreError::TooLarge`]
+    /// (nothing appended): give it the transport's limit (the WebSocket
+    /// sender's `max_payload`), so that what could only become a dead
+    /// letter is refused inside the caller's transaction.
+    #[must_use]
+    pub fn max_payload(mut self, bytes: usize) -> Self {
+        self.admission.max_payload = Some(bytes);
+        self
+    }
+
+    /// Refuses an append while the stream holds `records` not yet
+    /// acknowledged (counted from the stored watermark, which the relay
+    /// writes at its next commit after an acknowledgement) with
+    /// [`StoreError::Full`], nothing appended: backpressure inside the
+    /// caller's transaction. [`room`](Self::room) says how many fit now;
+    /// to wait for room before a transaction, wait on the cell
+    /// (`AsyncEgressCell::room` with the same capacity).
+    #[must_use]
+    pub fn capacity(mut self, records: u64) -> Self {
+        self.admission.capacity = Some(records);
+        self
+    }
+
+    /// How many appends fit now under the [capacity](Self::capacity)
+    /// (`None`: no capacity), as the store counts.
+    ///
+    /// # Errors
+    /// SQLite's error, or a stored value out of range.
+    pub fn room(&self, conn: &Connection) -> Result<Option<u64>, StoreError> {
+        if self.admission.capacity.is_none() {
+            return Ok(None);
+        }
+        let row: Option<(i64, Option<i64>)> = conn
+            .query_row(
+                "SELECT next_sequence, acked_through FROM egress_stream WHERE stream = ?1",
+                [&self.stream],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let (next, acked) = match row {
+            Some((next, acked)) => {
+                (to_u64("next_sequence", next)?, acked.map(|a| to_u64("acked_through", a)).transpose()?)
+            }
+            None => (0, None),
+        };
+        Ok(self.admission.free(next, acked))
     }
 
     /// The stream's name.
@@ -475,18 +525,24 @@ impl Outbox {
     /// transaction it commits by itself. Returns the sequence assigned.
     ///
     /// # Errors
-    /// SQLite's error (the schema missing: call [`migrate`] first), or the
-    /// counter out of range; nothing is appended then.
+    /// SQLite's error (the schema missing: call [`migrate`] first), the
+    /// counter out of range, a payload above the
+    /// [limit](Self::max_payload) ([`StoreError::TooLarge`]) or an append
+    /// past the [capacity](Self::capacity) ([`StoreError::Full`]); nothing
+    /// is appended then.
     pub fn append(&self, conn: &Connection, payload: &[u8]) -> Result<Sequence, StoreError> {
+        self.admission.size(payload.len())?;
         conn.execute_batch("SAVEPOINT egress_append")?;
         let result = (|| {
             ensure_stream(conn, &self.stream)?;
-            let sequence: i64 = conn.query_row(
+            let (sequence, acked): (i64, Option<i64>) = conn.query_row(
                 "UPDATE egress_stream SET next_sequence = next_sequence + 1 WHERE stream = ?1
-                 RETURNING next_sequence - 1",
+                 RETURNING next_sequence - 1, acked_through",
                 [&self.stream],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )?;
+            let acked = acked.map(|a| to_u64("acked_through", a)).transpose()?;
+            self.admission.room(&self.stream, to_u64("sequence", sequence)?, acked)?;
             conn.execute(
                 "INSERT INTO egress_outbox (stream, seq, payload) VALUES (?1, ?2, ?3)",
                 params![self.stream, sequence, payload],
@@ -494,7 +550,12 @@ impl Outbox {
             Ok(Sequence(to_u64("sequence", sequence)?))
         })();
         match result {
-            Ok(_) => conn.execute_batch("RELEASE egress_append")?,
+            Ok(_) => {
+                conn.execute_batch("RELEASE egress_append")?;
+                // Its commit comes later, in the caller's hands: the
+                // stream's relay in this process watches closely for it.
+                crate::relay::Appends::of(&self.stream).opened();
+            }
             Err(_) => {
                 let _ = conn.execute_batch("ROLLBACK TO egress_append; RELEASE egress_append");
             }

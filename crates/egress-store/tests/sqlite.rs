@@ -634,3 +634,85 @@ fn a_synchronous_cell_writes_its_journal_from_its_own_loop() {
     assert!(matches!(store.write_journal(&cell, "ui"), Err(StoreError::Fenced { .. })));
     assert!(cell.persist_error().get().is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_append_reads_saving_at_once_and_is_adopted_at_its_commit_not_at_a_poll() {
+    use egress_core::MessageStatus;
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    // A poll so slow that only the wake at the commit can explain a prompt
+    // adoption.
+    let slow = RelayConfig { poll_interval: Duration::from_secs(60), ..config() };
+    let durable = open_durable(&cx, dir.db(), "chat", Policy::default(), CellOptions::new(), slow).unwrap();
+    let cell = durable.cell.clone();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _link = cell.attach(Channel(tx));
+    let mut app = rusqlite::Connection::open(dir.db()).unwrap();
+    let outbox = Outbox::new("chat");
+    for round in 0..3u64 {
+        let t = app.transaction().unwrap();
+        let sequence = outbox.append(&t, format!("m{round}").as_bytes()).unwrap();
+        // Appended, not committed: the cell cannot know it, and says so as
+        // "saving", not "never enqueued".
+        let status = cell.status(sequence);
+        assert_eq!(status.get_untracked(), Some(MessageStatus::Saving));
+        let delivered = tokio::spawn({
+            let cell = cell.clone();
+            async move { cell.delivered(sequence).await }
+        });
+        t.commit().unwrap();
+        let sent = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("adopted at the commit");
+        assert_eq!(sent, Some((round, Bytes::from(format!("m{round}")))));
+        let _ = cell.ack(cell.generation().get_untracked(), Sequence(round));
+        let delivered = tokio::time::timeout(Duration::from_secs(10), delivered).await.expect("an outcome");
+        assert_eq!(delivered.unwrap(), Ok(()), "the wait saw the append through");
+        status.dispose();
+    }
+    durable.relay.shutdown().await;
+}
+
+#[test]
+fn an_outbox_refuses_a_payload_above_its_limit_and_an_append_past_its_capacity_appending_nothing() {
+    let dir = TempDir::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let mut core = EgressCore::restore(Policy::default(), store.load("s").unwrap().restored).unwrap();
+    let mut app = rusqlite::Connection::open(dir.db()).unwrap();
+    let outbox = Outbox::new("s").max_payload(8).capacity(2);
+    assert_eq!(outbox.room(&app).unwrap(), Some(2));
+    assert_eq!(Outbox::new("s").room(&app).unwrap(), None, "no capacity");
+    let t = app.transaction().unwrap();
+    match outbox.append(&t, &[0; 9]) {
+        Err(StoreError::TooLarge { size: 9, limit: 8 }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(outbox.append(&t, &[1; 8]).unwrap(), Sequence(0), "at the limit");
+    assert_eq!(outbox.append(&t, b"b").unwrap(), Sequence(1));
+    match outbox.append(&t, b"c") {
+        Err(StoreError::Full { stream, capacity: 2 }) if stream == "s" => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(outbox.room(&t).unwrap(), Some(0));
+    t.commit().unwrap();
+    let stored: Vec<(i64, Vec<u8>)> = app
+        .prepare("SELECT seq, payload FROM egress_outbox WHERE stream = 's' ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(stored, [(0, vec![1; 8]), (1, b"b".to_vec())], "the refused appends left nothing");
+    // An acknowledgement written by the cell's store makes room.
+    let g = core.generation();
+    for (s, p) in [(0u64, vec![1u8; 8]), (1, b"b".to_vec())] {
+        assert!(matches!(core.adopt(Sequence(s), Bytes::from(p)).outcome, egress_core::AdoptOutcome::Adopted { .. }));
+    }
+    flush(&mut core, &mut store, "s");
+    let _ = core.reconnect(Generation(g.0 + 1));
+    flush(&mut core, &mut store, "s");
+    let g = core.generation();
+    let _ = core.claim(g);
+    let _ = core.ack(g, Sequence(0));
+    flush(&mut core, &mut store, "s");
+    assert_eq!(outbox.room(&app).unwrap(), Some(1));
+    assert_eq!(outbox.append(&app, b"c").unwrap(), Sequence(2));
+}

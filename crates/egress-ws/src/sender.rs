@@ -188,11 +188,16 @@ struct Counters {
     stale_refusals: AtomicU64,
     held_too_large: AtomicU64,
     fatal: parking_lot::Mutex<Option<String>>,
+    /// The largest payload that can go out: the own limit, or the last
+    /// welcome's if smaller. The cell's size check reads it (its own
+    /// handle: the check, held by the cell, holds nothing of the graph).
+    payload_limit: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Counters {
-    fn new(state: Signal<ConnectionState, Threaded>) -> Self {
+    fn new(state: Signal<ConnectionState, Threaded>, own_max: usize) -> Self {
         Counters {
+            payload_limit: Arc::new(std::sync::atomic::AtomicUsize::new(own_max)),
             state,
             connections: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
@@ -355,6 +360,13 @@ pub trait Codec<T>: Send + Sync + 'static {
     /// # Errors
     /// Why `value` has no encoding.
     fn encode(&self, value: &T) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+    /// How many bytes `value` encodes to (`None`: it does not encode), for
+    /// the size check of [`try_enqueue`](egress_reactive::EgressCellOf::try_enqueue).
+    /// By default it encodes; a codec that knows the size cheaply says so.
+    fn size(&self, value: &T) -> Option<usize> {
+        self.encode(value).ok().map(|b| b.len())
+    }
 }
 
 /// Bytes as they are: the codec of [`Sender::spawn`].
@@ -364,6 +376,10 @@ pub struct Raw;
 impl Codec<Bytes> for Raw {
     fn encode(&self, value: &Bytes) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
         Ok(value.clone())
+    }
+
+    fn size(&self, value: &Bytes) -> Option<usize> {
+        Some(value.len())
     }
 }
 
@@ -581,7 +597,16 @@ impl Sender {
             .map_err(|_| SpawnError::CellDisposed)?;
         let (stop, stop_rx) = watch::channel(false);
         let kill = Arc::new(Notify::new());
-        let counters = Arc::new(Counters::new(signal));
+        let counters = Arc::new(Counters::new(signal, config.max_payload));
+        // The cell refuses at once what could only become a dead letter.
+        cell.set_size_check(Some({
+            let (codec, limit) = (codec.clone(), counters.payload_limit.clone());
+            Arc::new(move |value: &T| {
+                let limit = limit.load(Ordering::Relaxed);
+                let size = codec.size(value)?;
+                (size > limit).then_some((size, limit))
+            })
+        }));
         let span = tracing::info_span!("egress_sender", producer = %config.producer, %url);
         let task = tokio::spawn({
             let counters = counters.clone();
@@ -608,6 +633,15 @@ impl Sender {
     /// each change (a slow reader skips to the latest).
     pub fn watch_state(&self) -> Watch<ConnectionState> {
         self.graph.watch(&self.state)
+    }
+
+    /// The largest payload that can go out now, in encoded bytes: the own
+    /// limit ([`SenderConfig::max_payload`]), or the last welcome's if a
+    /// receiver announced a smaller one. The cell's
+    /// [`try_enqueue`](egress_reactive::EgressCellOf::try_enqueue) refuses
+    /// larger payloads with `Refused::TooLarge`.
+    pub fn payload_limit(&self) -> usize {
+        self.counters.payload_limit.load(Ordering::Relaxed)
     }
 
     /// What it has done so far.
@@ -975,6 +1009,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
     counters.report(ConnectionState::Connected { generation });
     let receipt = cell.received_through().get_untracked();
     let max_payload = usize::try_from(terms.max_payload).unwrap_or(usize::MAX);
+    counters.payload_limit.store(max_payload.min(config.max_payload), Ordering::Relaxed);
     let too_small = Arc::new(Notify::new());
     let transport = WsTransport {
         codec: codec.clone(),

@@ -721,6 +721,42 @@ async fn a_record_exactly_at_the_senders_limit_is_sent_and_one_byte_more_is_skip
     sender.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_enqueue_refuses_what_the_sender_or_its_receiver_could_only_dead_letter() {
+    use egress_reactive::Refused;
+    let big = |n: usize| Bytes::from(vec![b'b'; n]);
+    // A listener that never answers the upgrade: no welcome, the own limit.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let config = SenderConfig { max_payload: 4_096, ..sender_config(21) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", silent.local_addr().unwrap()), config.clone()).unwrap();
+    assert_eq!(sender.payload_limit(), 4_096);
+    let refused = cell.try_enqueue(big(4_097));
+    assert!(matches!(refused, Err(Refused::TooLarge { size: 4_097, limit: 4_096, .. })), "{refused:?}");
+    assert_eq!(refused.unwrap_err().into_payload(), big(4_097), "it comes back");
+    assert_eq!(cell.next_sequence(), Sequence(0), "nothing queued");
+    sender.shutdown().await;
+    drop(silent);
+
+    // A receiver that takes 1,024 bytes: after its welcome the cell refuses
+    // what it could not take, and takes what it can.
+    let small =
+        ReceiverConfig { limits: egress_ws::protocol::Limits { max_payload: 1_024 }, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", small).await.unwrap();
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), config).unwrap();
+    assert_eq!(cell.try_enqueue(payload(0)), Ok(Sequence(0)));
+    assert_eq!(recv(&mut receiver).await.sequence, 0, "welcomed");
+    assert_eq!(sender.payload_limit(), 1_024);
+    let refused = cell.try_enqueue(big(1_025));
+    assert!(matches!(refused, Err(Refused::TooLarge { size: 1_025, limit: 1_024, .. })), "{refused:?}");
+    assert_eq!(cell.try_enqueue(big(1_024)), Ok(Sequence(1)), "at the receiver's limit");
+    let d = recv(&mut receiver).await;
+    assert_eq!((d.sequence, d.content), (1, Content::Message(big(1_024))));
+    drained(&cell, 2).await;
+    sender.shutdown().await;
+}
+
 /// Plays the receivers of `a_small_receiver_...`: the first welcome
 /// advertises max-payload 4 (below the floor), the second 1,024; every
 /// later connection goes to `honest`. Reports how the sender ended each of

@@ -54,8 +54,8 @@ async fn typed_messages_go_out_as_json_and_one_without_a_json_form_is_skipped() 
     assert_eq!(settled, Ok(()), "acknowledged: nothing wedged behind the skipped one");
     assert_eq!(
         cell.delivered(Sequence(1)).await,
-        Ok(()),
-        "the skipped one's tombstone was acknowledged too (the dead letter is forgotten once skipped)"
+        Err(egress_reactive::Undelivered::Dead(DeadReason::Permanent)),
+        "the skipped one's tombstone was acknowledged, and it reads dead, not delivered"
     );
     sender.shutdown().await;
 }

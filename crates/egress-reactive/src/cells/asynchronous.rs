@@ -116,7 +116,9 @@ pub enum Undelivered {
     /// The message became a dead letter, for this reason.
     #[error("a dead letter: {0}")]
     Dead(DeadReason),
-    /// The cell never took this sequence.
+    /// The cell never took this sequence (a cell without a journal: a
+    /// journaled cell waits for it, since the store may hold it, appended
+    /// by an application's transaction and not yet adopted).
     #[error("sequence {0} was never enqueued")]
     Unknown(Sequence),
     /// The cell was disposed while waiting.
@@ -200,24 +202,51 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
     /// [capacity](crate::CellOptions::capacity) of unacknowledged records,
     /// waiting for acknowledgements to make room (at once without a
     /// capacity). Cancel-safe: dropped while waiting, nothing was queued.
-    pub async fn enqueue_when_room(&self, payload: T) -> Sequence {
+    ///
+    /// # Errors
+    /// [`Refused::TooLarge`](crate::Refused::TooLarge) with the payload,
+    /// at once, for a payload the cell's transport would not carry (no
+    /// room would ever make it fit); never `Full`.
+    pub async fn enqueue_when_room(&self, payload: T) -> Result<Sequence, crate::Refused<T>> {
         let mut payload = payload;
         loop {
             // Watching before trying: an acknowledgement between the try
             // and the wait is a change the watch still yields.
             // Owned by the cell: its disposal ends the stream.
             let Ok(mut acked) = self.cell.in_scope(|graph| graph.watch(self.cell.acked_through())) else {
-                return self.cell.enqueue(payload);
+                return Ok(self.cell.enqueue(payload));
             };
             let _ = acked.next().await; // the value now
             match self.cell.try_enqueue(payload) {
-                Ok(sequence) => return sequence,
-                Err(full) => payload = full.payload,
+                Ok(sequence) => return Ok(sequence),
+                Err(crate::Refused::Full { payload: back, .. }) => payload = back,
+                Err(refused) => return Err(refused),
             }
             if acked.next().await.is_none() {
                 // The graph is gone: nothing will make room. Queue it
                 // anyway rather than wait forever.
-                return self.cell.enqueue(payload);
+                return Ok(self.cell.enqueue(payload));
+            }
+        }
+    }
+
+    /// Waits until the cell holds fewer than its
+    /// [capacity](crate::CellOptions::capacity) of unacknowledged records
+    /// (at once without a capacity, or once the cell is disposed). For the
+    /// transactional path: wait here before opening the transaction whose
+    /// outbox append (with the same capacity) would otherwise be refused
+    /// as full. Records appended through an outbox count once the relay
+    /// has adopted them, so the append's own check stays the bound.
+    /// Cancel-safe.
+    pub async fn room(&self) {
+        let Some(capacity) = self.cell.capacity() else { return };
+        // Owned by the cell: its disposal ends the stream.
+        let Ok(mut acked) = self.cell.in_scope(|graph| graph.watch(self.cell.acked_through())) else { return };
+        loop {
+            // Watching before reading: an acknowledgement between the read
+            // and the wait is a change the watch still yields.
+            if acked.next().await.is_none() || self.cell.with_core(super::cell::unacknowledged) < capacity {
+                return;
             }
         }
     }

@@ -604,28 +604,68 @@ struct Shared<T: 'static, F: Flavor> {
     incarnation: Incarnation,
     /// See [`CellOptions::capacity`].
     capacity: Option<usize>,
+    /// See [`EgressCellOf::set_size_check`].
+    size_check: parking_lot::Mutex<Option<SizeCheck<T>>>,
 }
 
-/// [`try_enqueue`](EgressCellOf::try_enqueue) found the cell at its
-/// capacity: the payload comes back, nothing was queued.
+/// Why [`try_enqueue`](EgressCellOf::try_enqueue) refused a payload: it
+/// comes back, nothing was queued.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the cell holds {capacity} unacknowledged records, its capacity")]
-pub struct Full<T> {
-    /// The payload refused.
-    pub payload: T,
-    /// The cell's capacity.
-    pub capacity: usize,
+#[non_exhaustive]
+pub enum Refused<T> {
+    /// The cell holds its [capacity](CellOptions::capacity) of
+    /// unacknowledged records: room comes with acknowledgements.
+    #[error("the cell holds {capacity} unacknowledged records, its capacity")]
+    Full {
+        /// The payload refused.
+        payload: T,
+        /// The cell's capacity.
+        capacity: usize,
+    },
+    /// The payload is larger than the cell's transport can carry (see
+    /// [`set_size_check`](EgressCellOf::set_size_check)): sent, it could
+    /// only become a dead letter.
+    #[error("the payload is {size} bytes, above the transport's limit of {limit}")]
+    TooLarge {
+        /// The payload refused.
+        payload: T,
+        /// Its size, as the transport would send it.
+        size: usize,
+        /// The largest the transport carries.
+        limit: usize,
+    },
 }
 
-impl<T> std::fmt::Debug for Full<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Full").field("capacity", &self.capacity).finish_non_exhaustive()
+impl<T> Refused<T> {
+    /// The payload refused, back to the caller.
+    pub fn into_payload(self) -> T {
+        match self {
+            Refused::Full { payload, .. } | Refused::TooLarge { payload, .. } => payload,
+        }
     }
 }
 
+impl<T> std::fmt::Debug for Refused<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Full { capacity, .. } => {
+                f.debug_struct("Full").field("capacity", capacity).finish_non_exhaustive()
+            }
+            Refused::TooLarge { size, limit, .. } => {
+                f.debug_struct("TooLarge").field("size", size).field("limit", limit).finish_non_exhaustive()
+            }
+        }
+    }
+}
+
+/// A transport's check of a payload's size, as it would send it:
+/// `Some((size, limit))` when the payload is above the largest it carries
+/// (see [`EgressCellOf::set_size_check`]).
+pub type SizeCheck<T> = Arc<dyn Fn(&T) -> Option<(usize, usize)> + Send + Sync>;
+
 /// How many records `core` holds unacknowledged: every sequence taken and
 /// not yet at or below the watermark.
-fn unacknowledged<T>(core: &EgressCore<T>) -> usize {
+pub(crate) fn unacknowledged<T>(core: &EgressCore<T>) -> usize {
     let first = core.acked_through().map_or(0, |s| s.get().saturating_add(1));
     usize::try_from(core.next_sequence().get().saturating_sub(first)).unwrap_or(usize::MAX)
 }
@@ -825,7 +865,15 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             (inner, readers)
         });
         let capacity = options.capacity;
-        let shared = Shared { inner, readers, attachments: ValueCell::new(Vec::new()), scope, incarnation, capacity };
+        let shared = Shared {
+            inner,
+            readers,
+            attachments: ValueCell::new(Vec::new()),
+            scope,
+            incarnation,
+            capacity,
+            size_check: parking_lot::Mutex::new(None),
+        };
         EgressCellOf { shared: F::ptr(shared) }
     }
 
@@ -1004,21 +1052,48 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         })
     }
 
-    /// [`enqueue`](Self::enqueue), unless the cell holds its
-    /// [capacity](CellOptions::capacity) of unacknowledged records: then
-    /// [`Full`] with the payload, and nothing changes.
+    /// [`enqueue`](Self::enqueue), unless the payload is larger than the
+    /// cell's transport carries ([`Refused::TooLarge`], see
+    /// [`set_size_check`](Self::set_size_check)) or the cell holds its
+    /// [capacity](CellOptions::capacity) of unacknowledged records
+    /// ([`Refused::Full`]): then the payload comes back and nothing
+    /// changes. ([`enqueue`](Self::enqueue) takes a payload too large: it
+    /// becomes a dead letter when it is sent, and reads so.)
     ///
     /// # Errors
-    /// [`Full`] at capacity.
-    pub fn try_enqueue(&self, payload: T) -> Result<Sequence, Full<T>> {
+    /// [`Refused`]: too large, or at capacity.
+    pub fn try_enqueue(&self, payload: T) -> Result<Sequence, Refused<T>> {
+        let check = self.shared.size_check.lock().clone();
+        if let Some((size, limit)) = check.and_then(|check| check(&payload)) {
+            return Err(Refused::TooLarge { payload, size, limit });
+        }
         let capacity = self.shared.capacity;
         self.shared.inner.apply(By::Caller, |s| match capacity {
-            Some(capacity) if unacknowledged(&s.core) >= capacity => (Err(Full { payload, capacity }), Changes::NONE),
+            Some(capacity) if unacknowledged(&s.core) >= capacity => {
+                (Err(Refused::Full { payload, capacity }), Changes::NONE)
+            }
             _ => {
                 let t = s.core.enqueue(payload);
                 (Ok(t.outcome), t.changes)
             }
         })
+    }
+
+    /// Sets (or, with `None`, removes) the check of a payload's size that
+    /// [`try_enqueue`](Self::try_enqueue) applies: a transport that knows
+    /// the largest payload it carries installs it (the WebSocket sender
+    /// does when it starts, and lowers its limit to a receiver's when a
+    /// welcome announces a smaller one), so that a caller is refused at
+    /// once rather than told later of a dead letter.
+    pub fn set_size_check(&self, check: Option<SizeCheck<T>>) {
+        *self.shared.size_check.lock() = check;
+    }
+
+    /// The size and limit of `payload` if the cell's transport would refuse
+    /// it as too large (see [`set_size_check`](Self::set_size_check)).
+    pub fn too_large(&self, payload: &T) -> Option<(usize, usize)> {
+        let check = self.shared.size_check.lock().clone();
+        check.and_then(|check| check(payload))
     }
 
     /// The cell's [capacity](CellOptions::capacity), if it has one.

@@ -21,8 +21,8 @@ mod transport;
 pub use asynchronous::{AsyncEgressCell, Undelivered};
 pub use backoff::{Backoff, Xorshift};
 pub use cell::{
-    AttachRun, Attachment, CellFlavor, CellOptions, EgressCell, EgressCellOf, Full, Inner, ParkedRecord, Project,
-    Snapshot, State, ThreadSafeEgressCell,
+    AttachRun, Attachment, CellFlavor, CellOptions, EgressCell, EgressCellOf, Inner, ParkedRecord, Project, Refused,
+    SizeCheck, Snapshot, State, ThreadSafeEgressCell,
 };
 #[cfg(feature = "async")]
 pub use clock::TokioClock;
