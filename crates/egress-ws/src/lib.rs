@@ -32,6 +32,7 @@
 //! # }
 //! ```
 
+mod connect_error;
 #[cfg(feature = "json")]
 pub mod json;
 pub mod protocol;
@@ -42,6 +43,7 @@ mod sender;
 #[cfg(feature = "tls")]
 pub mod tls;
 
+pub use connect_error::ConnectError;
 pub use proxy::{Chaos, ChaosProxy};
 
 /// Drives the receiver's state machine with arbitrary bytes, checking its

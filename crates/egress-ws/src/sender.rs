@@ -1,6 +1,7 @@
 //! The sending side: a WebSocket transport for an [`AsyncEgressCell`] and the
 //! supervisor that keeps it connected.
 
+use crate::connect_error::ConnectError;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -78,6 +79,16 @@ pub struct SenderConfig {
     /// ([`tls::webpki_client_config`](crate::tls::webpki_client_config)).
     #[cfg(feature = "tls")]
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Whether a 401 or 403 to the upgrade is retried like any failure
+    /// (`false` by default: the sender stops with
+    /// [`ConnectError::Unauthorized`] or [`ConnectError::Forbidden`], since
+    /// the same credentials cannot do better; spawn a new sender with new
+    /// ones).
+    pub retry_unauthorized: bool,
+    /// Stops the sender with [`ConnectError::GaveUp`] once this many
+    /// attempts or connections in a row have failed without moving the
+    /// stream on; `None` (the default): it never gives up.
+    pub max_attempts: Option<u32>,
 }
 
 impl std::fmt::Debug for SenderConfig {
@@ -95,6 +106,8 @@ impl std::fmt::Debug for SenderConfig {
             .field("max_payload", &self.max_payload)
             .field("headers", &headers)
             .field("connect", &self.connect.as_ref().map(|_| "custom"))
+            .field("retry_unauthorized", &self.retry_unauthorized)
+            .field("max_attempts", &self.max_attempts)
             .finish_non_exhaustive()
     }
 }
@@ -115,6 +128,8 @@ impl SenderConfig {
             connect: None,
             #[cfg(feature = "tls")]
             tls: None,
+            retry_unauthorized: false,
+            max_attempts: None,
         }
     }
 }
@@ -144,14 +159,55 @@ pub enum ConnectionState {
         /// backoff doubles with).
         failures: u32,
         /// Why the last one ended.
-        error: Arc<str>,
+        error: ConnectError,
     },
     /// Not connecting again: shut down or dropped (`error: None`), or
-    /// stopped on its own (`error`: why; see [`Sender::failure`]).
+    /// stopped on its own (`error`: why; see [`Sender::failure`]): refused
+    /// credentials, [`SenderConfig::max_attempts`] reached, or no
+    /// generation left.
     Stopped {
         /// Why it stopped on its own.
-        error: Option<Arc<str>>,
+        error: Option<ConnectError>,
     },
+}
+
+impl ConnectionState {
+    /// Whether the sender is connected: a receiver welcomed it, and the
+    /// cell sends.
+    pub fn is_online(&self) -> bool {
+        matches!(self, ConnectionState::Connected { .. })
+    }
+
+    /// The error of a reconnect or a stop, if any.
+    pub fn error(&self) -> Option<&ConnectError> {
+        match self {
+            ConnectionState::Reconnecting { error, .. } | ConnectionState::Stopped { error: Some(error) } => {
+                Some(error)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A few words for a status bar: "online", "connecting (attempt 2)",
+/// "offline: connection refused; retrying in 3 s", "stopped: unauthorized
+/// (401)".
+impl std::fmt::Display for ConnectionState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectionState::Connecting { attempt: 1 } => f.write_str("connecting"),
+            ConnectionState::Connecting { attempt } => write!(f, "connecting (attempt {attempt})"),
+            ConnectionState::Connected { .. } => f.write_str("online"),
+            ConnectionState::Reconnecting { retry_at, error, .. } => {
+                let wait = retry_at.saturating_duration_since(std::time::Instant::now());
+                // Rounded up: "in 0 s" would read as now.
+                let secs = wait.as_millis().div_ceil(1000);
+                write!(f, "offline: {error}; retrying in {secs} s")
+            }
+            ConnectionState::Stopped { error: None } => f.write_str("stopped"),
+            ConnectionState::Stopped { error: Some(error) } => write!(f, "stopped: {error}"),
+        }
+    }
 }
 
 /// Counters of a sender's connections.
@@ -187,7 +243,7 @@ struct Counters {
     protocol_errors: AtomicU64,
     stale_refusals: AtomicU64,
     held_too_large: AtomicU64,
-    fatal: parking_lot::Mutex<Option<String>>,
+    fatal: parking_lot::Mutex<Option<ConnectError>>,
     /// The largest payload that can go out: the own limit, or the last
     /// welcome's if smaller. The cell's size check reads it (its own
     /// handle: the check, held by the cell, holds nothing of the graph).
@@ -612,10 +668,7 @@ impl Sender {
             let counters = counters.clone();
             let supervisor = supervise(cell.clone(), codec, target, config, stop_rx, kill.clone(), counters.clone());
             async move {
-                let error = supervisor.await.map(|why| {
-                    *counters.fatal.lock() = Some(why.clone());
-                    Arc::from(why)
-                });
+                let error = supervisor.await.inspect(|why| *counters.fatal.lock() = Some(why.clone()));
                 counters.report(ConnectionState::Stopped { error });
             }
             .instrument(span)
@@ -649,9 +702,10 @@ impl Sender {
         self.counters.snapshot()
     }
 
-    /// Why the sender stopped on its own, if it did (the cell's generation
-    /// space ran out): it will not connect again.
-    pub fn failure(&self) -> Option<String> {
+    /// Why the sender stopped on its own, if it did (credentials refused,
+    /// [`SenderConfig::max_attempts`] reached, the cell's generation space
+    /// run out): it will not connect again.
+    pub fn failure(&self) -> Option<ConnectError> {
         self.counters.fatal.lock().clone()
     }
 
@@ -764,9 +818,10 @@ impl Target {
 enum End {
     /// The sender is shutting down.
     Stop,
-    /// The connection was lost (a network failure, a kill, a stall, a close
-    /// by the receiver): reconnect after the backoff.
-    Lost(String),
+    /// The attempt failed, or the connection was lost (a network failure,
+    /// a kill, a stall, a close by the receiver): reconnect after the
+    /// backoff (unless the policy stops on it).
+    Lost(ConnectError),
     /// The receiver asked to reconnect at once.
     Retry,
     /// The receiver is at one of its bounds (code 6): reconnect after the
@@ -782,7 +837,7 @@ enum End {
     /// code 2).
     Version(String),
     /// The sender cannot go on.
-    Fatal(String),
+    Fatal(ConnectError),
 }
 
 /// What the supervisor learned from a connection besides how it ended.
@@ -802,7 +857,7 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
     mut stop: watch::Receiver<bool>,
     kill: Arc<Notify>,
     counters: Arc<Counters>,
-) -> Option<String> {
+) -> Option<ConnectError> {
     let mut backoff = Backoff::new(config.backoff_base, config.backoff_max, config.seed);
     let mut failures: u32 = 0;
     // A generation the next attempt must exceed (a receiver's latest).
@@ -829,20 +884,24 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
         let (wait, why) = match outcome.end {
             End::Stop => return None,
             End::Fatal(why) => return Some(why),
+            End::Lost(why) if why.is_auth() && !config.retry_unauthorized => return Some(why),
             End::Lost(why) => (true, why),
             End::Busy(retry_after, why) => {
                 at_least = Duration::from_millis(retry_after).min(MAX_BUSY_WAIT);
-                (true, format!("the receiver is busy: {why}"))
+                (true, ConnectError::Busy(why.into()))
             }
             End::Protocol(why) | End::Version(why) => {
                 counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%why, "egress sender: protocol error");
-                (true, format!("protocol error: {why}"))
+                (true, ConnectError::Protocol(why.into()))
             }
-            End::Retry => (std::mem::replace(&mut hurried, true), "the receiver asked for a new connection".into()),
+            End::Retry => (
+                std::mem::replace(&mut hurried, true),
+                ConnectError::Renew("the receiver asked for a new connection".into()),
+            ),
             End::Stale(latest) => {
                 counters.stale_refusals.fetch_add(1, Ordering::Relaxed);
-                let why = format!("a stale generation (the receiver's latest is {latest})");
+                let why = ConnectError::Renew(format!("a stale generation (the receiver's latest is {latest})").into());
                 if latest >= GENERATION_LIMIT {
                     counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(latest, "egress sender: a stale-generation close names a generation out of range");
@@ -862,8 +921,11 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
         if wait {
             let delay = backoff.delay(failures).max(at_least);
             failures = failures.saturating_add(1);
+            if config.max_attempts.is_some_and(|most| failures >= most) {
+                return Some(ConnectError::GaveUp { attempts: failures, last: Box::new(why) });
+            }
             let retry_at = std::time::Instant::now() + delay;
-            counters.report(ConnectionState::Reconnecting { retry_at, failures, error: why.into() });
+            counters.report(ConnectionState::Reconnecting { retry_at, failures, error: why });
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
                 _ = stop.changed() => return None,
@@ -921,23 +983,22 @@ async fn connection<T: Clone + Send + Sync + 'static>(
     stop: &mut watch::Receiver<bool>,
 ) -> Outcome {
     let lost = |end| Outcome { end, progressed: false, lasted: Duration::ZERO };
-    // A generation strictly above every one the cell has used and the
-    // receiver's latest, taken now. This also fences the previous
-    // connection: what it had in flight or parked goes back to pending, to
-    // be replayed on this one.
-    let above = cell.generation().get_untracked().max(floor);
-    let Some(next) = above.get().checked_add(1) else {
-        return lost(End::Fatal(format!("no generation above {above}: the generation space is exhausted")));
-    };
-    let generation = Generation(next);
-    let _ = cell.reconnect(generation);
-    // A durable cell stores the generation before any handshake uses it.
-    tokio::select! {
-        () = cell.generation_stored() => {}
-        _ = stop.changed() => return lost(End::Stop),
-    }
     let connecting = tokio::time::timeout(config.connect_timeout, async {
         let mut ws = open(target, config).await.map_err(End::Lost)?;
+        // Up: only now a generation strictly above every one the cell has
+        // used and the receiver's latest (an attempt refused before its
+        // upgrade stores none). This also fences the previous connection:
+        // what it had in flight or parked goes back to pending, to be
+        // replayed on this one.
+        let above = cell.generation().get_untracked().max(floor);
+        let Some(next) = above.get().checked_add(1) else {
+            let why = format!("no generation above {above}: the generation space is exhausted");
+            return Err(End::Fatal(ConnectError::Fatal(why.into())));
+        };
+        let generation = Generation(next);
+        let _ = cell.reconnect(generation);
+        // A durable cell stores the generation before any handshake uses it.
+        cell.generation_stored().await;
         let resume_from = cell.with_core(|core| core.resume_from().get());
         let hello = Frame::Handshake {
             producer: config.producer.clone(),
@@ -945,16 +1006,16 @@ async fn connection<T: Clone + Send + Sync + 'static>(
             generation: generation.get(),
             resume_from,
         };
-        ws.send(Message::Binary(hello.encode())).await.map_err(|e| End::Lost(e.to_string()))?;
+        ws.send(Message::Binary(hello.encode())).await.map_err(|e| End::Lost(ConnectError::of_ws(&e)))?;
         let end = match read_frame(&mut ws, config.limits, &mut Instant::now()).await {
             Ok(Frame::Welcome { generation: g, next, received, terms }) if g == generation.get() => {
-                return Ok((ws, next, received, terms, resume_from));
+                return Ok((ws, next, received, terms, resume_from, generation));
             }
             Ok(Frame::Close { code: CloseCode::StaleGeneration, detail, .. }) => return Err(End::Stale(detail)),
             Ok(Frame::Close { code: CloseCode::Retry, .. }) => return Err(End::Retry),
             Ok(Frame::Close { code: CloseCode::Busy, detail, reason }) => return Err(End::Busy(detail, reason)),
             Ok(Frame::Close { code: CloseCode::Normal, reason, .. }) => {
-                return Err(End::Lost(format!("refused: {reason}")));
+                return Err(End::Lost(ConnectError::Lost(format!("refused: {reason}").into())));
             }
             // The receiver closed: nothing to answer.
             Ok(Frame::Close { code, reason, .. }) => return Err(End::Protocol(format!("refused: {code:?} {reason}"))),
@@ -972,7 +1033,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
         connected = connecting => connected,
         _ = stop.changed() => return lost(End::Stop),
     };
-    let (ws, next, received, terms, resume_from) = match connected {
+    let (ws, next, received, terms, resume_from, generation) = match connected {
         Ok(Ok(ok)) => ok,
         Ok(Err(end)) => {
             counters.failed_attempts.fetch_add(1, Ordering::Relaxed);
@@ -980,7 +1041,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
         }
         Err(_) => {
             counters.failed_attempts.fetch_add(1, Ordering::Relaxed);
-            return lost(End::Lost("connect timed out".into()));
+            return lost(End::Lost(ConnectError::Timeout));
         }
     };
     let opened = Instant::now();
@@ -1040,7 +1101,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
                 }
                 Ok(Frame::Close { code: CloseCode::Busy, detail, reason }) => break End::Busy(detail, reason),
                 Ok(Frame::Close { code: CloseCode::Normal | CloseCode::Fenced, reason, .. }) => {
-                    break End::Lost(format!("closed by the receiver: {reason}"));
+                    break End::Lost(ConnectError::Lost(format!("closed by the receiver: {reason}").into()));
                 }
                 Ok(Frame::Close { code: CloseCode::Retry, .. }) => break End::Retry,
                 Ok(Frame::Close { code: CloseCode::StaleGeneration, detail, .. }) => break End::Stale(detail),
@@ -1053,12 +1114,12 @@ async fn connection<T: Clone + Send + Sync + 'static>(
                 }
                 Err(end) => break end,
             },
-            () = kill.notified() => break End::Lost("killed".into()),
+            () = kill.notified() => break End::Lost(ConnectError::Lost("killed".into())),
             () = too_small.notified() => {
                 let resume_from = cell.with_core(|core| core.resume_from().get());
                 let why = "a record is above this receiver's max-payload";
                 close_with(&mut *sink.lock().await, CloseCode::Normal, resume_from, why).await;
-                break End::Lost(why.into());
+                break End::Lost(ConnectError::Lost(why.into()));
             }
             _ = stop.changed() => {
                 // The detail is the resume-from: the acknowledgements this
@@ -1072,7 +1133,7 @@ async fn connection<T: Clone + Send + Sync + 'static>(
             () = check => {}
         }
         if cell.inflight_len().get_untracked() > 0 && heard.elapsed() >= stall {
-            break End::Lost("the receiver fell silent".into());
+            break End::Lost(ConnectError::Lost("the receiver fell silent".into()));
         }
     };
     drop(link);
@@ -1102,12 +1163,12 @@ const MAX_BUSY_WAIT: Duration = Duration::from_secs(60);
 
 /// Opens the byte stream ([`SenderConfig::connect`], or TCP), then TLS on
 /// top for `wss://`, then the WebSocket upgrade with the configured headers.
-async fn open(target: &Target, config: &SenderConfig) -> Result<Ws, String> {
+async fn open(target: &Target, config: &SenderConfig) -> Result<Ws, ConnectError> {
     let io: Box<dyn Io> = match &config.connect {
-        Some(connect) => connect(target.host.clone(), target.port).await.map_err(|e| format!("connect: {e}"))?,
+        Some(connect) => connect(target.host.clone(), target.port).await.map_err(|e| ConnectError::of_io(&e))?,
         None => {
             let tcp =
-                TcpStream::connect((target.host.as_str(), target.port)).await.map_err(|e| format!("connect: {e}"))?;
+                TcpStream::connect((target.host.as_str(), target.port)).await.map_err(|e| ConnectError::of_io(&e))?;
             let _ = tcp.set_nodelay(true);
             Box::new(tcp)
         }
@@ -1119,13 +1180,13 @@ async fn open(target: &Target, config: &SenderConfig) -> Result<Ws, String> {
         let connector = Some(tokio_tungstenite::Connector::Rustls(tls));
         let (ws, _) = tokio_tungstenite::client_async_tls_with_config(request, io, None, connector)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ConnectError::of_ws(&e))?;
         return Ok(ws);
     }
     // Without the `tls` feature, `Target::new` refused wss:// already.
     let (ws, _) = tokio_tungstenite::client_async_with_config(request, MaybeTlsStream::Plain(io), None)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| ConnectError::of_ws(&e))?;
     Ok(ws)
 }
 
@@ -1177,8 +1238,10 @@ where
             }
             Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
             Some(Ok(Message::Text(_))) => return Err(End::Protocol("a text message".into())),
-            Some(Ok(Message::Close(_))) | None => return Err(End::Lost("connection closed".into())),
-            Some(Err(e)) => return Err(End::Lost(e.to_string())),
+            Some(Ok(Message::Close(_))) | None => {
+                return Err(End::Lost(ConnectError::Lost("connection closed".into())));
+            }
+            Some(Err(e)) => return Err(End::Lost(ConnectError::Lost(e.to_string().into()))),
         }
     }
 }

@@ -58,7 +58,8 @@ async fn the_connection_state_follows_connects_failures_and_shutdown() {
     assert!(failures >= 1);
     assert!(retry_at > before, "the next attempt is in the future of the failure");
     assert!(retry_at <= before + Duration::from_millis(50) + limit(), "within the backoff");
-    assert!(!error.is_empty());
+    assert_eq!(error, egress_ws::ConnectError::Refused, "nobody listens");
+    assert_eq!(error.to_string(), "connection refused");
 
     // A receiver comes up where the sender looks: connected.
     let mut receiver = Receiver::bind(addr, ReceiverConfig::default()).await.unwrap();
@@ -107,9 +108,118 @@ async fn a_sender_that_runs_out_of_generations_stops_with_its_reason() {
     let cx = AsyncContext::new();
     let options = egress_reactive::CellOptions::new().generation(Generation(u64::MAX));
     let cell: AsyncEgressCell<bytes::Bytes> = AsyncEgressCell::with_options(&cx, policy(), options);
-    let sender = Sender::spawn(cell, format!("ws://{}", free_port()), sender_config(44)).unwrap();
+    // A generation is taken once a connection is up: a live receiver.
+    let receiver = egress_ws::Receiver::bind("127.0.0.1:0", egress_ws::ReceiverConfig::default()).await.unwrap();
+    let sender = Sender::spawn(cell, format!("ws://{}", receiver.local_addr()), sender_config(44)).unwrap();
     let mut states = sender.watch_state();
     let stopped = next_state(&mut states, |s| !matches!(s, ConnectionState::Stopped { .. })).await;
     let ConnectionState::Stopped { error: Some(why) } = stopped else { panic!("{stopped:?}") };
-    assert_eq!(Some(why.to_string()), sender.failure());
+    assert!(matches!(&why, egress_ws::ConnectError::Fatal(d) if d.contains("exhausted")), "{why:?}");
+    assert_eq!(Some(why), sender.failure());
+}
+
+/// A server that answers every WebSocket upgrade with `status` and counts
+/// the requests it saw.
+async fn http_refuser(status: &'static str) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicU32>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let answer = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                let _ = tcp.write_all(answer.as_bytes()).await;
+            }
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_or_403_stops_the_sender_with_a_typed_error_unless_told_to_retry() {
+    use egress_ws::ConnectError;
+    for (status, expected) in
+        [("401 Unauthorized", ConnectError::Unauthorized), ("403 Forbidden", ConnectError::Forbidden)]
+    {
+        let (addr, seen) = http_refuser(status).await;
+        let cx = AsyncContext::new();
+        let cell: AsyncEgressCell<bytes::Bytes> = AsyncEgressCell::new(&cx, policy());
+        cell.enqueue(payload(0));
+        let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(45)).unwrap();
+        let mut states = sender.watch_state();
+        let stopped = next_state(&mut states, |s| matches!(s, ConnectionState::Connecting { .. })).await;
+        assert_eq!(stopped, ConnectionState::Stopped { error: Some(expected.clone()) }, "{status}: stops at once");
+        assert_eq!(sender.failure(), Some(expected.clone()));
+        assert!(stopped.to_string().starts_with("stopped: "), "{stopped}");
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1, "{status}: asked once, not again");
+        assert_eq!(cell.generation().get_untracked(), Generation(0), "no connection, no generation taken");
+        assert_eq!(cell.pending_len().get_untracked(), 1, "nothing lost");
+        sender.shutdown().await;
+    }
+    // Told to retry: it does, with the typed reason each time.
+    let (addr, seen) = http_refuser("401 Unauthorized").await;
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<bytes::Bytes> = AsyncEgressCell::new(&cx, policy());
+    let config = egress_ws::SenderConfig { retry_unauthorized: true, ..sender_config(46) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), config).unwrap();
+    let mut states = sender.watch_state();
+    for _ in 0..2 {
+        let state = next_state(&mut states, |s| matches!(s, ConnectionState::Connecting { .. })).await;
+        assert_eq!(state.error(), Some(&ConnectError::Unauthorized), "{state:?}");
+        assert!(!state.is_online());
+    }
+    assert!(seen.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+    sender.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_attempts_take_no_generation_and_max_attempts_gives_up_with_the_last_reason() {
+    use egress_ws::ConnectError;
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<bytes::Bytes> = AsyncEgressCell::new(&cx, policy());
+    cell.enqueue(payload(0));
+    let config = egress_ws::SenderConfig { max_attempts: Some(4), ..sender_config(47) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", free_port()), config).unwrap();
+    let mut states = sender.watch_state();
+    let stopped = next_state(&mut states, |s| !matches!(s, ConnectionState::Stopped { .. })).await;
+    let gave_up = ConnectError::GaveUp { attempts: 4, last: Box::new(ConnectError::Refused) };
+    assert_eq!(stopped, ConnectionState::Stopped { error: Some(gave_up.clone()) });
+    assert_eq!(stopped.to_string(), "stopped: gave up after 4 attempts: connection refused");
+    assert_eq!(sender.stats().failed_attempts, 4);
+    assert_eq!(cell.generation().get_untracked(), Generation(0), "four refused attempts, no generation");
+    assert_eq!(cell.pending_len().get_untracked(), 1, "nothing lost");
+    sender.shutdown().await;
+}
+
+#[test]
+fn a_connection_state_reads_in_a_few_words() {
+    use egress_ws::ConnectError;
+    let later = std::time::Instant::now() + Duration::from_millis(2_500);
+    let offline = ConnectionState::Reconnecting { retry_at: later, failures: 2, error: ConnectError::Refused };
+    assert_eq!(offline.to_string(), "offline: connection refused; retrying in 3 s");
+    assert_eq!(offline.error(), Some(&ConnectError::Refused));
+    assert!(!offline.is_online());
+    let online = ConnectionState::Connected { generation: Generation(3) };
+    assert!(online.is_online() && online.error().is_none());
+    assert_eq!(online.to_string(), "online");
+    assert_eq!(ConnectionState::Connecting { attempt: 1 }.to_string(), "connecting");
+    assert_eq!(ConnectionState::Connecting { attempt: 2 }.to_string(), "connecting (attempt 2)");
+    assert_eq!(ConnectionState::Stopped { error: None }.to_string(), "stopped");
+    let tls = ConnectError::Tls("invalid peer certificate: UnknownIssuer (wss://example.org/x)".into());
+    assert_eq!(tls.to_string(), "TLS failed");
+    assert!(tls.detail().is_some_and(|d| d.contains("UnknownIssuer")));
+    assert!(ConnectError::Unauthorized.is_auth() && ConnectError::Forbidden.is_auth());
+    assert!(!ConnectError::Http(404).is_auth());
+    assert_eq!(ConnectError::Http(503).to_string(), "HTTP 503");
 }
