@@ -190,8 +190,22 @@ struct RestartsArgs {
 
 #[derive(Debug, Args)]
 struct ReceiveArgs {
-    #[command(flatten)]
-    common: Common,
+    /// How many messages to wait for before stopping (without --print).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "print")]
+    messages: u64,
+    /// Also write the summary as JSON to this file (without --print).
+    #[arg(long, value_name = "PATH", conflicts_with = "print")]
+    summary_json: Option<String>,
+    /// Speak wss://: the certificate chain, PEM.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<String>,
+    /// Speak wss://: the certificate's private key, PEM.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<String>,
+    /// Admit only producers whose upgrade carries `Authorization: Bearer
+    /// TOKEN` (others get 401).
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
     /// The address to listen on (port 0: any free port).
     #[arg(long, value_name = "ADDR")]
     listen: SocketAddr,
@@ -211,9 +225,16 @@ struct SendArgs {
     common: Common,
     #[command(flatten)]
     pace: Pace,
-    /// The receiver's URL.
+    /// The receiver's URL (ws:// or wss://).
     #[arg(long, value_name = "ws://ADDR")]
     url: String,
+    /// Send `Authorization: Bearer TOKEN` with the upgrade.
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
+    /// For wss://: trust exactly this certificate (PEM: the receiver's own,
+    /// or its authority), instead of the webpki roots.
+    #[arg(long, value_name = "PEM")]
+    ca: Option<String>,
     /// Keep the stream in this SQLite database and continue it.
     #[arg(long, value_name = "PATH")]
     db: Option<String>,
@@ -236,6 +257,12 @@ pub(crate) struct Options {
     durable: bool,
     kill_sender: bool,
     kill_receiver: bool,
+    /// The receiver's certificate chain and key (PEM files).
+    tls: Option<(String, String)>,
+    /// The bearer token: checked by the receiver, sent by the sender.
+    token: Option<String>,
+    /// The sender's root for wss:// (a PEM file).
+    ca: Option<String>,
 }
 
 impl Options {
@@ -256,6 +283,9 @@ impl Options {
             durable: false,
             kill_sender: false,
             kill_receiver: false,
+            tls: None,
+            token: None,
+            ca: None,
         }
     }
 
@@ -286,14 +316,17 @@ async fn main() -> anyhow::Result<()> {
             restarts::run(Options::new(a.common, a.pace.per_second()).with_kills(a.kills, a.durable)).await
         }
         Some(Command::Receive(a)) => {
-            let db = a.db;
-            receive(Options { listen: Some(a.listen), print: a.print, db, ..Options::new(a.common, None) }).await
+            let common = Common { messages: a.messages, seed: 0, summary_json: a.summary_json };
+            let tls = a.tls_cert.zip(a.tls_key);
+            let (db, token) = (a.db, a.token);
+            receive(Options { listen: Some(a.listen), print: a.print, db, tls, token, ..Options::new(common, None) })
+                .await
         }
         Some(Command::Workers(a)) => workers::run(a).await,
         Some(Command::Worker(a)) => workers::worker(a).await,
         Some(Command::Send(a)) => {
-            let (url, db) = (Some(a.url), a.db);
-            send(Options { url, db, ..Options::new(a.common, a.pace.per_second()) }).await
+            let (url, db, token, ca) = (Some(a.url), a.db, a.token, a.ca);
+            send(Options { url, db, token, ca, ..Options::new(a.common, a.pace.per_second()) }).await
         }
         None => {
             let t = cli.together;
@@ -599,8 +632,17 @@ async fn together(o: Options) -> anyhow::Result<()> {
 
 async fn receive(o: Options) -> anyhow::Result<()> {
     let addr = o.listen.context("receive needs --listen ADDR")?;
+    let mut base = ReceiverConfig::default();
+    if let Some((cert, key)) = &o.tls {
+        let read = |path: &str| std::fs::read(path).with_context(|| format!("reading {path}"));
+        base.tls = Some(egress_ws::tls::server_config_from_pem(&read(cert)?, &read(key)?)?);
+    }
+    if let Some(token) = &o.token {
+        base.authorize = Some(egress_ws::Authorize::bearer(token.clone()));
+    }
+    let scheme = if o.tls.is_some() { "wss" } else { "ws" };
     if o.print {
-        let mut config = ReceiverConfig { ack_mode: AckMode::Explicit, ..ReceiverConfig::default() };
+        let mut config = ReceiverConfig { ack_mode: AckMode::Explicit, ..base };
         let log = match &o.db {
             Some(db) => {
                 let log = Arc::new(egress_store::ReceivedLog::open(db).with_context(|| format!("opening {db}"))?);
@@ -614,11 +656,11 @@ async fn receive(o: Options) -> anyhow::Result<()> {
             None => None,
         };
         let receiver = Receiver::bind(addr, config).await?;
-        say!("egress-demo receive: listening on ws://{}, printing each delivery", receiver.local_addr());
+        say!("egress-demo receive: listening on {scheme}://{}, printing each delivery", receiver.local_addr());
         return print_deliveries(receiver, log).await;
     }
-    let mut receiver = Receiver::bind(addr, ReceiverConfig::default()).await?;
-    say!("egress-demo receive: listening on ws://{}, waiting for {} messages", receiver.local_addr(), o.messages);
+    let mut receiver = Receiver::bind(addr, base).await?;
+    say!("egress-demo receive: listening on {scheme}://{}, waiting for {} messages", receiver.local_addr(), o.messages);
     let bar = ProgressBar::new(o.messages);
     let (mut count, mut out_of_order) = (0u64, 0u64);
     let mut next = std::collections::HashMap::<(Arc<str>, egress_core::Incarnation), u64>::new();
@@ -729,9 +771,25 @@ async fn send(o: Options) -> anyhow::Result<()> {
         cell.incarnation().get()
     );
     let started = Instant::now();
-    let sender = Sender::spawn(cell.clone(), url, sender_config(o.seed))?;
+    let mut config = sender_config(o.seed);
+    if let Some(token) = &o.token {
+        config.headers.push(("authorization".into(), format!("Bearer {token}")));
+    }
+    if let Some(ca) = &o.ca {
+        use egress_ws::tls::rustls::pki_types::{CertificateDer, pem::PemObject};
+        let pem = std::fs::read(ca).with_context(|| format!("reading {ca}"))?;
+        let roots = CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>()?;
+        config.tls = Some(egress_ws::tls::client_config(roots)?);
+    }
+    let sender = Sender::spawn(cell.clone(), url, config)?;
     enqueue_paced(&cell, first..o.messages, o.rate, None).await;
     while cell.acked_through().get_untracked().map_or(0, |s| s.get() + 1) < o.messages {
+        // Stopped on its own (credentials refused, say): it will not
+        // connect again, so the run ends with why.
+        if let Some(why) = sender.failure() {
+            let detail = why.detail().map(|d| format!(" ({d})")).unwrap_or_default();
+            anyhow::bail!("the sender stopped: {why}{detail}");
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();

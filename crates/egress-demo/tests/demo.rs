@@ -106,6 +106,10 @@ fn every_command_answers_help_and_version() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("Usage: egress-demo"), "{args:?}: {text}");
         assert!(text.contains("--messages"), "{args:?}: {text}");
+        if args[0] == "receive" {
+            assert!(!text.contains("--seed"), "receive has no use for a seed: {text}");
+            assert!(text.contains("--tls-cert") && text.contains("--token"), "{text}");
+        }
         for line in text.lines() {
             assert!(line.chars().count() <= 100, "{args:?}: a help line wider than 100 columns: {line:?}");
         }
@@ -117,10 +121,51 @@ fn every_command_answers_help_and_version() {
 
 #[test]
 fn send_and_receive_as_two_processes() {
-    let path = temp("receive");
+    two_processes("plain", &[], &[], "ws://");
+}
+
+#[test]
+fn send_and_receive_over_wss_with_a_token_and_a_wrong_token_stops_the_sender() {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("a certificate");
+    let (cert, key) = (temp("cert.pem"), temp("key.pem"));
+    std::fs::write(&cert, certified.cert.pem()).expect("written");
+    std::fs::write(&key, certified.key_pair.serialize_pem()).expect("written");
+    let (cert, key) = (cert.to_str().expect("utf-8"), key.to_str().expect("utf-8"));
+    let receive = ["--tls-cert", cert, "--tls-key", key, "--token", "s3cret"];
+    // A wrong token: the sender ends at once, with why.
+    let mut receiver = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
+        .args(["receive", "--listen", "127.0.0.1:0", "--messages", "1"])
+        .args(receive)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the receiver starts");
+    let mut out = BufReader::new(receiver.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("a first line");
+    let port = first.split("127.0.0.1:").nth(1).and_then(|r| r.split(',').next()).expect("the port is printed");
+    let url = format!("wss://localhost:{port}");
+    let refused = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
+        .args(["send", "--url", &url, "--messages", "3", "--token", "guess", "--ca", cert])
+        .output()
+        .expect("the sender runs");
+    let _ = receiver.kill();
+    let _ = receiver.wait();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("the sender stopped: unauthorized (401)"), "{err}");
+    // The right one: delivered, in order.
+    two_processes("wss", &receive, &["--token", "s3cret", "--ca", cert], "wss://");
+}
+
+/// Runs `receive` (with `receive_args`) and `send` (with `send_args`) as two
+/// processes over 5,000 messages; the receiver prints its URL with
+/// `scheme`.
+fn two_processes(name: &str, receive_args: &[&str], send_args: &[&str], scheme: &str) {
+    let path = temp(&format!("receive-{name}"));
     let mut receiver = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
         .args(["receive", "--listen", "127.0.0.1:0", "--messages", "5000", "--summary-json"])
         .arg(&path)
+        .args(receive_args)
         .stdout(Stdio::piped())
         .spawn()
         .expect("the receiver starts");
@@ -131,11 +176,13 @@ fn send_and_receive_as_two_processes() {
     let drain = std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     let url = first
         .split_whitespace()
-        .find(|w| w.starts_with("ws://"))
+        .find(|w| w.starts_with(scheme))
         .expect("the address is printed")
-        .trim_end_matches(',');
+        .trim_end_matches(',')
+        .replace("127.0.0.1", "localhost");
     let mut sender = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
-        .args(["send", "--url", url, "--messages", "5000"])
+        .args(["send", "--url", &url, "--messages", "5000"])
+        .args(send_args)
         .stdout(Stdio::null())
         .spawn()
         .expect("the sender runs");

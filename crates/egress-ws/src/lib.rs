@@ -53,7 +53,9 @@ pub use proxy::{Chaos, ChaosProxy};
 pub fn fuzz_inbox(data: &[u8]) {
     receiver::fuzz_inbox(data);
 }
-pub use receiver::{AckFaults, AckMode, Content, Delivery, Receiver, ReceiverConfig, ReceiverStats, Resume};
+pub use receiver::{
+    AckFaults, AckMode, Authorize, Content, Delivery, Receiver, ReceiverConfig, ReceiverStats, Refusal, Resume, Upgrade,
+};
 #[cfg(feature = "json")]
 pub use sender::Json;
 pub use sender::{

@@ -1,4 +1,5 @@
-//! TLS for `wss://` URLs (feature `tls`): rustls with its ring provider.
+//! TLS for `wss://` (feature `tls`): rustls with its ring provider, for the
+//! sender (client configurations) and the receiver (server configurations).
 //!
 //! A [`Sender`](crate::Sender) connecting to a `wss://` URL uses
 //! [`SenderConfig::tls`](crate::SenderConfig::tls), or, if that is `None`,
@@ -59,4 +60,44 @@ fn build(store: rustls::RootCertStore) -> Result<Arc<ClientConfig>, rustls::Erro
             .with_root_certificates(store)
             .with_no_client_auth(),
     ))
+}
+
+/// A server configuration for the [`Receiver`](crate::Receiver)
+/// ([`ReceiverConfig::tls`](crate::ReceiverConfig::tls)): `chain` (the
+/// receiver's certificate first, then its intermediates) and its private
+/// key, no client certificates.
+///
+/// # Errors
+/// A key that does not match the certificate, or one rustls cannot use.
+pub fn server_config(
+    chain: Vec<CertificateDer<'static>>,
+    key: rustls::pki_types::PrivateKeyDer<'static>,
+) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+    Ok(Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)?,
+    ))
+}
+
+/// [`server_config`] from PEM text: the certificate chain (one or more
+/// `CERTIFICATE` blocks) and the private key (PKCS#8, PKCS#1 or SEC1), as
+/// `egress-demo receive --tls-cert --tls-key` reads them from files.
+///
+/// # Errors
+/// No certificate or no key in the text, text that does not parse, or
+/// [`server_config`]'s.
+pub fn server_config_from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject;
+    let bad = |what: &str, e: rustls::pki_types::pem::Error| rustls::Error::General(format!("{what}: {e}"));
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad("the certificate PEM", e))?;
+    if chain.is_empty() {
+        return Err(rustls::Error::General("no certificate in the certificate PEM".into()));
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| bad("the key PEM", e))?;
+    server_config(chain, key)
 }

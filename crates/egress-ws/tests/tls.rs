@@ -140,3 +140,96 @@ async fn a_stream_of_the_callers_own_carries_the_connection() {
     sender.shutdown().await;
     assert!(calls.load(Ordering::Relaxed) >= 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_with_tls_and_a_token_admits_the_producer_that_has_it_and_refuses_the_rest() {
+    use egress_ws::{Authorize, ConnectError};
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_pem, key_pem) = (certified.cert.pem(), certified.key_pair.serialize_pem());
+    let tls = egress_ws::tls::server_config_from_pem(cert_pem.as_bytes(), key_pem.as_bytes()).unwrap();
+    assert!(egress_ws::tls::server_config_from_pem(b"", key_pem.as_bytes()).is_err(), "no certificate");
+    assert!(egress_ws::tls::server_config_from_pem(cert_pem.as_bytes(), b"").is_err(), "no key");
+    let config =
+        ReceiverConfig { tls: Some(tls), authorize: Some(Authorize::bearer("s3cret")), ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let url = format!("wss://localhost:{}/chat", receiver.local_addr().port());
+    let roots = egress_ws::tls::client_config([certified.cert.der().clone()]).unwrap();
+    let cx = AsyncContext::new();
+
+    // A wrong token: 401, and the sender stops with a typed error.
+    for (headers, what) in
+        [(vec![("authorization".to_owned(), "Bearer guess".to_owned())], "a wrong token"), (vec![], "none")]
+    {
+        let cell = AsyncEgressCell::new(&cx, policy());
+        cell.enqueue(payload(0));
+        let config = SenderConfig { tls: Some(roots.clone()), headers, ..sender_config(64) };
+        let sender = Sender::spawn(cell.clone(), url.clone(), config).unwrap();
+        let mut states = sender.watch_state();
+        let stopped = loop {
+            match tokio::time::timeout(limit(), states.next()).await.unwrap().unwrap() {
+                s @ ConnectionState::Stopped { .. } => break s,
+                ConnectionState::Connected { .. } => panic!("{what}: connected"),
+                _ => {}
+            }
+        };
+        assert_eq!(stopped, ConnectionState::Stopped { error: Some(ConnectError::Unauthorized) }, "{what}");
+        assert_eq!(cell.generation().get_untracked(), egress_core::Generation(0), "{what}: no generation taken");
+        sender.shutdown().await;
+    }
+    assert_eq!(receiver.stats().unauthorized, 2);
+    assert_eq!(receiver.stats().connections, 0, "no handshake got through");
+
+    // Plain WebSocket to a TLS receiver: no connection, nothing taken.
+    let plain = tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{}/", receiver.local_addr().port())).await;
+    assert!(plain.is_err(), "a plain upgrade to a TLS port fails");
+
+    // The token, over TLS: delivered in order.
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let headers = vec![("authorization".to_owned(), "Bearer s3cret".to_owned())];
+    let config = SenderConfig { tls: Some(roots), headers, ..sender_config(65) };
+    let sender = Sender::spawn(cell.clone(), url, config).unwrap();
+    cell.enqueue_all((0..50).map(payload));
+    receive_in_order(&mut receiver, 0, 50).await;
+    drained(&cell, 50).await;
+    assert_eq!(sender.shutdown().await.connections, 1);
+    assert_eq!(receiver.stats().unauthorized, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authorization_check_sees_path_and_peer_and_a_panic_in_it_refuses_without_harm() {
+    use egress_ws::{Authorize, ConnectError, Refusal};
+    let check = Authorize::new(|upgrade| {
+        assert!(upgrade.peer().ip().is_loopback());
+        match upgrade.path() {
+            "/ok" => Ok(()),
+            "/panic" => panic!("a bug in the application's check"),
+            _ => Err(Refusal::Forbidden),
+        }
+    });
+    assert_eq!(format!("{check:?}"), "Authorize(..)");
+    let config = ReceiverConfig { authorize: Some(check), ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let cx = AsyncContext::new();
+    for (path, expected) in [("/panic", ConnectError::Unauthorized), ("/other", ConnectError::Forbidden)] {
+        let cell = AsyncEgressCell::new(&cx, policy());
+        let url = format!("ws://{}{path}", receiver.local_addr());
+        let sender = Sender::spawn(cell, url, sender_config(66)).unwrap();
+        let mut states = sender.watch_state();
+        let stopped = loop {
+            let state = tokio::time::timeout(limit(), states.next()).await.unwrap().unwrap();
+            if let ConnectionState::Stopped { .. } = state {
+                break state;
+            }
+        };
+        assert_eq!(stopped, ConnectionState::Stopped { error: Some(expected) }, "{path}");
+        sender.shutdown().await;
+    }
+    // The receiver goes on serving: the panic touched nothing shared.
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}/ok", receiver.local_addr()), sender_config(67)).unwrap();
+    cell.enqueue_all((0..5).map(payload));
+    receive_in_order(&mut receiver, 0, 5).await;
+    drained(&cell, 5).await;
+    sender.shutdown().await;
+    assert_eq!(receiver.stats().unauthorized, 2);
+}

@@ -6,6 +6,7 @@
 //! connection around it.
 
 mod inbox;
+mod upgrade;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) fn fuzz_inbox(data: &[u8]) {
@@ -32,6 +33,7 @@ use tracing::Instrument as _;
 
 pub use self::inbox::Content;
 use self::inbox::{Admission, ConnId, Inbox, Queued, Rules, Taken};
+pub use self::upgrade::{Authorize, Refusal, Upgrade};
 use crate::protocol::{CloseCode, DecodeError, Frame, Limits, Terms, VERSION};
 
 /// When a [`Receiver`] acknowledges a message to its producer.
@@ -134,6 +136,17 @@ pub struct ReceiverConfig {
     /// [`Resume`]). `None` (the default): the receiver's state lives in
     /// memory only.
     pub resume: Option<Arc<dyn Resume>>,
+    /// Who may connect: a check of each WebSocket upgrade request (its
+    /// path, headers and peer), refusing with 401 or 403 before any frame
+    /// ([`Authorize::bearer`] checks a token). `None` (the default):
+    /// anyone. Refusals are counted in [`ReceiverStats::unauthorized`].
+    pub authorize: Option<Authorize>,
+    /// TLS (feature `tls`): the receiver speaks `wss://` with this server
+    /// configuration ([`tls::server_config_from_pem`](crate::tls::server_config_from_pem)
+    /// builds one). `None` (the default): plain WebSocket. The TLS
+    /// handshake counts against `handshake_timeout`.
+    #[cfg(feature = "tls")]
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// The application's durable record of what it committed, consulted when
@@ -180,6 +193,9 @@ impl Default for ReceiverConfig {
             incarnations_per_producer: 4,
             ack_faults: AckFaults::default(),
             resume: None,
+            authorize: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -315,6 +331,9 @@ pub struct ReceiverStats {
     pub open_connections: usize,
     /// Connections answered 503 because `max_connections` were open.
     pub refused_capacity: u64,
+    /// Upgrade requests the [authorization check](ReceiverConfig::authorize)
+    /// refused (401 or 403).
+    pub unauthorized: u64,
     /// Handshakes refused as Busy: `max_producers` held (or
     /// `incarnations_per_producer` for its id), none forgettable.
     pub refused_busy: u64,
@@ -373,6 +392,8 @@ struct Shared {
     /// TCP connections open now.
     open: AtomicUsize,
     refused_capacity: AtomicU64,
+    /// Upgrades the authorization check refused.
+    unauthorized: AtomicU64,
     handshake_timeouts: AtomicU64,
     idle_closed: AtomicU64,
     /// Injected ack faults: dropped, duplicated, delayed.
@@ -466,6 +487,7 @@ impl Receiver {
             started: Instant::now(),
             open: AtomicUsize::new(0),
             refused_capacity: AtomicU64::new(0),
+            unauthorized: AtomicU64::new(0),
             handshake_timeouts: AtomicU64::new(0),
             idle_closed: AtomicU64::new(0),
             ack_faults: Default::default(),
@@ -550,6 +572,7 @@ impl Receiver {
             released: c.released,
             open_connections: s.open.load(Ordering::Relaxed),
             refused_capacity: s.refused_capacity.load(Ordering::Relaxed),
+            unauthorized: s.unauthorized.load(Ordering::Relaxed),
             refused_busy: c.busy,
             handshake_timeouts: s.handshake_timeouts.load(Ordering::Relaxed),
             idle_closed: s.idle_closed.load(Ordering::Relaxed),
@@ -604,7 +627,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 tokio::spawn(
                     async move {
                         let _open = Open(&shared);
-                        match serve(stream, &shared).await {
+                        match serve(stream, peer, &shared).await {
                             Ok(()) => tracing::debug!("egress receiver: a connection ended"),
                             Err(e) => tracing::warn!(error = %e, "egress receiver closed a connection"),
                         }
@@ -634,13 +657,15 @@ impl Drop for Open<'_> {
 enum ServeError {
     #[error("websocket: {0}")]
     Ws(#[from] tokio_tungstenite::tungstenite::Error),
+    #[error("tls: {0}")]
+    Io(#[from] std::io::Error),
     #[error("protocol: {0}")]
     Protocol(String),
     #[error("{0}")]
     Timeout(&'static str),
 }
 
-type Ws = tokio_tungstenite::WebSocketStream<TcpStream>;
+type Ws = tokio_tungstenite::WebSocketStream<Box<dyn crate::sender::Io>>;
 
 /// Sends a close frame and closes, giving up after a second (a peer that
 /// does not read must not hold the task).
@@ -745,12 +770,28 @@ async fn stored(shared: &Shared, producer: &Arc<str>, incarnation: u128) -> Resu
     }
 }
 
-async fn serve(stream: TcpStream, shared: &Shared) -> Result<(), ServeError> {
+async fn serve(stream: TcpStream, peer: std::net::SocketAddr, shared: &Shared) -> Result<(), ServeError> {
     let config = &shared.config;
     let refused = || shared.rejected.fetch_add(1, Ordering::Relaxed);
-    // The upgrade and the handshake, within one timeout from accept.
+    // TLS, the upgrade and the handshake, within one timeout from accept.
     let opened = tokio::time::timeout(config.handshake_timeout, async {
-        let mut ws = tokio_tungstenite::accept_async_with_config(stream, Some(ws_config(config.limits))).await?;
+        #[cfg(feature = "tls")]
+        let stream = upgrade::secure(stream, config.tls.as_ref()).await?;
+        #[cfg(not(feature = "tls"))]
+        let stream = upgrade::secure(stream).await?;
+        let mut refusal = None;
+        // tungstenite's callback type: its error is the HTTP response.
+        #[allow(clippy::result_large_err)]
+        let answer =
+            |request: &_, response| upgrade::answer(config.authorize.as_ref(), peer, request, response, &mut refusal);
+        let accepted =
+            tokio_tungstenite::accept_hdr_async_with_config(stream, answer, Some(ws_config(config.limits))).await;
+        if let Some(refusal) = refusal {
+            shared.unauthorized.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(?refusal, "egress receiver: an upgrade refused by the authorization check");
+            return Err(ServeError::Protocol(format!("upgrade refused: {refusal:?}")));
+        }
+        let mut ws = accepted?;
         let first = next_frame(&mut ws, config.limits, &mut Instant::now()).await;
         Ok::<_, ServeError>((ws, first))
     })
