@@ -125,6 +125,7 @@ pub async fn end_to_end(dir: &Path, n: u64) -> Duration {
     let cx = AsyncContext::new();
     let policy = Policy::builder().inflight_limit(256).build().expect("policy");
     let durable = open_durable(&cx, fresh(dir, "e2e.db"), "bench", policy, CellOptions::new(), RelayConfig::default())
+        .await
         .expect("open");
     let cell = durable.cell.clone();
     let url = format!("ws://{}", receiver.local_addr());

@@ -758,6 +758,7 @@ async fn send(o: Options) -> anyhow::Result<()> {
     let (cell, relay) = match &o.db {
         Some(db) => {
             let d = egress_store::open_durable(&cx, db, "egress-demo", policy()?, options, Default::default())
+                .await
                 .with_context(|| format!("opening {db}"))?;
             (d.cell, Some(d.relay))
         }

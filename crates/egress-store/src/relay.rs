@@ -312,8 +312,8 @@ pub struct Durable {
 /// Opens the store at `path`, restores `stream` from it and starts its
 /// relay: the cell continues the stream's incarnation, generation and
 /// sequences, with every record not yet acknowledged pending again (in
-/// order, nothing in flight, no backoff carried over). The load runs on the
-/// calling thread, once.
+/// order, nothing in flight, no backoff carried over). The open and the
+/// load run on a blocking thread, once, so the runtime's threads go on.
 ///
 /// # Errors
 /// The store's ([`SqliteStore::open`], [`SqliteStore::load`]), or stored
@@ -321,7 +321,7 @@ pub struct Durable {
 ///
 /// # Panics
 /// Outside a tokio runtime.
-pub fn open_durable(
+pub async fn open_durable(
     cx: &AsyncContext,
     path: impl AsRef<Path>,
     stream: &str,
@@ -329,8 +329,15 @@ pub fn open_durable(
     options: CellOptions,
     config: RelayConfig,
 ) -> Result<Durable, StoreError> {
-    let mut store = SqliteStore::open(path)?;
-    let loaded = store.load(stream)?;
+    let (path, name) = (path.as_ref().to_owned(), stream.to_owned());
+    let opened = tokio::task::spawn_blocking(move || {
+        let mut store = SqliteStore::open(path)?;
+        let loaded = store.load(&name)?;
+        Ok::<_, StoreError>((store, loaded))
+    })
+    .await
+    .map_err(|e| StoreError::Task(e.to_string()))?;
+    let (store, loaded) = opened?;
     let core = EgressCore::restore(policy, loaded.restored)?;
     let cell = AsyncEgressCell::from_core(cx, core, options.incarnation(loaded.incarnation));
     let relay = Relay::spawn(cx, &cell, store, stream, config);

@@ -93,7 +93,7 @@ async fn commits_are_counted_in_metrics_and_raise_the_stored_watermark() {
     let config = RelayConfig { poll_interval: Duration::from_millis(5), ..RelayConfig::default() };
     let cx = AsyncContext::new();
     let policy = Policy::builder().inflight_limit(128).build().unwrap();
-    let durable = open_durable(&cx, &db, "s", policy, CellOptions::new(), config.clone()).unwrap();
+    let durable = open_durable(&cx, &db, "s", policy, CellOptions::new(), config.clone()).await.unwrap();
     let stored = durable.relay.stored_ack();
     assert_eq!(*stored.borrow(), None, "a new stream: nothing acknowledged in the store");
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -124,7 +124,7 @@ async fn commits_are_counted_in_metrics_and_raise_the_stored_watermark() {
     drop(link);
     drop(durable.cell);
     // A restarted relay starts from the stored watermark.
-    let again = open_durable(&cx, &db, "s", policy, CellOptions::new(), config).unwrap();
+    let again = open_durable(&cx, &db, "s", policy, CellOptions::new(), config).await.unwrap();
     assert_eq!(*again.relay.stored_ack().borrow(), Some(Sequence(99)));
     let _ = again.relay.shutdown().await;
     let by_name: HashMap<String, usize> = metrics.0.lock().iter().fold(HashMap::new(), |mut m, (n, _)| {

@@ -467,7 +467,7 @@ async fn wait_for<T>(
 async fn the_relay_adopts_what_applications_append_in_their_own_transactions() {
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable(&cx, dir.db(), "orders", Policy::default(), CellOptions::new(), config()).unwrap();
+    let durable = open_durable(&cx, dir.db(), "orders", Policy::default(), CellOptions::new(), config()).await.unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let _link = durable.cell.attach(Channel(tx));
     let app = Arc::new(parking_lot::Mutex::new(rusqlite::Connection::open(dir.db()).unwrap()));
@@ -525,7 +525,7 @@ fn the_received_log_rises_with_the_applications_commits_only() {
 async fn the_cell_and_an_outbox_on_one_stream_lose_nothing_and_never_wedge() {
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable(&cx, dir.db(), "s", Policy::default(), CellOptions::new(), config()).unwrap();
+    let durable = open_durable(&cx, dir.db(), "s", Policy::default(), CellOptions::new(), config()).await.unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let link = durable.cell.attach(Channel(tx));
     let app = std::thread::spawn({
@@ -643,7 +643,7 @@ async fn an_outbox_append_reads_saving_at_once_and_is_adopted_at_its_commit_not_
     // A poll so slow that only the wake at the commit can explain a prompt
     // adoption.
     let slow = RelayConfig { poll_interval: Duration::from_secs(60), ..config() };
-    let durable = open_durable(&cx, dir.db(), "chat", Policy::default(), CellOptions::new(), slow).unwrap();
+    let durable = open_durable(&cx, dir.db(), "chat", Policy::default(), CellOptions::new(), slow).await.unwrap();
     let cell = durable.cell.clone();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let _link = cell.attach(Channel(tx));
