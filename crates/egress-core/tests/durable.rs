@@ -713,3 +713,53 @@ fn restore_refuses_skipped_dead_letters_above_the_watermark_or_out_of_order() {
     assert_eq!(restore(snap(Some(5), &[4, 3])), Err(RestoreError::OutOfRange { sequence: Sequence(4) }));
     assert_eq!(restore(snap(None, &[0])), Err(RestoreError::OutOfRange { sequence: Sequence(0) }));
 }
+
+#[test]
+fn a_tombstone_acknowledged_while_parked_or_behind_a_higher_record_in_the_window_reads_dead() {
+    use egress_core::MessageStatus as M;
+    let dead = Some(M::Dead(DeadReason::Permanent));
+    // Parked: the tombstone's own send failed, and it waits for its
+    // backoff when an acknowledgement covers it.
+    let mut core: EgressCore<u32> = EgressCore::new(Policy::default());
+    let g = core.generation();
+    let _ = core.enqueue(0);
+    let _ = core.enqueue(1);
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)));
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)));
+    let _ = core.fail(g, Sequence(0), FailureKind::Permanent, Time(0), JitterSample::ZERO);
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(e) if e.dead.is_some()));
+    let _ = core.fail(g, Sequence(0), FailureKind::Transient, Time(0), JitterSample::ZERO);
+    assert_eq!(
+        core.parked().map(|p| (p.sequence, p.dead)).collect::<Vec<_>>(),
+        [(Sequence(0), Some(DeadReason::Permanent))]
+    );
+    let _ = core.ack(g, Sequence(1));
+    assert_eq!(core.status(Sequence(0)), dead, "parked, then skipped");
+    assert_eq!(core.status(Sequence(1)), Some(M::Acknowledged));
+
+    // In the window behind a higher record: claimed again after 3, the
+    // window's claim order is 1, 2, 3, 0; an acknowledgement through 2
+    // retires the tombstone past 3.
+    let mut core: EgressCore<u32> = EgressCore::new(Policy::default());
+    let g = core.generation();
+    for i in 0..4 {
+        let _ = core.enqueue(i);
+    }
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)));
+    let _ = core.fail(g, Sequence(0), FailureKind::Permanent, Time(0), JitterSample::ZERO);
+    let order: Vec<u64> = std::iter::from_fn(|| match core.claim(g).outcome {
+        ClaimOutcome::Claimed(e) => Some(e.sequence.0),
+        _ => None,
+    })
+    .collect();
+    assert_eq!(order, [0, 1, 2, 3], "the tombstone goes first: pending is in sequence order");
+    // Claim order puts it first; make it last: fail 0 again, after 1..3
+    // are out, and claim it behind them.
+    let _ = core.fail(g, Sequence(0), FailureKind::Transient, Time(0), JitterSample::ZERO);
+    let _ = core.retry_now(g, Sequence(0));
+    assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(e) if e.sequence == Sequence(0)));
+    assert_eq!(core.inflight().map(|e| e.sequence.0).collect::<Vec<_>>(), [1, 2, 3, 0]);
+    let _ = core.ack(g, Sequence(2));
+    assert_eq!(core.status(Sequence(0)), dead, "behind 3 in the window, still found");
+    assert_eq!(core.status(Sequence(2)), Some(M::Acknowledged));
+}
