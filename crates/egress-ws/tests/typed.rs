@@ -59,3 +59,29 @@ async fn typed_messages_go_out_as_json_and_one_without_a_json_form_is_skipped() 
     );
     sender.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_message_is_measured_by_its_encoding_and_refused_at_once_when_too_large() {
+    let receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<Chat> = AsyncEgressCell::new(&cx, policy());
+    let config = egress_ws::SenderConfig { max_payload: 64, ..sender_config(72) };
+    let sender = Sender::spawn_typed(cell.clone(), Json, format!("ws://{}", receiver.local_addr()), config).unwrap();
+    let long = chat(&"x".repeat(100));
+    let size = egress_ws::json::to_payload(&long).unwrap().len();
+    match cell.try_enqueue(long.clone()) {
+        Err(egress_reactive::Refused::TooLarge { payload, size: s, limit: 64 }) => {
+            assert_eq!((payload, s), (long, size), "its JSON's size, and the payload back");
+        }
+        other => panic!("{other:?}"),
+    }
+    let short = chat("hi");
+    assert!(egress_ws::json::to_payload(&short).unwrap().len() <= 64);
+    assert_eq!(cell.try_enqueue(short), Ok(Sequence(0)));
+    // A value with no JSON form has no size: not refused for its size (it
+    // becomes a dead letter when sent, as before).
+    let mut bad = chat("never");
+    bad.tags.insert(vec![1], 1);
+    assert_eq!(cell.too_large(&bad), None);
+    sender.shutdown().await;
+}
