@@ -1118,7 +1118,10 @@ async fn silent_receiver() -> (std::net::SocketAddr, Arc<AtomicU64>) {
             tokio::spawn(async move {
                 let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { return };
                 if let Some(Frame::Handshake { generation, .. }) = next_frame(&mut ws).await {
-                    let _ = ws.send(send(Frame::Welcome { generation, next: 0, received: 0, terms: TERMS })).await;
+                    // A keepalive of 10 ms: the stall timeout in force is the
+                    // configured one (at least three keepalives), not 3 s.
+                    let terms = Terms { keepalive_ms: 10, ..TERMS };
+                    let _ = ws.send(send(Frame::Welcome { generation, next: 0, received: 0, terms })).await;
                 }
                 std::future::pending::<()>().await;
                 drop(ws);
