@@ -715,3 +715,35 @@ async fn run<S: JournalStore>(
 fn backoff(config: &RelayConfig, failures: u32) -> Duration {
     config.retry_base.saturating_mul(1u32 << failures.min(20)).min(config.retry_max)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{Appends, HOT_FOR};
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn news_waits_for_an_append_then_looks_every_millisecond_while_it_is_recent() {
+        let appends = Arc::new(Appends::default());
+        // Nothing opened: no news, however long (here 50 ms).
+        let quiet = tokio::time::timeout(Duration::from_millis(50), appends.clone().news()).await;
+        assert!(quiet.is_err(), "no append, no news");
+        // An append opens while the relay waits: news, within a moment.
+        let waiting = tokio::spawn(appends.clone().news());
+        tokio::task::yield_now().await;
+        appends.opened();
+        tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("news after an append").expect("joined");
+        // Recent: every look is news after a millisecond.
+        for _ in 0..3 {
+            tokio::time::timeout(Duration::from_secs(10), appends.clone().news()).await.expect("a close look");
+        }
+        // Long past: quiet again.
+        *appends.last.lock() = Some(std::time::Instant::now() - HOT_FOR - Duration::from_millis(1));
+        let quiet = tokio::time::timeout(Duration::from_millis(50), appends.clone().news()).await;
+        assert!(quiet.is_err(), "an old append is no news");
+        // One entry per stream name.
+        assert!(Arc::ptr_eq(&Appends::of("s"), &Appends::of("s")));
+        assert!(!Arc::ptr_eq(&Appends::of("s"), &Appends::of("t")));
+    }
+}
