@@ -109,8 +109,15 @@ impl ConnectError {
     /// TCP connection, a TLS failure (rustls reports through I/O errors), or
     /// the rest.
     pub(crate) fn of_io(e: &std::io::Error) -> Self {
-        if e.kind() == std::io::ErrorKind::ConnectionRefused {
-            return ConnectError::Refused;
+        use std::io::ErrorKind as K;
+        match e.kind() {
+            K::ConnectionRefused => return ConnectError::Refused,
+            // Closed by the server during TLS or the upgrade (a receiver
+            // at its connection bound closes a TLS socket so).
+            K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe => {
+                return ConnectError::Lost(e.to_string().into());
+            }
+            _ => {}
         }
         #[cfg(feature = "tls")]
         if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {

@@ -233,3 +233,90 @@ async fn an_authorization_check_sees_path_and_peer_and_a_panic_in_it_refuses_wit
     sender.shutdown().await;
     assert_eq!(receiver.stats().unauthorized, 2);
 }
+
+/// A self-signed `localhost` certificate as a receiver's TLS configuration,
+/// and the client configuration that trusts it.
+fn tls_pair() -> (Arc<egress_ws::tls::rustls::ServerConfig>, Arc<egress_ws::tls::rustls::ClientConfig>) {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_pem, key_pem) = (certified.cert.pem(), certified.key_pair.serialize_pem());
+    let server = egress_ws::tls::server_config_from_pem(cert_pem.as_bytes(), key_pem.as_bytes()).unwrap();
+    (server, egress_ws::tls::client_config([certified.cert.der().clone()]).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_receiver_at_its_connection_bound_closes_rather_than_answer_in_plaintext() {
+    let (server, client) = tls_pair();
+    let config = ReceiverConfig {
+        tls: Some(server),
+        max_connections: 1,
+        handshake_timeout: std::time::Duration::from_secs(30),
+        ..ReceiverConfig::default()
+    };
+    let receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    // One socket holds the only slot, saying nothing.
+    let _squatter = TcpStream::connect(receiver.local_addr()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + limit();
+    while receiver.stats().open_connections < 1 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let url = format!("wss://localhost:{}", receiver.local_addr().port());
+    let sender = Sender::spawn(cell, url, SenderConfig { tls: Some(client), ..sender_config(68) }).unwrap();
+    let mut states = sender.watch_state();
+    let error = loop {
+        match tokio::time::timeout(limit(), states.next()).await.unwrap().unwrap() {
+            ConnectionState::Reconnecting { error, .. } => break error,
+            ConnectionState::Connected { .. } => panic!("connected past the bound"),
+            _ => {}
+        }
+    };
+    assert!(matches!(error, egress_ws::ConnectError::Lost(_)), "a closed connection, not a TLS failure: {error:?}");
+    assert!(receiver.stats().refused_capacity >= 1);
+    sender.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorization_checks_that_block_hold_their_own_connections_not_the_receiver() {
+    use egress_ws::Authorize;
+    // Two checks block (more than the runtime's two workers can spare
+    // without block_in_place) until the honest producer has delivered.
+    // Each records whether the test released it (true) or it gave up
+    // after 5 s (false: the receiver stood still meanwhile).
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let gate = Arc::new(std::sync::Mutex::new(gate));
+    let released = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let check = Authorize::new({
+        let released = released.clone();
+        move |upgrade| {
+            if upgrade.path() == "/slow" {
+                let got = gate.lock().unwrap().recv_timeout(std::time::Duration::from_secs(5)).is_ok();
+                released.lock().unwrap().push(got);
+            }
+            Ok(())
+        }
+    });
+    let config = ReceiverConfig { authorize: Some(check), ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let addr = receiver.local_addr();
+    let slow: Vec<_> =
+        (0..2).map(|_| tokio::spawn(tokio_tungstenite::connect_async(format!("ws://{addr}/slow")))).collect();
+    // The slow upgrades are in their checks (one holds the lock, the other
+    // waits for it): both block a thread.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}/fast"), sender_config(69)).unwrap();
+    cell.enqueue_all((0..20).map(payload));
+    receive_in_order(&mut receiver, 0, 20).await;
+    drained(&cell, 20).await;
+    sender.shutdown().await;
+    for _ in 0..2 {
+        release.send(()).unwrap();
+    }
+    for s in slow {
+        let _ = tokio::time::timeout(limit(), s).await.expect("the slow upgrades end once released");
+    }
+    assert_eq!(*released.lock().unwrap(), [true, true], "the honest producer got through while both checks blocked");
+}

@@ -612,10 +612,19 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             Ok((stream, peer)) => {
                 if shared.open.load(Ordering::Acquire) >= shared.config.max_connections.max(1) {
                     // No task, no wait: the answer fits a fresh socket's
-                    // buffer, and the socket closes when it drops.
-                    let _ = stream.try_write(
-                        b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
-                    );
+                    // buffer, and the socket closes when it drops. Over
+                    // TLS a plaintext answer would read as a TLS failure
+                    // to the client, and a TLS handshake is what the bound
+                    // saves: the socket just closes.
+                    #[cfg(feature = "tls")]
+                    let plain = shared.config.tls.is_none();
+                    #[cfg(not(feature = "tls"))]
+                    let plain = true;
+                    if plain {
+                        let _ = stream.try_write(
+                            b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+                        );
+                    }
                     shared.refused_capacity.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(%peer, "egress receiver: at its connection bound, a connection refused");
                     continue;
@@ -782,12 +791,18 @@ async fn serve(stream: TcpStream, peer: std::net::SocketAddr, shared: &Shared) -
         let mut refusal = None;
         // tungstenite's callback type: its error is the HTTP response.
         #[allow(clippy::result_large_err)]
-        let answer =
-            |request: &_, response| upgrade::answer(config.authorize.as_ref(), peer, request, response, &mut refusal);
+        let answer = |request: &_, response| {
+            let answer = upgrade::answer(config.authorize.as_ref(), peer, request, response, &mut refusal);
+            // Counted before the refusal is written: a client that reads
+            // it finds it counted.
+            if answer.is_err() {
+                shared.unauthorized.fetch_add(1, Ordering::Relaxed);
+            }
+            answer
+        };
         let accepted =
             tokio_tungstenite::accept_hdr_async_with_config(stream, answer, Some(ws_config(config.limits))).await;
         if let Some(refusal) = refusal {
-            shared.unauthorized.fetch_add(1, Ordering::Relaxed);
             tracing::info!(?refusal, "egress receiver: an upgrade refused by the authorization check");
             return Err(ServeError::Protocol(format!("upgrade refused: {refusal:?}")));
         }

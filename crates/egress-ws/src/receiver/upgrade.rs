@@ -50,9 +50,16 @@ pub enum Refusal {
 
 /// Decides whether an upgrade request may open a connection (see
 /// [`ReceiverConfig::authorize`](crate::ReceiverConfig::authorize)). It
-/// runs on the connection's task, before the handshake, inside the
-/// handshake timeout; a panic in it refuses the connection like a 401 and
-/// touches nothing shared.
+/// runs on the connection's task, before the handshake; a panic in it
+/// refuses the connection like a 401 and touches nothing shared.
+///
+/// The check is synchronous (the WebSocket library's upgrade callback is),
+/// so the handshake timeout cannot cut it short: keep it fast (a lookup in
+/// memory; resolve tokens ahead of time rather than calling a service per
+/// request). On a multi-thread tokio runtime it runs under
+/// `block_in_place`, so a slow check holds its own connection only, and
+/// the others go on; on a current-thread runtime a slow check holds the
+/// whole receiver.
 #[derive(Clone)]
 pub struct Authorize(Arc<Check>);
 
@@ -65,24 +72,32 @@ impl Authorize {
         Authorize(Arc::new(check))
     }
 
-    /// Admits exactly the requests with `Authorization: Bearer <token>`
-    /// (compared in time independent of where they differ); any other is
-    /// refused as [`Refusal::Unauthorized`]. The sender sends it with
-    /// `SenderConfig::headers`.
+    /// Admits exactly the requests whose first `Authorization` header is
+    /// `Bearer <token>`: the scheme in any case (RFC 7235), then spaces,
+    /// then the token, compared in time independent of where it differs;
+    /// any other is refused as [`Refusal::Unauthorized`]. The sender sends
+    /// it with `SenderConfig::headers`.
     pub fn bearer(token: impl Into<String>) -> Self {
-        let expected = format!("Bearer {}", token.into()).into_bytes();
-        Authorize::new(move |upgrade| match upgrade.header("authorization") {
+        let expected = token.into().into_bytes();
+        Authorize::new(move |upgrade| match upgrade.header("authorization").and_then(bearer_token) {
             Some(given) if equal_in_constant_time(given, &expected) => Ok(()),
             _ => Err(Refusal::Unauthorized),
         })
     }
 
-    /// What the check says of `upgrade`; a panic is a refusal.
+    /// What the check says of `upgrade`; a panic is a refusal. On a
+    /// multi-thread runtime it runs under `block_in_place`, so a check
+    /// that blocks holds this connection's worker only.
     pub(crate) fn check(&self, upgrade: &Upgrade<'_>) -> Result<(), Refusal> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.0)(upgrade))).unwrap_or_else(|_| {
-            tracing::error!(peer = %upgrade.peer, "egress receiver: the authorization check panicked; refused");
-            Err(Refusal::Unauthorized)
-        })
+        let run = || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.0)(upgrade))).unwrap_or_else(|_| {
+                tracing::error!(peer = %upgrade.peer, "egress receiver: the authorization check panicked; refused");
+                Err(Refusal::Unauthorized)
+            })
+        };
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi_thread { tokio::task::block_in_place(run) } else { run() }
     }
 }
 
@@ -90,6 +105,18 @@ impl std::fmt::Debug for Authorize {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Authorize(..)")
     }
+}
+
+/// The token of an `Authorization` value of the `Bearer` scheme (in any
+/// case), after the spaces that follow the scheme, trailing spaces and tabs
+/// cut; `None` for another scheme.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || !rest.starts_with(b" ") {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
 }
 
 /// Whether `a` and `b` are equal, looking at every byte of the longer
@@ -146,7 +173,23 @@ pub(crate) fn answer(
 
 #[cfg(test)]
 mod tests {
-    use super::equal_in_constant_time;
+    use super::{bearer_token, equal_in_constant_time};
+
+    #[test]
+    fn a_bearer_token_is_read_after_the_scheme_in_any_case() {
+        for (value, token) in [
+            (&b"Bearer abc"[..], Some(&b"abc"[..])),
+            (b"bearer abc", Some(b"abc")),
+            (b"BEARER   abc \t", Some(b"abc")),
+            (b"Bearer ", None),
+            (b"Bearerabc", None),
+            (b"Basic abc", None),
+            (b"Bear", None),
+            (b"", None),
+        ] {
+            assert_eq!(bearer_token(value), token, "{:?}", String::from_utf8_lossy(value));
+        }
+    }
 
     #[test]
     fn equal_in_constant_time_is_equality() {
