@@ -484,12 +484,12 @@ impl PgStore {
                 // letters the receiver skipped, whose status stays dead.
                 skipped: client
                     .prepare(
-                        "SELECT t.stream, d.seq, d.dead_reason
+                        "SELECT t.stream, d.seq, d.dead_reason, d.dead_held
                          FROM unnest($1::text[], $2::bigint[]) AS t(stream, lo)
                          CROSS JOIN LATERAL (
-                             SELECT o.seq, o.dead_reason FROM egress_outbox o
+                             SELECT o.seq, o.dead_reason, o.dead_held FROM egress_outbox o
                              WHERE o.stream = t.stream AND o.seq < t.lo
-                               AND o.dead_reason IS NOT NULL AND NOT o.dead_held
+                               AND o.dead_reason IS NOT NULL AND o.dead_held IS NOT TRUE
                              ORDER BY o.seq DESC LIMIT $3::bigint) AS d
                          ORDER BY t.stream, d.seq",
                     )
@@ -657,7 +657,8 @@ impl PgStore {
                 let Some(&i) = at.get(row.get::<_, &str>(0)) else { continue };
                 let skipped = || {
                     let sequence = Sequence(to_u64("seq", row.get(1))?);
-                    let dead = dead_of(Some(i64::from(row.get::<_, i16>(2))), Some(0))?;
+                    let held = row.get::<_, Option<bool>>(3).map(i64::from);
+                    let dead = dead_of(Some(i64::from(row.get::<_, i16>(2))), held)?;
                     Ok::<_, StoreError>((sequence, dead.map_or(egress_core::DeadReason::Permanent, |d| d.reason)))
                 };
                 if let Ok((_, loaded)) = &mut taken[i].1 {

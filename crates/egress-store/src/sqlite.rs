@@ -231,10 +231,11 @@ impl SqliteStore {
         {
             // The newest tombstones at or below the watermark: dead letters
             // the receiver skipped, whose status stays dead.
+            // A held flag other than 0 (or 1, excluded) is refused below.
             let mut select = tx.prepare_cached(
-                "SELECT seq, dead_reason FROM (
-                     SELECT seq, dead_reason FROM egress_outbox
-                     WHERE stream = ?1 AND seq < ?2 AND dead_reason IS NOT NULL AND dead_held = 0
+                "SELECT seq, dead_reason, dead_held FROM (
+                     SELECT seq, dead_reason, dead_held FROM egress_outbox
+                     WHERE stream = ?1 AND seq < ?2 AND dead_reason IS NOT NULL AND dead_held IS NOT 1
                      ORDER BY seq DESC LIMIT ?3)
                  ORDER BY seq",
             )?;
@@ -242,7 +243,7 @@ impl SqliteStore {
             let mut rows = select.query(params![stream, to_i64("sequence", from)?, memory])?;
             while let Some(row) = rows.next()? {
                 let sequence = Sequence(to_u64("seq", row.get(0)?)?);
-                if let Some(mark) = dead_of(row.get(1)?, Some(0))? {
+                if let Some(mark) = dead_of(row.get(1)?, row.get(2)?)? {
                     skipped.push((sequence, mark.reason));
                 }
             }
@@ -348,7 +349,7 @@ impl SqliteStore {
             // restart.
             tx.prepare_cached(
                 "DELETE FROM egress_outbox WHERE stream = ?1 AND seq <= ?2
-                 AND NOT (dead_reason IS NOT NULL AND dead_held = 0)",
+                 AND (dead_reason IS NULL OR dead_held IS NOT 0)",
             )?
             .execute(params![stream, a])?;
             tx.prepare_cached(

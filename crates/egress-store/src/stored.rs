@@ -30,7 +30,12 @@ pub(crate) fn dead_of(code: Option<i64>, held: Option<i64>) -> Result<Option<Dea
         2 => DeadReason::Replays,
         other => return Err(StoreError::OutOfRange { what: "dead_reason", value: i128::from(other) }),
     };
-    Ok(Some(DeadMark { reason, held: held.unwrap_or(0) != 0 }))
+    let held = match held {
+        Some(0) => false,
+        Some(1) => true,
+        other => return Err(StoreError::OutOfRange { what: "dead_held", value: other.map_or(-1, i128::from) }),
+    };
+    Ok(Some(DeadMark { reason, held }))
 }
 
 /// A new incarnation: 128 bits from the standard library's randomly seeded

@@ -716,3 +716,29 @@ fn an_outbox_refuses_a_payload_above_its_limit_and_an_append_past_its_capacity_a
     assert_eq!(outbox.room(&app).unwrap(), Some(1));
     assert_eq!(outbox.append(&app, b"c").unwrap(), Sequence(2));
 }
+
+#[test]
+fn a_dead_letter_whose_held_flag_is_neither_0_nor_1_is_refused_at_load_above_or_below_the_watermark() {
+    for (acked, held) in [(None, "5"), (None, "NULL"), (Some(3), "5"), (Some(3), "NULL"), (Some(3), "-1")] {
+        let dir = TempDir::new();
+        let mut store = SqliteStore::open(dir.db()).unwrap();
+        drop(store.load("s").unwrap());
+        let conn = store.connection();
+        let acked_sql = acked.map_or("NULL".to_owned(), |a: i64| a.to_string());
+        conn.execute_batch(&format!(
+            "UPDATE egress_stream SET next_sequence = 5, acked_through = {acked_sql} WHERE stream = 's';
+             INSERT INTO egress_outbox (stream, seq, payload) VALUES ('s', 4, x'00');
+             INSERT INTO egress_outbox (stream, seq, payload, dead_reason, dead_held) VALUES ('s', 2, x'00', 0, {held});"
+        ))
+        .unwrap();
+        if acked.is_none() {
+            for s in [0, 1, 3] {
+                conn.execute("INSERT INTO egress_outbox (stream, seq, payload) VALUES ('s', ?1, x'00')", [s]).unwrap();
+            }
+        }
+        match store.load("s") {
+            Err(StoreError::OutOfRange { what: "dead_held", .. }) => {}
+            other => panic!("acked {acked:?}, held {held}: {other:?}"),
+        }
+    }
+}

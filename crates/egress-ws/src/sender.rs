@@ -87,7 +87,9 @@ pub struct SenderConfig {
     pub retry_unauthorized: bool,
     /// Stops the sender with [`ConnectError::GaveUp`] once this many
     /// attempts or connections in a row have failed without moving the
-    /// stream on; `None` (the default): it never gives up.
+    /// stream on (0 counts as 1: the first failure); `None` (the default):
+    /// it never gives up. (A reconnect the receiver asks for at once, codes
+    /// 4 and 5, is not a failure.)
     pub max_attempts: Option<u32>,
 }
 
@@ -666,9 +668,18 @@ impl Sender {
         let span = tracing::info_span!("egress_sender", producer = %config.producer, %url);
         let task = tokio::spawn({
             let counters = counters.clone();
+            let watched = cell.clone();
             let supervisor = supervise(cell.clone(), codec, target, config, stop_rx, kill.clone(), counters.clone());
             async move {
-                let error = supervisor.await.inspect(|why| *counters.fatal.lock() = Some(why.clone()));
+                // A cell disposed under the sender (its context dropped)
+                // makes its reads panic: the sender stops, and says why.
+                let ended = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(supervisor)).await;
+                let error = match ended {
+                    Ok(error) => error,
+                    Err(_) if watched.is_disposed() => Some(ConnectError::Fatal("the cell was disposed".into())),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                };
+                let error = error.inspect(|why| *counters.fatal.lock() = Some(why.clone()));
                 counters.report(ConnectionState::Stopped { error });
             }
             .instrument(span)
@@ -917,13 +928,13 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
                 }
             }
         };
-        counters.reconnects.fetch_add(1, Ordering::Relaxed);
         if wait {
             let delay = backoff.delay(failures).max(at_least);
             failures = failures.saturating_add(1);
             if config.max_attempts.is_some_and(|most| failures >= most) {
                 return Some(ConnectError::GaveUp { attempts: failures, last: Box::new(why) });
             }
+            counters.reconnects.fetch_add(1, Ordering::Relaxed);
             let retry_at = std::time::Instant::now() + delay;
             counters.report(ConnectionState::Reconnecting { retry_at, failures, error: why });
             tokio::select! {
@@ -931,6 +942,7 @@ async fn supervise<T: Clone + Send + Sync + 'static>(
                 _ = stop.changed() => return None,
             }
         } else {
+            counters.reconnects.fetch_add(1, Ordering::Relaxed);
             tracing::info!(error = %why, "egress sender: reconnecting at once");
         }
     }

@@ -196,7 +196,7 @@ async fn refused_attempts_take_no_generation_and_max_attempts_gives_up_with_the_
     let gave_up = ConnectError::GaveUp { attempts: 4, last: Box::new(ConnectError::Refused) };
     assert_eq!(stopped, ConnectionState::Stopped { error: Some(gave_up.clone()) });
     assert_eq!(stopped.to_string(), "stopped: gave up after 4 attempts: connection refused");
-    assert_eq!(sender.stats().failed_attempts, 4);
+    assert_eq!((sender.stats().failed_attempts, sender.stats().reconnects), (4, 3), "no reconnect after the last");
     assert_eq!(cell.generation().get_untracked(), Generation(0), "four refused attempts, no generation");
     assert_eq!(cell.pending_len().get_untracked(), 1, "nothing lost");
     sender.shutdown().await;
@@ -222,4 +222,25 @@ fn a_connection_state_reads_in_a_few_words() {
     assert!(ConnectError::Unauthorized.is_auth() && ConnectError::Forbidden.is_auth());
     assert!(!ConnectError::Http(404).is_auth());
     assert_eq!(ConnectError::Http(503).to_string(), "HTTP 503");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_whose_context_is_dropped_stops_and_says_why() {
+    // The application keeps the cell and the sender but drops the context:
+    // the cell's nodes are disposed under the sender.
+    let (cell, sender) = {
+        let cx = AsyncContext::new();
+        let cell: AsyncEgressCell<bytes::Bytes> = AsyncEgressCell::new(&cx, policy());
+        cell.enqueue(payload(0));
+        let sender = Sender::spawn(cell.clone(), format!("ws://{}", free_port()), sender_config(48)).unwrap();
+        (cell, sender)
+    };
+    let deadline = tokio::time::Instant::now() + limit();
+    while sender.failure().is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "the sender goes on over a disposed cell");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(sender.failure(), Some(egress_ws::ConnectError::Fatal("the cell was disposed".into())));
+    assert!(cell.is_disposed());
+    sender.shutdown().await;
 }
