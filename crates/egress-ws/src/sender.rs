@@ -672,12 +672,21 @@ impl Sender {
             let supervisor = supervise(cell.clone(), codec, target, config, stop_rx, kill.clone(), counters.clone());
             async move {
                 // A cell disposed under the sender (its context dropped)
-                // makes its reads panic: the sender stops, and says why.
+                // makes its reads panic, as may the application's own code
+                // it runs (a `connect`): the sender stops, and says why,
+                // rather than end with its state stale.
                 let ended = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(supervisor)).await;
                 let error = match ended {
                     Ok(error) => error,
                     Err(_) if watched.is_disposed() => Some(ConnectError::Fatal("the cell was disposed".into())),
-                    Err(panic) => std::panic::resume_unwind(panic),
+                    Err(panic) => {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        Some(ConnectError::Fatal(format!("the sender panicked: {what}").into()))
+                    }
                 };
                 let error = error.inspect(|why| *counters.fatal.lock() = Some(why.clone()));
                 counters.report(ConnectionState::Stopped { error });

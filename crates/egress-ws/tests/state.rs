@@ -244,3 +244,21 @@ async fn a_sender_whose_context_is_dropped_stops_and_says_why() {
     assert!(cell.is_disposed());
     sender.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_the_applications_connect_stops_the_sender_with_its_message() {
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<bytes::Bytes> = AsyncEgressCell::new(&cx, policy());
+    cell.enqueue(payload(0));
+    let connect: egress_ws::Connect = Arc::new(|_host, _port| panic!("a bug in connect"));
+    let config = egress_ws::SenderConfig { connect: Some(connect), ..sender_config(49) };
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", free_port()), config).unwrap();
+    let mut states = sender.watch_state();
+    let stopped = next_state(&mut states, |s| !matches!(s, ConnectionState::Stopped { .. })).await;
+    let why = egress_ws::ConnectError::Fatal("the sender panicked: a bug in connect".into());
+    assert_eq!(stopped, ConnectionState::Stopped { error: Some(why.clone()) });
+    assert_eq!(sender.failure(), Some(why));
+    assert!(!cell.is_disposed());
+    assert_eq!(cell.pending_len().get_untracked(), 1, "nothing lost");
+    sender.shutdown().await;
+}
