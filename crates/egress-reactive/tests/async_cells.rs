@@ -388,6 +388,14 @@ async fn a_payload_above_the_transports_limit_is_refused_at_once_and_comes_back(
     // Too large is said before full.
     assert!(matches!(cell.try_enqueue(vec![0; 5]), Err(Refused::TooLarge { .. })));
     assert!(matches!(cell.try_enqueue(vec![0; 1]), Err(Refused::Full { capacity: 2, .. })));
+    // Removed by another's hand: only the check installed goes.
+    let other: egress_reactive::SizeCheck<Vec<u8>> = std::sync::Arc::new(|_: &Vec<u8>| Some((1, 0)));
+    cell.remove_size_check(&other);
+    assert_eq!(cell.too_large(&vec![0; 5]), Some((5, 4)), "not the installed one: it stays");
+    cell.set_size_check(Some(other.clone()));
+    assert_eq!(cell.too_large(&vec![0; 1]), Some((1, 0)));
+    cell.remove_size_check(&other);
+    assert_eq!(cell.too_large(&vec![0; 100]), None, "the installed one: gone");
     // Removed, nothing is too large; plain enqueue never checks.
     cell.set_size_check(None);
     assert_eq!(cell.too_large(&vec![0; 100]), None);

@@ -577,6 +577,8 @@ pub struct Sender {
     /// Keeps the cell, and with it the state's nodes, for as long as the
     /// sender is kept.
     _cell: Box<dyn std::any::Any + Send + Sync>,
+    /// Takes this sender's size check off the cell when it goes.
+    uninstall: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Sender {
@@ -590,6 +592,9 @@ impl Drop for Sender {
         if !self.task.is_finished() {
             self.task.abort();
             self.counters.report(ConnectionState::Stopped { error: None });
+        }
+        if let Some(uninstall) = self.uninstall.take() {
+            uninstall();
         }
     }
 }
@@ -656,15 +661,21 @@ impl Sender {
         let (stop, stop_rx) = watch::channel(false);
         let kill = Arc::new(Notify::new());
         let counters = Arc::new(Counters::new(signal, config.max_payload));
-        // The cell refuses at once what could only become a dead letter.
-        cell.set_size_check(Some({
+        // The cell refuses at once what could only become a dead letter,
+        // for as long as this sender lives.
+        let check: egress_reactive::SizeCheck<T> = {
             let (codec, limit) = (codec.clone(), counters.payload_limit.clone());
             Arc::new(move |value: &T| {
                 let limit = limit.load(Ordering::Relaxed);
                 let size = codec.size(value)?;
                 (size > limit).then_some((size, limit))
             })
-        }));
+        };
+        cell.set_size_check(Some(check.clone()));
+        let uninstall: Box<dyn FnOnce() + Send + Sync> = Box::new({
+            let cell = cell.clone();
+            move || cell.remove_size_check(&check)
+        });
         let span = tracing::info_span!("egress_sender", producer = %config.producer, %url);
         let task = tokio::spawn({
             let counters = counters.clone();
@@ -693,7 +704,7 @@ impl Sender {
             }
             .instrument(span)
         });
-        Ok(Sender { task, stop, kill, counters, state, graph, _cell: Box::new(cell) })
+        Ok(Sender { task, stop, kill, counters, state, graph, _cell: Box::new(cell), uninstall: Some(uninstall) })
     }
 
     /// Where the connection is, as a computed on the cell's graph (owned by

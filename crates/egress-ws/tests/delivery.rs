@@ -736,7 +736,14 @@ async fn try_enqueue_refuses_what_the_sender_or_its_receiver_could_only_dead_let
     assert!(matches!(refused, Err(Refused::TooLarge { size: 4_097, limit: 4_096, .. })), "{refused:?}");
     assert_eq!(refused.unwrap_err().into_payload(), big(4_097), "it comes back");
     assert_eq!(cell.next_sequence(), Sequence(0), "nothing queued");
+    // A later sender on the cell installs its own check; the earlier one,
+    // going, takes only its own away.
+    let url = format!("ws://{}", silent.local_addr().unwrap());
+    let later = Sender::spawn(cell.clone(), url, SenderConfig { max_payload: 2_048, ..config.clone() }).unwrap();
     sender.shutdown().await;
+    assert_eq!(cell.too_large(&big(2_049)), Some((2_049, 2_048)), "the later sender's check stays");
+    later.shutdown().await;
+    assert_eq!(cell.too_large(&big(1 << 30)), None, "no sender, no limit");
     drop(silent);
 
     // A receiver that takes 1,024 bytes: after its welcome the cell refuses

@@ -1089,6 +1089,15 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         *self.shared.size_check.lock() = check;
     }
 
+    /// Removes `check` if it is the one installed (a transport that goes
+    /// away takes its own check, not a later transport's).
+    pub fn remove_size_check(&self, check: &SizeCheck<T>) {
+        let mut installed = self.shared.size_check.lock();
+        if installed.as_ref().is_some_and(|c| Arc::ptr_eq(c, check)) {
+            *installed = None;
+        }
+    }
+
     /// The size and limit of `payload` if the cell's transport would refuse
     /// it as too large (see [`set_size_check`](Self::set_size_check)).
     pub fn too_large(&self, payload: &T) -> Option<(usize, usize)> {
