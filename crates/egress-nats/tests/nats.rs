@@ -151,7 +151,9 @@ async fn a_hundred_thousand_messages_through_killed_connections_are_stored_once_
     let kills = proxy.kills();
     let stats = publisher.shutdown().await;
     assert!(kills >= 3, "the proxy killed connections: {kills}");
-    assert!(stats.lost >= 1 && stats.epochs > stats.lost, "epochs were lost and replaced: {stats:?}");
+    // The last epoch may be lost too (killed just before the shutdown), so
+    // every epoch may count as lost: replaced means more than one.
+    assert!(stats.lost >= 1 && stats.epochs >= 2, "epochs were lost and replaced: {stats:?}");
 
     let stored = contents(&js, &name).await;
     assert_eq!(stored.len() as u64, N, "each message once: {stats:?}");
