@@ -133,23 +133,14 @@ fn send_and_receive_over_wss_with_a_token_and_a_wrong_token_stops_the_sender() {
     let (cert, key) = (cert.to_str().expect("utf-8"), key.to_str().expect("utf-8"));
     let receive = ["--tls-cert", cert, "--tls-key", key, "--token", "s3cret"];
     // A wrong token: the sender ends at once, with why.
-    let mut receiver = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
-        .args(["receive", "--listen", "127.0.0.1:0", "--messages", "1"])
-        .args(receive)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the receiver starts");
-    let mut out = BufReader::new(receiver.stdout.take().expect("stdout"));
-    let mut first = String::new();
-    out.read_line(&mut first).expect("a first line");
-    let port = first.split("127.0.0.1:").nth(1).and_then(|r| r.split(',').next()).expect("the port is printed");
-    let url = format!("wss://localhost:{port}");
+    let (mut receiver, url, drain) = receiver(&["--messages", "1"], &receive, "wss://");
     let refused = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
         .args(["send", "--url", &url, "--messages", "3", "--token", "guess", "--ca", cert])
         .output()
         .expect("the sender runs");
     let _ = receiver.kill();
     let _ = receiver.wait();
+    let _ = drain.join();
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("the sender stopped: unauthorized (401)"), "{err}");
@@ -157,15 +148,18 @@ fn send_and_receive_over_wss_with_a_token_and_a_wrong_token_stops_the_sender() {
     two_processes("wss", &receive, &["--token", "s3cret", "--ca", cert], "wss://");
 }
 
-/// Runs `receive` (with `receive_args`) and `send` (with `send_args`) as two
-/// processes over 5,000 messages; the receiver prints its URL with
-/// `scheme`.
-fn two_processes(name: &str, receive_args: &[&str], send_args: &[&str], scheme: &str) {
-    let path = temp(&format!("receive-{name}"));
+/// Starts `receive --listen 127.0.0.1:0` with `args` and `more`; returns the
+/// child, the URL it printed (with `scheme`, its host as `localhost` for
+/// the certificate's name), and the thread that keeps reading its output.
+fn receiver(
+    args: &[&str],
+    more: &[&str],
+    scheme: &str,
+) -> (std::process::Child, String, std::thread::JoinHandle<std::io::Result<u64>>) {
     let mut receiver = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
-        .args(["receive", "--listen", "127.0.0.1:0", "--messages", "5000", "--summary-json"])
-        .arg(&path)
-        .args(receive_args)
+        .args(["receive", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .args(more)
         .stdout(Stdio::piped())
         .spawn()
         .expect("the receiver starts");
@@ -180,6 +174,17 @@ fn two_processes(name: &str, receive_args: &[&str], send_args: &[&str], scheme: 
         .expect("the address is printed")
         .trim_end_matches(',')
         .replace("127.0.0.1", "localhost");
+    (receiver, url, drain)
+}
+
+/// Runs `receive` (with `receive_args`) and `send` (with `send_args`) as two
+/// processes over 5,000 messages; the receiver prints its URL with
+/// `scheme`.
+fn two_processes(name: &str, receive_args: &[&str], send_args: &[&str], scheme: &str) {
+    let path = temp(&format!("receive-{name}"));
+    let path_arg = path.to_str().expect("utf-8");
+    let (mut receiver, url, drain) =
+        receiver(&["--messages", "5000", "--summary-json", path_arg], receive_args, scheme);
     let mut sender = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
         .args(["send", "--url", &url, "--messages", "5000"])
         .args(send_args)

@@ -46,6 +46,19 @@ async fn tls_front(target: std::net::SocketAddr) -> (std::net::SocketAddr, Certi
     (addr, cert)
 }
 
+/// The first state of `sender` that says why it is not connected (a
+/// reconnect or a stop); connecting is a failure of the test.
+async fn first_failure(sender: &Sender) -> ConnectionState {
+    let mut states = sender.watch_state();
+    loop {
+        match tokio::time::timeout(limit(), states.next()).await.unwrap().unwrap() {
+            s @ (ConnectionState::Reconnecting { .. } | ConnectionState::Stopped { .. }) => return s,
+            ConnectionState::Connected { .. } => panic!("connected"),
+            _ => {}
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wss_with_a_custom_root_delivers_in_order_and_the_default_roots_refuse_a_self_signed_server() {
     let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
@@ -57,14 +70,7 @@ async fn wss_with_a_custom_root_delivers_in_order_and_the_default_roots_refuse_a
     let cx = AsyncContext::new();
     let stranger = AsyncEgressCell::new(&cx, policy());
     let refused = Sender::spawn(stranger, url.clone(), sender_config(61)).unwrap();
-    let mut states = refused.watch_state();
-    let error = loop {
-        match tokio::time::timeout(limit(), states.next()).await.unwrap().unwrap() {
-            ConnectionState::Reconnecting { error, .. } => break error,
-            ConnectionState::Connected { .. } => panic!("connected to an unknown certificate"),
-            _ => {}
-        }
-    };
+    let Some(error) = first_failure(&refused).await.error().cloned() else { panic!("no error") };
     assert!(matches!(&error, egress_ws::ConnectError::Tls(d) if d.contains("certificate")), "{error:?}");
     assert_eq!(error.to_string(), "TLS failed", "short, for a status bar; the rest in detail()");
     assert_eq!(refused.stats().connections, 0);
@@ -164,14 +170,7 @@ async fn a_receiver_with_tls_and_a_token_admits_the_producer_that_has_it_and_ref
         cell.enqueue(payload(0));
         let config = SenderConfig { tls: Some(roots.clone()), headers, ..sender_config(64) };
         let sender = Sender::spawn(cell.clone(), url.clone(), config).unwrap();
-        let mut states = sender.watch_state();
-        let stopped = loop {
-            match tokio::time::timeout(limit(), states.next()).await.unwrap().unwrap() {
-                s @ ConnectionState::Stopped { .. } => break s,
-                ConnectionState::Connected { .. } => panic!("{what}: connected"),
-                _ => {}
-            }
-        };
+        let stopped = first_failure(&sender).await;
         assert_eq!(stopped, ConnectionState::Stopped { error: Some(ConnectError::Unauthorized) }, "{what}");
         assert_eq!(cell.generation().get_untracked(), egress_core::Generation(0), "{what}: no generation taken");
         sender.shutdown().await;
@@ -214,13 +213,7 @@ async fn an_authorization_check_sees_path_and_peer_and_a_panic_in_it_refuses_wit
         let cell = AsyncEgressCell::new(&cx, policy());
         let url = format!("ws://{}{path}", receiver.local_addr());
         let sender = Sender::spawn(cell, url, sender_config(66)).unwrap();
-        let mut states = sender.watch_state();
-        let stopped = loop {
-            let state = tokio::time::timeout(limit(), states.next()).await.unwrap().unwrap();
-            if let ConnectionState::Stopped { .. } = state {
-                break state;
-            }
-        };
+        let stopped = first_failure(&sender).await;
         assert_eq!(stopped, ConnectionState::Stopped { error: Some(expected) }, "{path}");
         sender.shutdown().await;
     }
@@ -264,14 +257,8 @@ async fn a_tls_receiver_at_its_connection_bound_closes_rather_than_answer_in_pla
     let cell = AsyncEgressCell::new(&cx, policy());
     let url = format!("wss://localhost:{}", receiver.local_addr().port());
     let sender = Sender::spawn(cell, url, SenderConfig { tls: Some(client), ..sender_config(68) }).unwrap();
-    let mut states = sender.watch_state();
-    let error = loop {
-        match tokio::time::timeout(limit(), states.next()).await.unwrap().unwrap() {
-            ConnectionState::Reconnecting { error, .. } => break error,
-            ConnectionState::Connected { .. } => panic!("connected past the bound"),
-            _ => {}
-        }
-    };
+    let state = first_failure(&sender).await;
+    let ConnectionState::Reconnecting { error, .. } = state else { panic!("{state:?}") };
     assert!(matches!(error, egress_ws::ConnectError::Lost(_)), "a closed connection, not a TLS failure: {error:?}");
     assert!(receiver.stats().refused_capacity >= 1);
     sender.shutdown().await;
