@@ -4,7 +4,9 @@
 //! This facade re-exports the workspace's crates. At the root, what an
 //! application uses: the delivery core's types ([`EgressCore`], [`Policy`],
 //! [`Sequence`], the outcomes), the reactive contexts and the egress cells
-//! ([`EgressCell`], [`ThreadSafeEgressCell`], [`AsyncEgressCell`]);
+//! ([`EgressCell`], [`ThreadSafeEgressCell`], [`AsyncEgressCell`]), and
+//! the codecs that make typed payloads bytes for every store and transport
+//! ([`Codec`], [`Encode`], [`Json`], [`Raw`]);
 //! [`prelude`] has the few an application starts with. The journal
 //! protocol a store implements is in [`journal`]; all of
 //! [`egress_core`] is in [`core`], all of [`egress_reactive`] in
@@ -16,7 +18,7 @@
 //!   the wire protocol, as `egress::ws` ([egress-ws](https://docs.rs/egress-ws)).
 //! - `store`: durable egress on SQLite (a transactional outbox, its relay,
 //!   restart recovery), as `egress::store`
-//!   ([egress-store](https://docs.rs/egress-store); needs Rust 1.89).
+//!   ([egress-store](https://docs.rs/egress-store)).
 //!
 //! ```
 //! use egress::{EgressCore, Policy};
@@ -38,6 +40,7 @@ pub use egress_core::{
 
 /// What an application starts with: `use egress::prelude::*;`.
 pub mod prelude {
+    pub use egress_codec::Json;
     pub use egress_core::{DeadReason, MessageStatus, Policy, Sequence};
     pub use egress_reactive::{AsyncContext, AsyncEgressCell, CellOptions, Context, EgressCell, Refused};
 }
@@ -86,6 +89,7 @@ pub mod nats {
     pub use egress_nats::*;
 }
 
+pub use egress_codec::{Codec, CodecError, Encode, Json, Raw};
 pub use egress_reactive::{
     AsyncContext, AsyncEgressCell, AsyncTransport, Attachment, CellOptions, Clock, Computed, Context, Effect,
     EgressCell, ManualClock, MonotonicClock, ParkedRecord, Refused, Scope, SendError, Signal, Snapshot,

@@ -3,8 +3,10 @@
 //!
 //! For every publishable workspace crate: a description, a license, a
 //! readme, one to five keywords, at least one category, no placeholder
-//! repository, and a `rust-version` that is true: at or above every normal
-//! dependency's own `rust-version` (the resolved graph for this host), and
+//! repository, and a `rust-version` that is true for every feature: at or
+//! above every normal dependency's own `rust-version` (the graph resolved
+//! for this host with every feature of every member on, so an optional
+//! dependency behind a feature counts), and
 //! at or above 1.88 if its code uses let chains (`if let … && …`, stable in
 //! 1.88). Std APIs newer than the declared version are clippy's
 //! `incompatible_msrv` lint, which CI runs with `-D warnings`. A crate that
@@ -66,7 +68,7 @@ fn host() -> Result<String> {
 fn metadata() -> Result<Value> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--locked", "--filter-platform", &host()?])
+        .args(["metadata", "--format-version", "1", "--locked", "--all-features", "--filter-platform", &host()?])
         .output()
         .context("running cargo metadata")?;
     if !out.status.success() {

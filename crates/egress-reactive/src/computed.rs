@@ -419,4 +419,10 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     pub fn created_at(&self) -> &'static Location<'static> {
         self.created_at
     }
+
+    /// Whether any handle but this one (and the graph's own reference,
+    /// while the node lives) holds the computed.
+    pub(crate) fn is_shared(&self) -> bool {
+        F::strong_count(&self.slot) > 2
+    }
 }

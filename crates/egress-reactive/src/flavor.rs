@@ -67,6 +67,9 @@ pub trait Flavor: sealed::Sealed + Sized + 'static {
     /// Whether `ptr` is the only pointer to its value, strong or weak.
     #[doc(hidden)]
     fn is_unique<T: ?Sized + 'static>(ptr: &Self::Ptr<T>) -> bool;
+    /// How many strong pointers share `ptr`'s value.
+    #[doc(hidden)]
+    fn strong_count<T: ?Sized + 'static>(ptr: &Self::Ptr<T>) -> usize;
     #[doc(hidden)]
     fn run_cleanup(cleanup: Self::Cleanup);
     #[doc(hidden)]
@@ -249,6 +252,9 @@ impl Flavor for Local {
     fn is_unique<T: ?Sized + 'static>(ptr: &Self::Ptr<T>) -> bool {
         Self::Ptr::<T>::strong_count(ptr) == 1 && Self::Ptr::<T>::weak_count(ptr) == 0
     }
+    fn strong_count<T: ?Sized + 'static>(ptr: &Self::Ptr<T>) -> usize {
+        Self::Ptr::<T>::strong_count(ptr)
+    }
     fn run_cleanup(cleanup: Self::Cleanup) {
         cleanup()
     }
@@ -323,6 +329,9 @@ impl Flavor for Threaded {
     }
     fn is_unique<T: ?Sized + 'static>(ptr: &Self::Ptr<T>) -> bool {
         Self::Ptr::<T>::strong_count(ptr) == 1 && Self::Ptr::<T>::weak_count(ptr) == 0
+    }
+    fn strong_count<T: ?Sized + 'static>(ptr: &Self::Ptr<T>) -> usize {
+        Self::Ptr::<T>::strong_count(ptr)
     }
     fn run_cleanup(cleanup: Self::Cleanup) {
         cleanup()

@@ -95,3 +95,49 @@ fn a_cell_says_what_its_restore_found_and_a_new_one_says_nothing() {
     let fresh: EgressCell<String> = EgressCell::new(&cx.handle(), Policy::default());
     assert_eq!(fresh.recovered(), None);
 }
+
+#[test]
+fn a_status_reader_is_one_per_sequence_while_held_and_reclaimed_once_dropped() {
+    let cx = Context::new();
+    let cell: EgressCell<String> = EgressCell::new(&cx.handle(), Policy::default());
+    let held = cell.status(Sequence(3));
+    let nodes = cx.node_count();
+    // Asked again (a redraw): the same reader, no new node.
+    let again = cell.status(Sequence(3));
+    assert_eq!(cx.node_count(), nodes);
+    assert_eq!(again.created_at(), held.created_at(), "made once, where it was first asked for");
+    drop(again);
+    // A screen that asks for thousands of statuses and drops each: the
+    // readers no one holds are reclaimed, so the graph stays bounded.
+    for s in 100..5_100 {
+        let status = cell.status(Sequence(s));
+        assert_eq!(status.get(), None);
+    }
+    assert!(cx.node_count() < nodes + 200, "{} nodes after 5,000 dropped statuses", cx.node_count() - nodes);
+    // The held reader survived every sweep and still follows the cell.
+    assert!(!held.is_disposed());
+    assert_eq!(held.get(), None);
+    cell.enqueue_all((0..4).map(|i| format!("m{i}")));
+    assert_eq!(held.get(), Some(M::Queued));
+}
+
+#[test]
+fn a_status_reader_is_the_cells_not_the_scope_it_was_asked_in_and_goes_with_the_cell() {
+    let cx = Context::new();
+    let cell: EgressCell<String> = EgressCell::new(&cx.handle(), Policy::default());
+    cell.enqueue("m0".into());
+    // Asked for inside a scope that is then disposed: the reader lives on,
+    // since it is the cell's (and another caller may hold it).
+    let (scope, status) = cx.scope(|| cell.status(Sequence(0)));
+    scope.dispose();
+    assert!(!status.is_disposed());
+    assert_eq!(status.get(), Some(M::Queued));
+    // Disposed by a caller anyway: the next call gives a live reader.
+    status.dispose();
+    let fresh = cell.status(Sequence(0));
+    assert!(!fresh.is_disposed());
+    assert_eq!(fresh.get(), Some(M::Queued));
+    // The cell's disposal takes its readers with it.
+    cell.dispose();
+    assert!(fresh.is_disposed());
+}

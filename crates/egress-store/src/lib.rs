@@ -50,7 +50,9 @@ use std::ops::Range;
 use egress_core::{RestoreError, Sequence};
 
 #[cfg(feature = "relay")]
-pub use crate::relay::{Durable, JournalStore, Relay, RelayConfig, RelayStats, SqliteJournal, open_durable};
+pub use crate::relay::{
+    Durable, JournalStore, Relay, RelayConfig, RelayStats, SqliteJournal, open_durable, open_durable_with,
+};
 pub use crate::sqlite::{Loaded, Outbox, ReceivedLog, SCHEMA_VERSION, SqliteStore, migrate};
 
 #[cfg(feature = "receiver")]
@@ -155,6 +157,32 @@ pub enum StoreError {
     /// A message serde could not encode.
     #[error("encode: {0}")]
     Encode(serde_json::Error),
+    /// A payload its codec cannot encode: nothing was written (see
+    /// `open_durable_with`).
+    #[error("stream {stream}: {} does not encode: {error}", sequence.map_or_else(|| "a payload".to_owned(), |s| format!("record {s}")))]
+    Unencodable {
+        /// The stream.
+        stream: String,
+        /// The record's sequence (`None`: an outbox append, refused before
+        /// it took one).
+        sequence: Option<Sequence>,
+        /// The codec's reason.
+        #[source]
+        error: egress_codec::CodecError,
+    },
+    /// A stored record its codec cannot read as a `T` (appended with
+    /// another encoding): nothing was changed, and the record is kept
+    /// (see `open_durable_with`).
+    #[error("stream {stream}: record {sequence} does not decode: {error}")]
+    Undecodable {
+        /// The stream.
+        stream: String,
+        /// The record's sequence.
+        sequence: Sequence,
+        /// The codec's reason.
+        #[source]
+        error: egress_codec::CodecError,
+    },
     /// The relay's blocking task panicked or was cancelled.
     #[error("the store's task ended: {0}")]
     Task(String),

@@ -300,6 +300,23 @@ impl PgOutbox {
         let payload = serde_json::to_vec(message).map_err(StoreError::Encode)?;
         self.append(tx, &payload).await
     }
+
+    /// Appends `value` as `codec` encodes it (see [`append`](Self::append)):
+    /// the append of a typed durable cell's stream, whose relay reads the
+    /// record back with the same codec ([`open_durable_with`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Unencodable`] for a value `codec` refuses (nothing is
+    /// appended), or [`append`](Self::append)'s.
+    pub async fn append_encoded<T: 'static>(
+        &self,
+        tx: &Transaction<'_>,
+        codec: &impl egress_codec::Encode<T>,
+        value: &T,
+    ) -> Result<Sequence, StoreError> {
+        let payload = crate::stored::encode_one(codec, &self.stream, value)?;
+        self.append(tx, &payload).await
+    }
 }
 
 /// A stream a [`PgStore`] has taken: its name and the lease number that
@@ -1049,13 +1066,39 @@ pub async fn open_durable(
     options: egress_reactive::CellOptions,
     config: crate::RelayConfig,
 ) -> Result<Option<(String, crate::Durable)>, StoreError> {
+    open_durable_with(cx, store, stream, lease, egress_codec::Raw, policy, options, config).await
+}
+
+/// [`open_durable`] for a cell of `T`, whose records `codec` writes and
+/// reads back, as the SQLite store's
+/// [`open_durable_with`](crate::open_durable_with) (the same rules for a
+/// record that does not decode or encode; applications append with
+/// [`PgOutbox::append_encoded`] and the same codec).
+///
+/// # Errors
+/// [`open_durable`]'s, and [`StoreError::Undecodable`].
+///
+/// # Panics
+/// Outside a tokio runtime.
+#[cfg(feature = "relay")]
+#[allow(clippy::too_many_arguments)]
+pub async fn open_durable_with<T: Clone + Send + Sync + 'static>(
+    cx: &egress_reactive::AsyncContext,
+    store: &PgStore,
+    stream: Option<&str>,
+    lease: Duration,
+    codec: impl egress_codec::Codec<T>,
+    policy: egress_core::Policy,
+    options: egress_reactive::CellOptions,
+    config: crate::RelayConfig,
+) -> Result<Option<(String, crate::Durable<T>)>, StoreError> {
     let taken = match stream {
         Some(stream) => store.take_stream(stream, lease).await?,
         None => store.take(lease).await?,
     };
     let Some((taken, loaded)) = taken else { return Ok(None) };
     let name = taken.stream.clone();
-    let durable = start(cx, store, taken, loaded, lease, policy, options, config)?;
+    let durable = start(cx, store, taken, loaded, lease, codec, policy, options, config)?;
     Ok(Some((name, durable)))
 }
 
@@ -1086,7 +1129,7 @@ pub async fn open_durable_many(
         .into_iter()
         .map(|(name, read)| {
             let started = read.and_then(|(taken, loaded)| {
-                start(cx, store, taken, loaded, lease, policy, options.clone(), config.clone())
+                start(cx, store, taken, loaded, lease, egress_codec::Raw, policy, options.clone(), config.clone())
             });
             (name, started)
         })
@@ -1096,19 +1139,21 @@ pub async fn open_durable_many(
 /// A cell restored from `loaded` and its relay over `taken`.
 #[cfg(feature = "relay")]
 #[allow(clippy::too_many_arguments)]
-fn start(
+fn start<T: Clone + Send + Sync + 'static>(
     cx: &egress_reactive::AsyncContext,
     store: &PgStore,
     taken: Lease,
     loaded: Loaded,
     lease: Duration,
+    codec: impl egress_codec::Codec<T>,
     policy: egress_core::Policy,
     options: egress_reactive::CellOptions,
     config: crate::RelayConfig,
-) -> Result<crate::Durable, StoreError> {
+) -> Result<crate::Durable<T>, StoreError> {
+    let loaded = loaded.decode(&taken.stream, &codec)?;
     let core = egress_core::EgressCore::restore(policy, loaded.restored)?;
     let cell = egress_reactive::AsyncEgressCell::from_core(cx, core, options.incarnation(loaded.incarnation));
     let journal = PgJournal::new(store.clone(), taken, lease, Duration::from_millis(250));
-    let relay = crate::Relay::spawn_on(cx, &cell, journal, config);
+    let relay = crate::Relay::spawn_with(cx, &cell, journal, codec, config);
     Ok(crate::Durable { cell, relay })
 }

@@ -7,12 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use egress_codec::{Codec, Raw};
 use egress_core::{AdoptOutcome, EgressCore, Epoch, Policy, Ready, Sequence};
 use egress_reactive::{AsyncContext, AsyncEgressCell, CellFlavor, CellOptions, Effect, EgressCellOf, Threaded};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
+use crate::stored::{decode, decode_all, encode_all};
 use crate::{SqliteStore, StoreError};
 
 /// One stream's home, as a [`Relay`] uses it: the store's half of the
@@ -221,6 +223,9 @@ pub struct RelayStats {
     /// Times adoption stopped at a record out of order (a gap another
     /// writer left in the stream): the records after it wait.
     pub adoption_stalls: u64,
+    /// Times adoption stopped at a record the relay's codec cannot read
+    /// (appended with another encoding): it and the records after it wait.
+    pub undecodable: u64,
     /// Whether the relay stopped because the stream is not its store's any
     /// more: another store took it over, or the store's connection is gone
     /// for good (its lease runs out, and another worker takes it).
@@ -235,6 +240,7 @@ struct Counters {
     adopted: AtomicU64,
     rebases: AtomicU64,
     adoption_stalls: AtomicU64,
+    undecodable: AtomicU64,
     fenced: std::sync::atomic::AtomicBool,
 }
 
@@ -247,6 +253,7 @@ impl Counters {
             adopted: self.adopted.load(Ordering::Relaxed),
             rebases: self.rebases.load(Ordering::Relaxed),
             adoption_stalls: self.adoption_stalls.load(Ordering::Relaxed),
+            undecodable: self.undecodable.load(Ordering::Relaxed),
             fenced: self.fenced.load(Ordering::Relaxed),
         }
     }
@@ -300,11 +307,12 @@ impl Drop for Relay {
     }
 }
 
-/// A durable cell and the relay that writes it.
+/// A durable cell and the relay that writes it: a cell of bytes from
+/// [`open_durable`], of `T` from [`open_durable_with`] and a [`Codec`].
 #[derive(Debug)]
-pub struct Durable {
+pub struct Durable<T: Clone + Send + Sync + 'static = Bytes> {
     /// The cell: enqueue here, attach a transport (or spawn a sender) here.
-    pub cell: AsyncEgressCell<Bytes>,
+    pub cell: AsyncEgressCell<T>,
     /// Its relay.
     pub relay: Relay,
 }
@@ -329,6 +337,42 @@ pub async fn open_durable(
     options: CellOptions,
     config: RelayConfig,
 ) -> Result<Durable, StoreError> {
+    open_durable_with(cx, path, stream, Raw, policy, options, config).await
+}
+
+/// [`open_durable`] for a cell of `T`: `codec` makes the stored bytes of
+/// what the cell holds, and reads the stored records back as `T`s (those
+/// restored here, and those applications append through the
+/// [`Outbox`](crate::Outbox), with
+/// [`append_encoded`](crate::Outbox::append_encoded) and the same codec).
+/// The cell, its readers and a UI over them hold the typed messages; give
+/// a sender the same codec (`egress_ws::Sender::spawn_typed`).
+///
+/// A stored record that does not decode refuses the open
+/// ([`StoreError::Undecodable`], with its sequence): nothing is lost, and
+/// the stream opened with [`Raw`] shows its bytes. Of what the relay
+/// writes, a record that does not encode fails its commit
+/// ([`StoreError::Unencodable`], shown as the cell's `persist_error`) and
+/// the relay tries again after its backoff: nothing from it on is written
+/// or sent, and nothing is lost. A codec whose `encode` can fail for a
+/// value the application enqueues therefore wants a check before the
+/// enqueue ([`Codec::size`](egress_codec::Encode::size) is `None` for such
+/// a value).
+///
+/// # Errors
+/// [`open_durable`]'s, and [`StoreError::Undecodable`].
+///
+/// # Panics
+/// Outside a tokio runtime.
+pub async fn open_durable_with<T: Clone + Send + Sync + 'static>(
+    cx: &AsyncContext,
+    path: impl AsRef<Path>,
+    stream: &str,
+    codec: impl Codec<T>,
+    policy: Policy,
+    options: CellOptions,
+    config: RelayConfig,
+) -> Result<Durable<T>, StoreError> {
     let (path, name) = (path.as_ref().to_owned(), stream.to_owned());
     let opened = tokio::task::spawn_blocking(move || {
         let mut store = SqliteStore::open(path)?;
@@ -338,9 +382,10 @@ pub async fn open_durable(
     .await
     .map_err(|e| StoreError::Task(e.to_string()))?;
     let (store, loaded) = opened?;
+    let loaded = loaded.decode(stream, &codec)?;
     let core = EgressCore::restore(policy, loaded.restored)?;
     let cell = AsyncEgressCell::from_core(cx, core, options.incarnation(loaded.incarnation));
-    let relay = Relay::spawn(cx, &cell, store, stream, config);
+    let relay = Relay::spawn_with(cx, &cell, SqliteJournal::new(store, stream), codec, config);
     Ok(Durable { cell, relay })
 }
 
@@ -372,6 +417,22 @@ impl Relay {
         store: S,
         config: RelayConfig,
     ) -> Relay {
+        Relay::spawn_with(cx, cell, store, Raw, config)
+    }
+
+    /// [`spawn_on`](Self::spawn_on) for a cell of `T`, whose records
+    /// `codec` writes and reads back (see [`open_durable_with`]).
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn_with<T: Clone + Send + Sync + 'static, S: JournalStore>(
+        cx: &AsyncContext,
+        cell: &AsyncEgressCell<T>,
+        store: S,
+        codec: impl Codec<T>,
+        config: RelayConfig,
+    ) -> Relay {
+        let codec: Arc<dyn Codec<T>> = Arc::new(codec);
         let bell = Arc::new(Notify::new());
         // Whatever the journal may have to write moves one of these.
         let effect = cx.effect({
@@ -397,7 +458,7 @@ impl Relay {
         let span = tracing::info_span!("egress_relay", stream = store.stream());
         let (stored, stored_ack) = watch::channel(cell.acked_through().get_untracked());
         let store = Arc::new(tokio::sync::Mutex::new(store));
-        let written = Written { counters: counters.clone(), stored: Arc::new(stored) };
+        let written = Written { counters: counters.clone(), stored: Arc::new(stored), codec };
         let task = tokio::spawn(tracing::Instrument::instrument(
             run(cell.clone(), store, config, bell, stop_rx, written),
             span,
@@ -431,12 +492,12 @@ impl Relay {
     }
 }
 
-/// Where a relay's commits are told: its counters, and the stored
-/// watermark.
-#[derive(Clone)]
-struct Written {
+/// Where a relay's commits are told (its counters, and the stored
+/// watermark), and how its records become bytes and back.
+struct Written<T> {
     counters: Arc<Counters>,
     stored: Arc<watch::Sender<Option<Sequence>>>,
+    codec: Arc<dyn Codec<T>>,
 }
 
 /// What one commit did, for the counters.
@@ -458,8 +519,8 @@ enum Reported {
     Conflict { from: Sequence, count: usize },
 }
 
-fn report<F: CellFlavor<Bytes>>(
-    cell: &EgressCellOf<Bytes, F>,
+fn report<T: Clone + 'static, F: CellFlavor<T>>(
+    cell: &EgressCellOf<T, F>,
     epoch: Epoch,
     result: Result<(), StoreError>,
     appended: usize,
@@ -484,7 +545,7 @@ fn report<F: CellFlavor<Bytes>>(
 }
 
 /// Moves the cell's unwritten records behind `theirs` (another writer's).
-fn rebase<F: CellFlavor<Bytes>>(cell: &EgressCellOf<Bytes, F>, theirs: Vec<(Sequence, Bytes)>) -> Committed {
+fn rebase<T: Clone + 'static, F: CellFlavor<T>>(cell: &EgressCellOf<T, F>, theirs: Vec<(Sequence, T)>) -> Committed {
     let outcome = cell.rebase(theirs);
     tracing::info!(?outcome, "egress relay: the cell's appends moved behind the outbox's");
     Committed::Rebased
@@ -506,13 +567,33 @@ impl SqliteStore {
         cell: &EgressCellOf<Bytes, F>,
         stream: &str,
     ) -> Result<u64, StoreError> {
+        self.write_journal_with(cell, stream, &Raw)
+    }
+
+    /// [`write_journal`](Self::write_journal) for a cell of `T`, whose
+    /// records `codec` writes and reads back (see [`open_durable_with`];
+    /// restore the cell from [`Loaded::decode`](crate::Loaded::decode)).
+    ///
+    /// # Errors
+    /// [`write_journal`](Self::write_journal)'s, and
+    /// [`StoreError::Unencodable`] or [`StoreError::Undecodable`] for a
+    /// record `codec` refuses (nothing of that `Ready` is written).
+    pub fn write_journal_with<T: Clone + 'static, F: CellFlavor<T>>(
+        &mut self,
+        cell: &EgressCellOf<T, F>,
+        stream: &str,
+        codec: &dyn Codec<T>,
+    ) -> Result<u64, StoreError> {
         let mut written = 0;
         while let Some((ready, appends)) = cell.poll_ready() {
-            let result = self.apply(stream, &ready, &appends);
-            match report(cell, ready.epoch, result, appends.len())? {
+            let (result, count) = match encode_all(codec, stream, &appends) {
+                Ok(bytes) => (self.apply(stream, &ready, &bytes), bytes.len()),
+                Err(e) => (Err(e), 0),
+            };
+            match report(cell, ready.epoch, result, count)? {
                 Reported::Written(n) => written += n,
                 Reported::Conflict { from, count } => {
-                    let theirs = self.appended(stream, from, count)?;
+                    let theirs = decode_all(codec, stream, self.appended(stream, from, count)?)?;
                     rebase(cell, theirs);
                 }
             }
@@ -525,17 +606,21 @@ impl SqliteStore {
 /// of its own: a relay aborted while the store works (dropped) does not
 /// stop the commit from being reported, so the cell never waits for a
 /// `Ready` no one will answer.
-async fn commit<S: JournalStore>(
+async fn commit<S: JournalStore, T: Clone + Send + Sync + 'static>(
     store: Arc<tokio::sync::Mutex<S>>,
-    cell: AsyncEgressCell<Bytes>,
+    cell: AsyncEgressCell<T>,
     ready: Ready,
-    appends: Vec<(Sequence, Bytes)>,
+    appends: Vec<(Sequence, T)>,
     stored: Arc<watch::Sender<Option<Sequence>>>,
+    codec: Arc<dyn Codec<T>>,
 ) -> Result<Committed, StoreError> {
     let mut store = store.lock().await;
-    let result = store.apply(&ready, &appends).await;
+    let (result, count) = match encode_all(&*codec, store.stream(), &appends) {
+        Ok(bytes) => (store.apply(&ready, &bytes).await, bytes.len()),
+        Err(e) => (Err(e), 0),
+    };
     let wrote = result.is_ok();
-    let reported = report(&cell, ready.epoch, result, appends.len());
+    let reported = report(&cell, ready.epoch, result, count);
     if wrote && let Some(acked) = ready.acked_through {
         stored.send_if_modified(|s| {
             let raised = s.is_none_or(|s| acked > s);
@@ -549,22 +634,23 @@ async fn commit<S: JournalStore>(
         Reported::Written(n) => Ok(Committed::Written(n)),
         Reported::Conflict { from, count } => {
             let theirs = store.appended(from, count).await?;
-            Ok(rebase(&cell, theirs))
+            Ok(rebase(&cell, decode_all(&*codec, store.stream(), theirs)?))
         }
     }
 }
 
 /// Commits one `Ready` if the journal has one. Returns whether it did
 /// anything, and the error if the commit failed.
-async fn write_once<S: JournalStore>(
-    cell: &AsyncEgressCell<Bytes>,
+async fn write_once<S: JournalStore, T: Clone + Send + Sync + 'static>(
+    cell: &AsyncEgressCell<T>,
     store: &Arc<tokio::sync::Mutex<S>>,
-    written: &Written,
+    written: &Written<T>,
 ) -> Option<Result<(), StoreError>> {
     let (ready, appends) = cell.poll_ready()?;
     let counters = &written.counters;
     let started = std::time::Instant::now();
-    let task = tokio::spawn(commit(store.clone(), cell.clone(), ready, appends, written.stored.clone()));
+    let (stored, codec) = (written.stored.clone(), written.codec.clone());
+    let task = tokio::spawn(commit(store.clone(), cell.clone(), ready, appends, stored, codec));
     let result = match task.await {
         Ok(Ok(Committed::Written(n))) => {
             counters.commits.fetch_add(1, Ordering::Relaxed);
@@ -597,24 +683,37 @@ async fn write_once<S: JournalStore>(
 
 /// Adopts what applications appended; returns whether a full batch came
 /// (there may be more).
-async fn adopt<S: JournalStore>(
-    cell: &AsyncEgressCell<Bytes>,
+async fn adopt<S: JournalStore, T: Clone + Send + Sync + 'static>(
+    cell: &AsyncEgressCell<T>,
     store: &tokio::sync::Mutex<S>,
     batch: usize,
     force: bool,
-    counters: &Counters,
+    written: &Written<T>,
 ) -> Result<bool, StoreError> {
+    let counters = &written.counters;
     if cell.unpersisted_len().get_untracked() != 0 {
         return Ok(false);
     }
     let from = cell.next_sequence();
-    let rows = {
+    let (rows, stream) = {
         let mut store = store.lock().await;
-        if store.changed().await? || force { store.appended(from, batch).await? } else { Vec::new() }
+        let rows = if store.changed().await? || force { store.appended(from, batch).await? } else { Vec::new() };
+        (rows, store.stream().to_owned())
     };
     let mut more = rows.len() == batch;
     let mut adopted = 0u64;
-    for (sequence, payload) in rows {
+    for (sequence, bytes) in rows {
+        // A record the codec cannot read stops adoption there, as a record
+        // out of order does: the records after it wait, nothing is lost.
+        let payload = match decode(&*written.codec, &stream, sequence, &bytes) {
+            Ok(payload) => payload,
+            Err(e) => {
+                tracing::warn!(error = %e, "egress relay: adoption stopped at a record its codec cannot read");
+                counters.undecodable.fetch_add(1, Ordering::Relaxed);
+                more = false;
+                break;
+            }
+        };
         match cell.adopt(sequence, payload) {
             AdoptOutcome::Adopted { .. } => adopted += 1,
             AdoptOutcome::Unwritten { .. } => {
@@ -648,13 +747,13 @@ fn fenced(counters: &Counters) {
     counters.fenced.store(true, Ordering::Relaxed);
 }
 
-async fn run<S: JournalStore>(
-    cell: AsyncEgressCell<Bytes>,
+async fn run<S: JournalStore, T: Clone + Send + Sync + 'static>(
+    cell: AsyncEgressCell<T>,
     store: Arc<tokio::sync::Mutex<S>>,
     config: RelayConfig,
     bell: Arc<Notify>,
     mut stop: watch::Receiver<bool>,
-    written: Written,
+    written: Written<T>,
 ) {
     let counters = written.counters.clone();
     let mut failures: u32 = 0;
@@ -692,7 +791,7 @@ async fn run<S: JournalStore>(
             }
             None => {}
         }
-        match adopt(&cell, &store, config.adopt_batch.max(1), more, &counters).await {
+        match adopt(&cell, &store, config.adopt_batch.max(1), more, &written).await {
             Ok(full) => {
                 more = full;
                 if full {

@@ -114,16 +114,30 @@ pub struct SqliteStore {
 /// What [`SqliteStore::load`] found for a stream: the incarnation of its
 /// sequence space and the snapshot to [`restore`](egress_core::EgressCore::restore)
 /// from.
+/// Its records are bytes as stored; [`decode`](Self::decode) reads them
+/// as the `T`s of a typed cell.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Loaded {
+pub struct Loaded<T = Bytes> {
     /// The stream's incarnation, kept for its life: a restarted producer
     /// continues the same sequence space.
     pub incarnation: Incarnation,
     /// The stored state.
-    pub restored: Restored<Bytes>,
+    pub restored: Restored<T>,
 }
 
 impl Loaded {
+    /// The same stream with its records read by `codec` as `T`s.
+    ///
+    /// # Errors
+    /// [`StoreError::Undecodable`] for the first record `codec` cannot
+    /// read, with its sequence (`stream` names the stream in it).
+    pub fn decode<T: 'static>(self, stream: &str, codec: &dyn egress_codec::Codec<T>) -> Result<Loaded<T>, StoreError> {
+        Ok(Loaded {
+            incarnation: self.incarnation,
+            restored: crate::stored::decode_restored(codec, stream, self.restored)?,
+        })
+    }
+
     /// A stream as a store read it: its incarnation, its stored generation,
     /// counter and watermark, and the records above the watermark.
     pub fn new(
@@ -555,6 +569,7 @@ impl Outbox {
                 conn.execute_batch("RELEASE egress_append")?;
                 // Its commit comes later, in the caller's hands: the
                 // stream's relay in this process watches closely for it.
+                #[cfg(feature = "relay")]
                 crate::relay::Appends::of(&self.stream).opened();
             }
             Err(_) => {
@@ -574,6 +589,23 @@ impl Outbox {
         message: &M,
     ) -> Result<Sequence, StoreError> {
         let payload = serde_json::to_vec(message).map_err(StoreError::Encode)?;
+        self.append(conn, &payload)
+    }
+
+    /// Appends `value` as `codec` encodes it (see [`append`](Self::append)):
+    /// the append of a typed durable cell's stream, whose relay reads the
+    /// record back with the same codec (`open_durable_with`).
+    ///
+    /// # Errors
+    /// [`StoreError::Unencodable`] for a value `codec` refuses (nothing is
+    /// appended), or [`append`](Self::append)'s.
+    pub fn append_encoded<T: 'static>(
+        &self,
+        conn: &Connection,
+        codec: &impl egress_codec::Encode<T>,
+        value: &T,
+    ) -> Result<Sequence, StoreError> {
+        let payload = crate::stored::encode_one(codec, &self.stream, value)?;
         self.append(conn, &payload)
     }
 }

@@ -2,7 +2,9 @@
 //! signed 64-bit integers (checked both ways), dead letters as a reason code
 //! and a held flag, incarnations and owner tokens as 16 random bytes.
 
-use egress_core::{DeadMark, DeadReason, Generation, Incarnation};
+use bytes::Bytes;
+use egress_codec::Codec;
+use egress_core::{DeadMark, DeadReason, Generation, Incarnation, Restored, RestoredRecord, Sequence};
 
 use crate::StoreError;
 
@@ -62,4 +64,75 @@ pub(crate) fn restorable_generation(generation: u64) -> Result<Generation, Store
         return Err(StoreError::OutOfRange { what, value: generation.into() });
     }
     Ok(Generation(generation))
+}
+
+/// `restored`'s records as `T`s, by `codec`.
+pub(crate) fn decode_restored<T: 'static>(
+    codec: &dyn Codec<T>,
+    stream: &str,
+    restored: Restored<Bytes>,
+) -> Result<Restored<T>, StoreError> {
+    let records = restored
+        .records
+        .into_iter()
+        .map(|r| {
+            Ok(RestoredRecord {
+                sequence: r.sequence,
+                payload: decode(codec, stream, r.sequence, &r.payload)?,
+                dead: r.dead,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    Ok(Restored {
+        generation: restored.generation,
+        next_sequence: restored.next_sequence,
+        acked_through: restored.acked_through,
+        records,
+        skipped: restored.skipped,
+    })
+}
+
+/// One stored record as a `T`.
+pub(crate) fn decode<T: 'static>(
+    codec: &dyn Codec<T>,
+    stream: &str,
+    sequence: Sequence,
+    bytes: &Bytes,
+) -> Result<T, StoreError> {
+    codec.decode(bytes).map_err(|error| StoreError::Undecodable { stream: stream.to_owned(), sequence, error })
+}
+
+/// Stored records as `T`s.
+#[cfg(feature = "relay")]
+pub(crate) fn decode_all<T: 'static>(
+    codec: &dyn Codec<T>,
+    stream: &str,
+    rows: Vec<(Sequence, Bytes)>,
+) -> Result<Vec<(Sequence, T)>, StoreError> {
+    rows.into_iter().map(|(sequence, bytes)| Ok((sequence, decode(codec, stream, sequence, &bytes)?))).collect()
+}
+
+/// The bytes of the records a `Ready` appends.
+#[cfg(feature = "relay")]
+pub(crate) fn encode_all<T: 'static>(
+    codec: &dyn Codec<T>,
+    stream: &str,
+    appends: &[(Sequence, T)],
+) -> Result<Vec<(Sequence, Bytes)>, StoreError> {
+    appends
+        .iter()
+        .map(|(sequence, value)| match codec.encode(value) {
+            Ok(bytes) => Ok((*sequence, bytes)),
+            Err(error) => Err(StoreError::Unencodable { stream: stream.to_owned(), sequence: Some(*sequence), error }),
+        })
+        .collect()
+}
+
+/// One payload's bytes, for an outbox append (no sequence yet).
+pub(crate) fn encode_one<T: 'static>(
+    codec: &impl egress_codec::Encode<T>,
+    stream: &str,
+    value: &T,
+) -> Result<Bytes, StoreError> {
+    codec.encode(value).map_err(|error| StoreError::Unencodable { stream: stream.to_owned(), sequence: None, error })
 }

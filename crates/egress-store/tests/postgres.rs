@@ -848,3 +848,76 @@ async fn a_relay_whose_connection_is_killed_stops_and_its_stream_is_taken_over()
     let records: Vec<Bytes> = loaded.restored.records.iter().map(|r| r.payload.clone()).collect();
     assert_eq!(records, [Bytes::from_static(b"before")]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_cell_on_postgres_gets_its_own_and_the_outboxs_typed_messages_back_after_a_takeover() {
+    use egress_codec::Json;
+    use egress_reactive::{AsyncContext, CellOptions};
+    use egress_store::RelayConfig;
+    use egress_store::postgres::open_durable_with;
+
+    #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Line {
+        text: String,
+        n: u32,
+    }
+    let line = |n: u32| Line { text: format!("line {n}"), n };
+    let Some(url) = database().await else { return };
+    let stream = fresh("typed");
+    let cx = AsyncContext::new();
+    let store = PgStore::connect(&url, "a").await.unwrap();
+    async fn open(cx: &AsyncContext, store: &PgStore, stream: &str) -> egress_store::Durable<Line> {
+        let config = RelayConfig::default();
+        let opened =
+            open_durable_with(cx, store, Some(stream), LONG, Json, Policy::default(), CellOptions::new(), config);
+        opened.await.unwrap().unwrap().1
+    }
+    let d = open(&cx, &store, &stream).await;
+    d.cell.enqueue(line(0));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while d.cell.durable_through().get_untracked() != Some(Sequence(0)) {
+        assert!(tokio::time::Instant::now() < deadline, "written");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The application appends a typed message in its own transaction.
+    let mut client = app(&url).await;
+    let tx = client.transaction().await.unwrap();
+    let seq = PgOutbox::new(stream.clone()).append_encoded(&tx, &Json, &line(1)).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(seq, Sequence(1));
+    while d.cell.pending_len().get_untracked() != 2 {
+        assert!(tokio::time::Instant::now() < deadline, "adopted");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let typed = |cell: &egress_reactive::AsyncEgressCell<Line>| {
+        cell.pending().get_untracked().iter().map(|e| (e.sequence.get(), e.payload.clone())).collect::<Vec<_>>()
+    };
+    assert_eq!(typed(&d.cell), vec![(0, line(0)), (1, line(1))]);
+    // Stored as JSON.
+    let rows = outbox_rows(&client, &stream).await;
+    assert_eq!(rows[0].1, serde_json::to_vec(&line(0)).unwrap());
+    // Released, then taken by another store: the same typed messages.
+    let _ = d.relay.shutdown().await;
+    let other = PgStore::connect(&url, "b").await.unwrap();
+    let again = open(&cx, &other, &stream).await;
+    assert_eq!(typed(&again.cell), vec![(0, line(0)), (1, line(1))]);
+    let _ = again.relay.shutdown().await;
+    // A record that is not the JSON of a line refuses the open, and stays.
+    let tx = client.transaction().await.unwrap();
+    PgOutbox::new(stream.clone()).append(&tx, b"{oops").await.unwrap();
+    tx.commit().await.unwrap();
+    let third = PgStore::connect(&url, "c").await.unwrap();
+    let refused = open_durable_with::<Line>(
+        &cx,
+        &third,
+        Some(&stream),
+        LONG,
+        Json,
+        Policy::default(),
+        CellOptions::new(),
+        RelayConfig::default(),
+    )
+    .await
+    .expect_err("refused");
+    assert!(matches!(refused, StoreError::Undecodable { sequence: Sequence(2), .. }), "{refused:?}");
+}

@@ -3,42 +3,17 @@
 //! refused commit (a full disk, a locked database) does to a durable cell.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use egress_core::{DeadLetters, DeadReason, EgressCore, FailureKind, Generation, Policy, Sequence};
-use egress_reactive::{AsyncContext, AsyncTransport, CellOptions, SendError};
+use egress_reactive::{AsyncContext, CellOptions, SendError};
 use egress_store::{Outbox, Relay, RelayConfig, SqliteStore, StoreError, migrate, open_durable};
 use tokio::sync::mpsc;
 
-/// A fresh directory under the system's temporary one, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "egress-store-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn db(&self) -> PathBuf {
-        self.0.join("egress.db")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
+use common::{Channel, TempDir, config};
 
 /// Writes everything the core's journal holds into `store`.
 fn flush(core: &mut EgressCore<Bytes>, store: &mut SqliteStore, stream: &str) {
@@ -362,21 +337,6 @@ fn an_append_rolled_back_with_the_callers_transaction_consumes_no_sequence() {
 }
 
 /// A transport that hands every envelope to the test.
-struct Channel(mpsc::UnboundedSender<(u64, Bytes)>);
-
-impl AsyncTransport<Bytes> for Channel {
-    async fn send(&mut self, envelope: egress_core::Envelope<Bytes>) -> Result<(), SendError> {
-        self.0.send((envelope.sequence.0, envelope.payload)).map_err(|_| SendError::transient("gone"))
-    }
-}
-
-fn config() -> RelayConfig {
-    RelayConfig {
-        poll_interval: Duration::from_millis(5),
-        retry_base: Duration::from_millis(5),
-        ..RelayConfig::default()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_database_stalls_sending_visibly_and_loses_nothing() {
@@ -666,7 +626,7 @@ async fn an_outbox_append_reads_saving_at_once_and_is_adopted_at_its_commit_not_
         let _ = cell.ack(cell.generation().get_untracked(), Sequence(round));
         let delivered = tokio::time::timeout(Duration::from_secs(10), delivered).await.expect("an outcome");
         assert_eq!(delivered.unwrap(), Ok(()), "the wait saw the append through");
-        status.dispose();
+        drop(status);
     }
     durable.relay.shutdown().await;
 }

@@ -53,12 +53,13 @@ pub use proxy::{Chaos, ChaosProxy};
 pub fn fuzz_inbox(data: &[u8]) {
     receiver::fuzz_inbox(data);
 }
+#[cfg(feature = "json")]
+pub use egress_codec::Json;
+pub use egress_codec::{Codec, CodecError, Encode, Raw};
 pub use receiver::{
     AckFaults, AckMode, Authorize, Content, Delivery, Receiver, ReceiverConfig, ReceiverStats, Refusal, Resume, Upgrade,
 };
-#[cfg(feature = "json")]
-pub use sender::Json;
 pub use sender::{
-    Codec, Connect, ConnectionState, Io, Raw, ReceiverTooSmall, Sender, SenderConfig, SenderStats, SpawnError,
-    TooLarge, UNTIL_RECONNECT, Unencodable, WsTransport,
+    Connect, ConnectionState, Io, ReceiverTooSmall, Sender, SenderConfig, SenderStats, SpawnError, TooLarge,
+    UNTIL_RECONNECT, Unencodable, WsTransport,
 };

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use egress_codec::{Encode, Raw};
 use egress_core::{AckOutcome, Envelope, Generation, ReceivedOutcome, Sequence};
 use egress_reactive::{AsyncEgressCell, AsyncTransport, Backoff, Computed, Handle, SendError, Signal, Threaded, Watch};
 use futures_util::stream::SplitSink;
@@ -340,7 +341,7 @@ pub const UNTIL_RECONNECT: egress_core::Delay = egress_core::Delay(u64::MAX);
 /// payload above the receiver's limit fails as permanent without being sent;
 /// a tombstone goes out as a tombstone frame.
 pub struct WsTransport<T = Bytes> {
-    codec: Arc<dyn Codec<T>>,
+    codec: Arc<dyn Encode<T>>,
     sink: Arc<Mutex<Sink>>,
     /// Held from the first send of a pass to its flush.
     pass: Option<OwnedMutexGuard<Sink>>,
@@ -405,52 +406,6 @@ impl Unwritten {
             Some(above) => w.written.split_off(&above),
             None => std::collections::BTreeSet::new(),
         };
-    }
-}
-
-/// How the payloads of a typed cell become the bytes of a data frame (see
-/// [`Sender::spawn_typed`]): the cell's readers show the typed messages,
-/// the wire carries bytes. A payload that does not encode fails as
-/// permanent (a dead letter): trying again would not help.
-pub trait Codec<T>: Send + Sync + 'static {
-    /// `value`'s bytes.
-    ///
-    /// # Errors
-    /// Why `value` has no encoding.
-    fn encode(&self, value: &T) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>>;
-
-    /// How many bytes `value` encodes to (`None`: it does not encode), for
-    /// the size check of [`try_enqueue`](egress_reactive::EgressCellOf::try_enqueue).
-    /// By default it encodes; a codec that knows the size cheaply says so.
-    fn size(&self, value: &T) -> Option<usize> {
-        self.encode(value).ok().map(|b| b.len())
-    }
-}
-
-/// Bytes as they are: the codec of [`Sender::spawn`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Raw;
-
-impl Codec<Bytes> for Raw {
-    fn encode(&self, value: &Bytes) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
-        Ok(value.clone())
-    }
-
-    fn size(&self, value: &Bytes) -> Option<usize> {
-        Some(value.len())
-    }
-}
-
-/// JSON through serde (feature `json`); the receiving application reads it
-/// back with [`json::from_payload`](crate::json::from_payload).
-#[cfg(feature = "json")]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Json;
-
-#[cfg(feature = "json")]
-impl<T: serde::Serialize> Codec<T> for Json {
-    fn encode(&self, value: &T) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
-        Ok(crate::json::to_payload(value)?)
     }
 }
 
@@ -641,11 +596,11 @@ impl Sender {
     /// Outside a tokio runtime.
     pub fn spawn_typed<T: Clone + Send + Sync + 'static>(
         cell: AsyncEgressCell<T>,
-        codec: impl Codec<T>,
+        codec: impl Encode<T>,
         url: impl Into<String>,
         config: SenderConfig,
     ) -> Result<Sender, SpawnError> {
-        let codec: Arc<dyn Codec<T>> = Arc::new(codec);
+        let codec: Arc<dyn Encode<T>> = Arc::new(codec);
         let url = url.into();
         let target = Target::new(&url, &config.headers)?;
         let (signal, state, graph) = cell
@@ -882,7 +837,7 @@ struct Outcome {
 
 async fn supervise<T: Clone + Send + Sync + 'static>(
     cell: AsyncEgressCell<T>,
-    codec: Arc<dyn Codec<T>>,
+    codec: Arc<dyn Encode<T>>,
     target: Target,
     config: SenderConfig,
     mut stop: watch::Receiver<bool>,
@@ -1005,7 +960,7 @@ where
 #[allow(clippy::too_many_arguments)]
 async fn connection<T: Clone + Send + Sync + 'static>(
     cell: &AsyncEgressCell<T>,
-    codec: &Arc<dyn Codec<T>>,
+    codec: &Arc<dyn Encode<T>>,
     target: &Target,
     config: &SenderConfig,
     kill: &Notify,

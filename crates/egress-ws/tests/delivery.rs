@@ -431,7 +431,7 @@ async fn a_record_above_the_senders_limit_is_skipped_without_a_wedge() {
     assert_eq!(cell.delivered(Sequence(4)).await, Ok(()));
     let status = cell.status(Sequence(3));
     assert_eq!(status.get_untracked(), Some(egress_core::MessageStatus::Dead(DeadReason::Permanent)));
-    status.dispose();
+    drop(status);
     let stats = sender.shutdown().await;
     assert_eq!((stats.reconnects, stats.protocol_errors), (0, 0), "never sent, never a dead connection: {stats:?}");
     assert_eq!(receiver.stats().skipped, 1);

@@ -280,8 +280,9 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
                 None => break Err(Undelivered::Disposed),
             }
         };
-        drop(statuses);
-        status.dispose();
+        // The reader is the cell's, perhaps held by others too: dropped,
+        // not disposed (the cell disposes it once no one holds it).
+        drop((statuses, status));
         outcome
     }
 

@@ -606,6 +606,46 @@ struct Shared<T: 'static, F: Flavor> {
     capacity: Option<usize>,
     /// See [`EgressCellOf::set_size_check`].
     size_check: parking_lot::Mutex<Option<SizeCheck<T>>>,
+    /// See [`EgressCellOf::status`].
+    statuses: parking_lot::Mutex<Statuses<F>>,
+}
+
+/// The status readers [`EgressCellOf::status`] made, by sequence: the same
+/// reader for the same sequence while the application holds it. Those no
+/// handle outside holds any more are disposed at a sweep, when the map has
+/// doubled since the last one: the map is bounded by twice the readers
+/// held, and a sweep's cost is spread over the calls that grew it.
+struct Statuses<F: Flavor> {
+    by_sequence: std::collections::HashMap<Sequence, Computed<Option<MessageStatus>, F>>,
+    /// The size at which the next sweep runs.
+    sweep_at: usize,
+}
+
+/// The fewest readers at which [`Statuses`] sweeps.
+const STATUS_SWEEP_MIN: usize = 64;
+
+impl<F: Flavor> Statuses<F> {
+    fn new() -> Self {
+        Statuses { by_sequence: std::collections::HashMap::new(), sweep_at: STATUS_SWEEP_MIN }
+    }
+
+    /// Takes out the readers only the map holds, if a sweep is due, for
+    /// the caller to dispose (outside the map's lock).
+    fn sweep(&mut self) -> Vec<Computed<Option<MessageStatus>, F>> {
+        if self.by_sequence.len() < self.sweep_at {
+            return Vec::new();
+        }
+        let mut unheld = Vec::new();
+        self.by_sequence.retain(|_, status| {
+            let held = status.is_shared();
+            if !held {
+                unheld.push(status.clone());
+            }
+            held
+        });
+        self.sweep_at = (self.by_sequence.len() * 2).max(STATUS_SWEEP_MIN);
+        unheld
+    }
 }
 
 /// Why [`try_enqueue`](EgressCellOf::try_enqueue) refused a payload: it
@@ -873,6 +913,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             incarnation,
             capacity,
             size_check: parking_lot::Mutex::new(None),
+            statuses: parking_lot::Mutex::new(Statuses::new()),
         };
         EgressCellOf { shared: F::ptr(shared) }
     }
@@ -970,12 +1011,51 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// retrying, dead, acknowledged. It recomputes when a projection the
     /// status depends on changes and notifies only when the status does; an
     /// acknowledged message stays acknowledged, so a UI keeps it until it
-    /// drops it itself. Each call makes a new computed, owned by the current
-    /// owner.
+    /// drops it itself.
+    ///
+    /// The reader is the cell's, not the caller's: a call for a sequence
+    /// whose reader a handle still holds returns that reader (a redraw that
+    /// asks again makes no new node), and a reader no handle holds any more
+    /// is disposed at a later call (or with the cell). Drop the handle when
+    /// done; do not dispose it, since another caller may hold the same
+    /// reader. On a disposed cell the reader is made under the current
+    /// owner, and reads fail as the cell's do.
     #[track_caller]
     pub fn status(&self, sequence: Sequence) -> Computed<Option<MessageStatus>, F> {
-        let f = StatusOf { inner: self.shared.inner.clone(), sequence };
-        self.shared.inner.handle.make_computed(ByEq, f, Location::caller())
+        if let Some(held) = self.shared.statuses.lock().by_sequence.get(&sequence)
+            && !held.is_disposed()
+        {
+            return held.clone();
+        }
+        let at = Location::caller();
+        let make = || {
+            let f = StatusOf { inner: self.shared.inner.clone(), sequence };
+            self.shared.inner.handle.make_computed(ByEq, f, at)
+        };
+        // Made outside the map's lock, which a computation on another
+        // thread may want while this one waits for the graph.
+        let Ok(made) = self.shared.scope.try_run(make) else { return make() };
+        let (status, unheld) = {
+            let mut statuses = self.shared.statuses.lock();
+            let mut unheld = statuses.sweep();
+            let status = match statuses.by_sequence.entry(sequence) {
+                std::collections::hash_map::Entry::Occupied(mut e) if e.get().is_disposed() => {
+                    e.insert(made.clone());
+                    made
+                }
+                // Another call made one meanwhile: one reader per sequence.
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    unheld.push(made);
+                    e.get().clone()
+                }
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(made).clone(),
+            };
+            (status, unheld)
+        };
+        for reader in unheld {
+            reader.dispose();
+        }
+        status
     }
 
     /// What the store held when the cell's core was restored (see

@@ -1,0 +1,216 @@
+//! Typed durable cells: a cell of the application's own messages over the
+//! SQLite store, its records written and read back by a codec (here JSON),
+//! the outbox's typed appends adopted as typed messages, and what happens
+//! to bytes the codec cannot read or a value it cannot write.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use egress_codec::{Codec, CodecError, Encode, Json};
+use egress_core::{Policy, Sequence};
+use egress_reactive::{AsyncContext, AsyncEgressCell, CellOptions};
+use egress_store::{Outbox, StoreError, open_durable, open_durable_with};
+
+mod common;
+use common::{Channel, TempDir, config};
+
+/// A chat line: the application's message type.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Line {
+    room: String,
+    text: String,
+}
+
+fn line(text: &str) -> Line {
+    Line { room: "tea".into(), text: text.into() }
+}
+
+/// Waits (on the relay's own tasks) until `f` holds.
+async fn until<T: Clone + Send + Sync + 'static>(cell: &AsyncEgressCell<T>, f: impl Fn(&AsyncEgressCell<T>) -> bool) {
+    for _ in 0..2_000 {
+        if f(cell) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out");
+}
+
+fn pending<T: Clone + Send + Sync + 'static>(cell: &AsyncEgressCell<T>) -> Vec<(u64, T)> {
+    cell.pending().get_untracked().iter().map(|e| (e.sequence.get(), e.payload.clone())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_cell_and_typed_outbox_appends_come_back_typed_after_a_restart() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("opens");
+    let cell: AsyncEgressCell<Line> = durable.cell.clone();
+    assert_eq!(cell.enqueue(line("hello")), Sequence(0));
+    until(&cell, |c| c.durable_through().get_untracked() == Some(Sequence(0))).await;
+    // The application appends in its own transaction, typed, with the same
+    // codec: the relay adopts it as a `Line`.
+    let mut app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
+    let outbox = Outbox::new("chat");
+    let t = app.transaction().expect("a transaction");
+    let appended = outbox.append_encoded(&t, &Json, &line("from the app")).expect("appends");
+    t.commit().expect("commits");
+    assert_eq!(appended, Sequence(1));
+    until(&cell, |c| c.next_sequence() == Sequence(2)).await;
+    assert_eq!(cell.enqueue(line("after")), Sequence(2));
+    until(&cell, |c| c.pending_len().get_untracked() == 3 && c.unpersisted_len().get_untracked() == 0).await;
+    let expected = vec![(0, line("hello")), (1, line("from the app")), (2, line("after"))];
+    assert_eq!(pending(&cell), expected);
+    // What is stored is the codec's bytes.
+    let stored: Vec<u8> = app
+        .query_row("SELECT payload FROM egress_outbox WHERE stream = 'chat' AND seq = 0", [], |r| r.get(0))
+        .expect("the record");
+    assert_eq!(stored, serde_json::to_vec(&line("hello")).expect("json"));
+    durable.relay.shutdown().await;
+    drop(cell);
+    drop(durable.cell);
+    // A restart gives the same typed messages back, in order.
+    let again = open_durable_with::<Line>(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("reopens");
+    assert_eq!(pending(&again.cell), expected);
+    // And a transport of the typed cell gets typed envelopes.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let _link = again.cell.attach(Channel(tx));
+    assert_eq!(rx.recv().await, Some((0, line("hello"))));
+    again.relay.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_record_the_codec_cannot_read_refuses_the_open_and_stays_for_a_raw_open() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    {
+        let store = egress_store::SqliteStore::open(dir.db()).expect("opens");
+        let outbox = Outbox::new("chat");
+        outbox.append_encoded(store.connection(), &Json, &line("fine")).expect("appends");
+        outbox.append(store.connection(), b"{not json").expect("appends");
+    }
+    let refused =
+        open_durable_with::<Line>(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
+            .await
+            .expect_err("refused");
+    match refused {
+        StoreError::Undecodable { stream, sequence, .. } => {
+            assert_eq!((stream.as_str(), sequence), ("chat", Sequence(1)))
+        }
+        other => panic!("expected Undecodable, got {other:?}"),
+    }
+    // Nothing was lost: opened as bytes, both records are there.
+    let raw =
+        open_durable(&cx, dir.db(), "chat", Policy::default(), CellOptions::new(), config()).await.expect("opens");
+    let fine = Bytes::from(serde_json::to_vec(&line("fine")).expect("json"));
+    assert_eq!(pending(&raw.cell), vec![(0, fine), (1, Bytes::from_static(b"{not json"))]);
+    raw.relay.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adoption_stops_at_a_record_the_codec_cannot_read_and_the_records_after_it_wait() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("opens");
+    let cell: AsyncEgressCell<Line> = durable.cell.clone();
+    let app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
+    let outbox = Outbox::new("chat");
+    outbox.append_encoded(&app, &Json, &line("one")).expect("appends");
+    outbox.append(&app, b"\xff not a line").expect("appends");
+    outbox.append_encoded(&app, &Json, &line("three")).expect("appends");
+    for _ in 0..2_000 {
+        if durable.relay.stats().undecodable >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(durable.relay.stats().undecodable, 1);
+    assert_eq!(pending(&cell), vec![(0, line("one"))], "adopted up to the unreadable record");
+    // Another append wakes the relay: it stops at the same record again,
+    // and still nothing past it is taken.
+    outbox.append_encoded(&app, &Json, &line("four")).expect("appends");
+    for _ in 0..2_000 {
+        if durable.relay.stats().undecodable >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(durable.relay.stats().undecodable, 2);
+    assert_eq!(pending(&cell), vec![(0, line("one"))]);
+    assert_eq!(cell.next_sequence(), Sequence(1));
+    durable.relay.shutdown().await;
+}
+
+/// JSON, except that it refuses to encode a line whose text is "refused".
+struct Picky;
+
+impl Encode<Line> for Picky {
+    fn encode(&self, value: &Line) -> Result<Bytes, CodecError> {
+        if value.text == "refused" {
+            return Err("this line has no encoding".into());
+        }
+        Json.encode(value)
+    }
+}
+
+impl Codec<Line> for Picky {
+    fn decode(&self, bytes: &Bytes) -> Result<Line, CodecError> {
+        Json.decode(bytes)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_the_codec_cannot_write_stops_the_journal_there_visibly_and_nothing_goes_out() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable_with(&cx, dir.db(), "chat", Picky, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("opens");
+    let cell: AsyncEgressCell<Line> = durable.cell.clone();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let _link = cell.attach(Channel(tx));
+    cell.enqueue(line("first"));
+    assert_eq!(rx.recv().await, Some((0, line("first"))));
+    cell.enqueue(line("refused"));
+    cell.enqueue(line("third"));
+    until(&cell, |c| c.persist_error().get_untracked().is_some()).await;
+    let error = cell.persist_error().get_untracked().expect("an error");
+    assert!(error.reason.contains("record #1 does not encode"), "{}", error.reason);
+    assert_eq!(cell.durable_through().get_untracked(), Some(Sequence(0)));
+    assert_eq!(cell.unpersisted_len().get_untracked(), 2);
+    // The relay tries again (after its backoff) and fails again: nothing of
+    // that commit is written, and nothing after the durable record goes out.
+    let failures = durable.relay.stats().failures;
+    for _ in 0..2_000 {
+        if durable.relay.stats().failures > failures {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(durable.relay.stats().failures > failures);
+    assert!(rx.try_recv().is_err());
+    let app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
+    let stored: i64 =
+        app.query_row("SELECT count(*) FROM egress_outbox WHERE stream = 'chat'", [], |r| r.get(0)).expect("counts");
+    assert_eq!(stored, 1, "only the record before the refused one");
+    drop(durable.relay);
+}
+
+#[test]
+fn a_typed_outbox_append_the_codec_refuses_appends_nothing() {
+    let dir = TempDir::new();
+    let store = egress_store::SqliteStore::open(dir.db()).expect("opens");
+    let outbox = Outbox::new("chat");
+    match outbox.append_encoded(store.connection(), &Picky, &line("refused")) {
+        Err(StoreError::Unencodable { stream, sequence: None, .. }) => assert_eq!(stream, "chat"),
+        other => panic!("expected Unencodable, got {other:?}"),
+    }
+    // The next append takes the first sequence: none was used up.
+    assert_eq!(outbox.append_encoded(store.connection(), &Picky, &line("fine")).expect("appends"), Sequence(0));
+}
