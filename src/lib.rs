@@ -42,7 +42,7 @@ pub use egress_core::{
 pub mod prelude {
     pub use egress_codec::Json;
     pub use egress_core::{DeadReason, MessageStatus, Policy, Sequence};
-    pub use egress_reactive::{AsyncContext, AsyncEgressCell, CellOptions, Context, EgressCell, Refused};
+    pub use egress_reactive::{AsyncContext, AsyncEgressCell, CellOptions, Context, EgressCell, Refused, Undelivered};
 }
 
 /// The journal protocol between a durable core and its store (see

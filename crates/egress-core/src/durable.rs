@@ -185,6 +185,23 @@ pub enum MessageStatus {
     Acknowledged,
 }
 
+/// A status as a UI's short label: "saving", "queued", "sending",
+/// "received", "retrying", "failed: " and the [reason](DeadReason), or
+/// "delivered".
+impl core::fmt::Display for MessageStatus {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            MessageStatus::Saving => f.write_str("saving"),
+            MessageStatus::Queued => f.write_str("queued"),
+            MessageStatus::Sending => f.write_str("sending"),
+            MessageStatus::Received => f.write_str("received"),
+            MessageStatus::Retrying => f.write_str("retrying"),
+            MessageStatus::Dead(reason) => write!(f, "failed: {reason}"),
+            MessageStatus::Acknowledged => f.write_str("delivered"),
+        }
+    }
+}
+
 /// What a store recovered for one stream, for [`EgressCore::restore`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Restored<T> {

@@ -763,3 +763,34 @@ fn a_tombstone_acknowledged_while_parked_or_behind_a_higher_record_in_the_window
     assert_eq!(core.status(Sequence(0)), dead, "behind 3 in the window, still found");
     assert_eq!(core.status(Sequence(2)), Some(M::Acknowledged));
 }
+
+#[test]
+fn every_status_has_a_short_label_a_ui_can_show() {
+    use egress_core::{DeadReason, MessageStatus as M};
+    let labels: Vec<String> = [
+        M::Saving,
+        M::Queued,
+        M::Sending,
+        M::Received,
+        M::Retrying,
+        M::Dead(DeadReason::Permanent),
+        M::Dead(DeadReason::Retries),
+        M::Acknowledged,
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .collect();
+    assert_eq!(
+        labels,
+        [
+            "saving",
+            "queued",
+            "sending",
+            "received",
+            "retrying",
+            "failed: refused permanently",
+            "failed: retry budget spent",
+            "delivered"
+        ]
+    );
+}

@@ -774,13 +774,11 @@ async fn send(o: Options) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut config = sender_config(o.seed);
     if let Some(token) = &o.token {
-        config.headers.push(("authorization".into(), format!("Bearer {token}")));
+        config = config.bearer(token);
     }
     if let Some(ca) = &o.ca {
-        use egress_ws::tls::rustls::pki_types::{CertificateDer, pem::PemObject};
         let pem = std::fs::read(ca).with_context(|| format!("reading {ca}"))?;
-        let roots = CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>()?;
-        config.tls = Some(egress_ws::tls::client_config(roots)?);
+        config.tls = Some(egress_ws::tls::client_config_from_pem(&pem)?);
     }
     let sender = Sender::spawn(cell.clone(), url, config)?;
     enqueue_paced(&cell, first..o.messages, o.rate, None).await;

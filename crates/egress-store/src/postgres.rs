@@ -393,7 +393,9 @@ struct Shared {
     statements: Statements,
     /// Rung by every notification.
     any: Arc<Bell>,
-    /// Rung by a notification for their stream.
+    /// Rung by a notification for their stream (registered by the relay's
+    /// journals: without the `relay` feature, none).
+    #[cfg_attr(not(feature = "relay"), allow(dead_code))]
     bells: Bells,
     connection: tokio::task::JoinHandle<()>,
 }

@@ -116,6 +116,15 @@ impl std::fmt::Debug for SenderConfig {
 }
 
 impl SenderConfig {
+    /// Adds `authorization: Bearer <token>` to the upgrade request (what
+    /// [`Authorize::bearer`](crate::Authorize::bearer) checks on the
+    /// reference receiver). The token is never shown by `Debug`.
+    #[must_use]
+    pub fn bearer(mut self, token: impl AsRef<str>) -> Self {
+        self.headers.push(("authorization".into(), format!("Bearer {}", token.as_ref())));
+        self
+    }
+
     /// The defaults for producer `producer`.
     pub fn new(producer: impl Into<String>) -> Self {
         SenderConfig {

@@ -41,6 +41,20 @@ pub fn client_config(
     build(store)
 }
 
+/// [`client_config`] from PEM text: one or more `CERTIFICATE` blocks (the
+/// authorities to trust, or the server's own self-signed certificate), as
+/// `egress-demo send --ca` reads them from a file.
+///
+/// # Errors
+/// Text that does not parse, no certificate in it, or [`client_config`]'s.
+pub fn client_config_from_pem(pem: &[u8]) -> Result<Arc<ClientConfig>, rustls::Error> {
+    use rustls::pki_types::pem::PemObject;
+    let roots = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| rustls::Error::General(format!("the certificate PEM: {e}")))?;
+    client_config(roots)
+}
+
 /// A client configuration that trusts the webpki roots (Mozilla's): the
 /// default for `wss://` URLs.
 #[must_use]

@@ -159,7 +159,9 @@ async fn a_receiver_with_tls_and_a_token_admits_the_producer_that_has_it_and_ref
         ReceiverConfig { tls: Some(tls), authorize: Some(Authorize::bearer("s3cret")), ..ReceiverConfig::default() };
     let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
     let url = format!("wss://localhost:{}/chat", receiver.local_addr().port());
-    let roots = egress_ws::tls::client_config([certified.cert.der().clone()]).unwrap();
+    let roots = egress_ws::tls::client_config_from_pem(cert_pem.as_bytes()).unwrap();
+    assert!(egress_ws::tls::client_config_from_pem(b"").is_err(), "no certificate to trust");
+    assert!(egress_ws::tls::client_config_from_pem(b"-----BEGIN CERTIFICATE-----\n!!\n").is_err(), "not PEM");
     let cx = AsyncContext::new();
 
     // A wrong token: 401, and the sender stops with a typed error.
@@ -184,8 +186,8 @@ async fn a_receiver_with_tls_and_a_token_admits_the_producer_that_has_it_and_ref
 
     // The token, over TLS: delivered in order.
     let cell = AsyncEgressCell::new(&cx, policy());
-    let headers = vec![("authorization".to_owned(), "Bearer s3cret".to_owned())];
-    let config = SenderConfig { tls: Some(roots), headers, ..sender_config(65) };
+    let config = SenderConfig { tls: Some(roots), ..sender_config(65) }.bearer("s3cret");
+    assert!(!format!("{config:?}").contains("s3cret"), "the token is not shown");
     let sender = Sender::spawn(cell.clone(), url, config).unwrap();
     cell.enqueue_all((0..50).map(payload));
     receive_in_order(&mut receiver, 0, 50).await;
