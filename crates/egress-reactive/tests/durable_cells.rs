@@ -141,3 +141,54 @@ fn a_status_reader_is_the_cells_not_the_scope_it_was_asked_in_and_goes_with_the_
     cell.dispose();
     assert!(fresh.is_disposed());
 }
+
+#[test]
+fn status_readers_no_one_holds_are_disposed_at_a_sweep_once_the_set_has_doubled() {
+    let cx = Context::new();
+    let cell: EgressCell<String> = EgressCell::new(&cx.handle(), Policy::default());
+    let base = cx.node_count();
+    // 64 readers asked for and dropped: kept while the set is below 64...
+    for s in 0..64 {
+        drop(cell.status(Sequence(s)));
+    }
+    assert_eq!(cx.node_count(), base + 64);
+    // ...and the next call sweeps them all away.
+    let mut held = vec![cell.status(Sequence(64))];
+    assert_eq!(cx.node_count(), base + 1);
+    for s in 65..128 {
+        held.push(cell.status(Sequence(s)));
+    }
+    assert_eq!(cx.node_count(), base + 64);
+    // A sweep keeps what is held (all 64 here), and the next waits until
+    // the set has doubled, to 128.
+    for s in 128..192 {
+        drop(cell.status(Sequence(s)));
+    }
+    assert_eq!(cx.node_count(), base + 128, "no sweep before the set doubles");
+    drop(cell.status(Sequence(192)));
+    assert_eq!(cx.node_count(), base + 65, "the dropped 64 swept, the held 64 kept, one new");
+    assert!(held.iter().all(|r| !r.is_disposed()));
+}
+
+#[test]
+fn threads_asking_for_one_status_together_share_one_reader() {
+    use egress_reactive::{ThreadSafeContext, ThreadSafeEgressCell};
+    let cx = ThreadSafeContext::new();
+    let cell: ThreadSafeEgressCell<String> = ThreadSafeEgressCell::new(&cx, Policy::default());
+    let base = cx.node_count();
+    let barrier = std::sync::Barrier::new(4);
+    let readers: Vec<_> = std::thread::scope(|s| {
+        let asks: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    (0..50).map(|i| cell.status(Sequence(i))).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        asks.into_iter().map(|a| a.join().expect("no panic")).collect()
+    });
+    assert_eq!(cx.node_count(), base + 50, "one reader per sequence, whichever thread asked first");
+    cell.enqueue("m0".into());
+    assert!(readers.iter().all(|r| r[0].get() == Some(M::Queued)));
+}

@@ -1022,36 +1022,28 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// owner, and reads fail as the cell's do.
     #[track_caller]
     pub fn status(&self, sequence: Sequence) -> Computed<Option<MessageStatus>, F> {
-        if let Some(held) = self.shared.statuses.lock().by_sequence.get(&sequence)
-            && !held.is_disposed()
-        {
-            return held.clone();
-        }
         let at = Location::caller();
         let make = || {
             let f = StatusOf { inner: self.shared.inner.clone(), sequence };
             self.shared.inner.handle.make_computed(ByEq, f, at)
         };
-        // Made outside the map's lock, which a computation on another
-        // thread may want while this one waits for the graph.
-        let Ok(made) = self.shared.scope.try_run(make) else { return make() };
-        let (status, unheld) = {
+        // In the cell's scope, which holds the graph for the whole call: the
+        // map is only ever locked inside the graph (no other order of the
+        // two locks exists), and one thread at a time looks a sequence up
+        // and makes its reader.
+        let found = self.shared.scope.try_run(|| {
             let mut statuses = self.shared.statuses.lock();
-            let mut unheld = statuses.sweep();
-            let status = match statuses.by_sequence.entry(sequence) {
-                std::collections::hash_map::Entry::Occupied(mut e) if e.get().is_disposed() => {
-                    e.insert(made.clone());
-                    made
-                }
-                // Another call made one meanwhile: one reader per sequence.
-                std::collections::hash_map::Entry::Occupied(e) => {
-                    unheld.push(made);
-                    e.get().clone()
-                }
-                std::collections::hash_map::Entry::Vacant(e) => e.insert(made).clone(),
-            };
-            (status, unheld)
-        };
+            if let Some(held) = statuses.by_sequence.get(&sequence)
+                && !held.is_disposed()
+            {
+                return (held.clone(), Vec::new());
+            }
+            let unheld = statuses.sweep();
+            let made = make();
+            statuses.by_sequence.insert(sequence, made.clone());
+            (made, unheld)
+        });
+        let Ok((status, unheld)) = found else { return make() };
         for reader in unheld {
             reader.dispose();
         }
