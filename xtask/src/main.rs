@@ -8,7 +8,8 @@
 //! for this host with every feature of every member on, so an optional
 //! dependency behind a feature counts), and
 //! at or above 1.88 if its code uses let chains (`if let … && …`, stable in
-//! 1.88). Std APIs newer than the declared version are clippy's
+//! 1.88); and every workspace crate on its floor (see [`FLOORS`]). Std
+//! APIs newer than the declared version are clippy's
 //! `incompatible_msrv` lint, which CI runs with `-D warnings`. A crate that
 //! is not published is checked only if it declares a `rust-version`.
 
@@ -18,6 +19,25 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
+
+/// Each workspace crate's floor: a crate depends (normal dependencies) only
+/// on crates of lower floors, so stores sit below transports and nothing
+/// reaches back up. docs/architecture.md ("Floors") shows the same table.
+const FLOORS: &[(&str, u32)] = &[
+    ("egress-core", 0),
+    ("egress-codec", 0),
+    ("egress-testkit", 0),
+    ("xtask", 0),
+    ("egress-reactive", 1),
+    ("egress-store", 2),
+    ("egress-ws", 3),
+    ("egress-nats", 3),
+    ("egress-dispatch", 3),
+    ("egress-conformance", 3),
+    ("egress", 4),
+    ("egress-demo", 4),
+    ("egress-bench", 4),
+];
 
 /// The first release with let chains in edition 2024.
 const LET_CHAINS: (u64, u64, u64) = (1, 88, 0);
@@ -120,6 +140,17 @@ fn packaging() -> Result<Vec<String>> {
                 problem("no rust-version".into());
             }
         }
+        match FLOORS.iter().find(|(n, _)| *n == name) {
+            None => problem("no floor in xtask's FLOORS (and docs/architecture.md)".into()),
+            Some(&(_, floor)) => {
+                for dep in workspace_dependencies(id, &packages, &nodes) {
+                    match FLOORS.iter().find(|(n, _)| *n == dep) {
+                        Some(&(_, below)) if below < floor => {}
+                        _ => problem(format!("depends on {dep}, which is not on a floor below {floor}")),
+                    }
+                }
+            }
+        }
         let Some(declared) = declared else { continue };
         let Some(have) = version(declared) else {
             problem(format!("rust-version {declared:?} is not a version"));
@@ -139,6 +170,21 @@ fn packaging() -> Result<Vec<String>> {
         }
     }
     Ok(problems)
+}
+
+/// The workspace members `id` depends on directly (normal dependencies),
+/// by name.
+fn workspace_dependencies(id: &str, packages: &HashMap<&str, &Value>, nodes: &HashMap<&str, &Value>) -> Vec<String> {
+    let Some(node) = nodes.get(id) else { return Vec::new() };
+    node["deps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|dep| dep["dep_kinds"].as_array().into_iter().flatten().any(|k| k["kind"].is_null()))
+        .filter_map(|dep| packages.get(dep["pkg"].as_str()?))
+        .filter(|p| p["source"].is_null())
+        .filter_map(|p| p["name"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// The `rust-version` of every package `id` depends on (normal

@@ -58,6 +58,7 @@ mod outcome;
 mod parked;
 mod pending;
 mod policy;
+mod resume;
 mod retry;
 mod window;
 
@@ -74,4 +75,5 @@ pub use crate::outcome::{
     AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,
 };
 pub use crate::policy::{DeadLetters, Ordering, Policy, PolicyBuilder, PolicyError};
+pub use crate::resume::Resume;
 pub use crate::retry::{DeadReason, FailureKind, JitterSample, JitterSampleError, ParkedView, Retry};

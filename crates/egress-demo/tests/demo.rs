@@ -37,13 +37,7 @@ fn one_process_with_chaos_delivers_exactly_once_in_order() {
 fn the_main_job_runs_over_nats_with_the_same_summary() {
     // The server comes from EGRESS_NATS_URL (.ci/run starts one); without
     // it the test says so and passes, unless EGRESS_NATS_REQUIRED is set.
-    let url = match std::env::var("EGRESS_NATS_URL") {
-        Ok(url) => url,
-        Err(_) if std::env::var_os("EGRESS_NATS_REQUIRED").is_some() => {
-            panic!("EGRESS_NATS_REQUIRED is set but EGRESS_NATS_URL is not")
-        }
-        Err(_) => return eprintln!("EGRESS_NATS_URL is not set: this NATS test does nothing"),
-    };
+    let Some(url) = egress_testkit::nats_url() else { return };
     let s =
         together("nats", &["--nats", &url, "--messages", "20000", "--seed", "5", "--kill-every", "1000", "--max-rate"]);
     assert_eq!(s["exactly_once_in_order"], true, "{s}");

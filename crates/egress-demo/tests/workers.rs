@@ -7,23 +7,8 @@
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_killed_at_random_handle_every_record_in_order_and_rerun_within_the_limit() {
-    let url = match std::env::var("EGRESS_PG_URL") {
-        Ok(url) => url,
-        Err(_) if std::env::var_os("EGRESS_PG_REQUIRED").is_some() => {
-            panic!("EGRESS_PG_REQUIRED is set but EGRESS_PG_URL is not")
-        }
-        Err(_) => {
-            eprintln!("EGRESS_PG_URL is not set: this PostgreSQL test does nothing");
-            return;
-        }
-    };
     // A database of its own (the workers take any free stream there is).
-    let name = format!("egress_demo_{}", std::process::id());
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("the server");
-    tokio::spawn(connection);
-    client.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("a database of its own");
-    let (server, _) = url.split('?').next().unwrap_or(&url).rsplit_once('/').expect("a URL with a database");
-    let db = format!("{server}/{name}");
+    let Some(db) = egress_testkit::pg_database("egress_demo").await else { return };
 
     let path = std::env::temp_dir().join(format!("egress-demo-{}-workers.json", std::process::id()));
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_egress-demo"))

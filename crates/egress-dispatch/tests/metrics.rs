@@ -4,49 +4,14 @@
 //! `tracing` caches per call site whether anyone listens.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use egress_core::{DeadLetters, Delay, Policy, Sequence};
 use egress_dispatch::{Dispatcher, HandlerError, Handlers, Info};
 use egress_reactive::{AsyncContext, AsyncEgressCell};
-use parking_lot::Mutex;
-use tracing::field::{Field, Visit};
+use egress_testkit::Metrics;
 use tracing_subscriber::layer::SubscriberExt as _;
-
-#[derive(Clone, Default)]
-struct Metrics(Arc<Mutex<Vec<(String, f64)>>>);
-
-impl Metrics {
-    fn sum(&self, name: &str) -> f64 {
-        self.0.lock().iter().filter(|(n, _)| n == name).map(|(_, v)| v).sum()
-    }
-
-    fn count(&self, name: &str) -> usize {
-        self.0.lock().iter().filter(|(n, _)| n == name).count()
-    }
-}
-
-struct Fields<'a>(&'a mut Vec<(String, f64)>);
-
-impl Visit for Fields<'_> {
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.push((field.name().to_owned(), value as f64));
-    }
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.push((field.name().to_owned(), value));
-    }
-    fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Metrics {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if event.metadata().target() == "egress::metrics" {
-            event.record(&mut Fields(&mut self.0.lock()));
-        }
-    }
-}
 
 #[tokio::test(start_paused = true)]
 async fn each_outcome_is_counted_once_and_each_run_timed() {

@@ -25,26 +25,16 @@ fn url() -> Option<String> {
     if std::env::var_os("EGRESS_TEST_LOG").is_some() {
         let _ = tracing_subscriber::fmt().with_env_filter("egress_nats=debug").with_test_writer().try_init();
     }
-    match std::env::var("EGRESS_NATS_URL") {
-        Ok(url) => Some(url),
-        Err(_) if std::env::var_os("EGRESS_NATS_REQUIRED").is_some() => {
-            panic!("EGRESS_NATS_REQUIRED is set but EGRESS_NATS_URL is not")
-        }
-        Err(_) => {
-            eprintln!("EGRESS_NATS_URL is not set: this NATS test does nothing");
-            None
-        }
-    }
+    egress_testkit::nats_url()
 }
 
 fn addr(url: &str) -> SocketAddr {
     url.trim_start_matches("nats://").parse().expect("EGRESS_NATS_URL is nats://ip:port")
 }
 
-/// A name no other test (or earlier run) uses.
+/// A name no other test (or earlier run) uses (NATS names take `_`).
 fn fresh(name: &str) -> String {
-    use std::hash::BuildHasher;
-    format!("{name}_{:016x}", std::collections::hash_map::RandomState::new().hash_one(0u64))
+    egress_testkit::fresh(name).replace('-', "_")
 }
 
 /// A JetStream stream of one subject, in memory; its name and subject.

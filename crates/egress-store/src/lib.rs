@@ -30,7 +30,9 @@
 //!
 //! On the receiving side, a [`ReceivedLog`] records what the application
 //! committed in the application's own transaction, and the reference
-//! receiver resumes from it after a restart (feature `receiver`).
+//! receiver resumes from it after a restart: it is an
+//! [`egress_core::Resume`], the seam below both store and transport, so
+//! this crate does not depend on the WebSocket crate.
 //!
 //! Appends come either from the cell's `enqueue` (the relay writes them
 //! in groups) or from an [`Outbox`] inside the application's own
@@ -55,8 +57,7 @@ pub use crate::relay::{
 };
 pub use crate::sqlite::{Loaded, Outbox, ReceivedLog, SCHEMA_VERSION, SqliteStore, migrate};
 
-#[cfg(feature = "receiver")]
-impl egress_ws::Resume for ReceivedLog {
+impl egress_core::Resume for ReceivedLog {
     fn resume(&self, producer: &str, incarnation: egress_core::Incarnation) -> Result<Option<u64>, String> {
         self.next(producer, incarnation).map_err(|e| e.to_string())
     }

@@ -617,7 +617,7 @@ impl Outbox {
 /// In the transaction that makes a delivery's effect durable, call
 /// [`record`](Self::record); commit the transaction, then commit the
 /// `egress_ws::Delivery`. Give the receiver the log as its
-/// `ReceiverConfig::resume`: a stream it does not hold (after its own
+/// `ReceiverConfig::resume` (the log is an [`egress_core::Resume`]): a stream it does not hold (after its own
 /// restart) starts where the log says, so nothing the application
 /// committed is handed to it again, whenever the receiver died.
 ///

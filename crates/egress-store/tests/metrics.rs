@@ -5,73 +5,14 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use egress_core::{Policy, Sequence};
 use egress_reactive::{AsyncContext, AsyncTransport, CellOptions, SendError};
 use egress_store::{RelayConfig, open_durable};
-use parking_lot::Mutex;
-use tracing::field::{Field, Visit};
+use egress_testkit::Metrics;
 use tracing_subscriber::layer::SubscriberExt as _;
-
-/// Every metric field of every `egress::metrics` event: its name and value;
-/// and the `stream` of every `egress_relay` span.
-#[derive(Clone, Default)]
-struct Metrics(Arc<Mutex<Vec<(String, f64)>>>, Arc<Mutex<Vec<String>>>);
-
-impl Metrics {
-    fn sum(&self, name: &str) -> f64 {
-        self.0.lock().iter().filter(|(n, _)| n == name).map(|(_, v)| v).sum()
-    }
-
-    fn count(&self, name: &str) -> usize {
-        self.0.lock().iter().filter(|(n, _)| n == name).count()
-    }
-}
-
-struct Fields<'a>(&'a mut Vec<(String, f64)>);
-
-impl Visit for Fields<'_> {
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.push((field.name().to_owned(), value as f64));
-    }
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.push((field.name().to_owned(), value));
-    }
-    fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
-}
-
-struct Stream<'a>(&'a mut Vec<String>);
-
-impl Visit for Stream<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "stream" {
-            self.0.push(value.to_owned());
-        }
-    }
-    fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Metrics {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if event.metadata().target() == "egress::metrics" {
-            event.record(&mut Fields(&mut self.0.lock()));
-        }
-    }
-
-    fn on_new_span(
-        &self,
-        attrs: &tracing::span::Attributes<'_>,
-        _: &tracing::span::Id,
-        _: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        if attrs.metadata().name() == "egress_relay" {
-            attrs.record(&mut Stream(&mut self.1.lock()));
-        }
-    }
-}
 
 /// Sends into a channel.
 struct Channel(tokio::sync::mpsc::UnboundedSender<u64>);
@@ -84,12 +25,10 @@ impl AsyncTransport<Bytes> for Channel {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_are_counted_in_metrics_and_raise_the_stored_watermark() {
-    let metrics = Metrics::default();
+    let metrics = Metrics::default().with_span("egress_relay");
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(metrics.clone())).unwrap();
-    let dir = std::env::temp_dir().join(format!("egress-metrics-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let db = dir.join("m.db");
+    let dir = egress_testkit::TempDir::new();
+    let db = dir.db();
     let config = RelayConfig { poll_interval: Duration::from_millis(5), ..RelayConfig::default() };
     let cx = AsyncContext::new();
     let policy = Policy::builder().inflight_limit(128).build().unwrap();
@@ -127,11 +66,10 @@ async fn commits_are_counted_in_metrics_and_raise_the_stored_watermark() {
     let again = open_durable(&cx, &db, "s", policy, CellOptions::new(), config).await.unwrap();
     assert_eq!(*again.relay.stored_ack().borrow(), Some(Sequence(99)));
     let _ = again.relay.shutdown().await;
-    let by_name: HashMap<String, usize> = metrics.0.lock().iter().fold(HashMap::new(), |mut m, (n, _)| {
-        *m.entry(n.clone()).or_default() += 1;
+    let by_name: HashMap<String, usize> = metrics.names().into_iter().fold(HashMap::new(), |mut m, n| {
+        *m.entry(n).or_default() += 1;
         m
     });
     assert!(by_name.keys().all(|n| n.starts_with("monotonic_counter.") || n.starts_with("histogram.")), "{by_name:?}");
-    assert_eq!(*metrics.1.lock(), ["s", "s"], "each relay in a span naming its stream");
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(metrics.streams(), ["s", "s"], "each relay in a span naming its stream");
 }

@@ -149,27 +149,10 @@ pub struct ReceiverConfig {
     pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
-/// The application's durable record of what it committed, consulted when
-/// a handshake names a stream the receiver does not hold (after a restart
-/// of the receiver, or once the stream was forgotten): the stream starts
-/// where the record says, so that nothing the application committed is
-/// delivered to it again.
-///
-/// The application writes the record in the same transaction as its own
-/// effect of the delivery (`egress_store::ReceivedLog::record` does it for
-/// SQLite), and commits the [`Delivery`] once that transaction commits:
-/// whatever the moment the receiver dies, a delivery's effect and its
-/// record are both durable or both not.
-pub trait Resume: std::fmt::Debug + Send + Sync + 'static {
-    /// The sequence the record says comes next on `producer`'s stream
-    /// `incarnation` (every one below it was committed durably), or `None`
-    /// if it has none. Called on a blocking thread. An error refuses the
-    /// handshake with close code 5 (Retry): the producer comes back.
-    ///
-    /// # Errors
-    /// The store's, in words.
-    fn resume(&self, producer: &str, incarnation: Incarnation) -> Result<Option<u64>, String>;
-}
+/// The application's durable record of what it committed (the trait is
+/// egress-core's, so that stores implement it without depending on this
+/// crate).
+pub use egress_core::Resume;
 
 impl Default for ReceiverConfig {
     fn default() -> Self {

@@ -1,0 +1,194 @@
+//! What egress's tests share, so that no test crate keeps its own copy:
+//!
+//! - the servers `.ci/run` starts, from the environment: [`pg_url`] and
+//!   [`pg_database`] (`EGRESS_PG_URL`), [`nats_url`] (`EGRESS_NATS_URL`);
+//!   without them a test says so and does nothing, unless the matching
+//!   `*_REQUIRED` variable is set (as CI sets it): then it fails;
+//! - [`fresh`] names no other test or earlier run uses, and [`TempDir`];
+//! - [`Metrics`], a `tracing` layer that captures the `egress::metrics`
+//!   events the crates emit (and the names their spans carry).
+//!
+//! Not published; a dev-dependency of the crates' tests. It depends on no
+//! egress crate, so a crate's dependency tree stays its own.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use tracing::field::{Field, Visit};
+
+/// The URL in `var`, or `None` after saying so (a test without its server
+/// does nothing); panics when `required` is set but `var` is not.
+fn server(var: &str, required: &str, what: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) => Some(url),
+        Err(_) if std::env::var_os(required).is_some() => panic!("{required} is set but {var} is not"),
+        Err(_) => {
+            eprintln!("{var} is not set: this {what} test does nothing");
+            None
+        }
+    }
+}
+
+/// The PostgreSQL server's URL (`EGRESS_PG_URL`, a
+/// `postgres://user@host:port/db` URL), or `None`: see the crate's docs.
+///
+/// # Panics
+/// `EGRESS_PG_REQUIRED` is set and `EGRESS_PG_URL` is not.
+pub fn pg_url() -> Option<String> {
+    server("EGRESS_PG_URL", "EGRESS_PG_REQUIRED", "PostgreSQL")
+}
+
+/// A new, empty database of its own on the PostgreSQL server (so that one
+/// test's free streams are not another's to take), as a URL; `None` when
+/// this run has no server. The databases are named after `prefix` and a
+/// random suffix, and left for the throwaway cluster to take away.
+///
+/// # Panics
+/// The server refuses, or [`pg_url`]'s.
+pub async fn pg_database(prefix: &str) -> Option<String> {
+    let url = pg_url()?;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("the server");
+    tokio::spawn(connection);
+    let name = fresh(prefix).replace('-', "_");
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("a database of its own");
+    let base = url.split('?').next().unwrap_or(&url);
+    let (server, _) = base.rsplit_once('/').expect("EGRESS_PG_URL is a URL with a database");
+    Some(format!("{server}/{name}"))
+}
+
+/// The NATS server's URL (`EGRESS_NATS_URL`, `nats://ip:port`), or `None`:
+/// see the crate's docs.
+///
+/// # Panics
+/// `EGRESS_NATS_REQUIRED` is set and `EGRESS_NATS_URL` is not.
+pub fn nats_url() -> Option<String> {
+    server("EGRESS_NATS_URL", "EGRESS_NATS_REQUIRED", "NATS")
+}
+
+/// `name` and 64 random bits: a name no other test (or earlier run) uses.
+pub fn fresh(name: &str) -> String {
+    use std::hash::BuildHasher;
+    format!("{name}-{:016x}", std::collections::hash_map::RandomState::new().hash_one(0u64))
+}
+
+/// A fresh directory under the system's temporary one, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates it.
+    ///
+    /// # Panics
+    /// The directory cannot be created.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("egress-test-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        TempDir(dir)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+
+    /// `egress.db` in it.
+    pub fn db(&self) -> PathBuf {
+        self.0.join("egress.db")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `tracing` layer that keeps every numeric field of every event of
+/// target `egress::metrics` (the `monotonic_counter.*` and `histogram.*`
+/// fields a metrics layer would turn into instruments), and the `stream`
+/// field of every span named `span` (see [`Metrics::with_span`]). Install
+/// it for the test's thread (`tracing::subscriber::set_default`); a test
+/// binary that counts should hold one test, since `tracing` caches per
+/// call site whether anyone listens.
+#[derive(Clone, Default)]
+pub struct Metrics {
+    fields: Arc<Mutex<Vec<(String, f64)>>>,
+    streams: Arc<Mutex<Vec<String>>>,
+    span: Option<&'static str>,
+}
+
+impl Metrics {
+    /// Also keeps the `stream` field of each new span named `span`.
+    #[must_use]
+    pub fn with_span(mut self, span: &'static str) -> Self {
+        self.span = Some(span);
+        self
+    }
+
+    /// The sum of every value of field `name`.
+    pub fn sum(&self, name: &str) -> f64 {
+        self.fields.lock().iter().filter(|(n, _)| n == name).map(|(_, v)| v).sum()
+    }
+
+    /// How many values of field `name` came.
+    pub fn count(&self, name: &str) -> usize {
+        self.fields.lock().iter().filter(|(n, _)| n == name).count()
+    }
+
+    /// The name of every field kept, once per value.
+    pub fn names(&self) -> Vec<String> {
+        self.fields.lock().iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// The `stream` of every span kept, in creation order.
+    pub fn streams(&self) -> Vec<String> {
+        self.streams.lock().clone()
+    }
+}
+
+struct Fields<'a>(&'a mut Vec<(String, f64)>);
+
+impl Visit for Fields<'_> {
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.push((field.name().to_owned(), value as f64));
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.push((field.name().to_owned(), value));
+    }
+    fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+}
+
+struct Stream<'a>(&'a mut Vec<String>);
+
+impl Visit for Stream<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "stream" {
+            self.0.push(value.to_owned());
+        }
+    }
+    fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Metrics {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() == "egress::metrics" {
+            event.record(&mut Fields(&mut self.fields.lock()));
+        }
+    }
+
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if self.span.is_some_and(|name| attrs.metadata().name() == name) {
+            attrs.record(&mut Stream(&mut self.streams.lock()));
+        }
+    }
+}
