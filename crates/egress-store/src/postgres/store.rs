@@ -1,0 +1,240 @@
+//! The store: one connection shared by its worker's streams, its prepared
+//! statements, and the notifications that wake each stream's journal.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+
+use super::CHANNEL;
+use super::schema::{LOCK_TIMEOUT_MS, migrate};
+use crate::StoreError;
+
+/// A wake-up for one listener: set, and a waiter woken, when a
+/// notification for it comes.
+#[derive(Debug, Default)]
+pub(super) struct Bell {
+    pub(super) rung: AtomicBool,
+    pub(super) notify: tokio::sync::Notify,
+}
+
+impl Bell {
+    pub(super) fn ring(&self) {
+        self.rung.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    pub(super) fn rung(&self) -> bool {
+        self.rung.swap(false, Ordering::AcqRel)
+    }
+}
+
+/// The streams whose journals listen on a store's connection, by name: one
+/// entry per live [`PgJournal`] (a bound the worker's leases set).
+pub(super) type Bells = Arc<Mutex<HashMap<String, Arc<Bell>>>>;
+
+/// The statements a store runs, prepared once per connection: each is one
+/// round trip, and one implicit transaction.
+pub(super) struct Statements {
+    pub(super) take: Statement,
+    pub(super) load: Statement,
+    pub(super) skipped: Statement,
+    pub(super) apply: Statement,
+    pub(super) appended: Statement,
+    pub(super) renew: Statement,
+    pub(super) release: Statement,
+}
+
+pub(super) struct Shared {
+    pub(super) client: Client,
+    /// This worker's name, stored as the owner of the streams it takes (for
+    /// people reading the table; the fence is the lease number).
+    pub(super) worker: String,
+    pub(super) statements: Statements,
+    /// Rung by every notification.
+    pub(super) any: Arc<Bell>,
+    /// Rung by a notification for their stream (registered by the relay's
+    /// journals: without the `relay` feature, none).
+    #[cfg_attr(not(feature = "relay"), allow(dead_code))]
+    pub(super) bells: Bells,
+    pub(super) connection: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.connection.abort();
+    }
+}
+
+/// One connection to a PostgreSQL database holding egress streams, for one
+/// worker: it takes streams ([`take_many`](Self::take_many)), loads them,
+/// writes their journals ([`apply`](Self::apply)) fenced by each stream's
+/// lease, and hears the outbox's notifications.
+///
+/// A store is a handle: clones share the connection, and every stream the
+/// worker holds goes through it. Each write is one statement (prepared
+/// once; a `Ready` is one call of the `egress_apply` function, one round
+/// trip and one transaction), so the writes of many streams pipeline on
+/// the one connection instead of each holding a connection and a
+/// transaction of its own. When the connection fails, every call fails
+/// ([`is_closed`](Self::is_closed) tells); the leases then run out and
+/// other workers take the streams over.
+#[derive(Clone)]
+pub struct PgStore {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").field("worker", &self.shared.worker).finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Connects to `url` (a libpq connection string or URL; no TLS), runs
+    /// the connection on the current tokio runtime, migrates the schema,
+    /// prepares the store's statements and listens on [`CHANNEL`]. `worker`
+    /// names this store as the owner of the streams it takes.
+    ///
+    /// # Errors
+    /// PostgreSQL's error, or a schema newer than this library.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub async fn connect(url: &str, worker: impl Into<String>) -> Result<Self, StoreError> {
+        let (mut client, mut connection) = tokio_postgres::connect(url, NoTls).await?;
+        let any = Arc::new(Bell { rung: AtomicBool::new(true), ..Bell::default() });
+        let bells = Bells::default();
+        let task = {
+            let (any, bells) = (any.clone(), bells.clone());
+            tokio::spawn(async move {
+                while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    match message {
+                        Ok(AsyncMessage::Notification(n)) => {
+                            any.ring();
+                            if let Some(bell) = bells.lock().get(n.payload()) {
+                                bell.ring();
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "egress postgres: the connection failed");
+                            break;
+                        }
+                    }
+                }
+            })
+        };
+        let prepared = async {
+            migrate(&mut client).await?;
+            // The connection is every stream's: a statement waits at most
+            // this long for a lock an application's transaction holds,
+            // then fails as StoreError::Busy (and is retried), rather than
+            // stalling the other streams behind it.
+            client.batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT_MS}ms'; LISTEN {CHANNEL}")).await?;
+            Ok::<_, StoreError>(Statements {
+                take: client
+                    .prepare(
+                        "WITH free AS (
+                             SELECT stream FROM egress_stream
+                             WHERE (owner IS NULL OR lease_until IS NULL OR lease_until < clock_timestamp())
+                               AND ($3::text IS NULL OR stream = $3)
+                               AND lease < 9223372036854775807
+                             ORDER BY lease_until NULLS FIRST, stream
+                             LIMIT $4::bigint
+                             FOR UPDATE SKIP LOCKED)
+                         UPDATE egress_stream s
+                         SET owner = $1::text, lease = s.lease + 1,
+                             lease_until = clock_timestamp() + $2::bigint * interval '1 millisecond'
+                         FROM free WHERE s.stream = free.stream
+                         RETURNING s.stream, s.incarnation, s.lease, s.generation, s.next_sequence,
+                                   s.acked_through",
+                    )
+                    .await?,
+                load: client
+                    .prepare(
+                        "SELECT o.stream, o.seq, o.payload, o.dead_reason, o.dead_held
+                         FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS t(stream, lo, hi)
+                         JOIN egress_outbox o ON o.stream = t.stream AND o.seq >= t.lo AND o.seq < t.hi
+                         ORDER BY o.stream, o.seq",
+                    )
+                    .await?,
+                // The newest tombstones at or below each watermark: dead
+                // letters the receiver skipped, whose status stays dead.
+                skipped: client
+                    .prepare(
+                        "SELECT t.stream, d.seq, d.dead_reason, d.dead_held
+                         FROM unnest($1::text[], $2::bigint[]) AS t(stream, lo)
+                         CROSS JOIN LATERAL (
+                             SELECT o.seq, o.dead_reason, o.dead_held FROM egress_outbox o
+                             WHERE o.stream = t.stream AND o.seq < t.lo
+                               AND o.dead_reason IS NOT NULL AND o.dead_held IS NOT TRUE
+                             ORDER BY o.seq DESC LIMIT $3::bigint) AS d
+                         ORDER BY t.stream, d.seq",
+                    )
+                    .await?,
+                apply: client
+                    .prepare(
+                        "SELECT egress_apply($1::text, $2::bigint, $3::bigint, $4::bigint[], $5::bytea[],
+                                             $6::bigint, $7::bigint[], $8::smallint[], $9::boolean[],
+                                             $10::bigint, $11::boolean)",
+                    )
+                    .await?,
+                appended: client
+                    .prepare(
+                        "SELECT seq, payload FROM egress_outbox
+                         WHERE stream = $1::text AND seq >= $2::bigint ORDER BY seq LIMIT $3::bigint",
+                    )
+                    .await?,
+                renew: client
+                    .prepare(
+                        "UPDATE egress_stream
+                         SET lease_until = clock_timestamp() + $3::bigint * interval '1 millisecond'
+                         WHERE stream = $1::text AND lease = $2::bigint",
+                    )
+                    .await?,
+                release: client
+                    .prepare(
+                        "UPDATE egress_stream SET owner = NULL, lease_until = NULL
+                         WHERE stream = $1::text AND lease = $2::bigint",
+                    )
+                    .await?,
+            })
+        }
+        .await;
+        let statements = match prepared {
+            Ok(statements) => statements,
+            Err(e) => {
+                task.abort();
+                return Err(e);
+            }
+        };
+        let shared = Shared { client, worker: worker.into(), statements, any, bells, connection: task };
+        Ok(PgStore { shared: Arc::new(shared) })
+    }
+
+    /// The connection, for reads (and for tests).
+    pub fn client(&self) -> &Client {
+        &self.shared.client
+    }
+
+    /// Whether the connection has failed or closed: every call fails from
+    /// then on; connect again.
+    pub fn is_closed(&self) -> bool {
+        self.shared.client.is_closed()
+    }
+
+    /// Whether a notification came since the last call (`true` the first
+    /// time, so that a new worker reads once). Cheap: no round trip.
+    pub fn changed(&self) -> bool {
+        self.shared.any.rung()
+    }
+
+    /// Completes when a notification comes (for a worker looking for
+    /// streams to take, beside its poll interval).
+    pub async fn notified(&self) {
+        self.shared.any.notify.notified().await;
+    }
+}
