@@ -13,8 +13,11 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio_stream::StreamExt as _;
 
-use super::cell::{Attachment, CellOptions, EgressCellOf, Inner};
+use super::attachment::Attachment;
+use super::cell::EgressCellOf;
 use super::clock::TokioClock;
+use super::inner::Inner;
+use super::options::CellOptions;
 use super::transport::AsyncTransport;
 use crate::asynchronous::{AsyncContext, CatchUnwind};
 use crate::context::Handle;
@@ -245,7 +248,7 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
         loop {
             // Watching before reading: an acknowledgement between the read
             // and the wait is a change the watch still yields.
-            if acked.next().await.is_none() || self.cell.with_core(super::cell::unacknowledged) < capacity {
+            if acked.next().await.is_none() || self.cell.with_core(super::inner::unacknowledged) < capacity {
                 return;
             }
         }

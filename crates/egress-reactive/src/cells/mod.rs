@@ -12,19 +12,24 @@
 
 #[cfg(feature = "async")]
 mod asynchronous;
+mod attachment;
 mod backoff;
 mod cell;
 mod clock;
+mod inner;
+mod options;
+mod readers;
 mod transport;
 
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncEgressCell, Undelivered};
+pub use attachment::{AttachRun, Attachment};
 pub use backoff::{Backoff, Xorshift};
-pub use cell::{
-    AttachRun, Attachment, CellFlavor, CellOptions, EgressCell, EgressCellOf, Inner, ParkedRecord, Project, Refused,
-    SizeCheck, Snapshot, State, ThreadSafeEgressCell,
-};
+pub use cell::{CellFlavor, EgressCell, EgressCellOf, ThreadSafeEgressCell};
 #[cfg(feature = "async")]
 pub use clock::TokioClock;
 pub use clock::{Clock, ManualClock, MonotonicClock, delay};
+pub use inner::{Inner, State};
+pub use options::{CellOptions, Refused, SizeCheck};
+pub use readers::{ParkedRecord, Project, Snapshot};
 pub use transport::{AsyncTransport, SendError, Transport};

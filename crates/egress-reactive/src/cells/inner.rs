@@ -1,0 +1,401 @@
+//! What every part of a cell shares: the graph, the core and its jitter,
+//! the triggers and counts, the clock; and the one path every transition
+//! takes (apply, then notify exactly what changed).
+
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::Arc;
+
+use egress_core::{
+    Changes, ClaimOutcome, EgressCore, Envelope, FailOutcome, FailureKind, Generation, JitterSample, Projection,
+    Sequence, Time,
+};
+
+use super::attachment::Marks;
+use super::clock::Clock;
+use super::transport::SendError;
+use crate::computed::Computed;
+use crate::context::Handle;
+use crate::flavor::{Entered, Flavor, ValueCell};
+use crate::graph::Key;
+use crate::run;
+
+/// The core and the generator of jitter samples, touched only with the
+/// graph entered.
+#[doc(hidden)]
+pub struct State<T> {
+    pub(super) core: EgressCore<T>,
+    pub(super) rng: u64,
+}
+
+impl<T> State<T> {
+    /// The next jitter sample (splitmix64).
+    fn jitter(&mut self) -> JitterSample {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        #[allow(clippy::cast_possible_truncation)]
+        JitterSample::from_u32((z >> 32) as u32)
+    }
+}
+
+/// What every part of a cell needs to apply a transition and invalidate its
+/// readers: the graph, the core, the triggers, the clock. Cloned into each
+/// attachment, so an attachment does not keep the cell (or its readers)
+/// alive.
+#[doc(hidden)]
+pub struct Inner<T: 'static, F: Flavor> {
+    pub(crate) handle: Handle<F>,
+    pub(super) state: F::Ptr<F::Cell<State<T>>>,
+    /// One trigger per [`Projection`], in declaration order.
+    pub(super) triggers: [Key; TRIGGERS],
+    /// Notified when a transition not made by an attachment makes a claim
+    /// possible: what attachments track.
+    pub(crate) wake: Key,
+    /// The count readers, pushed computeds kept up to date eagerly (O(1)
+    /// per transition), in the order of [`COUNTED`].
+    pub(super) counts: [Computed<usize, F>; COUNTS],
+    pub(super) clock: Arc<dyn Clock>,
+}
+
+/// The order of [`Inner::counts`], and how each is counted.
+/// How many triggers a cell has: one per projection.
+pub(super) const TRIGGERS: usize = Projection::ALL.len();
+/// How many count readers a cell has.
+pub(super) const COUNTS: usize = 6;
+pub(super) const PENDING_LEN: usize = 0;
+pub(super) const INFLIGHT_LEN: usize = 1;
+pub(super) const WINDOW_ROOM: usize = 2;
+pub(super) const PARKED_LEN: usize = 3;
+pub(super) const EXHAUSTED_LEN: usize = 4;
+pub(super) const UNPERSISTED_LEN: usize = 5;
+
+/// The projections each count follows, in [`Inner::counts`] order: a count
+/// is recounted when a transition changes one of them. The window's room
+/// follows what moves its end (the watermark), what fills it (claims), and
+/// isolation (claims, failures, receipts, reconnects).
+pub(super) const COUNTED: [Changes; COUNTS] = [
+    Changes::NONE.with(Projection::Pending),
+    Changes::NONE.with(Projection::Inflight),
+    Changes::NONE
+        .with(Projection::Inflight)
+        .with(Projection::AckedThrough)
+        .with(Projection::Received)
+        .with(Projection::Generation),
+    Changes::NONE.with(Projection::Parked),
+    Changes::NONE.with(Projection::Exhausted),
+    Changes::NONE.with(Projection::Durable),
+];
+
+/// Whether a change set touches a count's projections: only then is the
+/// count worth recounting (recounting it anyway finds the same number).
+#[inline]
+pub(super) fn overlaps(changes: u16, counted: u16) -> bool {
+    changes & counted != 0
+}
+
+#[inline]
+pub(super) fn count<T>(core: &EgressCore<T>, which: usize) -> usize {
+    match which {
+        PENDING_LEN => core.pending_len(),
+        INFLIGHT_LEN => core.inflight_len(),
+        WINDOW_ROOM => core.window_room(),
+        PARKED_LEN => core.parked_len(),
+        EXHAUSTED_LEN => core.exhausted_len(),
+        _ => core.unpersisted_len(),
+    }
+}
+
+impl<T: 'static, F: Flavor> Clone for Inner<T, F> {
+    fn clone(&self) -> Self {
+        Inner {
+            handle: self.handle.clone(),
+            state: self.state.clone(),
+            triggers: self.triggers,
+            wake: self.wake,
+            counts: self.counts.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+/// The keys one transition notifies: at most one per trigger, one per
+/// count, and the wake trigger.
+pub(super) struct Keys {
+    pub(super) keys: [Key; TRIGGERS + COUNTS + 1],
+    pub(super) n: usize,
+}
+
+impl Keys {
+    pub(super) fn new(filler: Key) -> Self {
+        Keys { keys: [filler; TRIGGERS + COUNTS + 1], n: 0 }
+    }
+
+    #[inline]
+    fn push(&mut self, key: Key) {
+        self.keys[self.n] = key;
+        self.n += 1;
+    }
+
+    pub(super) fn as_slice(&self) -> &[Key] {
+        &self.keys[..self.n]
+    }
+}
+
+/// Who made a transition: attachments' own claims and failures must not wake
+/// attachments (one run per sending pass).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum By {
+    Caller,
+    Attachment,
+}
+
+impl<T: 'static, F: Flavor> Inner<T, F> {
+    /// Applies `op` to the core with the graph entered, then invalidates
+    /// exactly the readers of the projections it changed (and wakes the
+    /// attachments if a caller's transition made a claim possible), as one
+    /// write. `op` must not call into the cell.
+    pub(crate) fn apply<R>(&self, by: By, op: impl FnOnce(&mut State<T>) -> (R, Changes)) -> R {
+        self.handle.enter(|cell| {
+            let entered = Entered::by(cell);
+            let mut keys = Keys::new(self.wake);
+            let outcome = self.state.with_mut(&entered, |s| {
+                let (outcome, changes) = op(s);
+                let wake = by == By::Caller && !changes.is_empty() && s.core.can_claim();
+                self.keys(&entered, &s.core, changes, wake, &mut keys);
+                outcome
+            });
+            self.notify(cell, keys.as_slice());
+            outcome
+        })
+    }
+
+    pub(super) fn notify(&self, cell: &run::Cell<F>, keys: &[Key]) {
+        if !keys.is_empty()
+            && let Err(e) = run::notify(cell, keys)
+        {
+            panic!("{e}");
+        }
+    }
+
+    /// What to notify for `changes`, into `keys` (the caller's, so that no
+    /// array is copied out): the triggers of the lazy readers, the counts
+    /// whose value changed (recounted here, from `core`), and the wake
+    /// trigger.
+    pub(super) fn keys(&self, entered: &Entered, core: &EgressCore<T>, changes: Changes, wake: bool, keys: &mut Keys) {
+        let bits = changes.bits();
+        for (i, trigger) in self.triggers.iter().enumerate() {
+            if bits >> i & 1 != 0 {
+                keys.push(*trigger);
+            }
+        }
+        for (which, reader) in self.counts.iter().enumerate() {
+            if overlaps(bits, COUNTED[which].bits()) && reader.push(entered, count(core, which)) {
+                keys.push(reader.key);
+            }
+        }
+        if wake {
+            keys.push(self.wake);
+        }
+    }
+
+    /// Marks the readers of `changes` dirty without running effects: for an
+    /// attachment's run, whose flush runs them when the run ends.
+    pub(super) fn mark(&self, changes: Changes) {
+        if changes.is_empty() {
+            return;
+        }
+        self.handle.enter(|cell| {
+            let entered = Entered::by(cell);
+            let mut keys = Keys::new(self.wake);
+            self.state.with(&entered, |s| self.keys(&entered, &s.core, changes, false, &mut keys));
+            run::mark(cell, keys.as_slice());
+        });
+    }
+
+    /// Reads the core, untracked.
+    pub(crate) fn with_core<R>(&self, f: impl FnOnce(&EgressCore<T>) -> R) -> R {
+        self.handle.enter(|cell| self.state.with(&Entered::by(cell), |s| f(&s.core)))
+    }
+
+    pub(crate) fn now(&self) -> Time {
+        self.clock.now()
+    }
+
+    pub(crate) fn fail(
+        &self,
+        by: By,
+        generation: Generation,
+        sequence: Sequence,
+        kind: FailureKind,
+        jitter: Option<JitterSample>,
+    ) -> FailOutcome {
+        let now = self.clock.now();
+        let outcome = self.apply(by, |s| {
+            let jitter = jitter.unwrap_or_else(|| s.jitter());
+            let t = s.core.fail(generation, sequence, kind, now, jitter);
+            (t.outcome, t.changes)
+        });
+        match outcome {
+            FailOutcome::Retrying(r) => {
+                tracing::debug!(
+                    sequence = r.sequence.get(),
+                    attempt = r.attempt.get(),
+                    backoff = r.backoff.0,
+                    ?kind,
+                    "egress cell: a send failed, retrying"
+                );
+            }
+            FailOutcome::Exhausted(r) => {
+                tracing::warn!(
+                    sequence = r.sequence.get(),
+                    attempt = r.attempt.get(),
+                    ?kind,
+                    "egress cell: a dead letter"
+                );
+            }
+            FailOutcome::UnknownSequence { .. } | FailOutcome::StaleGeneration { .. } => {}
+        }
+        outcome
+    }
+
+    /// Reports an attachment's failed send; returns whether its sending pass
+    /// goes on. A failure that parks the record stops the pass (the
+    /// connection is suspect; the record's timer, or the next ack or
+    /// enqueue, starts the next one). One that makes a dead letter does not:
+    /// the payload was at fault, and its tombstone, if it has one, goes out
+    /// in this pass.
+    pub(crate) fn fail_in_pass(&self, generation: Generation, sequence: Sequence, kind: FailureKind) -> bool {
+        !matches!(self.fail(By::Attachment, generation, sequence, kind, None), FailOutcome::Retrying(_))
+    }
+
+    /// Claims the next record for an attachment of `generation`: a copy of
+    /// it, or `None` when the core allows no claim (or the attachment is
+    /// fenced).
+    #[cfg(feature = "async")]
+    pub(crate) fn claim_for(&self, generation: Generation) -> Option<Envelope<T>>
+    where
+        T: Clone,
+    {
+        let clock = &*self.clock;
+        let (envelope, panic) = self.apply(By::Attachment, |s| {
+            let (envelope, changes, panic) = Self::claim_in(s, generation, clock);
+            ((envelope, panic), changes)
+        });
+        if let Some(panic) = panic {
+            resume_unwind(panic);
+        }
+        envelope
+    }
+
+    /// Claims in the core and copies the record out. A copy that panics (a
+    /// payload whose `Clone` panics) fails the record as a transient
+    /// failure, so that it is not left in flight unsent; the panic is
+    /// returned, to be resumed once the readers know of both transitions.
+    fn claim_in(
+        s: &mut State<T>,
+        generation: Generation,
+        clock: &dyn Clock,
+    ) -> (Option<Envelope<T>>, Changes, Option<run::Panic>)
+    where
+        T: Clone,
+    {
+        let t = s.core.claim(generation);
+        let changes = t.changes;
+        let ClaimOutcome::Claimed(envelope) = t.outcome else { return (None, changes, None) };
+        let sequence = envelope.sequence;
+        match catch_unwind(AssertUnwindSafe(|| envelope.cloned())) {
+            Ok(envelope) => (Some(envelope), changes, None),
+            Err(panic) => {
+                // The clock is read only here, on this rare path (not per
+                // claim); a clock that panics too makes the record due at
+                // once.
+                let now = catch_unwind(AssertUnwindSafe(|| clock.now())).unwrap_or(Time(0));
+                let jitter = s.jitter();
+                let failed = s.core.fail(generation, sequence, FailureKind::Transient, now, jitter);
+                (None, changes.union(failed.changes), Some(panic))
+            }
+        }
+    }
+
+    /// [`claim_for`](Self::claim_for) inside the attachment's own effect run:
+    /// the readers are marked with the run's other claims, when it ends (see
+    /// [`Marks`]).
+    pub(super) fn claim_quiet(&self, generation: Generation, marks: &mut Marks<'_, T, F>) -> Option<Envelope<T>>
+    where
+        T: Clone,
+    {
+        let clock = &*self.clock;
+        let (envelope, changes, panic) =
+            self.handle.enter(|cell| self.state.with_mut(&Entered::by(cell), |s| Self::claim_in(s, generation, clock)));
+        marks.changes = marks.changes.union(changes);
+        if let Some(panic) = panic {
+            resume_unwind(panic);
+        }
+        envelope
+    }
+
+    /// Sends one claimed envelope through `send`; a send that panics fails
+    /// the record (as transient: it may never have left) before the panic
+    /// goes on, so that it is not left in flight with nobody to send it.
+    /// Returns whether the pass goes on (see [`fail_in_pass`](Self::fail_in_pass)).
+    pub(crate) fn send_in_pass(
+        &self,
+        generation: Generation,
+        sequence: Sequence,
+        send: impl FnOnce() -> Result<(), SendError>,
+    ) -> bool {
+        match catch_unwind(AssertUnwindSafe(send)) {
+            Ok(Ok(())) => true,
+            Ok(Err(error)) => self.fail_in_pass(generation, sequence, error.kind()),
+            Err(panic) => {
+                self.fail(By::Attachment, generation, sequence, FailureKind::Transient, None);
+                resume_unwind(panic)
+            }
+        }
+    }
+
+    /// When the earliest parked record is due.
+    pub(crate) fn poll_timeout(&self) -> Option<Time> {
+        self.with_core(EgressCore::poll_timeout)
+    }
+
+    /// Makes every parked record due at `now` pending again.
+    pub(crate) fn handle_timeout(&self, now: Time) -> Vec<Sequence> {
+        self.apply(By::Caller, |s| {
+            let t = s.core.handle_timeout(now);
+            (t.outcome, t.changes)
+        })
+    }
+
+    /// Makes the running computation depend on the wake trigger.
+    pub(crate) fn track_wake(&self) {
+        self.handle.enter(|cell| Handle::track(cell, self.wake));
+    }
+}
+
+/// How many records `core` holds unacknowledged: every sequence taken and
+/// not yet at or below the watermark.
+pub(crate) fn unacknowledged<T>(core: &EgressCore<T>) -> usize {
+    let first = core.acked_through().map_or(0, |s| s.get().saturating_add(1));
+    usize::try_from(core.next_sequence().get().saturating_sub(first)).unwrap_or(usize::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use egress_core::{EgressCore, JitterSample, Policy};
+
+    use super::State;
+
+    #[test]
+    fn the_jitter_generator_is_splitmix64() {
+        // Reference values computed apart (splitmix64 from state 0: the
+        // high halves of 0xe220a8397b1dcdaf, 0x6e789e6a53e4a4a0, …).
+        let mut s = State { core: EgressCore::<()>::new(Policy::default()), rng: 0 };
+        let drawn: Vec<JitterSample> = (0..4).map(|_| s.jitter()).collect();
+        let expected: Vec<JitterSample> =
+            [0xe220_a839, 0x6e78_9e6a, 0x06c4_5d18, 0xf88b_b8a8].into_iter().map(JitterSample::from_u32).collect();
+        assert_eq!(drawn, expected);
+    }
+}
