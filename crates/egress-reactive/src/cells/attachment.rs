@@ -4,13 +4,13 @@
 use std::panic::Location;
 use std::sync::Arc;
 
-use egress_core::{AckOutcome, Changes, EgressCore, FailOutcome, FailureKind, Generation, ReceivedOutcome, Sequence};
+use egress_core::{AckOutcome, EgressCore, FailOutcome, FailureKind, Generation, ReceivedOutcome, Sequence};
 
 use super::cell::{CellFlavor, EgressCellOf};
-use super::inner::Inner;
+use super::inner::{AttachRun, Inner};
 use super::transport::Transport;
 use crate::context::NodeRef;
-use crate::effect::{EffectObj, RunEffect};
+use crate::effect::EffectObj;
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};
 use crate::graph::Key;
 
@@ -66,42 +66,6 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     #[cfg(feature = "async")]
     pub(crate) fn scope(&self) -> &crate::context::Scope<F> {
         &self.shared.scope
-    }
-}
-
-/// The run of a synchronous attachment: claim, send, repeat.
-#[doc(hidden)]
-pub struct AttachRun<T: 'static, Tr, F: Flavor> {
-    pub(super) inner: Inner<T, F>,
-    pub(super) transport: Tr,
-    pub(super) generation: Generation,
-}
-
-/// The changes of an attachment run's claims, marked once when the run
-/// ends (or unwinds): the run happens inside a flush or an effect's
-/// creation, which then runs the effects the marks queued.
-pub(super) struct Marks<'a, T: 'static, F: Flavor> {
-    pub(super) inner: &'a Inner<T, F>,
-    pub(super) changes: Changes,
-}
-
-impl<T: 'static, F: Flavor> Drop for Marks<'_, T, F> {
-    fn drop(&mut self) {
-        self.inner.mark(self.changes);
-    }
-}
-
-impl<T: Clone + 'static, Tr: Transport<T>, F: Flavor> RunEffect for AttachRun<T, Tr, F> {
-    fn run_effect(&mut self) {
-        self.inner.track_wake();
-        let mut marks = Marks { inner: &self.inner, changes: Changes::NONE };
-        while let Some(envelope) = self.inner.claim_quiet(self.generation, &mut marks) {
-            let sequence = envelope.sequence;
-            let transport = &mut self.transport;
-            if !self.inner.send_in_pass(self.generation, sequence, || transport.send(envelope)) {
-                break;
-            }
-        }
     }
 }
 

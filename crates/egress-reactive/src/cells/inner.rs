@@ -10,11 +10,12 @@ use egress_core::{
     Sequence, Time,
 };
 
-use super::attachment::Marks;
 use super::clock::Clock;
 use super::transport::SendError;
+use super::transport::Transport;
 use crate::computed::Computed;
 use crate::context::Handle;
+use crate::effect::RunEffect;
 use crate::flavor::{Entered, Flavor, ValueCell};
 use crate::graph::Key;
 use crate::run;
@@ -322,6 +323,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// [`claim_for`](Self::claim_for) inside the attachment's own effect run:
     /// the readers are marked with the run's other claims, when it ends (see
     /// [`Marks`]).
+    #[inline]
     pub(super) fn claim_quiet(&self, generation: Generation, marks: &mut Marks<'_, T, F>) -> Option<Envelope<T>>
     where
         T: Clone,
@@ -340,6 +342,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// the record (as transient: it may never have left) before the panic
     /// goes on, so that it is not left in flight with nobody to send it.
     /// Returns whether the pass goes on (see [`fail_in_pass`](Self::fail_in_pass)).
+    #[inline]
     pub(crate) fn send_in_pass(
         &self,
         generation: Generation,
@@ -380,6 +383,43 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
 pub(crate) fn unacknowledged<T>(core: &EgressCore<T>) -> usize {
     let first = core.acked_through().map_or(0, |s| s.get().saturating_add(1));
     usize::try_from(core.next_sequence().get().saturating_sub(first)).unwrap_or(usize::MAX)
+}
+
+/// The run of a synchronous attachment: claim, send, repeat.
+#[doc(hidden)]
+pub struct AttachRun<T: 'static, Tr, F: Flavor> {
+    pub(super) inner: Inner<T, F>,
+    pub(super) transport: Tr,
+    pub(super) generation: Generation,
+}
+
+/// The changes of an attachment run's claims, marked once when the run
+/// ends (or unwinds): the run happens inside a flush or an effect's
+/// creation, which then runs the effects the marks queued.
+pub(super) struct Marks<'a, T: 'static, F: Flavor> {
+    pub(super) inner: &'a Inner<T, F>,
+    pub(super) changes: Changes,
+}
+
+impl<T: 'static, F: Flavor> Drop for Marks<'_, T, F> {
+    fn drop(&mut self) {
+        self.inner.mark(self.changes);
+    }
+}
+
+impl<T: Clone + 'static, Tr: Transport<T>, F: Flavor> RunEffect for AttachRun<T, Tr, F> {
+    #[inline]
+    fn run_effect(&mut self) {
+        self.inner.track_wake();
+        let mut marks = Marks { inner: &self.inner, changes: Changes::NONE };
+        while let Some(envelope) = self.inner.claim_quiet(self.generation, &mut marks) {
+            let sequence = envelope.sequence;
+            let transport = &mut self.transport;
+            if !self.inner.send_in_pass(self.generation, sequence, || transport.send(envelope)) {
+                break;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -23,13 +23,13 @@ mod transport;
 
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncEgressCell, Undelivered};
-pub use attachment::{AttachRun, Attachment};
+pub use attachment::Attachment;
 pub use backoff::{Backoff, Xorshift};
 pub use cell::{CellFlavor, EgressCell, EgressCellOf, ThreadSafeEgressCell};
 #[cfg(feature = "async")]
 pub use clock::TokioClock;
 pub use clock::{Clock, ManualClock, MonotonicClock, delay};
-pub use inner::{Inner, State};
+pub use inner::{AttachRun, Inner, State};
 pub use options::{CellOptions, Refused, SizeCheck};
 pub use readers::{ParkedRecord, Project, Snapshot};
 pub use transport::{AsyncTransport, SendError, Transport};
