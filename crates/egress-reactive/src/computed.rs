@@ -425,4 +425,10 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     pub(crate) fn is_shared(&self) -> bool {
         F::strong_count(&self.slot) > 2
     }
+
+    /// Whether a live computation (a computed or an effect) depends on it.
+    pub(crate) fn has_subscribers(&self) -> bool {
+        let key = self.node.key;
+        self.node.handle.introspect(key, |g| g.node(key.index).subs_head != crate::graph::NONE).unwrap_or(false)
+    }
 }

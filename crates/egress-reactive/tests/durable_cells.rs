@@ -192,3 +192,46 @@ fn threads_asking_for_one_status_together_share_one_reader() {
     cell.enqueue("m0".into());
     assert!(readers.iter().all(|r| r[0].get() == Some(M::Queued)));
 }
+
+#[test]
+fn effects_that_ask_for_statuses_and_drop_the_handles_keep_following_them() {
+    use egress_core::Envelope;
+    struct Sink;
+    impl Transport<String> for Sink {
+        fn send(&mut self, _: Envelope<String>) -> Result<(), SendError> {
+            Ok(())
+        }
+    }
+    let cx = Context::new();
+    let policy = Policy::builder().inflight_limit(128).build().unwrap();
+    let cell: EgressCell<String> = EgressCell::new(&cx.handle(), policy);
+    cell.enqueue_all((0..70).map(|i| format!("m{i}")));
+    // One effect per row of a list, each asking for its message's status
+    // and dropping the handle: 70 rows, past the first sweep.
+    let shown = Rc::new(RefCell::new(vec![None; 70]));
+    let rows: Vec<_> = (0..70u64)
+        .map(|i| {
+            let (cell, shown) = (cell.clone(), shown.clone());
+            cx.effect(move || {
+                let status = cell.status(Sequence(i)).get();
+                shown.borrow_mut()[i as usize] = status;
+            })
+        })
+        .collect();
+    assert!(shown.borrow().iter().all(|s| *s == Some(M::Queued)));
+    // And unrelated code asks for a hundred other statuses and drops them.
+    for s in 1_000..1_100 {
+        drop(cell.status(Sequence(s)));
+    }
+    // Every row follows its message: the readers the effects read were
+    // not swept away under them.
+    let _link = cell.attach(Sink);
+    assert!(shown.borrow().iter().all(|s| *s == Some(M::Sending)), "{:?}", shown.borrow());
+    // A redraw (each effect runs again) makes no new reader.
+    let nodes = cx.node_count();
+    cell.enqueue("more".into());
+    let _ = cell.ack(cell.generation().get(), Sequence(69));
+    assert!(shown.borrow().iter().all(|s| *s == Some(M::Acknowledged)));
+    assert_eq!(cx.node_count(), nodes, "the rows' readers are the same ones");
+    drop(rows);
+}

@@ -223,8 +223,10 @@ pub struct RelayStats {
     /// Times adoption stopped at a record out of order (a gap another
     /// writer left in the stream): the records after it wait.
     pub adoption_stalls: u64,
-    /// Times adoption stopped at a record the relay's codec cannot read
-    /// (appended with another encoding): it and the records after it wait.
+    /// Times a record the relay's codec cannot read (appended with another
+    /// encoding) stopped it: adoption stops there (it and the records after
+    /// it wait), and a commit that must move the cell's records behind it
+    /// fails (shown by the cell, tried again).
     pub undecodable: u64,
     /// Whether the relay stopped because the stream is not its store's any
     /// more: another store took it over, or the store's connection is gone
@@ -353,11 +355,13 @@ pub async fn open_durable(
 /// the stream opened with [`Raw`] shows its bytes. Of what the relay
 /// writes, a record that does not encode fails its commit
 /// ([`StoreError::Unencodable`], shown as the cell's `persist_error`) and
-/// the relay tries again after its backoff: nothing from it on is written
-/// or sent, and nothing is lost. A codec whose `encode` can fail for a
-/// value the application enqueues therefore wants a check before the
-/// enqueue ([`Codec::size`](egress_codec::Encode::size) is `None` for such
-/// a value).
+/// the relay tries again after its backoff: nothing of that commit (the
+/// records grouped with it, before it too) and nothing after it is written
+/// or sent, and the cell holds them all unwritten; there is no way to take
+/// such a record out, so a codec whose `encode` can fail for a value the
+/// application enqueues wants a check before the enqueue
+/// ([`Encode::size`](egress_codec::Encode::size) is `None` for such a
+/// value). A codec that panics counts as one that refused.
 ///
 /// # Errors
 /// [`open_durable`]'s, and [`StoreError::Undecodable`].
@@ -530,12 +534,34 @@ fn report<T: Clone + 'static, F: CellFlavor<T>>(
             let _ = cell.persisted(epoch);
             Ok(Reported::Written(appended as u64))
         }
-        Err(StoreError::Conflict { stored, expected, .. }) if stored > expected => {
+        // Answered once their records are read ([`conflict`]).
+        Err(StoreError::Conflict { stored, expected, .. }) if stored > expected => Ok(Reported::Conflict {
+            from: Sequence(expected),
+            count: usize::try_from(stored - expected).unwrap_or(usize::MAX),
+        }),
+        Err(e) => {
+            let _ = cell.persist_failed(epoch, e.to_string());
+            Err(e)
+        }
+    }
+}
+
+/// Answers a `Ready` the store refused for another writer's appends,
+/// `theirs` as read from the store: with them in hand, the cell's
+/// unwritten records move behind them; when they cannot be read (the
+/// store's error, or a record the codec cannot read), the cell shows that
+/// error, not the conflict, and the relay tries again.
+fn conflict<T: Clone + 'static, F: CellFlavor<T>>(
+    cell: &EgressCellOf<T, F>,
+    epoch: Epoch,
+    theirs: Result<Vec<(Sequence, Bytes)>, StoreError>,
+    codec: &dyn Codec<T>,
+    stream: &str,
+) -> Result<Committed, StoreError> {
+    match theirs.and_then(|rows| decode_all(codec, stream, rows)) {
+        Ok(theirs) => {
             let _ = cell.persist_failed(epoch, "appended by another writer meanwhile");
-            Ok(Reported::Conflict {
-                from: Sequence(expected),
-                count: usize::try_from(stored - expected).unwrap_or(usize::MAX),
-            })
+            Ok(rebase(cell, theirs))
         }
         Err(e) => {
             let _ = cell.persist_failed(epoch, e.to_string());
@@ -593,8 +619,8 @@ impl SqliteStore {
             match report(cell, ready.epoch, result, count)? {
                 Reported::Written(n) => written += n,
                 Reported::Conflict { from, count } => {
-                    let theirs = decode_all(codec, stream, self.appended(stream, from, count)?)?;
-                    rebase(cell, theirs);
+                    let theirs = self.appended(stream, from, count);
+                    conflict(cell, ready.epoch, theirs, codec, stream)?;
                 }
             }
         }
@@ -633,8 +659,8 @@ async fn commit<S: JournalStore, T: Clone + Send + Sync + 'static>(
     match reported? {
         Reported::Written(n) => Ok(Committed::Written(n)),
         Reported::Conflict { from, count } => {
-            let theirs = store.appended(from, count).await?;
-            Ok(rebase(&cell, decode_all(&*codec, store.stream(), theirs)?))
+            let theirs = store.appended(from, count).await;
+            conflict(&cell, ready.epoch, theirs, &*codec, store.stream())
         }
     }
 }
@@ -647,6 +673,7 @@ async fn write_once<S: JournalStore, T: Clone + Send + Sync + 'static>(
     written: &Written<T>,
 ) -> Option<Result<(), StoreError>> {
     let (ready, appends) = cell.poll_ready()?;
+    let epoch = ready.epoch;
     let counters = &written.counters;
     let started = std::time::Instant::now();
     let (stored, codec) = (written.stored.clone(), written.codec.clone());
@@ -671,8 +698,19 @@ async fn write_once<S: JournalStore, T: Clone + Send + Sync + 'static>(
             Ok(())
         }
         Ok(Err(e)) => Err(e),
-        Err(e) => Err(StoreError::Task(e.to_string())),
+        // The commit's task ended without answering the `Ready` (a panic
+        // under the store): answered here, so that the cell shows it and
+        // offers the `Ready` again rather than wait for an answer that
+        // never comes. (An answer given already makes this one stale.)
+        Err(e) => {
+            let e = StoreError::Task(e.to_string());
+            let _ = cell.persist_failed(epoch, e.to_string());
+            Err(e)
+        }
     };
+    if let Err(StoreError::Undecodable { .. }) = &result {
+        counters.undecodable.fetch_add(1, Ordering::Relaxed);
+    }
     if let Err(e) = &result {
         tracing::warn!(error = %e, "egress relay: a commit failed");
         tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_failures = 1u64, "egress relay: a commit failed");

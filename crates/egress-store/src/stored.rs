@@ -3,7 +3,7 @@
 //! and a held flag, incarnations and owner tokens as 16 random bytes.
 
 use bytes::Bytes;
-use egress_codec::Codec;
+use egress_codec::{Codec, CodecError};
 use egress_core::{DeadMark, DeadReason, Generation, Incarnation, Restored, RestoredRecord, Sequence};
 
 use crate::StoreError;
@@ -99,7 +99,28 @@ pub(crate) fn decode<T: 'static>(
     sequence: Sequence,
     bytes: &Bytes,
 ) -> Result<T, StoreError> {
-    codec.decode(bytes).map_err(|error| StoreError::Undecodable { stream: stream.to_owned(), sequence, error })
+    guarded(|| codec.decode(bytes)).map_err(|error| StoreError::Undecodable {
+        stream: stream.to_owned(),
+        sequence,
+        error,
+    })
+}
+
+/// `f`, with a panic in it (the application's codec) as an error: a codec
+/// that panics refuses the value, as one that returns an error does, and
+/// the relay and the cell go on.
+fn guarded<R>(f: impl FnOnce() -> Result<R, CodecError>) -> Result<R, CodecError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(format!("the codec panicked: {what}").into())
+        }
+    }
 }
 
 /// Stored records as `T`s.
@@ -121,7 +142,7 @@ pub(crate) fn encode_all<T: 'static>(
 ) -> Result<Vec<(Sequence, Bytes)>, StoreError> {
     appends
         .iter()
-        .map(|(sequence, value)| match codec.encode(value) {
+        .map(|(sequence, value)| match guarded(|| codec.encode(value)) {
             Ok(bytes) => Ok((*sequence, bytes)),
             Err(error) => Err(StoreError::Unencodable { stream: stream.to_owned(), sequence: Some(*sequence), error }),
         })
@@ -134,5 +155,9 @@ pub(crate) fn encode_one<T: 'static>(
     stream: &str,
     value: &T,
 ) -> Result<Bytes, StoreError> {
-    codec.encode(value).map_err(|error| StoreError::Unencodable { stream: stream.to_owned(), sequence: None, error })
+    guarded(|| codec.encode(value)).map_err(|error| StoreError::Unencodable {
+        stream: stream.to_owned(),
+        sequence: None,
+        error,
+    })
 }

@@ -119,11 +119,14 @@ async fn adoption_stops_at_a_record_the_codec_cannot_read_and_the_records_after_
         .await
         .expect("opens");
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
-    let app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
+    let mut app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
     let outbox = Outbox::new("chat");
-    outbox.append_encoded(&app, &Json, &line("one")).expect("appends");
-    outbox.append(&app, b"\xff not a line").expect("appends");
-    outbox.append_encoded(&app, &Json, &line("three")).expect("appends");
+    // One transaction: the relay sees the three together.
+    let t = app.transaction().expect("a transaction");
+    outbox.append_encoded(&t, &Json, &line("one")).expect("appends");
+    outbox.append(&t, b"\xff not a line").expect("appends");
+    outbox.append_encoded(&t, &Json, &line("three")).expect("appends");
+    t.commit().expect("commits");
     for _ in 0..2_000 {
         if durable.relay.stats().undecodable >= 1 {
             break;
@@ -213,4 +216,106 @@ fn a_typed_outbox_append_the_codec_refuses_appends_nothing() {
     }
     // The next append takes the first sequence: none was used up.
     assert_eq!(outbox.append_encoded(store.connection(), &Picky, &line("fine")).expect("appends"), Sequence(0));
+}
+
+/// JSON, except that it panics encoding a line whose text is "boom" and
+/// decoding the bytes `boom`.
+struct Panicky;
+
+impl Encode<Line> for Panicky {
+    fn encode(&self, value: &Line) -> Result<Bytes, CodecError> {
+        assert!(value.text != "boom", "the codec cannot take this");
+        Json.encode(value)
+    }
+}
+
+impl Codec<Line> for Panicky {
+    fn decode(&self, bytes: &Bytes) -> Result<Line, CodecError> {
+        assert!(&bytes[..] != b"boom", "the codec cannot read this");
+        Json.decode(bytes)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codec_that_panics_encoding_is_a_refusal_shown_and_retried_not_a_silent_wedge() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable_with(&cx, dir.db(), "chat", Panicky, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("opens");
+    let cell: AsyncEgressCell<Line> = durable.cell.clone();
+    cell.enqueue(line("fine"));
+    until(&cell, |c| c.durable_through().get_untracked() == Some(Sequence(0))).await;
+    cell.enqueue(line("boom"));
+    until(&cell, |c| c.persist_error().get_untracked().is_some()).await;
+    let error = cell.persist_error().get_untracked().expect("an error");
+    assert!(error.reason.contains("the codec panicked: the codec cannot take this"), "{}", error.reason);
+    // Tried again, and again refused: the relay lives on.
+    let failures = durable.relay.stats().failures;
+    for _ in 0..2_000 {
+        if durable.relay.stats().failures > failures {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(durable.relay.stats().failures > failures, "retried");
+    assert_eq!(cell.unpersisted_len().get_untracked(), 1);
+    drop(durable.relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codec_that_panics_decoding_stops_adoption_there_and_the_cell_says_why_at_its_next_write() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable_with(&cx, dir.db(), "chat", Panicky, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("opens");
+    let cell: AsyncEgressCell<Line> = durable.cell.clone();
+    let app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
+    Outbox::new("chat").append(&app, b"boom").expect("appends");
+    for _ in 0..2_000 {
+        if durable.relay.stats().undecodable >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(durable.relay.stats().undecodable, 1, "adoption stopped at it; the relay lives");
+    assert_eq!(cell.next_sequence(), Sequence(0));
+    // The cell's own record meets it under sequence 0: the cell shows the
+    // record that cannot be read, not "another writer".
+    cell.enqueue(line("mine"));
+    until(&cell, |c| c.persist_error().get_untracked().is_some()).await;
+    let error = cell.persist_error().get_untracked().expect("an error");
+    assert!(error.reason.contains("record #0 does not decode: the codec panicked"), "{}", error.reason);
+    assert!(durable.relay.stats().undecodable >= 2);
+    drop(durable.relay);
+}
+
+#[test]
+fn a_synchronous_typed_cell_moves_behind_an_outbox_append_and_says_when_it_cannot_read_one() {
+    use egress_core::EgressCore;
+    use egress_reactive::{Context, EgressCell};
+    let dir = TempDir::new();
+    let cx = Context::new();
+    let mut store = egress_store::SqliteStore::open(dir.db()).expect("opens");
+    let loaded = store.load("ui").expect("loads").decode("ui", &Json).expect("decodes");
+    let core = EgressCore::restore(Policy::default(), loaded.restored).expect("restores");
+    let cell: EgressCell<Line> = EgressCell::from_core(&cx.handle(), core, CellOptions::new());
+    // Unwritten, the cell's record meets the application's, typed, at 0.
+    cell.enqueue(line("mine"));
+    let app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
+    Outbox::new("ui").append_encoded(&app, &Json, &line("theirs")).expect("appends");
+    assert_eq!(store.write_journal_with(&cell, "ui", &Json).expect("rebased, then written"), 1);
+    let pending: Vec<(u64, Line)> =
+        cell.pending().get().iter().map(|e| (e.sequence.get(), e.payload.clone())).collect();
+    assert_eq!(pending, vec![(0, line("theirs")), (1, line("mine"))]);
+    // Again, with a record the codec cannot read in the way.
+    cell.enqueue(line("later"));
+    Outbox::new("ui").append(&app, b"{not a line").expect("appends");
+    match store.write_journal_with(&cell, "ui", &Json) {
+        Err(StoreError::Undecodable { sequence, .. }) => assert_eq!(sequence, Sequence(2)),
+        other => panic!("expected Undecodable, got {other:?}"),
+    }
+    let error = cell.persist_error().get().expect("shown");
+    assert!(error.reason.contains("record #2 does not decode"), "{}", error.reason);
 }

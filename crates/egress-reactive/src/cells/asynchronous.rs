@@ -284,7 +284,7 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
             }
         };
         // The reader is the cell's, perhaps held by others too: dropped,
-        // not disposed (the cell disposes it once no one holds it).
+        // not disposed (the cell disposes it once no one uses it).
         drop((statuses, status));
         outcome
     }

@@ -106,10 +106,11 @@ pub(super) struct Readers<T: 'static, F: Flavor> {
 }
 
 /// The status readers [`EgressCellOf::status`] made, by sequence: the same
-/// reader for the same sequence while the application holds it. Those no
-/// handle outside holds any more are disposed at a sweep, when the map has
-/// doubled since the last one: the map is bounded by twice the readers
-/// held, and a sweep's cost is spread over the calls that grew it.
+/// reader for the same sequence while the application holds it or a live
+/// computation reads it. Those neither held nor read any more are disposed
+/// at a sweep, when the map has doubled since the last one: the map is
+/// bounded by twice the readers in use, and a sweep's cost is spread over
+/// the calls that grew it.
 pub(super) struct Statuses<F: Flavor> {
     pub(super) by_sequence: std::collections::HashMap<Sequence, Computed<Option<MessageStatus>, F>>,
     /// The size at which the next sweep runs.
@@ -132,7 +133,9 @@ impl<F: Flavor> Statuses<F> {
         }
         let mut unheld = Vec::new();
         self.by_sequence.retain(|_, status| {
-            let held = status.is_shared();
+            // Held by a handle, or read by a live computation (an effect
+            // that asked for it and dropped the handle still follows it).
+            let held = status.is_shared() || status.has_subscribers();
             if !held {
                 unheld.push(status.clone());
             }
@@ -242,12 +245,15 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// drops it itself.
     ///
     /// The reader is the cell's, not the caller's: a call for a sequence
-    /// whose reader a handle still holds returns that reader (a redraw that
-    /// asks again makes no new node), and a reader no handle holds any more
-    /// is disposed at a later call (or with the cell). Drop the handle when
-    /// done; do not dispose it, since another caller may hold the same
-    /// reader. On a disposed cell the reader is made under the current
-    /// owner, and reads fail as the cell's do.
+    /// whose reader is in use (a handle holds it, or a live computed or
+    /// effect reads it) returns that reader, so a redraw that asks again
+    /// makes no new node; a reader no longer in use is disposed at a later
+    /// call (or with the cell). An effect may ask for the statuses it shows
+    /// and drop the handles: it keeps following them. Do not dispose a
+    /// status reader, since another caller may use the same one. On a
+    /// disposed cell each call makes a reader under the current owner, not
+    /// kept by the cell, whose value never changes (a disposed cell
+    /// notifies nothing).
     #[track_caller]
     pub fn status(&self, sequence: Sequence) -> Computed<Option<MessageStatus>, F> {
         let at = Location::caller();
