@@ -804,3 +804,35 @@ async fn a_typed_cell_on_postgres_gets_its_own_and_the_outboxs_typed_messages_ba
     .expect_err("refused");
     assert!(matches!(refused, StoreError::Undecodable { sequence: Sequence(2), .. }), "{refused:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_durable_many_starts_a_cell_per_free_stream_with_its_records() {
+    use egress_reactive::{AsyncContext, CellOptions};
+    use egress_store::RelayConfig;
+    use egress_store::postgres::open_durable_many;
+    let Some(url) = database().await else { return };
+    let mut client = app(&url).await;
+    let prefix = fresh("opened");
+    for i in 1..=3u64 {
+        let tx = client.transaction().await.unwrap();
+        for n in 0..i {
+            PgOutbox::new(format!("{prefix}/{i}")).append(&tx, format!("{i}.{n}").as_bytes()).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    let cx = AsyncContext::new();
+    let store = PgStore::connect(&url, "worker").await.unwrap();
+    let opened =
+        open_durable_many(&cx, &store, 10, LONG, Policy::default(), CellOptions::new(), RelayConfig::default()).await;
+    let mut opened = opened.unwrap();
+    opened.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(opened.len(), 3, "every free stream, once");
+    for (i, (name, durable)) in opened.into_iter().enumerate() {
+        let i = i as u64 + 1;
+        assert_eq!(name, format!("{prefix}/{i}"));
+        let durable = durable.unwrap();
+        let pending: Vec<Bytes> = durable.cell.pending().get_untracked().iter().map(|e| e.payload.clone()).collect();
+        assert_eq!(pending, (0..i).map(|n| Bytes::from(format!("{i}.{n}"))).collect::<Vec<_>>());
+        let _ = durable.relay.shutdown().await;
+    }
+}
