@@ -2,6 +2,10 @@
 //! once as a macro and expanded per adapter (see `adapters.rs`). Every test
 //! asserts its expected values; a failed assertion is a panic, which the
 //! child process reports as FAIL with the message.
+//!
+//! Over 800 lines, and whole on purpose: the suite is one `macro_rules!`
+//! body (`suite!`), expanded once per adapter, and a macro's body cannot be
+//! split across files; the helpers above it are what it shares.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
