@@ -7,7 +7,7 @@ use std::sync::Arc;
 use egress_core::{AckOutcome, EgressCore, FailOutcome, FailureKind, Generation, ReceivedOutcome, Sequence};
 
 use super::cell::{CellFlavor, EgressCellOf};
-use super::inner::{AttachRun, Inner};
+use super::inner::AttachRun;
 use super::transport::Transport;
 use crate::context::NodeRef;
 use crate::effect::EffectObj;
@@ -59,7 +59,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     }
 
     #[cfg(feature = "async")]
-    pub(crate) fn inner(&self) -> &Inner<T, F> {
+    pub(crate) fn inner(&self) -> &super::inner::Inner<T, F> {
         &self.shared.inner
     }
 
