@@ -36,6 +36,17 @@ async fn until<T: Clone + Send + Sync + 'static>(cell: &AsyncEgressCell<T>, f: i
     panic!("timed out");
 }
 
+/// Waits (on the relay's own tasks) until the relay's stats say `f`.
+async fn until_stats(relay: &egress_store::Relay, f: impl Fn(egress_store::RelayStats) -> bool) {
+    for _ in 0..2_000 {
+        if f(relay.stats()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out: {:?}", relay.stats());
+}
+
 fn pending<T: Clone + Send + Sync + 'static>(cell: &AsyncEgressCell<T>) -> Vec<(u64, T)> {
     cell.pending().get_untracked().iter().map(|e| (e.sequence.get(), e.payload.clone())).collect()
 }
@@ -127,23 +138,13 @@ async fn adoption_stops_at_a_record_the_codec_cannot_read_and_the_records_after_
     outbox.append(&t, b"\xff not a line").expect("appends");
     outbox.append_encoded(&t, &Json, &line("three")).expect("appends");
     t.commit().expect("commits");
-    for _ in 0..2_000 {
-        if durable.relay.stats().undecodable >= 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_stats(&durable.relay, |s| s.undecodable >= 1).await;
     assert_eq!(durable.relay.stats().undecodable, 1);
     assert_eq!(pending(&cell), vec![(0, line("one"))], "adopted up to the unreadable record");
     // Another append wakes the relay: it stops at the same record again,
     // and still nothing past it is taken.
     outbox.append_encoded(&app, &Json, &line("four")).expect("appends");
-    for _ in 0..2_000 {
-        if durable.relay.stats().undecodable >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_stats(&durable.relay, |s| s.undecodable >= 2).await;
     assert_eq!(durable.relay.stats().undecodable, 2);
     assert_eq!(pending(&cell), vec![(0, line("one"))]);
     assert_eq!(cell.next_sequence(), Sequence(1));
@@ -190,12 +191,7 @@ async fn a_value_the_codec_cannot_write_stops_the_journal_there_visibly_and_noth
     // The relay tries again (after its backoff) and fails again: nothing of
     // that commit is written, and nothing after the durable record goes out.
     let failures = durable.relay.stats().failures;
-    for _ in 0..2_000 {
-        if durable.relay.stats().failures > failures {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_stats(&durable.relay, |s| s.failures > failures).await;
     assert!(durable.relay.stats().failures > failures);
     assert!(rx.try_recv().is_err());
     let app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
@@ -252,12 +248,7 @@ async fn a_codec_that_panics_encoding_is_a_refusal_shown_and_retried_not_a_silen
     assert!(error.reason.contains("the codec panicked: the codec cannot take this"), "{}", error.reason);
     // Tried again, and again refused: the relay lives on.
     let failures = durable.relay.stats().failures;
-    for _ in 0..2_000 {
-        if durable.relay.stats().failures > failures {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_stats(&durable.relay, |s| s.failures > failures).await;
     assert!(durable.relay.stats().failures > failures, "retried");
     assert_eq!(cell.unpersisted_len().get_untracked(), 1);
     drop(durable.relay);
@@ -273,12 +264,7 @@ async fn a_codec_that_panics_decoding_stops_adoption_there_and_the_cell_says_why
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
     let app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
     Outbox::new("chat").append(&app, b"boom").expect("appends");
-    for _ in 0..2_000 {
-        if durable.relay.stats().undecodable >= 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_stats(&durable.relay, |s| s.undecodable >= 1).await;
     assert_eq!(durable.relay.stats().undecodable, 1, "adoption stopped at it; the relay lives");
     assert_eq!(cell.next_sequence(), Sequence(0));
     // The cell's own record meets it under sequence 0: the cell shows the
