@@ -1,3 +1,5 @@
+//! `cargo run -p xtask -- unmoved-diff`: see [`moved`].
+//!
 //! `cargo run -p xtask -- packaging`: checks what `cargo publish` and a
 //! user's toolchain rely on and no compiler checks.
 //!
@@ -19,6 +21,8 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
+
+mod moved;
 
 /// Each workspace crate's floor: a crate depends (normal dependencies) only
 /// on crates of lower floors, so stores sit below transports and nothing
@@ -46,8 +50,24 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("packaging") => packaging(),
+        Some("unmoved-diff") => {
+            let mut diff = String::new();
+            let written = std::io::Read::read_to_string(&mut std::io::stdin(), &mut diff)
+                .map_err(anyhow::Error::from)
+                .and_then(|_| moved::unmoved_diff(&diff));
+            return match written {
+                Ok(out) => {
+                    print!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("xtask unmoved-diff: {e:#}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         _ => {
-            eprintln!("usage: cargo run -p xtask -- packaging");
+            eprintln!("usage: cargo run -p xtask -- packaging | unmoved-diff < DIFF");
             return ExitCode::from(2);
         }
     };
