@@ -127,7 +127,7 @@ mod signal;
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncContext, AsyncEffect, EffectCx, Readable, Watch};
 #[cfg(feature = "async")]
-pub use cells::{AsyncEgressCell, TokioClock, Undelivered};
+pub use cells::{AsyncEgressCell, ConnectionState, ConnectionTracker, TokioClock, Undelivered};
 pub use cells::{
     AsyncTransport, AttachRun, Attachment, Backoff, CellFlavor, CellOptions, Clock, EgressCell, EgressCellOf, Inner,
     ManualClock, MonotonicClock, ParkedRecord, Project, Refused, SendError, SizeCheck, Snapshot, State,

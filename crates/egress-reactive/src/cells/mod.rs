@@ -16,6 +16,8 @@ mod attachment;
 mod backoff;
 mod cell;
 mod clock;
+#[cfg(feature = "async")]
+mod connection;
 mod inner;
 mod options;
 mod readers;
@@ -29,6 +31,8 @@ pub use cell::{CellFlavor, EgressCell, EgressCellOf, ThreadSafeEgressCell};
 #[cfg(feature = "async")]
 pub use clock::TokioClock;
 pub use clock::{Clock, ManualClock, MonotonicClock, delay};
+#[cfg(feature = "async")]
+pub use connection::{ConnectionState, ConnectionTracker};
 pub use inner::{AttachRun, Inner, State};
 pub use options::{CellOptions, Refused, SizeCheck};
 pub use readers::{ParkedRecord, Project, Snapshot};

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use egress_codec::{Encode, Raw};
-use egress_reactive::{AsyncEgressCell, Computed, Handle, Threaded, Watch};
+use egress_reactive::{AsyncEgressCell, Computed, ConnectionTracker, Threaded, Watch};
 use futures_util::stream::SplitSink;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -104,8 +104,7 @@ pub struct Sender {
     stop: watch::Sender<bool>,
     kill: Arc<Notify>,
     counters: Arc<Counters>,
-    state: Computed<ConnectionState, Threaded>,
-    graph: Handle<Threaded>,
+    state: ConnectionTracker<ConnectError>,
     /// Keeps the cell, and with it the state's nodes, for as long as the
     /// sender is kept.
     _cell: Box<dyn std::any::Any + Send + Sync>,
@@ -180,19 +179,10 @@ impl Sender {
         let codec: Arc<dyn Encode<T>> = Arc::new(codec);
         let url = url.into();
         let target = Target::new(&url, &config.headers)?;
-        let (signal, state, graph) = cell
-            .in_scope(|graph| {
-                let signal = graph.signal(ConnectionState::Connecting { attempt: 1 });
-                let state = graph.computed({
-                    let signal = signal.clone();
-                    move || signal.get()
-                });
-                (signal, state, graph.clone())
-            })
-            .map_err(|_| SpawnError::CellDisposed)?;
+        let state = ConnectionTracker::new(&cell, "egress sender").map_err(|_| SpawnError::CellDisposed)?;
         let (stop, stop_rx) = watch::channel(false);
         let kill = Arc::new(Notify::new());
-        let counters = Arc::new(Counters::new(signal, config.max_payload));
+        let counters = Arc::new(Counters::new(state.clone(), config.max_payload));
         // The cell refuses at once what could only become a dead letter,
         // for as long as this sender lives.
         let check: egress_reactive::SizeCheck<T> = {
@@ -236,19 +226,19 @@ impl Sender {
             }
             .instrument(span)
         });
-        Ok(Sender { task, stop, kill, counters, state, graph, _cell: Box::new(cell), uninstall: Some(uninstall) })
+        Ok(Sender { task, stop, kill, counters, state, _cell: Box::new(cell), uninstall: Some(uninstall) })
     }
 
     /// Where the connection is, as a computed on the cell's graph (owned by
     /// the cell): read it in an effect or a computed to follow it.
     pub fn state(&self) -> &Computed<ConnectionState, Threaded> {
-        &self.state
+        self.state.state()
     }
 
     /// Where the connection is, as a stream: the current state first, then
     /// each change (a slow reader skips to the latest).
     pub fn watch_state(&self) -> Watch<ConnectionState> {
-        self.graph.watch(&self.state)
+        self.state.watch()
     }
 
     /// The largest payload that can go out now, in encoded bytes: the own

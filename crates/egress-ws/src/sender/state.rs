@@ -6,84 +6,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(doc)]
 use super::{Sender, SenderConfig};
-use egress_core::Generation;
-use egress_reactive::{Signal, Threaded};
+use egress_reactive::ConnectionTracker;
 
 /// Where a [`Sender`]'s connection is, for a UI to say "connected",
 /// "offline, retrying in 3 s" or "stopped: why": a signal on the cell's
-/// graph ([`Sender::state`]) and a stream ([`Sender::watch_state`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ConnectionState {
-    /// Connecting and handshaking: `attempt` counts the attempts since the
-    /// last connection that moved the stream on (1: the first).
-    Connecting {
-        /// Which attempt.
-        attempt: u32,
-    },
-    /// Open: the receiver welcomed this generation, and the cell sends.
-    Connected {
-        /// The connection's generation.
-        generation: Generation,
-    },
-    /// Waiting for the backoff before the next attempt.
-    Reconnecting {
-        /// When the next attempt starts.
-        retry_at: std::time::Instant,
-        /// How many connections or attempts failed in a row (what the
-        /// backoff doubles with).
-        failures: u32,
-        /// Why the last one ended.
-        error: ConnectError,
-    },
-    /// Not connecting again: shut down or dropped (`error: None`), or
-    /// stopped on its own (`error`: why; see [`Sender::failure`]): refused
-    /// credentials, [`SenderConfig::max_attempts`] reached, or no
-    /// generation left.
-    Stopped {
-        /// Why it stopped on its own.
-        error: Option<ConnectError>,
-    },
-}
-
-impl ConnectionState {
-    /// Whether the sender is connected: a receiver welcomed it, and the
-    /// cell sends.
-    pub fn is_online(&self) -> bool {
-        matches!(self, ConnectionState::Connected { .. })
-    }
-
-    /// The error of a reconnect or a stop, if any.
-    pub fn error(&self) -> Option<&ConnectError> {
-        match self {
-            ConnectionState::Reconnecting { error, .. } | ConnectionState::Stopped { error: Some(error) } => {
-                Some(error)
-            }
-            _ => None,
-        }
-    }
-}
-
-/// A few words for a status bar: "online", "connecting (attempt 2)",
-/// "offline: connection refused; retrying in 3 s", "stopped: unauthorized
-/// (401)".
-impl std::fmt::Display for ConnectionState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ConnectionState::Connecting { attempt: 1 } => f.write_str("connecting"),
-            ConnectionState::Connecting { attempt } => write!(f, "connecting (attempt {attempt})"),
-            ConnectionState::Connected { .. } => f.write_str("online"),
-            ConnectionState::Reconnecting { retry_at, error, .. } => {
-                let wait = retry_at.saturating_duration_since(std::time::Instant::now());
-                // Rounded up: "in 0 s" would read as now.
-                let secs = wait.as_millis().div_ceil(1000);
-                write!(f, "offline: {error}; retrying in {secs} s")
-            }
-            ConnectionState::Stopped { error: None } => f.write_str("stopped"),
-            ConnectionState::Stopped { error: Some(error) } => write!(f, "stopped: {error}"),
-        }
-    }
-}
+/// graph ([`Sender::state`]) and a stream ([`Sender::watch_state`]). The
+/// type every transport shares, over this one's error: `Connected` once a
+/// receiver welcomed the generation; `Stopped` with an error for refused
+/// credentials, [`SenderConfig::max_attempts`] reached, or no generation
+/// left (see [`Sender::failure`]).
+pub type ConnectionState = egress_reactive::ConnectionState<ConnectError>;
 
 /// Counters of a sender's connections.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -111,7 +43,7 @@ pub struct SenderStats {
 
 pub(super) struct Counters {
     /// Where the connection is; see [`ConnectionState`].
-    pub(super) state: Signal<ConnectionState, Threaded>,
+    pub(super) state: ConnectionTracker<ConnectError>,
     pub(super) connections: AtomicU64,
     pub(super) reconnects: AtomicU64,
     pub(super) failed_attempts: AtomicU64,
@@ -126,7 +58,7 @@ pub(super) struct Counters {
 }
 
 impl Counters {
-    pub(super) fn new(state: Signal<ConnectionState, Threaded>, own_max: usize) -> Self {
+    pub(super) fn new(state: ConnectionTracker<ConnectError>, own_max: usize) -> Self {
         Counters {
             payload_limit: Arc::new(std::sync::atomic::AtomicUsize::new(own_max)),
             state,
@@ -140,24 +72,10 @@ impl Counters {
         }
     }
 
-    /// Moves the connection's state to `new`, with an event: a connection
-    /// or a reconnect at info, a stop for an error at error, an attempt at
-    /// debug.
+    /// Moves the connection's state to `new` (and logs it: see
+    /// [`ConnectionTracker`]).
     pub(super) fn report(&self, new: ConnectionState) {
-        match &new {
-            ConnectionState::Connecting { attempt } => tracing::debug!(attempt, "egress sender: connecting"),
-            ConnectionState::Connected { generation } => {
-                tracing::info!(generation = generation.get(), "egress sender: connected");
-            }
-            ConnectionState::Reconnecting { retry_at, failures, error } => {
-                let delay_ms = retry_at.saturating_duration_since(std::time::Instant::now()).as_millis();
-                tracing::info!(%error, failures, delay_ms, "egress sender: reconnecting");
-            }
-            ConnectionState::Stopped { error: Some(error) } => tracing::error!(%error, "egress sender: stopped"),
-            ConnectionState::Stopped { error: None } => tracing::info!("egress sender: shut down"),
-        }
-        // A disposed cell has no readers left to tell.
-        let _ = self.state.try_set(new);
+        self.state.set(new);
     }
 
     pub(super) fn snapshot(&self) -> SenderStats {
