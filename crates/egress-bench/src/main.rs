@@ -653,10 +653,5 @@ fn rate(n: u64, d: Duration) -> f64 {
 
 /// A caught panic's message, on one line.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    let msg = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panicked".into());
-    msg.replace('\n', " ")
+    egress_core::panic_message(panic).unwrap_or("panicked").replace('\n', " ")
 }

@@ -52,6 +52,24 @@ pub trait Encode<T>: Send + Sync + 'static {
     }
 }
 
+/// A payload its codec could not encode, as a transport fails it: as
+/// permanent (a dead letter; trying again would not help). The codec's
+/// error is its source.
+#[derive(Debug)]
+pub struct Unencodable(pub CodecError);
+
+impl std::fmt::Display for Unencodable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the payload does not encode: {}", self.0)
+    }
+}
+
+impl std::error::Error for Unencodable {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
 /// [`Encode`] and the way back: what a store needs to give a durable cell
 /// its typed records again. `decode(encode(v))` is `v` (the law every
 /// codec here keeps, checked by this crate's tests).
@@ -114,7 +132,15 @@ mod tests {
     use bytes::Bytes;
     use proptest::prelude::*;
 
-    use super::{Codec, Encode, Raw};
+    use super::{Codec, Encode, Raw, Unencodable};
+
+    #[test]
+    fn an_unencodable_payload_says_why_and_keeps_the_codecs_error_as_its_source() {
+        let e = Unencodable("keys must be strings".into());
+        assert_eq!(e.to_string(), "the payload does not encode: keys must be strings");
+        let source = std::error::Error::source(&e).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("keys must be strings"));
+    }
 
     proptest! {
         #[test]

@@ -55,6 +55,7 @@ mod failures;
 mod fencing;
 mod ids;
 mod outcome;
+mod panic;
 mod parked;
 mod pending;
 mod policy;
@@ -74,6 +75,7 @@ pub use crate::ids::{Attempt, Delay, Epoch, FlushEpoch, Generation, Incarnation,
 pub use crate::outcome::{
     AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,
 };
+pub use crate::panic::panic_message;
 pub use crate::policy::{DeadLetters, Ordering, Policy, PolicyBuilder, PolicyError};
 pub use crate::resume::Resume;
 pub use crate::retry::{DeadReason, FailureKind, JitterSample, JitterSampleError, ParkedView, Retry};

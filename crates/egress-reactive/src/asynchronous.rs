@@ -203,11 +203,8 @@ struct Panics {
 
 impl Panics {
     fn record(&self, panic: &(dyn std::any::Any + Send)) {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic with a payload that is not a string".to_owned());
+        let message =
+            egress_core::panic_message(panic).unwrap_or("a panic with a payload that is not a string").to_owned();
         self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         *self.last.lock() = Some(message);
     }

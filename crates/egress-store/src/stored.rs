@@ -113,11 +113,7 @@ fn guarded<R>(f: impl FnOnce() -> Result<R, CodecError>) -> Result<R, CodecError
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(result) => result,
         Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
+            let what = egress_core::panic_message(&*panic).unwrap_or_default();
             Err(format!("the codec panicked: {what}").into())
         }
     }

@@ -89,11 +89,7 @@ impl Failure {
         match panic.downcast::<Failure>() {
             Ok(failure) => *failure,
             Err(panic) => {
-                let text = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_else(|| "a panic".to_owned());
+                let text = egress_core::panic_message(&*panic).unwrap_or("a panic");
                 Failure::Other(format!("panic: {text}"))
             }
         }

@@ -213,11 +213,7 @@ impl Sender {
                     Ok(error) => error,
                     Err(_) if watched.is_disposed() => Some(ConnectError::Fatal("the cell was disposed".into())),
                     Err(panic) => {
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| (*s).to_owned())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_default();
+                        let what = egress_core::panic_message(&*panic).unwrap_or_default();
                         Some(ConnectError::Fatal(format!("the sender panicked: {what}").into()))
                     }
                 };

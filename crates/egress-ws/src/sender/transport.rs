@@ -181,10 +181,7 @@ impl<T: Send + Sync + 'static> AsyncTransport<T> for WsTransport<T> {
     }
 }
 
-/// A payload its codec could not encode: it fails as permanent.
-#[derive(Debug, thiserror::Error)]
-#[error("the payload does not encode: {0}")]
-pub struct Unencodable(pub Box<dyn std::error::Error + Send + Sync>);
+pub use egress_codec::Unencodable;
 
 #[cfg(test)]
 mod tests {
