@@ -44,9 +44,11 @@
 //!   itself; a disconnect ends the epoch (its publish acknowledgements may
 //!   never come), and the next epoch replays exactly what the broker does
 //!   not hold, under a new generation.
-//! - **Failures onto the core's kinds.** A message above the server's
-//!   `max_payload` is refused before it is sent: a permanent failure (a
-//!   dead letter). A wrong-last-sequence refusal is a resync or a fence,
+//! - **Failures onto the core's kinds.** A record that can never be stored
+//!   (its codec refuses it, or it is above the server's `max_payload` or
+//!   the stream's own limits) is a permanent failure (a dead letter): the
+//!   epoch resyncs, and the next publishes its tombstone in its place. A
+//!   wrong-last-sequence refusal is a resync or a fence,
 //!   never a retry of one record; a timeout, a broken connection or a
 //!   stream the server does not have ends the epoch and reconnects after a
 //!   jittered backoff.
@@ -57,7 +59,13 @@
 //!   the gap is given up and the delivery says so).
 //!   See docs/nats.md in the repository for the whole design. The
 //!   consumer's acknowledgement of a message is sent when the application
-//!   acknowledges the delivery, not before. See its docs for restarts.
+//!   acknowledges the delivery, not before. See its docs for restarts. It
+//!   evicts a producer stream idle past
+//!   [`lane_idle`](SubscriberConfig::lane_idle).
+//! - The publisher's connection is a [`ConnectionState`] on the cell's
+//!   graph ([`Publisher::state`], [`Publisher::watch_state`]), and
+//!   [`Publisher::spawn_typed`] publishes a cell of any type through an
+//!   [`Encode`] codec.
 //!
 //! **Durability.** A publish acknowledgement means the server stored the
 //! message, not that it reached the disk: unless the server syncs every
@@ -71,7 +79,12 @@ mod publisher;
 mod stamp;
 mod subscriber;
 
-pub use publisher::{Options, Publisher, PublisherConfig, PublisherError, PublisherStats, SpawnError, owner_of};
+#[doc(no_inline)]
+pub use egress_codec::{Encode, Raw};
+pub use publisher::{
+    ConnectionState, LinkError, Options, Publisher, PublisherConfig, PublisherError, PublisherStats, SpawnError,
+    owner_of,
+};
 pub use stamp::{Stamp, StampError, headers};
 pub use subscriber::{Content, Delivery, Position, SubscribeError, Subscriber, SubscriberConfig, SubscriberStats};
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_nats::jetstream::Context;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use bytes::Bytes;
-use egress_core::DeadReason;
+use egress_core::{DeadReason, Incarnation, Resume};
 use futures_util::StreamExt as _;
 
 use crate::stamp::Stamp;
@@ -41,6 +41,21 @@ pub struct SubscriberConfig {
     /// not named here starts at the first of its records the consumer
     /// reads.
     pub positions: Vec<Position>,
+    /// How long a producer stream's state is kept once every record of it
+    /// was acknowledged and none came since; then it is evicted, so that a
+    /// subscriber that lives through many producer restarts (each a new
+    /// incarnation) holds state only for the recent ones. A record of an
+    /// evicted stream starts it again: at [`resume`](Self::resume)'s
+    /// record if there is one (exactly once), otherwise at that record (a
+    /// copy of an older one arriving later is then handed out again).
+    /// [`Duration::MAX`]: never.
+    pub lane_idle: Duration,
+    /// The application's durable record of where each producer stream
+    /// resumes (the same trait the WebSocket receiver takes; egress-store's
+    /// `ReceivedLog` is one): asked, on a blocking thread, for a stream the
+    /// subscriber holds no state of and [`positions`](Self::positions) do
+    /// not name.
+    pub resume: Option<Arc<dyn Resume>>,
 }
 
 impl SubscriberConfig {
@@ -52,6 +67,8 @@ impl SubscriberConfig {
             ack_wait: Duration::from_secs(30),
             gap_timeout: Duration::from_secs(30),
             positions: Vec::new(),
+            lane_idle: Duration::from_secs(600),
+            resume: None,
         }
     }
 }
@@ -97,6 +114,11 @@ pub enum SubscribeError {
     /// the copy.
     #[error("acknowledge: {0}")]
     Ack(String),
+    /// The application's durable record ([`SubscriberConfig::resume`])
+    /// could not say where a producer stream resumes: the record that
+    /// asked is kept, and calling [`Subscriber::next`] again asks again.
+    #[error("resume: {0}")]
+    Resume(String),
 }
 
 /// Counters of a subscriber's work.
@@ -113,10 +135,13 @@ pub struct SubscriberStats {
     /// Sequences given up: gaps that did not fill within `gap_timeout`
     /// (or while the subscriber held all it may).
     pub skipped: u64,
+    /// Producer streams whose state was evicted after `lane_idle`.
+    pub evicted: u64,
 }
 
 /// A record taken from the broker.
 struct Item {
+    key: Key,
     /// Sequences given up right before this one.
     gap: Option<std::ops::Range<u64>>,
     stamp: Stamp,
@@ -135,13 +160,23 @@ struct Lane {
     buffer: BTreeMap<u64, Item>,
     /// Since when the buffer has waited (`None`: empty).
     waiting_since: Option<tokio::time::Instant>,
+    /// Its records queued for the application or held by it.
+    live: usize,
+    /// Since when nothing of it is held here (`None`: something is), as
+    /// entered in `Subscriber::idle`.
+    idle_since: Option<tokio::time::Instant>,
 }
 
 impl Lane {
+    fn new(handed: u64) -> Lane {
+        Lane { handed, buffer: BTreeMap::new(), waiting_since: None, live: 0, idle_since: None }
+    }
+
     /// Queues the records that follow `handed` without a gap.
     fn release(&mut self, ready: &mut VecDeque<Item>) {
         while let Some(item) = self.buffer.remove(&self.handed) {
             self.handed = self.handed.saturating_add(1);
+            self.live += 1;
             ready.push_back(item);
         }
         self.waiting_since = if self.buffer.is_empty() { None } else { Some(tokio::time::Instant::now()) };
@@ -182,6 +217,14 @@ pub struct Subscriber {
     /// broker's redelivery of a message held here.
     seen: u64,
     positions: HashMap<Key, u64>,
+    resume: Option<Arc<dyn Resume>>,
+    /// The lanes with nothing held here, by since when: the order they are
+    /// evicted in.
+    idle: BTreeSet<(tokio::time::Instant, Key)>,
+    lane_idle: Duration,
+    /// A message that could not be sorted yet (the resume record failed):
+    /// sorted first at the next `next`.
+    stalled: Option<(async_nats::jetstream::Message, u64)>,
     max_ack_pending: usize,
     gap_timeout: Duration,
     stats: SubscriberStats,
@@ -193,6 +236,7 @@ impl std::fmt::Debug for Subscriber {
             .field("stats", &self.stats)
             .field("ready", &self.ready.len())
             .field("outstanding", &self.outstanding.len())
+            .field("lanes", &self.lanes.len())
             .finish_non_exhaustive()
     }
 }
@@ -245,6 +289,10 @@ impl Subscriber {
             handled: BTreeMap::new(),
             seen: floor,
             positions,
+            resume: config.resume,
+            idle: BTreeSet::new(),
+            lane_idle: config.lane_idle,
+            stalled: None,
             max_ack_pending: config.max_ack_pending.max(1),
             gap_timeout: config.gap_timeout,
             stats: SubscriberStats::default(),
@@ -256,6 +304,50 @@ impl Subscriber {
         self.stats
     }
 
+    /// How many producer streams it holds state for (see
+    /// [`SubscriberConfig::lane_idle`]).
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Evicts the lanes idle for `lane_idle` or longer at `now`.
+    fn evict(&mut self, now: tokio::time::Instant) {
+        while let Some((since, key)) = self.idle.first().cloned() {
+            if now.checked_duration_since(since).is_none_or(|idle| idle < self.lane_idle) {
+                return;
+            }
+            self.idle.pop_first();
+            self.lanes.remove(&key);
+            // A position the application gave at the start is behind what
+            // the lane reached: it must not place the stream again.
+            self.positions.remove(&key);
+            self.stats.evicted += 1;
+            tracing::debug!(producer = %key.0, incarnation = key.1, "egress nats subscriber: an idle producer stream evicted");
+        }
+    }
+
+    /// Notes that `key`'s lane may have nothing held here any more.
+    fn maybe_idle(&mut self, key: &Key) {
+        if let Some(lane) = self.lanes.get_mut(key)
+            && lane.live == 0
+            && lane.buffer.is_empty()
+            && lane.idle_since.is_none()
+        {
+            let now = tokio::time::Instant::now();
+            lane.idle_since = Some(now);
+            self.idle.insert((now, key.clone()));
+        }
+    }
+
+    /// Notes that `key`'s lane holds something here again.
+    fn busy(&mut self, key: &Key) {
+        if let Some(lane) = self.lanes.get_mut(key)
+            && let Some(since) = lane.idle_since.take()
+        {
+            self.idle.remove(&(since, key.clone()));
+        }
+    }
+
     /// The next record in its producer's order. It is the application's
     /// until [`Delivery::ack`]; while it is held, no other is handed out
     /// (the borrow says so).
@@ -264,7 +356,11 @@ impl Subscriber {
     /// Reading from the broker failed ([`SubscribeError::Messages`]; call
     /// again to go on), or the stream ended.
     pub async fn next(&mut self) -> Result<Delivery<'_>, SubscribeError> {
+        if let Some((message, stream_sequence)) = self.stalled.take() {
+            self.sort(message, stream_sequence).await?;
+        }
         loop {
+            self.evict(tokio::time::Instant::now());
             if let Some(item) = self.ready.pop_front() {
                 return Ok(Delivery { subscriber: self, item: Some(item) });
             }
@@ -310,6 +406,16 @@ impl Subscriber {
         }
         self.seen = stream_sequence;
         self.outstanding.insert(stream_sequence);
+        self.sort(message, stream_sequence).await
+    }
+
+    /// Sorts a message taken in (its stream sequence outstanding): see
+    /// [`take_in`](Self::take_in).
+    async fn sort(
+        &mut self,
+        message: async_nats::jetstream::Message,
+        stream_sequence: u64,
+    ) -> Result<(), SubscribeError> {
         let stamp = match message.headers.as_ref().map(Stamp::from_headers) {
             Some(Ok(stamp)) => stamp,
             Some(Err(e)) => {
@@ -329,25 +435,53 @@ impl Subscriber {
             return self.handle(stream_sequence, message).await;
         }
         let key: Key = (Arc::from(stamp.producer.as_str()), stamp.incarnation);
-        let start = self.positions.get(&key).copied().unwrap_or(stamp.sequence);
-        let lane =
-            self.lanes.entry(key).or_insert(Lane { handed: start, buffer: BTreeMap::new(), waiting_since: None });
+        if !self.lanes.contains_key(&key) {
+            let start = match self.positions.remove(&key) {
+                Some(next) => next,
+                None => match self.resumed(&key).await {
+                    Ok(next) => next.unwrap_or(stamp.sequence),
+                    Err(e) => {
+                        // Sorted again at the next `next` (still
+                        // outstanding, so the broker's floor stays below
+                        // it): nothing lost.
+                        self.stalled = Some((message, stream_sequence));
+                        return Err(e);
+                    }
+                },
+            };
+            self.lanes.insert(key.clone(), Lane::new(start));
+        }
+        self.busy(&key);
+        let Some(lane) = self.lanes.get_mut(&key) else { return Ok(()) };
         let sequence = stamp.sequence;
         if sequence < lane.handed || lane.buffer.contains_key(&sequence) {
             self.stats.duplicates += 1;
+            self.maybe_idle(&key);
             return self.handle(stream_sequence, message).await;
         }
         let payload = message.payload.clone();
-        let item = Item { gap: None, stamp, payload, stream_sequence, message };
+        let item = Item { key, gap: None, stamp, payload, stream_sequence, message };
         if sequence > lane.handed {
             lane.buffer.insert(sequence, item);
             lane.waiting_since.get_or_insert_with(tokio::time::Instant::now);
             return Ok(());
         }
         lane.handed = sequence.saturating_add(1);
+        lane.live += 1;
         self.ready.push_back(item);
         lane.release(&mut self.ready);
         Ok(())
+    }
+
+    /// Where the application's durable record says `key`'s stream resumes.
+    async fn resumed(&self, key: &Key) -> Result<Option<u64>, SubscribeError> {
+        let Some(resume) = self.resume.clone() else { return Ok(None) };
+        let (producer, incarnation) = (key.0.clone(), Incarnation(key.1));
+        match tokio::task::spawn_blocking(move || resume.resume(&producer, incarnation)).await {
+            Ok(Ok(next)) => Ok(next),
+            Ok(Err(e)) => Err(SubscribeError::Resume(e)),
+            Err(e) => Err(SubscribeError::Resume(format!("the record panicked: {e}"))),
+        }
     }
 
     /// Gives up the gap that has waited longest: its lane goes on from the
@@ -460,6 +594,10 @@ impl Delivery<'_> {
         let item = self.item.take().expect("a delivery holds its item until acknowledged or dropped");
         let sub = &mut *self.subscriber;
         sub.stats.delivered += 1;
+        if let Some(lane) = sub.lanes.get_mut(&item.key) {
+            lane.live = lane.live.saturating_sub(1);
+        }
+        sub.maybe_idle(&item.key);
         sub.handle(item.stream_sequence, item.message).await
     }
 }

@@ -8,117 +8,19 @@
 //! `EGRESS_NATS_REQUIRED=1`). Without it each test says so and passes,
 //! unless `EGRESS_NATS_REQUIRED` is set: then a missing server fails it.
 
-use std::net::SocketAddr;
+mod common;
+
 use std::time::Duration;
 
-use async_nats::jetstream::{self, Context};
+use async_nats::jetstream;
 use bytes::Bytes;
+use common::{acked, addr, cell, config, connect, contents, fresh, messages, payload, raw, stream, url};
 use egress_core::{Policy, Sequence};
 use egress_nats::{
     Content, Publisher, PublisherConfig, PublisherError, Stamp, SubscribeError, Subscriber, SubscriberConfig, owner_of,
 };
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::{Chaos, ChaosProxy};
-use futures_util::StreamExt as _;
-
-fn url() -> Option<String> {
-    if std::env::var_os("EGRESS_TEST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt().with_env_filter("egress_nats=debug").with_test_writer().try_init();
-    }
-    egress_testkit::nats_url()
-}
-
-fn addr(url: &str) -> SocketAddr {
-    url.trim_start_matches("nats://").parse().expect("EGRESS_NATS_URL is nats://ip:port")
-}
-
-/// A name no other test (or earlier run) uses (NATS names take `_`).
-fn fresh(name: &str) -> String {
-    egress_testkit::fresh(name).replace('-', "_")
-}
-
-/// A JetStream stream of one subject, in memory; its name and subject.
-async fn stream(js: &Context, name: &str, duplicate_window: Duration) -> (String, String) {
-    let name = fresh(name);
-    let subject = format!("egress.{name}");
-    js.create_stream(jetstream::stream::Config {
-        name: name.clone(),
-        subjects: vec![subject.clone()],
-        storage: jetstream::stream::StorageType::Memory,
-        duplicate_window,
-        ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("the stream is made: {e}"));
-    (name, subject)
-}
-
-async fn connect(url: &str) -> Context {
-    jetstream::new(async_nats::connect(url).await.expect("the server answers"))
-}
-
-fn cell(cx: &AsyncContext, window: usize) -> AsyncEgressCell<Bytes> {
-    AsyncEgressCell::new(cx, Policy::builder().inflight_limit(window).build().expect("a valid policy"))
-}
-
-fn config(producer: &str, stream: &str, subject: &str) -> PublisherConfig {
-    PublisherConfig {
-        timeout: Duration::from_secs(1),
-        backoff_base: Duration::from_millis(5),
-        backoff_max: Duration::from_millis(100),
-        ..PublisherConfig::new(producer, stream, subject)
-    }
-}
-
-/// Waits (bounded) until the cell's acknowledgement watermark reaches
-/// `through`.
-async fn acked(cell: &AsyncEgressCell<Bytes>, through: u64, within: Duration) {
-    let waited = tokio::time::timeout(within, async {
-        while cell.acked_through().get_untracked() < Some(Sequence(through)) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(
-        waited.is_ok(),
-        "acked through {:?}, not {through}, within {within:?}",
-        cell.acked_through().get_untracked()
-    );
-}
-
-/// Every record of the stream (takeover claims left out), in stream order,
-/// read raw (no dedupe): its stamp (or `None`) and payload.
-async fn contents(js: &Context, stream: &str) -> Vec<(Option<Stamp>, Bytes)> {
-    messages(js, stream).await.into_iter().filter(|(s, _)| !s.as_ref().is_some_and(|s| s.claim)).collect()
-}
-
-/// Every message of the stream, in stream order, read raw.
-async fn messages(js: &Context, stream: &str) -> Vec<(Option<Stamp>, Bytes)> {
-    let stream = js.get_stream(stream).await.expect("the stream exists");
-    let count = stream.cached_info().state.messages;
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::Config {
-            ack_policy: jetstream::consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .expect("a reader");
-    let mut messages = consumer.messages().await.expect("messages");
-    let mut out = Vec::new();
-    while (out.len() as u64) < count {
-        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
-            .await
-            .expect("the stream's messages come")
-            .expect("not ended")
-            .expect("a message");
-        out.push((m.headers.as_ref().and_then(|h| Stamp::from_headers(h).ok()), m.payload.clone()));
-    }
-    out
-}
-
-fn payload(i: u64) -> Bytes {
-    Bytes::from(format!("message {i}"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_messages_through_killed_connections_are_stored_once_each_in_order() {
@@ -307,27 +209,6 @@ async fn a_payload_above_the_servers_limit_is_a_dead_letter_and_the_stream_goes_
     assert_eq!(got[0], (0, Content::Message(payload(0))));
     assert!(matches!(got[1], (1, Content::Skipped(_))));
     assert_eq!(got[2], (2, Content::Message(payload(2))));
-}
-
-/// Publishes a raw message with `stamp`'s headers (no message id: the
-/// broker does not deduplicate it), as a hostile or broken peer would.
-async fn raw(js: &Context, subject: &str, stamp: Option<&Stamp>, body: Bytes) {
-    let headers = stamp.map(|s| {
-        let mut h = async_nats::HeaderMap::new();
-        for (name, values) in s.to_headers().iter() {
-            if AsRef::<str>::as_ref(name) != "Nats-Msg-Id" {
-                for v in values {
-                    h.append(name.clone(), v.clone());
-                }
-            }
-        }
-        h
-    });
-    let ack = match headers {
-        Some(h) => js.publish_with_headers(subject.to_owned(), h, body).await,
-        None => js.publish(subject.to_owned(), body).await,
-    };
-    ack.expect("sent").await.expect("stored");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,14 +10,15 @@ use async_nats::jetstream::context::{Context, PublishErrorKind};
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::{ConnectOptions, Event};
 use bytes::Bytes;
+use egress_codec::Encode;
 use egress_core::{AckOutcome, Completions, Generation, Sequence};
-use egress_reactive::{AsyncEgressCell, Backoff};
+use egress_reactive::{AsyncEgressCell, Backoff, ConnectionTracker};
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, mpsc, watch};
 
-use super::transport::{NatsTransport, Sent};
-use super::{Counters, PublisherConfig, PublisherError, owner_of};
+use super::transport::{NatsTransport, Sent, Unstorable};
+use super::{ConnectionState, Counters, LinkError, PublisherConfig, PublisherError, owner_of};
 use crate::stamp::Stamp;
 
 /// The client's connection, as its events tell it.
@@ -33,9 +34,10 @@ enum End {
     Stop,
     /// The connection or a request failed: a new epoch after the backoff.
     Lost(String),
-    /// An expectation (last sequence, last message id) was refused: read
-    /// the subject again.
-    Resync,
+    /// An expectation (last sequence, last message id) was refused, a
+    /// publish was answered "duplicate", or a record can never be stored:
+    /// read the subject again.
+    Resync(String),
     Fatal(PublisherError),
 }
 
@@ -47,14 +49,24 @@ struct Last {
     stamp: Option<Stamp>,
 }
 
-pub(super) async fn supervise(
-    cell: AsyncEgressCell<Bytes>,
+/// What the supervisor and each of its epochs work with.
+pub(super) struct Run<T: 'static> {
+    pub(super) cell: AsyncEgressCell<T>,
+    pub(super) codec: Arc<dyn Encode<T>>,
+    pub(super) config: PublisherConfig,
+    pub(super) kill: Arc<Notify>,
+    pub(super) counters: Arc<Counters>,
+    pub(super) state: ConnectionTracker<LinkError>,
+}
+
+/// Connects and runs epochs until it is stopped (`None`) or stops on its
+/// own (why). Each epoch's start and end move the connection state.
+pub(super) async fn supervise<T: Clone + Send + Sync + 'static>(
+    run: Run<T>,
     servers: Vec<async_nats::ServerAddr>,
-    config: PublisherConfig,
     mut stop: watch::Receiver<bool>,
-    kill: Arc<Notify>,
-    counters: Arc<Counters>,
 ) -> Option<PublisherError> {
+    let config = &run.config;
     let (link_tx, mut link) = watch::channel(Link::default());
     let link_tx = Arc::new(link_tx);
     let (base, max) = (config.backoff_base, config.backoff_max);
@@ -83,11 +95,8 @@ pub(super) async fn supervise(
     let client = tokio::select! {
         client = options.connect(servers) => match client {
             Ok(client) => client,
-            Err(e) => {
-                // With retry_on_initial_connect, only the options can fail.
-                tracing::error!(error = %e, "egress nats publisher: cannot connect");
-                return None;
-            }
+            // With retry_on_initial_connect, only the options can fail.
+            Err(e) => return Some(PublisherError::Options(e.to_string())),
         },
         _ = stop.changed() => return None,
     };
@@ -106,35 +115,41 @@ pub(super) async fn supervise(
         if *stop.borrow() {
             return None;
         }
+        run.state.set(ConnectionState::Connecting { attempt: failures.saturating_add(1) });
         // Wait for the client's connection.
         tokio::select! {
             r = link.wait_for(|l| l.connected) => if r.is_err() { return None },
             _ = stop.changed() => return None,
         }
-        let before = cell.acked_through().get_untracked();
-        let end = epoch(&cell, &js, &config, &mut owner, &counters, &mut link, &kill, &mut stop).await;
-        let progressed = cell.acked_through().get_untracked() > before;
+        let before = run.cell.acked_through().get_untracked();
+        let end = run.epoch(&js, &mut owner, &mut link, &mut stop).await;
+        let progressed = run.cell.acked_through().get_untracked() > before;
         if progressed {
             failures = 0;
             hurried = false;
         }
-        let wait = match end {
+        let (wait, error) = match end {
             End::Stop => return None,
             End::Fatal(e) => return Some(e),
             End::Lost(why) => {
-                counters.lost.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(%why, "egress nats publisher: epoch lost");
-                true
+                run.counters.lost.fetch_add(1, Ordering::Relaxed);
+                (true, LinkError::Lost(why))
             }
-            End::Resync => {
-                counters.resyncs.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!("egress nats publisher: an expectation was refused; resyncing");
-                std::mem::replace(&mut hurried, true)
+            End::Resync(why) => {
+                run.counters.resyncs.fetch_add(1, Ordering::Relaxed);
+                (std::mem::replace(&mut hurried, true), LinkError::Resync(why))
             }
         };
-        if wait {
+        let delay = if wait {
             let delay = backoff.delay(failures);
             failures = failures.saturating_add(1);
+            delay
+        } else {
+            std::time::Duration::ZERO
+        };
+        let retry_at = std::time::Instant::now() + delay;
+        run.state.set(ConnectionState::Reconnecting { retry_at, failures, error });
+        if wait {
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
                 _ = stop.changed() => return None,
@@ -194,184 +209,196 @@ async fn disconnected(link: &mut watch::Receiver<Link>, disconnects: u64) {
     let _ = link.wait_for(|l| l.disconnects != disconnects).await;
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn epoch(
-    cell: &AsyncEgressCell<Bytes>,
-    js: &Context,
-    config: &PublisherConfig,
-    owner: &mut Option<u64>,
-    counters: &Arc<Counters>,
-    link: &mut watch::Receiver<Link>,
-    kill: &Notify,
-    stop: &mut watch::Receiver<bool>,
-) -> End {
-    let disconnects = link.borrow().disconnects;
-    // A request written to a connection that died is never answered: the
-    // read is bounded by the timeout and by the next disconnect.
-    let last = tokio::select! {
-        last = tokio::time::timeout(config.timeout, read_last(js, config, owner.is_none())) => last,
-        () = disconnected(link, disconnects) => return End::Lost("disconnected".into()),
-        _ = stop.changed() => return End::Stop,
-    };
-    let last = match last {
-        Ok(Ok(last)) => last,
-        Ok(Err(end)) => return end,
-        Err(_) => return End::Lost("reading the last message timed out".into()),
-    };
-    let stored = last.as_ref().and_then(|l| l.stamp.as_ref()).map_or(0, |s| s.generation);
-    let current = cell.generation().get_untracked().get();
-    // A takeover's owner is the subject's only once its claim is stored.
-    let mut claiming = None;
-    let generation = match *owner {
-        None => {
-            // Take the stream over: the first generation of an owner above
-            // every one stored, and above the cell's own.
-            let Some(mine) = owner_of(stored).max(owner_of(current)).checked_add(1).filter(|o| *o < 1 << 32) else {
-                return End::Fatal(PublisherError::Exhausted);
-            };
-            claiming = Some(mine);
-            mine << 32
-        }
-        Some(mine) => {
-            if owner_of(stored) > mine {
-                return End::Fatal(PublisherError::Fenced { owner: mine, by: stored });
-            }
-            match current.max(stored).checked_add(1).filter(|g| owner_of(*g) == mine) {
-                Some(g) => g,
-                None => return End::Fatal(PublisherError::Exhausted),
-            }
-        }
-    };
-    let generation = Generation(generation);
-    // Fences the previous epoch's attachment: what it had in flight goes
-    // back to pending, to be replayed in this one.
-    let _ = cell.reconnect(generation);
-    tokio::select! {
-        () = cell.generation_stored() => {}
-        _ = stop.changed() => return End::Stop,
-    }
-    let incarnation = cell.incarnation().get();
-    // What the stream holds of this producer's incarnation is delivered
-    // (a claim of it: what it held when claimed).
-    if let Some(stamp) = last.as_ref().and_then(|l| l.stamp.as_ref())
-        && stamp.producer == config.producer
-        && stamp.incarnation == incarnation
-        && let Some(held) = if stamp.claim { stamp.sequence.checked_sub(1) } else { Some(stamp.sequence) }
-    {
-        match cell.ack(generation, Sequence(held)) {
-            AckOutcome::Unsent { sent_through, .. } => {
-                return End::Fatal(PublisherError::AheadOfCell { held, sent: sent_through });
-            }
-            AckOutcome::Unchanged { through: Some(acked) } if acked.get() > held => {
-                tracing::warn!(
-                    held,
-                    acked = acked.get(),
-                    "egress nats publisher: the stream holds less than it acknowledged (purged, or lost in a server crash)"
-                );
-            }
-            _ => {}
-        }
-    }
-    let acked = cell.acked_through().get_untracked();
-    let mut first_expected = last.as_ref().map_or(0, |l| l.stream_sequence);
-    if let Some(mine) = claiming {
-        let claim = Stamp {
-            producer: config.producer.clone(),
-            incarnation,
-            sequence: acked.map_or(0, |s| s.get().saturating_add(1)),
-            generation: generation.get(),
-            dead: None,
-            claim: true,
-        };
-        let mut headers = claim.to_headers();
-        headers.insert(async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, first_expected.to_string().as_str());
-        let claimed = async {
-            let ack = js.publish_with_headers(config.subject.clone(), headers, Bytes::new()).await?;
-            ack.await
-        };
-        let claimed = tokio::select! {
-            claimed = tokio::time::timeout(config.timeout, claimed) => claimed,
+impl<T: Clone + Send + Sync + 'static> Run<T> {
+    /// One epoch: from reading the subject's last message to its end.
+    async fn epoch(
+        &self,
+        js: &Context,
+        owner: &mut Option<u64>,
+        link: &mut watch::Receiver<Link>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> End {
+        let Run { cell, config, counters, kill, .. } = self;
+        let disconnects = link.borrow().disconnects;
+        // A request written to a connection that died is never answered: the
+        // read is bounded by the timeout and by the next disconnect.
+        let last = tokio::select! {
+            last = tokio::time::timeout(config.timeout, read_last(js, config, owner.is_none())) => last,
             () = disconnected(link, disconnects) => return End::Lost("disconnected".into()),
             _ = stop.changed() => return End::Stop,
         };
-        match claimed {
-            Ok(Ok(ack)) => {
-                counters.claims.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(
-                    owner = mine,
-                    stream_sequence = ack.sequence,
-                    "egress nats publisher: took the subject over"
-                );
-                *owner = Some(mine);
-                first_expected = ack.sequence;
+        let last = match last {
+            Ok(Ok(last)) => last,
+            Ok(Err(end)) => return end,
+            Err(_) => return End::Lost("reading the last message timed out".into()),
+        };
+        let stored = last.as_ref().and_then(|l| l.stamp.as_ref()).map_or(0, |s| s.generation);
+        let current = cell.generation().get_untracked().get();
+        // A takeover's owner is the subject's only once its claim is stored.
+        let mut claiming = None;
+        let generation = match *owner {
+            None => {
+                // Take the stream over: the first generation of an owner above
+                // every one stored, and above the cell's own.
+                let Some(mine) = owner_of(stored).max(owner_of(current)).checked_add(1).filter(|o| *o < 1 << 32) else {
+                    return End::Fatal(PublisherError::Exhausted);
+                };
+                claiming = Some(mine);
+                mine << 32
             }
-            // Another publisher wrote since the read: read again, and take
-            // over above it.
-            Ok(Err(e)) if e.kind() == PublishErrorKind::WrongLastSequence => return End::Resync,
-            Ok(Err(e)) => return End::Lost(format!("claim: {e}")),
-            Err(_) => return End::Lost("claim: timed out".into()),
-        }
-    }
-    let mut completions = Completions::starting_at(acked.map_or(0, |s| s.get().saturating_add(1)));
-    let (sent_tx, mut sent) = mpsc::unbounded_channel();
-    let transport = NatsTransport {
-        js: js.clone(),
-        subject: config.subject.clone().into(),
-        producer: config.producer.clone(),
-        incarnation,
-        first_expected,
-        previous: None,
-        placed: std::collections::BTreeSet::new(),
-        sent: sent_tx,
-        counters: counters.clone(),
-        broken: false,
-    };
-    counters.epochs.fetch_add(1, Ordering::Relaxed);
-    tracing::debug!(generation = generation.get(), ?acked, "egress nats publisher: epoch");
-    let attachment = cell.attach(transport);
-    let mut acks = FuturesUnordered::new();
-    let end = loop {
+            Some(mine) => {
+                if owner_of(stored) > mine {
+                    return End::Fatal(PublisherError::Fenced { owner: mine, by: stored });
+                }
+                match current.max(stored).checked_add(1).filter(|g| owner_of(*g) == mine) {
+                    Some(g) => g,
+                    None => return End::Fatal(PublisherError::Exhausted),
+                }
+            }
+        };
+        let generation = Generation(generation);
+        // Fences the previous epoch's attachment: what it had in flight goes
+        // back to pending, to be replayed in this one.
+        let _ = cell.reconnect(generation);
         tokio::select! {
-            s = sent.recv() => match s {
-                Some(Sent::Published { sequence, ack }) => acks.push(async move { (sequence, ack.await) }),
-                Some(Sent::Broken(why)) => break End::Lost(format!("publish: {why}")),
-                // The attachment is gone: the cell was disposed.
-                None => break End::Stop,
-            },
-            Some((sequence, result)) = acks.next(), if !acks.is_empty() => match result {
-                Ok(ack) if ack.duplicate => {
-                    // A message of this id is stored, but not necessarily
-                    // this publisher's (a stale owner of the same
-                    // incarnation answered "duplicate" is not fenced by
-                    // the expectation, which the server checks after the
-                    // id): the next epoch's read decides, and a higher
-                    // owner there fences.
-                    counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                    break End::Resync;
-                }
-                Ok(_) => {
-                    if let Some(through) = completions.complete(sequence.get()) {
-                        let _ = attachment.ack(through);
-                    }
-                }
-                Err(e) if matches!(e.kind(), PublishErrorKind::WrongLastSequence | PublishErrorKind::WrongLastMessageId) => {
-                    break End::Resync;
-                }
-                Err(e) if never_storable(&e) => {
-                    // Above the stream's own limits: never storable, a dead
-                    // letter. What was pipelined behind it is refused by its
-                    // fence; the next epoch puts its tombstone in its place.
-                    counters.refused.fetch_add(1, Ordering::Relaxed);
-                    let _ = attachment.fail(sequence, egress_core::FailureKind::Permanent);
-                    break End::Resync;
-                }
-                Err(e) => break End::Lost(format!("publish acknowledgement: {e}")),
-            },
-            () = disconnected(link, disconnects) => break End::Lost("disconnected".into()),
-            () = kill.notified() => break End::Lost("killed".into()),
-            _ = stop.changed() => break End::Stop,
+            () = cell.generation_stored() => {}
+            _ = stop.changed() => return End::Stop,
         }
-    };
-    drop(attachment);
-    end
+        let incarnation = cell.incarnation().get();
+        // What the stream holds of this producer's incarnation is delivered
+        // (a claim of it: what it held when claimed).
+        if let Some(stamp) = last.as_ref().and_then(|l| l.stamp.as_ref())
+            && stamp.producer == config.producer
+            && stamp.incarnation == incarnation
+            && let Some(held) = if stamp.claim { stamp.sequence.checked_sub(1) } else { Some(stamp.sequence) }
+        {
+            match cell.ack(generation, Sequence(held)) {
+                AckOutcome::Unsent { sent_through, .. } => {
+                    return End::Fatal(PublisherError::AheadOfCell { held, sent: sent_through });
+                }
+                AckOutcome::Unchanged { through: Some(acked) } if acked.get() > held => {
+                    tracing::warn!(
+                        held,
+                        acked = acked.get(),
+                        "egress nats publisher: the stream holds less than it acknowledged (purged, or lost in a server crash)"
+                    );
+                }
+                _ => {}
+            }
+        }
+        let acked = cell.acked_through().get_untracked();
+        let mut first_expected = last.as_ref().map_or(0, |l| l.stream_sequence);
+        if let Some(mine) = claiming {
+            let claim = Stamp {
+                producer: config.producer.clone(),
+                incarnation,
+                sequence: acked.map_or(0, |s| s.get().saturating_add(1)),
+                generation: generation.get(),
+                dead: None,
+                claim: true,
+            };
+            let mut headers = claim.to_headers();
+            headers
+                .insert(async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, first_expected.to_string().as_str());
+            let claimed = async {
+                let ack = js.publish_with_headers(config.subject.clone(), headers, Bytes::new()).await?;
+                ack.await
+            };
+            let claimed = tokio::select! {
+                claimed = tokio::time::timeout(config.timeout, claimed) => claimed,
+                () = disconnected(link, disconnects) => return End::Lost("disconnected".into()),
+                _ = stop.changed() => return End::Stop,
+            };
+            match claimed {
+                Ok(Ok(ack)) => {
+                    counters.claims.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        owner = mine,
+                        stream_sequence = ack.sequence,
+                        "egress nats publisher: took the subject over"
+                    );
+                    *owner = Some(mine);
+                    first_expected = ack.sequence;
+                }
+                // Another publisher wrote since the read: read again, and take
+                // over above it.
+                Ok(Err(e)) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                    return End::Resync("another publisher wrote since the read".into());
+                }
+                Ok(Err(e)) => return End::Lost(format!("claim: {e}")),
+                Err(_) => return End::Lost("claim: timed out".into()),
+            }
+        }
+        let mut completions = Completions::starting_at(acked.map_or(0, |s| s.get().saturating_add(1)));
+        let (sent_tx, mut sent) = mpsc::unbounded_channel();
+        let transport = NatsTransport {
+            js: js.clone(),
+            subject: config.subject.clone().into(),
+            producer: config.producer.clone(),
+            incarnation,
+            first_expected,
+            previous: None,
+            codec: self.codec.clone(),
+            sent: sent_tx,
+            counters: counters.clone(),
+            done: false,
+        };
+        counters.epochs.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(generation = generation.get(), ?acked, "egress nats publisher: epoch");
+        let attachment = cell.attach(transport);
+        self.state.set(ConnectionState::Connected { generation });
+        let mut acks = FuturesUnordered::new();
+        let end = loop {
+            tokio::select! {
+                s = sent.recv() => match s {
+                    Some(Sent::Published { sequence, ack }) => acks.push(async move { (sequence, ack.await) }),
+                    Some(Sent::Unstorable(u)) => break unstorable(&attachment, counters, u),
+                    Some(Sent::Broken(why)) => break End::Lost(format!("publish: {why}")),
+                    // The attachment is gone: the cell was disposed.
+                    None => break End::Stop,
+                },
+                Some((sequence, result)) = acks.next(), if !acks.is_empty() => match result {
+                    Ok(ack) if ack.duplicate => {
+                        // A message of this id is stored, but not necessarily
+                        // this publisher's (a stale owner of the same
+                        // incarnation answered "duplicate" is not fenced by
+                        // the expectation, which the server checks after the
+                        // id): the next epoch's read decides, and a higher
+                        // owner there fences.
+                        counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                        break End::Resync(format!("sequence {} was acknowledged as a duplicate", sequence.get()));
+                    }
+                    Ok(_) => {
+                        if let Some(through) = completions.complete(sequence.get()) {
+                            let _ = attachment.ack(through);
+                        }
+                    }
+                    Err(e) if matches!(e.kind(), PublishErrorKind::WrongLastSequence | PublishErrorKind::WrongLastMessageId) => {
+                        break End::Resync(format!("the expectation of sequence {} was refused", sequence.get()));
+                    }
+                    // Above the stream's own limits.
+                    Err(e) if never_storable(&e) => break unstorable(&attachment, counters, Unstorable { sequence, why: e.to_string() }),
+                    Err(e) => break End::Lost(format!("publish acknowledgement: {e}")),
+                },
+                () = disconnected(link, disconnects) => break End::Lost("disconnected".into()),
+                () = kill.notified() => break End::Lost("killed".into()),
+                _ = stop.changed() => break End::Stop,
+            }
+        };
+        drop(attachment);
+        end
+    }
+}
+
+/// A record that can never be stored (see [`Unstorable`]): a dead letter,
+/// whose tombstone the next epoch publishes in its place.
+fn unstorable<T: Clone + Send + Sync + 'static>(
+    attachment: &egress_reactive::Attachment<T, egress_reactive::Threaded>,
+    counters: &Counters,
+    u: Unstorable,
+) -> End {
+    counters.refused.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(sequence = u.sequence.get(), why = %u.why, "egress nats publisher: a record that can never be stored is a dead letter");
+    let _ = attachment.fail(u.sequence, egress_core::FailureKind::Permanent);
+    End::Resync(format!("sequence {} can never be stored: {}", u.sequence.get(), u.why))
 }

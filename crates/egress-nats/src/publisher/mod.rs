@@ -6,14 +6,15 @@ mod epoch;
 mod transport;
 
 pub use config::{Options, PublisherConfig, SpawnError};
-use epoch::supervise;
+use epoch::{Run, supervise};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
+use egress_codec::{Encode, Raw};
 use egress_core::{DeadLetters, Sequence};
-use egress_reactive::AsyncEgressCell;
+use egress_reactive::{AsyncEgressCell, Computed, ConnectionTracker, Threaded, Watch};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
@@ -66,7 +67,43 @@ pub enum PublisherError {
     /// No generation is left (2^32 owners, or 2^32 epochs of one owner).
     #[error("the generation space is exhausted")]
     Exhausted,
+    /// The client's connect options ([`PublisherConfig::options`]) cannot
+    /// make a client (a TLS or credentials setting it refuses).
+    #[error("the connect options are unusable: {0}")]
+    Options(String),
+    /// Its task panicked (in the application's connect options or codec),
+    /// or its cell was disposed under it.
+    #[error("the publisher panicked: {0}")]
+    Panicked(String),
 }
+
+/// Why an epoch ended, or why the publisher stopped: the error of its
+/// [`ConnectionState`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LinkError {
+    /// The connection or a request failed (a disconnect, a timeout, a
+    /// publish the client refused): the next epoch replays what the stream
+    /// does not hold.
+    #[error("connection lost: {0}")]
+    Lost(String),
+    /// The stream refused an expectation (another writer came between), a
+    /// publish was answered "duplicate", or a record can never be stored
+    /// (its dead letter's tombstone goes in its place): the next epoch
+    /// reads the subject again.
+    #[error("resync: {0}")]
+    Resync(String),
+    /// It stopped on its own: see [`Publisher::failure`].
+    #[error(transparent)]
+    Fatal(PublisherError),
+}
+
+/// Where a [`Publisher`]'s connection is, for a UI: `Connecting` while the
+/// client connects and an epoch starts, `Connected` once an epoch has
+/// attached to the cell (the stream taken over, or resumed), `Reconnecting`
+/// after an epoch ended (with its [`LinkError`]), `Stopped` at the end (see
+/// [`Publisher::state`]).
+pub type ConnectionState = egress_reactive::ConnectionState<LinkError>;
 
 /// Counters of a publisher's work.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -134,6 +171,10 @@ pub struct Publisher {
     kill: Arc<Notify>,
     counters: Arc<Counters>,
     stopped: watch::Receiver<bool>,
+    state: ConnectionTracker<LinkError>,
+    /// Keeps the cell, and with it the state's nodes, for as long as the
+    /// publisher is kept.
+    _cell: Box<dyn std::any::Any + Send + Sync>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -144,8 +185,11 @@ impl std::fmt::Debug for Publisher {
 
 impl Drop for Publisher {
     fn drop(&mut self) {
-        if let Some(task) = &self.task {
+        if let Some(task) = &self.task
+            && !task.is_finished()
+        {
             task.abort();
+            self.state.set(ConnectionState::Stopped { error: None });
         }
     }
 }
@@ -160,6 +204,26 @@ impl Publisher {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn spawn(cell: AsyncEgressCell<Bytes>, url: &str, config: PublisherConfig) -> Result<Publisher, SpawnError> {
+        Publisher::spawn_typed(cell, Raw, url, config)
+    }
+
+    /// [`spawn`](Self::spawn) for a cell of any payload type: `codec` makes
+    /// each record's bytes as it is published (the codec the WebSocket
+    /// sender and the stores take). A record that does not encode can never
+    /// be stored: it becomes a dead letter, whose tombstone takes its place
+    /// in the stream.
+    ///
+    /// # Errors
+    /// Arguments no retry could make work: [`SpawnError`].
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn_typed<T: Clone + Send + Sync + 'static>(
+        cell: AsyncEgressCell<T>,
+        codec: impl Encode<T>,
+        url: &str,
+        config: PublisherConfig,
+    ) -> Result<Publisher, SpawnError> {
         let servers = url
             .split(',')
             .map(|u| u.trim().parse::<async_nats::ServerAddr>())
@@ -185,23 +249,59 @@ impl Publisher {
         if cell.with_core(|core| core.policy().dead_letters()) != DeadLetters::Skip {
             return Err(SpawnError::HoldUnsupported);
         }
+        let state = ConnectionTracker::new(&cell, "egress nats publisher").map_err(|_| SpawnError::CellDisposed)?;
         let (stop, stop_rx) = watch::channel(false);
         let (stopped_tx, stopped) = watch::channel(false);
         let kill = Arc::new(Notify::new());
         let counters = Arc::new(Counters::default());
         let span = tracing::info_span!("egress_nats_publisher", producer = %config.producer, subject = %config.subject);
+        let run = Run {
+            cell: cell.clone(),
+            codec: Arc::new(codec),
+            config,
+            kill: kill.clone(),
+            counters: counters.clone(),
+            state: state.clone(),
+        };
         let task = tokio::spawn({
-            let (kill, counters) = (kill.clone(), counters.clone());
+            let (counters, state, watched) = (counters.clone(), state.clone(), cell.clone());
             async move {
-                if let Some(error) = supervise(cell, servers, config, stop_rx, kill, counters.clone()).await {
-                    tracing::error!(%error, "egress nats publisher: stopped");
-                    *counters.failure.lock() = Some(error);
+                // A cell disposed under the publisher (its context dropped)
+                // makes its reads panic, as may a codec or the application's
+                // connect options: the publisher stops, and says why,
+                // rather than end with its state stale.
+                let ended = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(supervise(
+                    run, servers, stop_rx,
+                )))
+                .await;
+                let error = match ended {
+                    Ok(error) => error,
+                    Err(_) if watched.is_disposed() => Some(PublisherError::Panicked("the cell was disposed".into())),
+                    Err(panic) => Some(PublisherError::Panicked(
+                        egress_core::panic_message(&*panic).unwrap_or("a panic").to_owned(),
+                    )),
+                };
+                if let Some(error) = &error {
+                    *counters.failure.lock() = Some(error.clone());
                 }
+                state.set(ConnectionState::Stopped { error: error.map(LinkError::Fatal) });
                 let _ = stopped_tx.send(true);
             }
             .instrument(span)
         });
-        Ok(Publisher { task: Some(task), stop, kill, counters, stopped })
+        Ok(Publisher { task: Some(task), stop, kill, counters, stopped, state, _cell: Box::new(cell) })
+    }
+
+    /// Where the connection is, as a computed on the cell's graph (owned by
+    /// the cell): read it in an effect or a computed to follow it.
+    pub fn state(&self) -> &Computed<ConnectionState, Threaded> {
+        self.state.state()
+    }
+
+    /// Where the connection is, as a stream: the current state first, then
+    /// each change (a slow reader skips to the latest).
+    pub fn watch_state(&self) -> Watch<ConnectionState> {
+        self.state.watch()
     }
 
     /// What it has done so far.

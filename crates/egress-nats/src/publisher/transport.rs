@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use async_nats::jetstream::context::{Context, PublishErrorKind};
 use bytes::Bytes;
+use egress_codec::Encode;
 use egress_core::{Envelope, Sequence};
 use egress_reactive::{AsyncTransport, SendError};
 use tokio::sync::mpsc;
@@ -17,8 +18,27 @@ use crate::stamp::Stamp;
 pub(super) enum Sent {
     /// A message went out; its acknowledgement will say where it went.
     Published { sequence: Sequence, ack: async_nats::jetstream::context::PublishAckFuture },
+    /// A record that can never be stored was not published: see
+    /// [`Unstorable`]. Nothing after it goes out in this epoch.
+    Unstorable(Unstorable),
     /// The client refused a publish: the epoch ends.
     Broken(String),
+}
+
+/// A record that can never be stored: its codec refused it, or it is above
+/// the server's payload limit (refused by the client before it is sent) or
+/// the stream's own limits (refused by the server in its acknowledgement).
+///
+/// One path for all three, so that the stream never has a hole: the epoch
+/// fails the record as permanent (the cell makes it a dead letter, whose
+/// tombstone is an ordinary envelope) and resyncs; the next epoch reads
+/// what the stream holds and publishes from there, the tombstone in the
+/// record's place. What was pipelined behind the record in this epoch is
+/// refused by its fence (it expects the record before it), or was never
+/// published (the transport stops at the record).
+pub(super) struct Unstorable {
+    pub(super) sequence: Sequence,
+    pub(super) why: String,
 }
 
 /// The attachment's transport: publishes each envelope with its stamp and
@@ -32,7 +52,7 @@ pub(super) enum Sent {
 /// refused too (a later expectation cannot line up with another writer's
 /// messages), and of each producer incarnation the stream holds a gap-free
 /// prefix. What the last message says was sent is then all there.
-pub(super) struct NatsTransport {
+pub(super) struct NatsTransport<T> {
     pub(super) js: Context,
     pub(super) subject: async_nats::Subject,
     pub(super) producer: String,
@@ -41,18 +61,16 @@ pub(super) struct NatsTransport {
     pub(super) first_expected: u64,
     /// The message id of the message published before the next one.
     pub(super) previous: Option<String>,
-    /// Sequences whose record was too large, published as tombstones in
-    /// their place: the cell's own tombstone for one is not sent again.
-    pub(super) placed: std::collections::BTreeSet<u64>,
+    pub(super) codec: Arc<dyn Encode<T>>,
     pub(super) sent: mpsc::UnboundedSender<Sent>,
     pub(super) counters: Arc<Counters>,
-    /// The client refused a publish: nothing more goes out in this epoch
-    /// (what is claimed stays in flight, and the next epoch replays it in
-    /// order).
-    pub(super) broken: bool,
+    /// The epoch is over for this transport (the client refused a publish,
+    /// or a record was unstorable): nothing more goes out (what is claimed
+    /// stays in flight, and the next epoch replays it in order).
+    pub(super) done: bool,
 }
 
-impl NatsTransport {
+impl<T> NatsTransport<T> {
     /// Publishes `stamp` with `payload` behind the previous message.
     async fn publish(
         &mut self,
@@ -75,50 +93,45 @@ impl NatsTransport {
         Ok(())
     }
 
-    fn broke(&mut self, e: &dyn std::fmt::Display) {
-        self.broken = true;
-        let _ = self.sent.send(Sent::Broken(e.to_string()));
+    /// Ends this transport's part of the epoch with `sent`.
+    fn end(&mut self, sent: Sent) {
+        self.done = true;
+        let _ = self.sent.send(sent);
     }
 }
 
-impl AsyncTransport<Bytes> for NatsTransport {
-    async fn send(&mut self, envelope: Envelope<Bytes>) -> Result<(), SendError> {
-        if self.broken {
+impl<T: Send + Sync + 'static> AsyncTransport<T> for NatsTransport<T> {
+    async fn send(&mut self, envelope: Envelope<T>) -> Result<(), SendError> {
+        if self.done {
             return Ok(());
         }
-        let sequence = envelope.sequence.get();
-        if envelope.dead.is_some() && self.placed.remove(&sequence) {
-            // Its tombstone went out in its place already.
-            return Ok(());
-        }
+        let sequence = envelope.sequence;
+        let payload = match envelope.dead {
+            Some(_) => Bytes::new(),
+            None => match self.codec.encode(&envelope.payload) {
+                Ok(payload) => payload,
+                Err(e) => {
+                    let why = egress_codec::Unencodable(e).to_string();
+                    self.end(Sent::Unstorable(Unstorable { sequence, why }));
+                    return Ok(());
+                }
+            },
+        };
         let stamp = Stamp {
             producer: self.producer.clone(),
             incarnation: self.incarnation,
-            sequence,
+            sequence: sequence.get(),
             generation: envelope.generation.get(),
             dead: envelope.dead,
             claim: false,
         };
-        let payload = if envelope.dead.is_some() { Bytes::new() } else { envelope.payload };
         match self.publish(&stamp, payload).await {
-            Ok(()) => Ok(()),
+            Ok(()) => {}
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
-                // Never publishable: a dead letter. Its tombstone takes its
-                // place now, so that the stream's order has no hole.
-                self.counters.refused.fetch_add(1, Ordering::Relaxed);
-                let tombstone = Stamp { dead: Some(egress_core::DeadReason::Permanent), ..stamp };
-                match self.publish(&tombstone, Bytes::new()).await {
-                    Ok(()) => {
-                        self.placed.insert(sequence);
-                    }
-                    Err(t) => self.broke(&t),
-                }
-                Err(SendError::permanent(e))
+                self.end(Sent::Unstorable(Unstorable { sequence, why: e.to_string() }));
             }
-            Err(e) => {
-                self.broke(&e);
-                Ok(())
-            }
+            Err(e) => self.end(Sent::Broken(e.to_string())),
         }
+        Ok(())
     }
 }

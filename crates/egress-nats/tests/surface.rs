@@ -1,0 +1,284 @@
+//! What an application reads and hands over, against a real nats-server:
+//! the publisher's connection state as a computed and a stream, typed
+//! payloads through a codec (one that refuses a value: a dead letter in its
+//! place), and the subscriber's per-incarnation state evicted when idle,
+//! with and without the application's durable record.
+//!
+//! The server comes from `EGRESS_NATS_URL`, as in `nats.rs`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use egress_core::{Incarnation, Policy, Resume};
+use egress_nats::{
+    ConnectionState, Content, LinkError, Publisher, PublisherError, Stamp, SubscribeError, Subscriber, SubscriberConfig,
+};
+use egress_reactive::{AsyncContext, AsyncEgressCell};
+use futures_util::StreamExt as _;
+
+use common::{acked, cell, config, connect, contents, fresh, payload, raw, stream, url};
+
+/// The next state of `states` that `skip` does not pass over, within 30 s.
+async fn next_state(
+    states: &mut (impl futures_util::Stream<Item = ConnectionState> + Unpin),
+    skip: impl Fn(&ConnectionState) -> bool,
+) -> ConnectionState {
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let s = states.next().await.expect("the stream goes on while the publisher is kept");
+            if !skip(&s) {
+                return s;
+            }
+        }
+    })
+    .await;
+    found.expect("the state moves within 30 s")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_publishers_connection_is_a_computed_and_a_stream_from_connecting_to_stopped() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "state", Duration::from_secs(120)).await;
+    let cx = AsyncContext::new();
+    let c = cell(&cx, 8);
+    let p = Publisher::spawn(c.clone(), &url, config("s", &name, &subject)).expect("valid");
+    let mut states = p.watch_state();
+    assert_eq!(next_state(&mut states, |_| false).await, ConnectionState::Connecting { attempt: 1 });
+    let ConnectionState::Connected { generation } =
+        next_state(&mut states, |s| matches!(s, ConnectionState::Connecting { .. })).await
+    else {
+        panic!("connected after connecting");
+    };
+    assert_eq!(p.state().get_untracked(), ConnectionState::Connected { generation });
+    assert!(p.state().get_untracked().is_online());
+    c.enqueue(payload(0));
+    acked(&c, 0, Duration::from_secs(30)).await;
+
+    // A lost epoch: reconnecting with why, then connected under a newer
+    // generation.
+    p.kill_connection();
+    let lost = next_state(&mut states, |s| s.is_online()).await;
+    assert!(
+        matches!(&lost, ConnectionState::Reconnecting { error: LinkError::Lost(why), .. } if why == "killed"),
+        "{lost:?}"
+    );
+    let ConnectionState::Connected { generation: again } = next_state(&mut states, |s| !s.is_online()).await else {
+        unreachable!("the skip passes over everything else")
+    };
+    assert!(again > generation, "{again:?} after {generation:?}");
+
+    p.shutdown().await;
+    assert_eq!(next_state(&mut states, |s| s.is_online()).await, ConnectionState::Stopped { error: None });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_publisher_reads_stopped_with_the_fence_and_a_dropped_one_stopped() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "fencestate", Duration::from_secs(120)).await;
+    let cx = AsyncContext::new();
+    let first = cell(&cx, 8);
+    let a = Publisher::spawn(first.clone(), &url, config("f", &name, &subject)).expect("valid");
+    first.enqueue(payload(0));
+    acked(&first, 0, Duration::from_secs(30)).await;
+    let second = cell(&cx, 8);
+    let b = Publisher::spawn(second.clone(), &url, config("f", &name, &subject)).expect("valid");
+    second.enqueue(payload(1));
+    acked(&second, 0, Duration::from_secs(30)).await;
+    let mut states = a.watch_state();
+    first.enqueue(payload(2));
+    let stopped = next_state(&mut states, |s| !matches!(s, ConnectionState::Stopped { .. })).await;
+    let ConnectionState::Stopped { error: Some(LinkError::Fatal(PublisherError::Fenced { owner: 1, by })) } = stopped
+    else {
+        panic!("stopped by the fence: {stopped:?}");
+    };
+    assert_eq!(egress_nats::owner_of(by), 2);
+    assert!(stopped.to_string().starts_with("stopped: fenced"), "{stopped}");
+
+    // Dropped while running: stopped, without an error.
+    let mut states = b.watch_state();
+    drop(b);
+    assert_eq!(
+        next_state(&mut states, |s| !matches!(s, ConnectionState::Stopped { .. })).await,
+        ConnectionState::Stopped { error: None }
+    );
+}
+
+/// A chat line, and a codec that refuses a line it was told to refuse (as
+/// a serializer refuses a value it cannot write).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Line {
+    room: String,
+    text: String,
+}
+
+struct Lines;
+
+impl egress_nats::Encode<Line> for Lines {
+    fn encode(&self, line: &Line) -> Result<Bytes, egress_codec::CodecError> {
+        if line.text == "unwritable" {
+            return Err("this line has no encoding".into());
+        }
+        egress_codec::Encode::encode(&egress_codec::Json, line)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_lines_go_through_the_codec_and_one_that_does_not_encode_is_a_tombstone_in_its_place() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "typed", Duration::from_secs(120)).await;
+    let cx = AsyncContext::new();
+    let lines = AsyncEgressCell::<Line>::new(&cx, Policy::builder().inflight_limit(8).build().expect("valid"));
+    let p = Publisher::spawn_typed(lines.clone(), Lines, &url, config("t", &name, &subject)).expect("valid");
+    let line = |text: &str| Line { room: "tea".into(), text: text.into() };
+    for text in ["hello", "unwritable", "still here"] {
+        lines.enqueue(line(text));
+    }
+    let within = tokio::time::timeout(Duration::from_secs(30), async {
+        while lines.acked_through().get_untracked() < Some(egress_core::Sequence(2)) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    within.await.expect("all three settle");
+    let stats = p.shutdown().await;
+    assert_eq!(stats.refused, 1);
+    assert!(stats.resyncs >= 1, "the unstorable record ends its epoch: {stats:?}");
+    let stored = contents(&js, &name).await;
+    let seen: Vec<(u64, bool)> =
+        stored.iter().map(|(s, _)| s.as_ref().map(|s| (s.sequence, s.dead.is_some())).expect("egress")).collect();
+    assert_eq!(seen, [(0, false), (1, true), (2, false)], "the tombstone in the record's place");
+
+    let mut sub = Subscriber::new(&js, &name, SubscriberConfig::new(fresh("typed"))).await.expect("consumer");
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let d = sub.next().await.expect("a delivery");
+        got.push(match d.content() {
+            Content::Message(bytes) => Some(serde_json::from_slice::<Line>(&bytes).expect("a line")),
+            Content::Skipped(_) => None,
+        });
+        d.ack().await.expect("acked");
+    }
+    assert_eq!(got, [Some(line("hello")), None, Some(line("still here"))]);
+}
+
+/// The application's durable record of where each producer stream
+/// resumes, kept as the application commits (a map here; egress-store's
+/// `ReceivedLog` in an application), and able to fail on demand.
+#[derive(Debug, Default)]
+struct Record {
+    next: Mutex<HashMap<(String, u128), u64>>,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl Resume for Record {
+    fn resume(&self, producer: &str, incarnation: Incarnation) -> Result<Option<u64>, String> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("the store is down".into());
+        }
+        Ok(self.next.lock().expect("unpoisoned").get(&(producer.to_owned(), incarnation.get())).copied())
+    }
+}
+
+fn stamp(producer: &str, incarnation: u128, sequence: u64) -> Stamp {
+    Stamp { producer: producer.into(), incarnation, sequence, generation: 1, dead: None, claim: false }
+}
+
+/// Takes the next delivery, records it in `record` (if any) and
+/// acknowledges it; returns its (incarnation, sequence).
+async fn take(sub: &mut Subscriber, record: Option<&Record>) -> (u128, u64) {
+    let d = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("a delivery comes").expect("read");
+    let (incarnation, sequence) = (d.stamp().incarnation, d.sequence());
+    if let Some(record) = record {
+        let p = d.position();
+        record.next.lock().expect("unpoisoned").insert((p.producer, p.incarnation), p.next);
+    }
+    d.ack().await.expect("acked");
+    (incarnation, sequence)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_incarnations_are_evicted_and_the_durable_record_still_drops_a_late_copy() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "evict", Duration::from_secs(120)).await;
+    let record = Arc::new(Record::default());
+    let lane_idle = Duration::from_millis(300);
+    let config = SubscriberConfig {
+        lane_idle,
+        resume: Some(record.clone() as Arc<dyn Resume>),
+        ..SubscriberConfig::new(fresh("evict"))
+    };
+    let mut sub = Subscriber::new(&js, &name, config).await.expect("consumer");
+    // Twenty restarts of one producer, each an incarnation of two records.
+    for incarnation in 1..=20_u128 {
+        for sequence in 0..2 {
+            raw(&js, &subject, Some(&stamp("p", incarnation, sequence)), payload(sequence)).await;
+        }
+    }
+    for incarnation in 1..=20_u128 {
+        for sequence in 0..2 {
+            assert_eq!(take(&mut sub, Some(&record)).await, (incarnation, sequence));
+        }
+    }
+    assert_eq!(sub.lanes(), 20, "held while recent");
+    // Past the idle time, the next record evicts every idle one.
+    tokio::time::sleep(lane_idle + Duration::from_millis(50)).await;
+    raw(&js, &subject, Some(&stamp("p", 21, 0)), payload(0)).await;
+    assert_eq!(take(&mut sub, Some(&record)).await, (21, 0));
+    assert_eq!(sub.stats().evicted, 20);
+    assert_eq!(sub.lanes(), 1);
+
+    // A late copy of an evicted incarnation's record (a restarted process
+    // of incarnation 3 replaying what it never saw acknowledged) is
+    // dropped: the durable record says where incarnation 3 goes on. Its
+    // next record is delivered.
+    raw(&js, &subject, Some(&stamp("p", 3, 1)), payload(1)).await;
+    raw(&js, &subject, Some(&stamp("p", 3, 2)), payload(2)).await;
+    assert_eq!(take(&mut sub, Some(&record)).await, (3, 2));
+    assert_eq!(sub.stats().duplicates, 1);
+
+    // The record failing: the message that asked is kept, and the next
+    // call asks again.
+    record.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    raw(&js, &subject, Some(&stamp("p", 4, 2)), payload(2)).await;
+    let refused = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("an answer").map(|_| ());
+    assert!(matches!(refused, Err(SubscribeError::Resume(ref why)) if why == "the store is down"), "{refused:?}");
+    record.failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(take(&mut sub, Some(&record)).await, (4, 2), "incarnation 4 resumes at 2, as recorded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_with_a_delivery_given_back_is_not_evicted_and_without_a_record_a_late_copy_comes_again() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "noevict", Duration::from_secs(120)).await;
+    let lane_idle = Duration::from_millis(300);
+    let config = SubscriberConfig { lane_idle, ..SubscriberConfig::new(fresh("noevict")) };
+    let mut sub = Subscriber::new(&js, &name, config).await.expect("consumer");
+    for (incarnation, sequence) in [(1, 0), (1, 1), (2, 0)] {
+        raw(&js, &subject, Some(&stamp("q", incarnation, sequence)), payload(sequence)).await;
+    }
+    assert_eq!(take(&mut sub, None).await, (1, 0));
+    assert_eq!(take(&mut sub, None).await, (1, 1));
+    // Incarnation 2's delivery is given back (dropped without an ack).
+    drop(sub.next().await.expect("a delivery"));
+    tokio::time::sleep(lane_idle + Duration::from_millis(50)).await;
+    raw(&js, &subject, Some(&stamp("q", 5, 0)), payload(0)).await;
+    // The given-back one comes first: its stream was not evicted (only
+    // incarnation 1 was).
+    assert_eq!(take(&mut sub, None).await, (2, 0));
+    assert_eq!(sub.stats().evicted, 1);
+    assert_eq!(take(&mut sub, None).await, (5, 0));
+    assert_eq!(sub.lanes(), 2);
+    // Without a durable record, a late copy of evicted incarnation 1 is
+    // handed out again, as the docs say.
+    raw(&js, &subject, Some(&stamp("q", 1, 1)), payload(1)).await;
+    assert_eq!(take(&mut sub, None).await, (1, 1));
+    assert_eq!(sub.lanes(), 3);
+}
