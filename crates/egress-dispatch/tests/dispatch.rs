@@ -30,13 +30,11 @@ fn policy() -> Policy {
 /// Waits (on paused time) until the cell has everything through `last`
 /// acknowledged.
 async fn acknowledged(cell: &AsyncEgressCell<Bytes>, last: u64) {
-    for _ in 0..100_000 {
-        if cell.acked_through().get_untracked() == Some(Sequence(last)) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    panic!("acknowledged through {:?}, not {last}", cell.acked_through().get_untracked());
+    egress_testkit::until(
+        || (cell.acked_through().get_untracked() == Some(Sequence(last))).then_some(()),
+        || format!("acknowledged through {:?}, not {last}", cell.acked_through().get_untracked()),
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]

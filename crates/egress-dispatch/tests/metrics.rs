@@ -4,7 +4,6 @@
 //! `tracing` caches per call site whether anyone listens.
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
 
 use bytes::Bytes;
 use egress_core::{DeadLetters, Delay, Policy, Sequence};
@@ -31,12 +30,11 @@ async fn each_outcome_is_counted_once_and_each_run_timed() {
     let records: Vec<Bytes> = (0..10u64).map(|n| handlers.encode("n", &n).unwrap()).collect();
     let dispatcher = Dispatcher::spawn(&cell, "s", handlers);
     cell.enqueue_all(records);
-    for _ in 0..10_000 {
-        if cell.acked_through().get_untracked() == Some(Sequence(9)) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    egress_testkit::until(
+        || (cell.acked_through().get_untracked() == Some(Sequence(9))).then_some(()),
+        || format!("acknowledged through {:?}", cell.acked_through().get_untracked()),
+    )
+    .await;
     let stats = dispatcher.shutdown().await;
     assert_eq!((stats.completed, stats.retried, stats.permanent, stats.skipped), (9, 1, 1, 1), "{stats:?}");
     assert_eq!(metrics.sum("monotonic_counter.egress_dispatch_completed"), 9.0);

@@ -39,7 +39,7 @@ async fn a_hundred_thousand_messages_through_killed_connections_are_stored_once_
     for i in 0..N {
         cell.enqueue(payload(i));
     }
-    acked(&cell, N - 1, Duration::from_secs(240)).await;
+    acked(&cell, N - 1).await;
     let kills = proxy.kills();
     let stats = publisher.shutdown().await;
     assert!(kills >= 3, "the proxy killed connections: {kills}");
@@ -74,7 +74,7 @@ async fn a_second_publisher_takes_the_stream_over_and_the_first_is_fenced_by_the
     for i in 0..100 {
         first.enqueue(payload(i));
     }
-    acked(&first, 99, Duration::from_secs(30)).await;
+    acked(&first, 99).await;
 
     // A second instance of the producer (another process: another
     // incarnation) takes over.
@@ -83,7 +83,7 @@ async fn a_second_publisher_takes_the_stream_over_and_the_first_is_fenced_by_the
     for i in 0..10 {
         second.enqueue(payload(1_000 + i));
     }
-    acked(&second, 9, Duration::from_secs(30)).await;
+    acked(&second, 9).await;
 
     // The first goes on publishing: the broker refuses it, and it stops.
     for i in 100..150 {
@@ -100,7 +100,7 @@ async fn a_second_publisher_takes_the_stream_over_and_the_first_is_fenced_by_the
     assert!(first.acked_through().get_untracked() <= Some(Sequence(99)), "nothing after the takeover was acknowledged");
     // The second goes on.
     second.enqueue(payload(1_010));
-    acked(&second, 10, Duration::from_secs(30)).await;
+    acked(&second, 10).await;
     b.shutdown().await;
 
     let claims = messages(&js, &name).await.iter().filter(|(s, _)| s.as_ref().is_some_and(|s| s.claim)).count();
@@ -125,7 +125,7 @@ async fn a_restarted_publisher_with_the_same_identity_resumes_after_what_the_str
     for i in 0..50 {
         c.enqueue(payload(i));
     }
-    acked(&c, 49, Duration::from_secs(30)).await;
+    acked(&c, 49).await;
     p.shutdown().await;
     // More records while no publisher runs, then a new publisher on the
     // same cell: it takes over (a new owner) and sends only the new ones.
@@ -133,7 +133,7 @@ async fn a_restarted_publisher_with_the_same_identity_resumes_after_what_the_str
         c.enqueue(payload(i));
     }
     let p = Publisher::spawn(c.clone(), &url, config("r", &name, &subject)).expect("valid");
-    acked(&c, 59, Duration::from_secs(30)).await;
+    acked(&c, 59).await;
     let stats = p.shutdown().await;
     assert_eq!(stats.published, 10, "only what the stream did not hold: {stats:?}");
     let stored = contents(&js, &name).await;
@@ -186,7 +186,7 @@ async fn a_payload_above_the_servers_limit_is_a_dead_letter_and_the_stream_goes_
     c.enqueue(payload(0));
     c.enqueue(Bytes::from(vec![0u8; 2 << 20])); // above the default 1 MiB
     c.enqueue(payload(2));
-    acked(&c, 2, Duration::from_secs(30)).await;
+    acked(&c, 2).await;
     let stats = p.shutdown().await;
     assert_eq!(stats.refused, 1);
     let stored = contents(&js, &name).await;
@@ -314,7 +314,7 @@ async fn a_stale_owner_of_the_same_incarnation_is_fenced_not_told_duplicate() {
     for i in 0..100 {
         a.enqueue(payload(i));
     }
-    acked(&a, 99, Duration::from_secs(30)).await;
+    acked(&a, 99).await;
     // The producer's process restarted from its store (same incarnation)
     // while the old one lives on: the new one takes over and goes on.
     let b = restarted(&cx, &a, 99);
@@ -322,7 +322,7 @@ async fn a_stale_owner_of_the_same_incarnation_is_fenced_not_told_duplicate() {
     for i in 100..200 {
         b.enqueue(Bytes::from(format!("new {i}")));
     }
-    acked(&b, 199, Duration::from_secs(30)).await;
+    acked(&b, 199).await;
     // The old one enqueues the same sequences (other payloads): every id
     // is a duplicate to the broker, which answers before the fence.
     for i in 100..200 {
@@ -368,7 +368,7 @@ async fn of_two_publishers_taking_over_at_once_one_owns_the_subject_and_the_othe
             () = tokio::time::sleep(Duration::from_secs(30)) => panic!("round {round}: nobody was fenced"),
         };
         assert!(matches!(fenced, Some(PublisherError::Fenced { .. })), "round {round}: {fenced:?}");
-        acked(&winner, 299, Duration::from_secs(30)).await;
+        acked(&winner, 299).await;
         let stored = contents(&js, &name).await;
         let of = |c: &AsyncEgressCell<Bytes>| -> Vec<u64> {
             stored
@@ -464,7 +464,7 @@ async fn a_record_above_the_streams_own_size_limit_is_a_dead_letter_in_its_place
     c.enqueue(payload(0));
     c.enqueue(Bytes::from(vec![b'x'; 2_000])); // under the server's limit, above the stream's
     c.enqueue(payload(2));
-    acked(&c, 2, Duration::from_secs(30)).await;
+    acked(&c, 2).await;
     let stats = p.shutdown().await;
     assert_eq!(stats.refused, 1, "{stats:?}");
     assert_eq!(stats.lost, 0, "a refusal for size is no lost connection: {stats:?}");
@@ -490,7 +490,7 @@ async fn a_forged_message_of_a_higher_owner_fences_the_publisher_and_nothing_aft
     for i in 0..20 {
         c.enqueue(payload(i));
     }
-    acked(&c, 19, Duration::from_secs(30)).await;
+    acked(&c, 19).await;
     // A writer with publish permission forges a message of owner 9.
     let forged =
         Stamp { producer: "x".into(), incarnation: 1, sequence: 0, generation: 9 << 32, dead: None, claim: false };

@@ -57,7 +57,7 @@ async fn the_publishers_connection_is_a_computed_and_a_stream_from_connecting_to
     assert_eq!(p.state().get_untracked(), ConnectionState::Connected { generation });
     assert!(p.state().get_untracked().is_online());
     c.enqueue(payload(0));
-    acked(&c, 0, Duration::from_secs(30)).await;
+    acked(&c, 0).await;
 
     // A lost epoch: reconnecting with why, then connected under a newer
     // generation.
@@ -85,11 +85,11 @@ async fn a_fenced_publisher_reads_stopped_with_the_fence_and_a_dropped_one_stopp
     let first = cell(&cx, 8);
     let a = Publisher::spawn(first.clone(), &url, config("f", &name, &subject)).expect("valid");
     first.enqueue(payload(0));
-    acked(&first, 0, Duration::from_secs(30)).await;
+    acked(&first, 0).await;
     let second = cell(&cx, 8);
     let b = Publisher::spawn(second.clone(), &url, config("f", &name, &subject)).expect("valid");
     second.enqueue(payload(1));
-    acked(&second, 0, Duration::from_secs(30)).await;
+    acked(&second, 0).await;
     let mut states = a.watch_state();
     first.enqueue(payload(2));
     let stopped = next_state(&mut states, |s| !matches!(s, ConnectionState::Stopped { .. })).await;
@@ -140,12 +140,7 @@ async fn typed_lines_go_through_the_codec_and_one_that_does_not_encode_is_a_tomb
     for text in ["hello", "unwritable", "still here"] {
         lines.enqueue(line(text));
     }
-    let within = tokio::time::timeout(Duration::from_secs(30), async {
-        while lines.acked_through().get_untracked() < Some(egress_core::Sequence(2)) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
-    within.await.expect("all three settle");
+    acked(&lines, 2).await;
     let stats = p.shutdown().await;
     assert_eq!(stats.refused, 1);
     assert!(stats.resyncs >= 1, "the unstorable record ends its epoch: {stats:?}");

@@ -414,13 +414,7 @@ async fn wait_for<T>(
     cell: &egress_reactive::AsyncEgressCell<Bytes>,
     f: impl Fn(&egress_reactive::AsyncEgressCell<Bytes>) -> Option<T>,
 ) -> T {
-    for _ in 0..2_000 {
-        if let Some(v) = f(cell) {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out");
+    egress_testkit::until(|| f(cell), || "the cell's condition".to_owned()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

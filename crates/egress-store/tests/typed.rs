@@ -3,7 +3,6 @@
 //! the outbox's typed appends adopted as typed messages, and what happens
 //! to bytes the codec cannot read or a value it cannot write.
 
-use std::time::Duration;
 
 use bytes::Bytes;
 use egress_codec::{Codec, CodecError, Encode, Json};
@@ -27,24 +26,12 @@ fn line(text: &str) -> Line {
 
 /// Waits (on the relay's own tasks) until `f` holds.
 async fn until<T: Clone + Send + Sync + 'static>(cell: &AsyncEgressCell<T>, f: impl Fn(&AsyncEgressCell<T>) -> bool) {
-    for _ in 0..2_000 {
-        if f(cell) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out");
+    egress_testkit::until(|| f(cell).then_some(()), || "the cell's condition".to_owned()).await;
 }
 
 /// Waits (on the relay's own tasks) until the relay's stats say `f`.
 async fn until_stats(relay: &egress_store::Relay, f: impl Fn(egress_store::RelayStats) -> bool) {
-    for _ in 0..2_000 {
-        if f(relay.stats()) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out: {:?}", relay.stats());
+    egress_testkit::until(|| f(relay.stats()).then_some(()), || format!("{:?}", relay.stats())).await;
 }
 
 fn pending<T: Clone + Send + Sync + 'static>(cell: &AsyncEgressCell<T>) -> Vec<(u64, T)> {

@@ -6,7 +6,19 @@
 //!   `*_REQUIRED` variable is set (as CI sets it): then it fails;
 //! - [`fresh`] names no other test or earlier run uses, and [`TempDir`];
 //! - [`Metrics`], a `tracing` layer that captures the `egress::metrics`
-//!   events the crates emit (and the names their spans carry).
+//!   events the crates emit (and the names their spans carry);
+//! - [`limit`], how long any wait in a test may take (the mutation gate
+//!   lowers it), and [`until`], the bounded wait for a condition that only
+//!   real I/O can make true.
+//!
+//! The seeded clock and the chaos schedule are not here: tests use the
+//! ones the library itself runs on, so that what is tested is what ships.
+//! Virtual time is `egress_reactive::ManualClock` (a cell's clock) and
+//! tokio's paused clock; seeded randomness is `egress_reactive::Xorshift`
+//! (the backoff's jitter, the receiver's injected ack faults, the demo's
+//! schedules); the chaos schedule is `egress_ws::ChaosProxy` (kills at
+//! seeded moments; the WebSocket and NATS tests put it in front of their
+//! peers).
 //!
 //! Not published; a dev-dependency of the crates' tests. It depends on no
 //! egress crate, so a crate's dependency tree stays its own.
@@ -65,6 +77,35 @@ pub async fn pg_database(prefix: &str) -> Option<String> {
 /// `EGRESS_NATS_REQUIRED` is set and `EGRESS_NATS_URL` is not.
 pub fn nats_url() -> Option<String> {
     server("EGRESS_NATS_URL", "EGRESS_NATS_REQUIRED", "NATS")
+}
+
+/// How long any wait in a test may take: 60 s, or `EGRESS_TEST_LIMIT_SECS`
+/// (the mutation gate sets it lower, so that a mutant that stops delivery
+/// fails in seconds rather than a minute; a correct run needs a fraction
+/// of either).
+pub fn limit() -> std::time::Duration {
+    static LIMIT: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let secs = std::env::var("EGRESS_TEST_LIMIT_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+        std::time::Duration::from_secs(secs)
+    })
+}
+
+/// Polls `ready` every 2 ms until it returns `Some`, and returns that. For
+/// what only real I/O makes true (a server acknowledging, a socket
+/// closing); a test of logic uses virtual time instead.
+///
+/// # Panics
+/// After [`limit`], with `what()`: what was awaited and what was seen.
+pub async fn until<T>(mut ready: impl FnMut() -> Option<T>, what: impl FnOnce() -> String) -> T {
+    let deadline = tokio::time::Instant::now() + limit();
+    loop {
+        if let Some(value) = ready() {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not within {:?}: {}", limit(), what());
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
 }
 
 /// `name` and 64 random bits: a name no other test (or earlier run) uses.

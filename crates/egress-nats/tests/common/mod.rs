@@ -61,20 +61,14 @@ pub(crate) fn config(producer: &str, stream: &str, subject: &str) -> PublisherCo
     }
 }
 
-/// Waits (bounded) until the cell's acknowledgement watermark reaches
-/// `through`.
-pub(crate) async fn acked(cell: &AsyncEgressCell<Bytes>, through: u64, within: Duration) {
-    let waited = tokio::time::timeout(within, async {
-        while cell.acked_through().get_untracked() < Some(Sequence(through)) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
+/// Waits (bounded by the test kit's limit) until the cell's
+/// acknowledgement watermark reaches `through`.
+pub(crate) async fn acked<T: Clone + Send + Sync + 'static>(cell: &AsyncEgressCell<T>, through: u64) {
+    egress_testkit::until(
+        || (cell.acked_through().get_untracked() >= Some(Sequence(through))).then_some(()),
+        || format!("acked through {:?}, not {through}", cell.acked_through().get_untracked()),
+    )
     .await;
-    assert!(
-        waited.is_ok(),
-        "acked through {:?}, not {through}, within {within:?}",
-        cell.acked_through().get_untracked()
-    );
 }
 
 /// Every record of the stream (takeover claims left out), in stream order,

@@ -14,17 +14,8 @@ use egress_ws::{Content, Receiver, ReceiverStats, SenderConfig};
 use futures_util::StreamExt;
 use tokio_tungstenite::tungstenite::Message;
 
-/// Every wait in these tests gives up after this long: 60 s, or
-/// `EGRESS_TEST_LIMIT_SECS` (the mutation gate sets it lower, so that a
-/// mutant that stops delivery fails in seconds rather than a minute; a
-/// correct run needs a fraction of either).
-pub fn limit() -> Duration {
-    static LIMIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        let secs = std::env::var("EGRESS_TEST_LIMIT_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-        Duration::from_secs(secs)
-    })
-}
+/// Every wait in these tests gives up after this long (see the test kit).
+pub use egress_testkit::limit;
 
 pub fn policy() -> Policy {
     Policy::builder()
@@ -66,15 +57,11 @@ pub async fn receive_in_order(receiver: &mut Receiver, from: u64, n: u64) {
 /// Waits until the cell has everything through `n - 1` acknowledged, and
 /// nothing left.
 pub async fn drained(cell: &AsyncEgressCell<Bytes>, n: u64) {
-    let deadline = tokio::time::Instant::now() + limit();
-    while cell.acked_through().get_untracked() != Some(Sequence(n - 1)) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "acknowledged through {:?}",
-            cell.acked_through().get_untracked()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    egress_testkit::until(
+        || (cell.acked_through().get_untracked() == Some(Sequence(n - 1))).then_some(()),
+        || format!("acknowledged through {:?}", cell.acked_through().get_untracked()),
+    )
+    .await;
     assert_eq!(cell.pending_len().get() + cell.inflight_len().get() + cell.parked_len().get(), 0);
 }
 
@@ -129,13 +116,12 @@ where
 /// Waits until `ok(stats)` holds, polling the receiver's counters; fails
 /// with `what` and the last counters after one [`limit`].
 pub async fn until(receiver: &Receiver, what: &str, ok: impl Fn(&ReceiverStats) -> bool) -> ReceiverStats {
-    let deadline = tokio::time::Instant::now() + limit();
-    loop {
-        let stats = receiver.stats();
-        if ok(&stats) {
-            return stats;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{what}: {stats:?}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    egress_testkit::until(
+        || {
+            let stats = receiver.stats();
+            ok(&stats).then_some(stats)
+        },
+        || format!("{what}: {:?}", receiver.stats()),
+    )
+    .await
 }
