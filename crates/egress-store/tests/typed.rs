@@ -126,13 +126,12 @@ async fn adoption_stops_at_a_record_the_codec_cannot_read_and_the_records_after_
     outbox.append_encoded(&t, &Json, &line("three")).expect("appends");
     t.commit().expect("commits");
     until_stats(&durable.relay, |s| s.undecodable >= 1).await;
-    assert_eq!(durable.relay.stats().undecodable, 1);
     assert_eq!(pending(&cell), vec![(0, line("one"))], "adopted up to the unreadable record");
-    // Another append wakes the relay: it stops at the same record again,
-    // and still nothing past it is taken.
+    // Another append wakes the relay (as does each poll): it stops at the
+    // same record again, and still nothing past it is taken.
+    let seen = durable.relay.stats().undecodable;
     outbox.append_encoded(&app, &Json, &line("four")).expect("appends");
-    until_stats(&durable.relay, |s| s.undecodable >= 2).await;
-    assert_eq!(durable.relay.stats().undecodable, 2);
+    until_stats(&durable.relay, |s| s.undecodable > seen).await;
     assert_eq!(pending(&cell), vec![(0, line("one"))]);
     assert_eq!(cell.next_sequence(), Sequence(1));
     durable.relay.shutdown().await;
