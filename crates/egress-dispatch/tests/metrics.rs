@@ -4,7 +4,6 @@
 //! `tracing` caches per call site whether anyone listens.
 #![allow(clippy::unwrap_used)]
 
-
 use bytes::Bytes;
 use egress_core::{DeadLetters, Delay, Policy, Sequence};
 use egress_dispatch::{Dispatcher, HandlerError, Handlers, Info};

@@ -3,7 +3,6 @@
 //! the outbox's typed appends adopted as typed messages, and what happens
 //! to bytes the codec cannot read or a value it cannot write.
 
-
 use bytes::Bytes;
 use egress_codec::{Codec, CodecError, Encode, Json};
 use egress_core::{Policy, Sequence};

@@ -1,0 +1,242 @@
+//! The relay's task: group commits, each reported in a task of its own,
+//! adoption of what the outbox appended, and the backoff between failures.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use egress_codec::Codec;
+use egress_core::{AdoptOutcome, Ready, Sequence};
+use egress_reactive::AsyncEgressCell;
+use tokio::sync::{Notify, watch};
+
+use super::journal::JournalStore;
+use super::report::{Committed, Reported, Written, conflict, report};
+use super::{Counters, RelayConfig};
+use crate::StoreError;
+use crate::stored::{decode, encode_all};
+
+/// Writes one `Ready` into the store and reports it to the cell, in a task
+/// of its own: a relay aborted while the store works (dropped) does not
+/// stop the commit from being reported, so the cell never waits for a
+/// `Ready` no one will answer.
+async fn commit<S: JournalStore, T: Clone + Send + Sync + 'static>(
+    store: Arc<tokio::sync::Mutex<S>>,
+    cell: AsyncEgressCell<T>,
+    ready: Ready,
+    appends: Vec<(Sequence, T)>,
+    stored: Arc<watch::Sender<Option<Sequence>>>,
+    codec: Arc<dyn Codec<T>>,
+) -> Result<Committed, StoreError> {
+    let mut store = store.lock().await;
+    let (result, count) = match encode_all(&*codec, store.stream(), &appends) {
+        Ok(bytes) => (store.apply(&ready, &bytes).await, bytes.len()),
+        Err(e) => (Err(e), 0),
+    };
+    let wrote = result.is_ok();
+    let reported = report(&cell, ready.epoch, result, count);
+    if wrote && let Some(acked) = ready.acked_through {
+        stored.send_if_modified(|s| {
+            let raised = s.is_none_or(|s| acked > s);
+            if raised {
+                *s = Some(acked);
+            }
+            raised
+        });
+    }
+    match reported? {
+        Reported::Written(n) => Ok(Committed::Written(n)),
+        Reported::Conflict { from, count } => {
+            let theirs = store.appended(from, count).await;
+            conflict(&cell, ready.epoch, theirs, &*codec, store.stream())
+        }
+    }
+}
+
+/// Commits one `Ready` if the journal has one. Returns whether it did
+/// anything, and the error if the commit failed.
+async fn write_once<S: JournalStore, T: Clone + Send + Sync + 'static>(
+    cell: &AsyncEgressCell<T>,
+    store: &Arc<tokio::sync::Mutex<S>>,
+    written: &Written<T>,
+) -> Option<Result<(), StoreError>> {
+    let (ready, appends) = cell.poll_ready()?;
+    let epoch = ready.epoch;
+    let counters = &written.counters;
+    let started = std::time::Instant::now();
+    let (stored, codec) = (written.stored.clone(), written.codec.clone());
+    let task = tokio::spawn(commit(store.clone(), cell.clone(), ready, appends, stored, codec));
+    let result = match task.await {
+        Ok(Ok(Committed::Written(n))) => {
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            counters.appended.fetch_add(n, Ordering::Relaxed);
+            tracing::event!(
+                target: "egress::metrics",
+                tracing::Level::DEBUG,
+                monotonic_counter.egress_relay_commits = 1u64,
+                monotonic_counter.egress_relay_appended = n,
+                histogram.egress_relay_commit_seconds = started.elapsed().as_secs_f64(),
+                "egress relay: committed"
+            );
+            Ok(())
+        }
+        Ok(Ok(Committed::Rebased)) => {
+            counters.rebases.fetch_add(1, Ordering::Relaxed);
+            tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_rebases = 1u64, "egress relay: rebased");
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        // The commit's task ended without answering the `Ready` (a panic
+        // under the store): answered here, so that the cell shows it and
+        // offers the `Ready` again rather than wait for an answer that
+        // never comes. (An answer given already makes this one stale.)
+        Err(e) => {
+            let e = StoreError::Task(e.to_string());
+            let _ = cell.persist_failed(epoch, e.to_string());
+            Err(e)
+        }
+    };
+    if let Err(StoreError::Undecodable { .. }) = &result {
+        counters.undecodable.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Err(e) = &result {
+        tracing::warn!(error = %e, "egress relay: a commit failed");
+        tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_failures = 1u64, "egress relay: a commit failed");
+        counters.failures.fetch_add(1, Ordering::Relaxed);
+    }
+    Some(result)
+}
+
+/// Adopts what applications appended; returns whether a full batch came
+/// (there may be more).
+async fn adopt<S: JournalStore, T: Clone + Send + Sync + 'static>(
+    cell: &AsyncEgressCell<T>,
+    store: &tokio::sync::Mutex<S>,
+    batch: usize,
+    force: bool,
+    written: &Written<T>,
+) -> Result<bool, StoreError> {
+    let counters = &written.counters;
+    if cell.unpersisted_len().get_untracked() != 0 {
+        return Ok(false);
+    }
+    let from = cell.next_sequence();
+    let (rows, stream) = {
+        let mut store = store.lock().await;
+        let rows = if store.changed().await? || force { store.appended(from, batch).await? } else { Vec::new() };
+        (rows, store.stream().to_owned())
+    };
+    let mut more = rows.len() == batch;
+    let mut adopted = 0u64;
+    for (sequence, bytes) in rows {
+        // A record the codec cannot read stops adoption there, as a record
+        // out of order does: the records after it wait, nothing is lost.
+        let payload = match decode(&*written.codec, &stream, sequence, &bytes) {
+            Ok(payload) => payload,
+            Err(e) => {
+                tracing::warn!(error = %e, "egress relay: adoption stopped at a record its codec cannot read");
+                counters.undecodable.fetch_add(1, Ordering::Relaxed);
+                more = false;
+                break;
+            }
+        };
+        match cell.adopt(sequence, payload) {
+            AdoptOutcome::Adopted { .. } => adopted += 1,
+            AdoptOutcome::Unwritten { .. } => {
+                more = false;
+                break;
+            }
+            other => {
+                tracing::warn!(?other, "egress relay: adoption stopped at a record out of order");
+                counters.adoption_stalls.fetch_add(1, Ordering::Relaxed);
+                more = false;
+                break;
+            }
+        }
+    }
+    if adopted > 0 {
+        counters.adopted.fetch_add(adopted, Ordering::Relaxed);
+        tracing::event!(
+            target: "egress::metrics",
+            tracing::Level::DEBUG,
+            monotonic_counter.egress_relay_adopted = adopted,
+            "egress relay: adopted"
+        );
+    }
+    Ok(more)
+}
+
+/// Stops the relay for a fenced store: another writer has the stream.
+fn fenced(counters: &Counters) {
+    tracing::error!("egress relay: another store took the stream over; stopping");
+    tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_fenced = 1u64, "egress relay: fenced");
+    counters.fenced.store(true, Ordering::Relaxed);
+}
+
+pub(super) async fn run<S: JournalStore, T: Clone + Send + Sync + 'static>(
+    cell: AsyncEgressCell<T>,
+    store: Arc<tokio::sync::Mutex<S>>,
+    config: RelayConfig,
+    bell: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+    written: Written<T>,
+) {
+    let counters = written.counters.clone();
+    let mut failures: u32 = 0;
+    let mut more = true;
+    loop {
+        let rung = bell.notified();
+        tokio::pin!(rung);
+        rung.as_mut().enable();
+        if *stop.borrow() {
+            while let Some(Ok(())) = write_once(&cell, &store, &written).await {}
+            let _ = store.lock().await.close().await;
+            return;
+        }
+        if let Err(StoreError::Fenced { .. } | StoreError::Closed) = store.lock().await.keep().await {
+            fenced(&counters);
+            return;
+        }
+        match write_once(&cell, &store, &written).await {
+            Some(Ok(())) => {
+                failures = 0;
+                continue;
+            }
+            Some(Err(StoreError::Fenced { .. } | StoreError::Closed)) => {
+                fenced(&counters);
+                return;
+            }
+            Some(Err(_)) => {
+                let wait = backoff(&config, failures);
+                failures = failures.saturating_add(1);
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    _ = stop.changed() => {}
+                }
+                continue;
+            }
+            None => {}
+        }
+        match adopt(&cell, &store, config.adopt_batch.max(1), more, &written).await {
+            Ok(full) => {
+                more = full;
+                if full {
+                    continue;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "egress relay: reading the outbox failed"),
+        }
+        let news = store.lock().await.news();
+        tokio::select! {
+            () = &mut rung => {}
+            () = news => {}
+            () = tokio::time::sleep(config.poll_interval) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// `retry_base * 2^failures`, capped at `retry_max`.
+fn backoff(config: &RelayConfig, failures: u32) -> Duration {
+    config.retry_base.saturating_mul(1u32 << failures.min(20)).min(config.retry_max)
+}
