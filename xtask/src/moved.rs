@@ -406,4 +406,49 @@ diff --git a/a.rs b/a.rs
         assert!(changed_lines("diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n?x\n").is_err());
         assert_eq!(changed_lines("").expect("an empty diff"), vec![]);
     }
+
+    #[test]
+    fn a_file_deleted_whole_whose_code_moved_elsewhere_changes_nothing() {
+        // The deletion's hunk ends in removals (its new side is empty), as
+        // every file a split removes does.
+        let body = ["fn helper(value: u64) -> u64 {", "    value.saturating_mul(2) + 1", "}"];
+        let diff = format!(
+            "diff --git a/old.rs b/old.rs\ndeleted file mode 100644\n--- a/old.rs\n+++ /dev/null\n@@ -1,3 +0,0 @@\n-{0}\n-{1}\n-{2}\n\
+             diff --git a/new.rs b/new.rs\n--- /dev/null\n+++ b/new.rs\n@@ -0,0 +1,3 @@\n+{0}\n+{1}\n+{2}\n",
+            body[0], body[1], body[2]
+        );
+        assert_eq!(changed(&diff), vec![]);
+        // Left where it was, only the added side: all new.
+        let added = "diff --git a/new.rs b/new.rs\n--- /dev/null\n+++ b/new.rs\n@@ -0,0 +1,1 @@\n+fn helper_only_here_now() {}\n";
+        assert_eq!(changed(added), vec![("new.rs".to_owned(), vec![1])]);
+    }
+
+    #[test]
+    fn no_newline_markers_and_bare_blank_lines_inside_a_hunk_are_read() {
+        // The old last line had no newline; the new side adds after it. A
+        // blank context line stripped of its space is still context.
+        let diff = "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1,3 +1,4 @@\n fn f() {}\n\n-fn g() {}\n\\ No newline at end of file\n+fn g() {}\n+fn h() {}\n";
+        // Line 3 (`fn g`) is new again (the text with a newline), 4 new;
+        // the removal marks its neighbours, 2 (the blank line) and 3.
+        assert_eq!(changed(diff), vec![("a.rs".to_owned(), vec![2, 3, 4])]);
+    }
+
+    #[test]
+    fn a_moved_block_ends_where_its_run_of_added_lines_ends() {
+        // The removed block continues with `}`; on the added side the same
+        // `}` is context, not part of the move, so the removed `}` did not
+        // move: its removal marks its neighbours.
+        let diff = "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1,4 +1,2 @@\n fn keep() {}\n-    alpha_beta_gamma_delta_call();\n-}\n fn after() {}\n\
+                    diff --git a/b.rs b/b.rs\n--- a/b.rs\n+++ b/b.rs\n@@ -1,2 +1,3 @@\n fn g() {\n+    alpha_beta_gamma_delta_call();\n }\n";
+        assert_eq!(changed(diff), vec![("a.rs".to_owned(), vec![1, 2])]);
+    }
+
+    #[test]
+    fn a_hunk_cut_short_on_either_side_is_an_error() {
+        let header = "diff --git a/x b/x\n--- a/x\n+++ b/x\n";
+        // The old side has a line left.
+        assert!(changed_lines(&format!("{header}@@ -1,2 +1,1 @@\n x\n")).is_err());
+        // The new side has a line left.
+        assert!(changed_lines(&format!("{header}@@ -1,1 +1,2 @@\n x\n")).is_err());
+    }
 }
