@@ -29,7 +29,7 @@ mod moved;
 /// reaches back up. docs/architecture.md ("Floors") shows the same table.
 const FLOORS: &[(&str, u32)] = &[
     ("egress-core", 0),
-    ("egress-codec", 0),
+    ("egress-codec", 1),
     ("egress-testkit", 0),
     ("xtask", 0),
     ("egress-reactive", 1),

@@ -52,6 +52,23 @@ pub trait Encode<T>: Send + Sync + 'static {
     }
 }
 
+/// `f` (a call into the application's codec), with a panic in it as its
+/// error: a codec that panics refuses the value, as one that returns an
+/// error does, and the store, relay or transport that called it goes on.
+/// Every caller of a codec in egress calls it through this.
+///
+/// # Errors
+/// `f`'s, or "the codec panicked: …" with the panic's message.
+pub fn guarded<R>(f: impl FnOnce() -> Result<R, CodecError>) -> Result<R, CodecError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = egress_core::panic_message(&*panic).unwrap_or("a panic that is not a message");
+            Err(format!("the codec panicked: {what}").into())
+        }
+    }
+}
+
 /// A payload its codec could not encode, as a transport fails it: as
 /// permanent (a dead letter; trying again would not help). The codec's
 /// error is its source.
@@ -132,7 +149,23 @@ mod tests {
     use bytes::Bytes;
     use proptest::prelude::*;
 
-    use super::{Codec, Encode, Raw, Unencodable};
+    use super::{Codec, Encode, Raw, Unencodable, guarded};
+
+    #[test]
+    fn a_panicking_codec_is_a_refusal_that_says_so_and_a_fine_one_passes_through() {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let panicked = guarded::<Bytes>(|| panic!("no {} today", "lines"));
+        let opaque = guarded::<Bytes>(|| std::panic::panic_any(3_u8));
+        std::panic::set_hook(hook);
+        assert_eq!(panicked.map_err(|e| e.to_string()), Err("the codec panicked: no lines today".to_owned()));
+        assert_eq!(
+            opaque.map_err(|e| e.to_string()),
+            Err("the codec panicked: a panic that is not a message".to_owned())
+        );
+        assert_eq!(guarded(|| Raw.encode(&Bytes::from_static(b"ok"))).ok(), Some(Bytes::from_static(b"ok")));
+        assert_eq!(guarded::<u8>(|| Err("refused".into())).map_err(|e| e.to_string()), Err("refused".to_owned()));
+    }
 
     #[test]
     fn an_unencodable_payload_says_why_and_keeps_the_codecs_error_as_its_source() {

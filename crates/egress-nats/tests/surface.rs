@@ -124,12 +124,13 @@ impl egress_nats::Encode<Line> for Lines {
         if line.text == "unwritable" {
             return Err("this line has no encoding".into());
         }
+        assert_ne!(line.text, "boom", "the codec's bug: it panics");
         egress_codec::Encode::encode(&egress_codec::Json, line)
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn typed_lines_go_through_the_codec_and_one_that_does_not_encode_is_a_tombstone_in_its_place() {
+async fn typed_lines_go_through_the_codec_and_one_it_refuses_or_panics_on_is_a_tombstone_in_its_place() {
     let Some(url) = url() else { return };
     let js = connect(&url).await;
     let (name, subject) = stream(&js, "typed", Duration::from_secs(120)).await;
@@ -137,21 +138,26 @@ async fn typed_lines_go_through_the_codec_and_one_that_does_not_encode_is_a_tomb
     let lines = AsyncEgressCell::<Line>::new(&cx, Policy::builder().inflight_limit(8).build().expect("valid"));
     let p = Publisher::spawn_typed(lines.clone(), Lines, &url, config("t", &name, &subject)).expect("valid");
     let line = |text: &str| Line { room: "tea".into(), text: text.into() };
-    for text in ["hello", "unwritable", "still here"] {
+    for text in ["hello", "unwritable", "still here", "boom", "last"] {
         lines.enqueue(line(text));
     }
-    acked(&lines, 2).await;
+    acked(&lines, 4).await;
+    assert_eq!(p.failure(), None, "a codec that panics is a refusal, not the publisher's end");
     let stats = p.shutdown().await;
-    assert_eq!(stats.refused, 1);
+    assert_eq!(stats.refused, 2);
     assert!(stats.resyncs >= 1, "the unstorable record ends its epoch: {stats:?}");
     let stored = contents(&js, &name).await;
     let seen: Vec<(u64, bool)> =
         stored.iter().map(|(s, _)| s.as_ref().map(|s| (s.sequence, s.dead.is_some())).expect("egress")).collect();
-    assert_eq!(seen, [(0, false), (1, true), (2, false)], "the tombstone in the record's place");
+    assert_eq!(
+        seen,
+        [(0, false), (1, true), (2, false), (3, true), (4, false)],
+        "each tombstone in its record's place"
+    );
 
     let mut sub = Subscriber::new(&js, &name, SubscriberConfig::new(fresh("typed"))).await.expect("consumer");
     let mut got = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..5 {
         let d = sub.next().await.expect("a delivery");
         got.push(match d.content() {
             Content::Message(bytes) => Some(serde_json::from_slice::<Line>(&bytes).expect("a line")),
@@ -159,7 +165,7 @@ async fn typed_lines_go_through_the_codec_and_one_that_does_not_encode_is_a_tomb
         });
         d.ack().await.expect("acked");
     }
-    assert_eq!(got, [Some(line("hello")), None, Some(line("still here"))]);
+    assert_eq!(got, [Some(line("hello")), None, Some(line("still here")), None, Some(line("last"))]);
 }
 
 /// The application's durable record of where each producer stream

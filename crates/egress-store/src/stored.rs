@@ -3,7 +3,7 @@
 //! and a held flag, incarnations and owner tokens as 16 random bytes.
 
 use bytes::Bytes;
-use egress_codec::{Codec, CodecError};
+use egress_codec::{Codec, guarded};
 use egress_core::{DeadMark, DeadReason, Generation, Incarnation, Restored, RestoredRecord, Sequence};
 
 use crate::StoreError;
@@ -104,19 +104,6 @@ pub(crate) fn decode<T: 'static>(
         sequence,
         error,
     })
-}
-
-/// `f`, with a panic in it (the application's codec) as an error: a codec
-/// that panics refuses the value, as one that returns an error does, and
-/// the relay and the cell go on.
-fn guarded<R>(f: impl FnOnce() -> Result<R, CodecError>) -> Result<R, CodecError> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(result) => result,
-        Err(panic) => {
-            let what = egress_core::panic_message(&*panic).unwrap_or_default();
-            Err(format!("the codec panicked: {what}").into())
-        }
-    }
 }
 
 /// Stored records as `T`s.

@@ -85,3 +85,41 @@ async fn a_typed_message_is_measured_by_its_encoding_and_refused_at_once_when_to
     assert_eq!(cell.too_large(&bad), None);
     sender.shutdown().await;
 }
+
+/// JSON, except that it panics on a chat whose text is "boom" (in `size`
+/// too), as an application's codec with a bug would.
+struct Panicky;
+
+impl egress_ws::Encode<Chat> for Panicky {
+    fn encode(&self, value: &Chat) -> Result<bytes::Bytes, egress_ws::CodecError> {
+        assert_ne!(value.text, "boom", "the codec's bug");
+        egress_ws::Encode::encode(&Json, value)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codec_that_panics_on_a_message_makes_it_a_dead_letter_and_the_stream_goes_on() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<Chat> = AsyncEgressCell::new(&cx, policy());
+    let sender =
+        Sender::spawn_typed(cell.clone(), Panicky, format!("ws://{}", receiver.local_addr()), sender_config(73))
+            .unwrap();
+    // The size check at enqueue runs the codec too: its panic is no size,
+    // so the enqueue is taken (and the send fails it).
+    for text in ["hi", "boom", "bye"] {
+        assert!(cell.try_enqueue(chat(text)).is_ok());
+    }
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
+        got.push(match &d.content {
+            Content::Message(bytes) => Ok(egress_ws::json::from_payload::<Chat>(bytes).unwrap().text),
+            Content::Skipped(reason) => Err(*reason),
+        });
+    }
+    assert_eq!(got, [Ok("hi".to_owned()), Err(DeadReason::Permanent), Ok("bye".to_owned())]);
+    assert_eq!(tokio::time::timeout(limit(), cell.delivered(Sequence(2))).await.unwrap(), Ok(()));
+    assert!(sender.failure().is_none(), "the sender goes on: {:?}", sender.failure());
+    sender.shutdown().await;
+}

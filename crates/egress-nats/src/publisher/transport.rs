@@ -108,7 +108,7 @@ impl<T: Send + Sync + 'static> AsyncTransport<T> for NatsTransport<T> {
         let sequence = envelope.sequence;
         let payload = match envelope.dead {
             Some(_) => Bytes::new(),
-            None => match self.codec.encode(&envelope.payload) {
+            None => match egress_codec::guarded(|| self.codec.encode(&envelope.payload)) {
                 Ok(payload) => payload,
                 Err(e) => {
                     let why = egress_codec::Unencodable(e).to_string();

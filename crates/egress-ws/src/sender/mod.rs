@@ -189,7 +189,7 @@ impl Sender {
             let (codec, limit) = (codec.clone(), counters.payload_limit.clone());
             Arc::new(move |value: &T| {
                 let limit = limit.load(Ordering::Relaxed);
-                let size = codec.size(value)?;
+                let size = egress_codec::guarded(|| Ok(codec.size(value))).ok().flatten()?;
                 (size > limit).then_some((size, limit))
             })
         };

@@ -133,7 +133,7 @@ impl<T: Send + Sync + 'static> AsyncTransport<T> for WsTransport<T> {
         let frame = match envelope.dead {
             Some(reason) => Frame::Tombstone { generation, sequence, attempt, reason },
             None => {
-                let payload = match self.codec.encode(&envelope.payload) {
+                let payload = match egress_codec::guarded(|| self.codec.encode(&envelope.payload)) {
                     Ok(payload) => payload,
                     Err(e) => {
                         self.unwritten.refused(sequence);
