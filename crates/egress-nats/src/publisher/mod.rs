@@ -210,9 +210,8 @@ impl Publisher {
     /// [`spawn`](Self::spawn) for a cell of any payload type: `codec` makes
     /// each record's bytes as it is published (the codec the WebSocket
     /// sender and the stores take). A record that does not encode (its
-    /// codec refuses it, or panics on it) can never
-    /// be stored: it becomes a dead letter, whose tombstone takes its place
-    /// in the stream.
+    /// codec refuses it, or panics on it) can never be stored: it becomes
+    /// a dead letter, whose tombstone takes its place in the stream.
     ///
     /// # Errors
     /// Arguments no retry could make work: [`SpawnError`].
