@@ -137,6 +137,12 @@ pub struct SubscriberStats {
     pub skipped: u64,
     /// Producer streams whose state was evicted after `lane_idle`.
     pub evicted: u64,
+    /// Messages of the JetStream stream the subscriber never received:
+    /// stream sequences missing between its floor and the first message
+    /// it read, or between two it read (discarded by the stream's limits,
+    /// or deleted). Which producers they were from cannot be told; see
+    /// [`skipped`](Self::skipped) for what is reported per producer.
+    pub discarded: u64,
 }
 
 /// A record taken from the broker.
@@ -404,6 +410,9 @@ impl Subscriber {
         if stream_sequence <= self.seen {
             return Ok(());
         }
+        // A hole in the stream sequences: messages discarded (or deleted)
+        // before this subscriber read them.
+        self.stats.discarded += stream_sequence - self.seen - 1;
         self.seen = stream_sequence;
         self.outstanding.insert(stream_sequence);
         self.sort(message, stream_sequence).await
@@ -439,7 +448,12 @@ impl Subscriber {
             let start = match self.positions.remove(&key) {
                 Some(next) => next,
                 None => match self.resumed(&key).await {
-                    Ok(next) => next.unwrap_or(stamp.sequence),
+                    // Nothing says where it starts: at this record, unless
+                    // the stream discarded messages this subscriber never
+                    // read (its own limits) and this record is not its
+                    // producer's first: then what lies below it may have
+                    // been among them, and is reported as given up.
+                    Ok(next) => next.unwrap_or(if self.stats.discarded > 0 { 0 } else { stamp.sequence }),
                     Err(e) => {
                         // Sorted again at the next `next` (still
                         // outstanding, so the broker's floor stays below
@@ -460,7 +474,17 @@ impl Subscriber {
             return self.handle(stream_sequence, message).await;
         }
         let payload = message.payload.clone();
-        let item = Item { key, gap: None, stamp, payload, stream_sequence, message };
+        let mut item = Item { key, gap: None, stamp, payload, stream_sequence, message };
+        if sequence > lane.handed && lane.handed == 0 && lane.buffer.is_empty() && self.stats.discarded > 0 {
+            // A new stream whose first record read is above 0, after the
+            // stream discarded messages: those below it cannot come any
+            // more. Given up at once (not after `gap_timeout`).
+            let gap = 0..sequence;
+            tracing::warn!(?gap, producer = %item.stamp.producer, "egress nats subscriber: records discarded by the stream before they were read");
+            self.stats.skipped += sequence;
+            item.gap = Some(gap);
+            lane.handed = sequence;
+        }
         if sequence > lane.handed {
             lane.buffer.insert(sequence, item);
             lane.waiting_since.get_or_insert_with(tokio::time::Instant::now);

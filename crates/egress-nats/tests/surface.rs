@@ -283,3 +283,44 @@ async fn a_stream_with_a_delivery_given_back_is_not_evicted_and_without_a_record
     assert_eq!(take(&mut sub, None).await, (1, 1));
     assert_eq!(sub.lanes(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_the_streams_limits_discarded_before_they_were_read_are_reported_as_skipped() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let name = fresh("limits");
+    let subject = format!("egress.{name}");
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: name.clone(),
+        subjects: vec![subject.clone()],
+        storage: async_nats::jetstream::stream::StorageType::Memory,
+        max_messages: 10,
+        ..Default::default()
+    })
+    .await
+    .expect("the stream is made");
+    for sequence in 0..30 {
+        raw(&js, &subject, Some(&stamp("l", 1, sequence)), payload(sequence)).await;
+    }
+    let mut sub = Subscriber::new(&js, &name, SubscriberConfig::new(fresh("limits"))).await.expect("consumer");
+    let first = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("a delivery").expect("read");
+    assert_eq!(first.sequence(), 20, "the stream keeps the last ten");
+    assert_eq!(first.skipped(), Some(0..20), "the twenty it discarded, said on the first delivery after them");
+    first.ack().await.expect("acked");
+    for sequence in 21..30 {
+        assert_eq!(take(&mut sub, None).await, (1, sequence));
+    }
+    let stats = sub.stats();
+    assert_eq!((stats.discarded, stats.skipped, stats.delivered), (20, 20, 10), "{stats:?}");
+
+    // A second subscriber, started after more were discarded: the same,
+    // from its own start.
+    for sequence in 30..45 {
+        raw(&js, &subject, Some(&stamp("l", 1, sequence)), payload(sequence)).await;
+    }
+    let mut again = Subscriber::new(&js, &name, SubscriberConfig::new(fresh("limits2"))).await.expect("consumer");
+    let d = tokio::time::timeout(Duration::from_secs(10), again.next()).await.expect("a delivery").expect("read");
+    assert_eq!((d.sequence(), d.skipped()), (35, Some(0..35)));
+    d.ack().await.expect("acked");
+    assert_eq!(again.stats().discarded, 35);
+}
