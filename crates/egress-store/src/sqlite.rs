@@ -184,6 +184,13 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(5))?;
+        // Before anything changes the file: a database of a newer schema is
+        // refused as it is (switching it to WAL would rewrite its header).
+        let version: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        let supported = u32::try_from(MIGRATIONS.len()).unwrap_or(u32::MAX);
+        if version > supported {
+            return Err(StoreError::SchemaTooNew { found: version, supported });
+        }
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::Pragma { name: "journal_mode", expected: "wal".into(), found: mode });

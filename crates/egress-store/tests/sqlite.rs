@@ -55,6 +55,26 @@ fn a_schema_from_a_newer_version_is_refused_and_migrations_are_idempotent() {
 }
 
 #[test]
+fn a_newer_schema_is_refused_before_anything_in_the_file_changes() {
+    // A database a newer version wrote, in rollback-journal mode (as a
+    // newer version might keep it): refusing it must leave it as it was.
+    let dir = TempDir::new();
+    let conn = rusqlite::Connection::open(dir.db()).unwrap();
+    conn.execute_batch("CREATE TABLE future (x INTEGER); INSERT INTO future VALUES (1);").unwrap();
+    conn.pragma_update(None, "user_version", 99).unwrap();
+    drop(conn);
+    let before = std::fs::read(dir.db()).unwrap();
+    assert!(matches!(SqliteStore::open(dir.db()), Err(StoreError::SchemaTooNew { found: 99, .. })));
+    assert!(matches!(egress_store::ReceivedLog::open(dir.db()), Err(StoreError::SchemaTooNew { found: 99, .. })));
+    assert!(std::fs::read(dir.db()).unwrap() == before, "not a byte of the file changed");
+    let mode: String = rusqlite::Connection::open(dir.db())
+        .unwrap()
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete", "still in its own journal mode, not switched to WAL");
+}
+
+#[test]
 fn a_restart_continues_the_stream_with_what_is_unacknowledged_and_dead_letters_as_they_were() {
     let dir = TempDir::new();
     let policy = Policy::builder().inflight_limit(8).dead_letters(DeadLetters::Skip).build().unwrap();
