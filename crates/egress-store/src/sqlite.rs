@@ -47,6 +47,20 @@ const MIGRATIONS: &[&str] = &[
 /// The schema version this library writes.
 pub const SCHEMA_VERSION: u32 = 3;
 
+/// The schema version of the database on `conn` (0: none yet), read
+/// without changing anything.
+///
+/// # Errors
+/// [`StoreError::SchemaTooNew`] for a version newer than this library's.
+fn schema_version(conn: &Connection) -> Result<u32, StoreError> {
+    let version: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let supported = u32::try_from(MIGRATIONS.len()).unwrap_or(u32::MAX);
+    if version > supported {
+        return Err(StoreError::SchemaTooNew { found: version, supported });
+    }
+    Ok(version)
+}
+
 /// Installs (or upgrades) egress's tables on `conn`, in one transaction:
 /// for an application that opens its own connection to the database its
 /// business data lives in, before the first
@@ -58,11 +72,7 @@ pub const SCHEMA_VERSION: u32 = 3;
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
-        let version: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        let supported = u32::try_from(MIGRATIONS.len()).unwrap_or(u32::MAX);
-        if version > supported {
-            return Err(StoreError::SchemaTooNew { found: version, supported });
-        }
+        let version = schema_version(conn)?;
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
             conn.execute_batch(sql)?;
             conn.pragma_update(None, "user_version", u32::try_from(i + 1).unwrap_or(u32::MAX))?;
@@ -186,11 +196,7 @@ impl SqliteStore {
         conn.busy_timeout(Duration::from_secs(5))?;
         // Before anything changes the file: a database of a newer schema is
         // refused as it is (switching it to WAL would rewrite its header).
-        let version: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        let supported = u32::try_from(MIGRATIONS.len()).unwrap_or(u32::MAX);
-        if version > supported {
-            return Err(StoreError::SchemaTooNew { found: version, supported });
-        }
+        schema_version(&conn)?;
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::Pragma { name: "journal_mode", expected: "wal".into(), found: mode });
