@@ -120,6 +120,13 @@ pub enum StoreError {
         /// The stream.
         stream: String,
     },
+    /// This store never loaded the stream: it writes only streams it has
+    /// taken ([`SqliteStore::load`]), so that one store writes a stream.
+    #[error("stream {stream} was not loaded by this store: load it first")]
+    NotLoaded {
+        /// The stream.
+        stream: String,
+    },
     /// An application's transaction holds the stream's row (an append not
     /// yet committed): nothing was written; try again.
     #[error("stream {stream} is locked by an application's transaction; try again")]

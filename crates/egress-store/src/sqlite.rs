@@ -110,7 +110,8 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
 /// stream's owner (a fresh token in the stream's row); a later `load` by
 /// another store (another process, another relay) takes the stream over,
 /// and this one's writes are refused from then on
-/// ([`StoreError::Fenced`]), so two producers never write one stream.
+/// ([`StoreError::Fenced`]); a store writes no stream it has not loaded
+/// ([`StoreError::NotLoaded`]). So two producers never write one stream.
 #[derive(Debug)]
 pub struct SqliteStore {
     conn: Connection,
@@ -308,7 +309,8 @@ impl SqliteStore {
     /// (the relay then takes the application's records and renumbers the
     /// cell's, never sent: [`EgressCore::rebase`](egress_core::EgressCore::rebase)).
     /// A stream another store has loaded since this one did is refused
-    /// with [`StoreError::Fenced`].
+    /// with [`StoreError::Fenced`], one this store never loaded with
+    /// [`StoreError::NotLoaded`].
     ///
     /// # Errors
     /// SQLite's error (a full disk, a locked database), a conflict, a
@@ -319,6 +321,11 @@ impl SqliteStore {
         if appends.len() as u64 != count || appends.iter().zip(range.start.0..).any(|((s, _), e)| s.0 != e) {
             return Err(StoreError::Appends { expected: range, given: appends.len() });
         }
+        // Every write is the owner's: a stream this store never loaded
+        // may be another's (loaded or not), and is refused untouched.
+        let Some(mine) = self.owned.get(stream).copied() else {
+            return Err(StoreError::NotLoaded { stream: stream.to_owned() });
+        };
         self.set_synchronous(ready.must_sync)?;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let next = match stream_row(&tx, stream) {
@@ -329,13 +336,11 @@ impl SqliteStore {
             }
             Err(e) => return Err(e),
         };
-        if let Some(mine) = self.owned.get(stream) {
-            let owner: Option<Vec<u8>> = tx
-                .prepare_cached("SELECT owner FROM egress_stream WHERE stream = ?1")?
-                .query_row([stream], |r| r.get(0))?;
-            if owner.as_deref() != Some(mine.as_slice()) {
-                return Err(StoreError::Fenced { stream: stream.to_owned() });
-            }
+        let owner: Option<Vec<u8>> = tx
+            .prepare_cached("SELECT owner FROM egress_stream WHERE stream = ?1")?
+            .query_row([stream], |r| r.get(0))?;
+        if owner.as_deref() != Some(mine.as_slice()) {
+            return Err(StoreError::Fenced { stream: stream.to_owned() });
         }
         if !range.is_empty() {
             if next == range.start.0 {

@@ -67,10 +67,8 @@ fn a_newer_schema_is_refused_before_anything_in_the_file_changes() {
     assert!(matches!(SqliteStore::open(dir.db()), Err(StoreError::SchemaTooNew { found: 99, .. })));
     assert!(matches!(egress_store::ReceivedLog::open(dir.db()), Err(StoreError::SchemaTooNew { found: 99, .. })));
     assert!(std::fs::read(dir.db()).unwrap() == before, "not a byte of the file changed");
-    let mode: String = rusqlite::Connection::open(dir.db())
-        .unwrap()
-        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-        .unwrap();
+    let mode: String =
+        rusqlite::Connection::open(dir.db()).unwrap().query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
     assert_eq!(mode, "delete", "still in its own journal mode, not switched to WAL");
 }
 
@@ -312,6 +310,41 @@ fn a_moved_counter_is_a_conflict_and_a_stream_taken_over_is_fenced() {
     let ready = core.poll_ready().unwrap();
     let err = store.apply("s", &ready, &[(Sequence(3), Bytes::from_static(b"late"))]).unwrap_err();
     assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+}
+
+#[test]
+fn a_store_that_never_loaded_a_stream_writes_nothing_into_it() {
+    let dir = TempDir::new();
+    let mut owner = SqliteStore::open(dir.db()).unwrap();
+    let mut core = EgressCore::restore(Policy::default(), owner.load("s").unwrap().restored).unwrap();
+    let _ = core.enqueue(Bytes::from_static(b"mine"));
+    flush(&mut core, &mut owner, "s");
+    // A second store (another process) that never called load: its write
+    // to the owner's stream, and to a stream no one has loaded, is refused
+    // whole.
+    let mut stranger = SqliteStore::open(dir.db()).unwrap();
+    let mut theirs = EgressCore::restore(Policy::default(), egress_core::Restored::empty()).unwrap();
+    let _ = theirs.enqueue(Bytes::from_static(b"intruder"));
+    let ready = theirs.poll_ready().unwrap();
+    let appends: Vec<_> = theirs.unwritten(ready.appends.clone()).map(|(s, p)| (s, p.clone())).collect();
+    for stream in ["s", "fresh"] {
+        let err = stranger.apply(stream, &ready, &appends).unwrap_err();
+        assert!(matches!(&err, StoreError::NotLoaded { stream: s } if s == stream), "{err}");
+    }
+    let rows: Vec<Vec<u8>> = owner
+        .connection()
+        .prepare("SELECT payload FROM egress_outbox ORDER BY stream, seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(rows, [b"mine".to_vec()], "only the owner's record");
+    let streams: i64 = owner.connection().query_row("SELECT COUNT(*) FROM egress_stream", [], |r| r.get(0)).unwrap();
+    assert_eq!(streams, 1, "no stream made by the refused write");
+    // The owner goes on.
+    let _ = core.enqueue(Bytes::from_static(b"still mine"));
+    flush(&mut core, &mut owner, "s");
 }
 
 #[test]
