@@ -451,4 +451,37 @@ diff --git a/a.rs b/a.rs
         // The new side has a line left.
         assert!(changed_lines(&format!("{header}@@ -1,1 +1,2 @@\n x\n")).is_err());
     }
+
+    #[test]
+    fn of_two_equal_removed_blocks_a_single_paste_takes_the_first_and_the_other_stays_a_change() {
+        // The same two lines removed from a.rs and from b.rs, pasted once
+        // into c.rs: the move takes a.rs's (the first); b.rs's removal did
+        // not move, so its neighbours (lines 1 and 2 of b.rs) are changed.
+        let block = "-    let total = items.iter().sum::<u64>();\n-    total.checked_mul(3)\n";
+        let diff = format!(
+            "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1,4 +1,2 @@\n fn a() {{\n{block} }}\n\
+             diff --git a/b.rs b/b.rs\n--- a/b.rs\n+++ b/b.rs\n@@ -1,4 +1,2 @@\n fn b() {{\n{block} }}\n\
+             diff --git a/c.rs b/c.rs\n--- a/c.rs\n+++ b/c.rs\n@@ -1,2 +1,4 @@\n fn c() {{\n+    let total = items.iter().sum::<u64>();\n+    total.checked_mul(3)\n }}\n"
+        );
+        assert_eq!(changed(&diff), vec![("b.rs".to_owned(), vec![1, 2])]);
+    }
+
+    #[test]
+    fn a_block_moves_whole_wherever_it_stands_in_a_long_diff() {
+        // The new file first, then forty unrelated changed lines, then the
+        // file the block came from: the block is matched in full, however
+        // far into the diff its source is. (Each line alone, 8 letters and
+        // digits, is below the threshold; the four together are above.)
+        let body: Vec<String> = (0..4).map(|n| format!("    sum_{n} += val_{n};")).collect();
+        let added: String = body.iter().map(|l| format!("+{l}\n")).collect();
+        let removed: String = body.iter().map(|l| format!("-{l}\n")).collect();
+        let filler: String = (0..40).map(|n| format!("+// note {n}\n")).collect();
+        let diff = format!(
+            "diff --git a/new.rs b/new.rs\n--- /dev/null\n+++ b/new.rs\n@@ -0,0 +1,4 @@\n{added}\
+             diff --git a/notes.rs b/notes.rs\n--- /dev/null\n+++ b/notes.rs\n@@ -0,0 +1,40 @@\n{filler}\
+             diff --git a/old.rs b/old.rs\n--- a/old.rs\n+++ /dev/null\n@@ -1,4 +0,0 @@\n{removed}"
+        );
+        // Comments are no change either: nothing is.
+        assert_eq!(changed(&diff), vec![]);
+    }
 }
