@@ -484,4 +484,15 @@ diff --git a/a.rs b/a.rs
         // Comments are no change either: nothing is.
         assert_eq!(changed(&diff), vec![]);
     }
+
+    #[test]
+    fn a_removed_block_at_the_very_end_of_the_diff_matches_up_to_its_end() {
+        // The added run is longer than the removed block it starts with, and
+        // the removed block is the diff's last line: the match stops there.
+        let diff = "diff --git a/new.rs b/new.rs\n--- /dev/null\n+++ b/new.rs\n@@ -0,0 +1,3 @@\n\
+                    +    let alpha_value = compute_alpha();\n+    let beta_value = compute_beta();\n+    brand_new_call();\n\
+                    diff --git a/old.rs b/old.rs\n--- a/old.rs\n+++ /dev/null\n@@ -1,2 +0,0 @@\n\
+                    -    let alpha_value = compute_alpha();\n-    let beta_value = compute_beta();\n";
+        assert_eq!(changed(diff), vec![("new.rs".to_owned(), vec![3])]);
+    }
 }
