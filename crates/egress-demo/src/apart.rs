@@ -156,7 +156,10 @@ pub(crate) async fn send(o: Options) -> anyhow::Result<()> {
         config.tls = Some(egress_ws::tls::client_config_from_pem(&pem)?);
     }
     let sender = Sender::spawn(cell.clone(), url, config)?;
-    enqueue_paced(&cell, first..o.messages, o.rate, None).await;
+    // Enqueued at the pace asked for, while the checks below run.
+    let enqueue = enqueue_paced(&cell, first..o.messages, o.rate, None);
+    tokio::pin!(enqueue);
+    let mut enqueued = false;
     while cell.acked_through().get_untracked().map_or(0, |s| s.get() + 1) < o.messages {
         // Stopped on its own (credentials refused, say): it will not
         // connect again, so the run ends with why.
@@ -164,7 +167,24 @@ pub(crate) async fn send(o: Options) -> anyhow::Result<()> {
             let detail = why.detail().map(|d| format!(" ({d})")).unwrap_or_default();
             anyhow::bail!("the sender stopped: {why}{detail}");
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // Another process loaded the stream (a second `send --db` on the
+        // same file): it owns the stream now, and this one's relay has
+        // stopped; nothing more of this run can become durable.
+        if relay.as_ref().is_some_and(|r| r.stats().fenced) {
+            anyhow::bail!(
+                "another process took the stream over (it loaded the same --db); this sender stops, \
+                 and that one sends what was stored"
+            );
+        }
+        let tick = tokio::time::sleep(Duration::from_millis(5));
+        if enqueued {
+            tick.await;
+        } else {
+            tokio::select! {
+                () = &mut enqueue => enqueued = true,
+                () = tick => {}
+            }
+        }
     }
     let elapsed = started.elapsed();
     bar.finish();

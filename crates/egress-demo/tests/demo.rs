@@ -349,3 +349,51 @@ fn rust_log_turns_on_the_events() {
     let quiet = run(None);
     assert!(!quiet.contains("egress sender"), "without RUST_LOG only errors:\n{quiet}");
 }
+
+#[test]
+fn a_sender_whose_stream_another_send_took_over_stops_with_why_instead_of_hanging() {
+    let db = temp("takeover-db").with_extension("sqlite");
+    let db_arg = db.to_str().expect("utf-8");
+    let (mut receiver, url, drain) = receiver(&["--messages", "2000"], &[], "ws://");
+    // The first sender, slow (200 messages a second: ten seconds' worth).
+    let mut first = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
+        .args(["send", "--url", &url, "--messages", "2000", "--rate", "200", "--db", db_arg])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the first sender runs");
+    // Its first line is printed once its store is open and the stream its.
+    let mut out = BufReader::new(first.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("a first line");
+    assert!(line.contains("egress-demo send:"), "{line}");
+    let drain_first = std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    // A second sender on the same file takes the stream over and finishes.
+    let second = Command::new(env!("CARGO_BIN_EXE_egress-demo"))
+        .args(["send", "--url", &url, "--messages", "2000", "--max-rate", "--db", db_arg])
+        .stdout(Stdio::null())
+        .output()
+        .expect("the second sender runs");
+    assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
+    // The first stops on its own, with why, and a failure status.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = first.try_wait().expect("waits") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = (first.kill(), receiver.kill());
+            panic!("the fenced sender hangs");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut first.stderr.take().expect("stderr"), &mut err).expect("read");
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("another process took the stream over"), "{err}");
+    assert!(receiver.wait().expect("the receiver ends").success());
+    let _ = (drain.join(), drain_first.join());
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{db_arg}{suffix}"));
+    }
+}
