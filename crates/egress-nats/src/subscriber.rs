@@ -140,8 +140,10 @@ pub struct SubscriberStats {
     /// Messages of the JetStream stream the subscriber never received:
     /// stream sequences missing between its floor and the first message
     /// it read, or between two it read (discarded by the stream's limits,
-    /// or deleted). Which producers they were from cannot be told; see
-    /// [`skipped`](Self::skipped) for what is reported per producer.
+    /// or deleted). Which producers they were from cannot be told; after a
+    /// hole at the start of a new consumer, what lies below a producer
+    /// stream's first record is reported per producer (see
+    /// [`Delivery::skipped`] and docs/nats.md).
     pub discarded: u64,
 }
 
@@ -228,9 +230,14 @@ pub struct Subscriber {
     /// evicted in.
     idle: BTreeSet<(tokio::time::Instant, Key)>,
     lane_idle: Duration,
-    /// A message that could not be sorted yet (the resume record failed):
-    /// sorted first at the next `next`.
+    /// A message that could not be sorted yet (the resume record failed,
+    /// or a `next` was dropped while it was asked): sorted first at the
+    /// next `next`.
     stalled: Option<(async_nats::jetstream::Message, u64)>,
+    /// The consumer started at the stream's beginning (floor 0) and its
+    /// first message came after a hole: the stream's first messages were
+    /// discarded before anything could read them.
+    initial_hole: bool,
     max_ack_pending: usize,
     gap_timeout: Duration,
     stats: SubscriberStats,
@@ -299,6 +306,7 @@ impl Subscriber {
             idle: BTreeSet::new(),
             lane_idle: config.lane_idle,
             stalled: None,
+            initial_hole: false,
             max_ack_pending: config.max_ack_pending.max(1),
             gap_timeout: config.gap_timeout,
             stats: SubscriberStats::default(),
@@ -411,8 +419,14 @@ impl Subscriber {
             return Ok(());
         }
         // A hole in the stream sequences: messages discarded (or deleted)
-        // before this subscriber read them.
-        self.stats.discarded += stream_sequence - self.seen - 1;
+        // before this subscriber read them. At the very start of a new
+        // consumer (nothing read, nothing below its floor delivered by an
+        // earlier one), it is the stream's first messages that are gone.
+        let hole = stream_sequence - self.seen - 1;
+        if hole > 0 && self.seen == 0 {
+            self.initial_hole = true;
+        }
+        self.stats.discarded = self.stats.discarded.saturating_add(hole);
         self.seen = stream_sequence;
         self.outstanding.insert(stream_sequence);
         self.sort(message, stream_sequence).await
@@ -422,7 +436,7 @@ impl Subscriber {
     /// [`take_in`](Self::take_in).
     async fn sort(
         &mut self,
-        message: async_nats::jetstream::Message,
+        mut message: async_nats::jetstream::Message,
         stream_sequence: u64,
     ) -> Result<(), SubscribeError> {
         let stamp = match message.headers.as_ref().map(Stamp::from_headers) {
@@ -443,25 +457,42 @@ impl Subscriber {
             self.stats.claims += 1;
             return self.handle(stream_sequence, message).await;
         }
+        if stamp.sequence == u64::MAX {
+            // No stream reaches it (a cell's counter would overflow first),
+            // and a position past it cannot be said: a forged record.
+            tracing::warn!(stream_sequence, "egress nats subscriber: a record at sequence 2^64 - 1; dropped");
+            self.stats.foreign += 1;
+            return self.handle(stream_sequence, message).await;
+        }
         let key: Key = (Arc::from(stamp.producer.as_str()), stamp.incarnation);
+        // What lies below a stream's first record read is taken as lost
+        // only after the stream's first messages were discarded, and only
+        // while no stream has been evicted (after that, a stream met again
+        // may be one this subscriber held and delivered before).
+        let lost_below = self.initial_hole && self.stats.evicted == 0;
         if !self.lanes.contains_key(&key) {
             let start = match self.positions.remove(&key) {
                 Some(next) => next,
-                None => match self.resumed(&key).await {
-                    // Nothing says where it starts: at this record, unless
-                    // the stream discarded messages this subscriber never
-                    // read (its own limits) and this record is not its
-                    // producer's first: then what lies below it may have
-                    // been among them, and is reported as given up.
-                    Ok(next) => next.unwrap_or(if self.stats.discarded > 0 { 0 } else { stamp.sequence }),
-                    Err(e) => {
-                        // Sorted again at the next `next` (still
-                        // outstanding, so the broker's floor stays below
-                        // it): nothing lost.
-                        self.stalled = Some((message, stream_sequence));
-                        return Err(e);
+                None => {
+                    // Parked while the record is asked (on a blocking
+                    // thread): a `next` dropped meanwhile (a timeout around
+                    // it) leaves the message to the next call, still
+                    // outstanding, so nothing is lost.
+                    self.stalled = Some((message, stream_sequence));
+                    let asked = self.resumed(&key).await;
+                    let Some((parked, _)) = self.stalled.take() else { return Ok(()) };
+                    message = parked;
+                    match asked {
+                        // Nothing says where it starts: at this record (or
+                        // at 0, when what lies below is taken as lost).
+                        Ok(next) => next.unwrap_or(if lost_below { 0 } else { stamp.sequence }),
+                        Err(e) => {
+                            // Sorted again at the next `next`.
+                            self.stalled = Some((message, stream_sequence));
+                            return Err(e);
+                        }
                     }
-                },
+                }
             };
             self.lanes.insert(key.clone(), Lane::new(start));
         }
@@ -475,13 +506,13 @@ impl Subscriber {
         }
         let payload = message.payload.clone();
         let mut item = Item { key, gap: None, stamp, payload, stream_sequence, message };
-        if sequence > lane.handed && lane.handed == 0 && lane.buffer.is_empty() && self.stats.discarded > 0 {
+        if sequence > lane.handed && lane.handed == 0 && lane.buffer.is_empty() && lost_below {
             // A new stream whose first record read is above 0, after the
             // stream discarded messages: those below it cannot come any
             // more. Given up at once (not after `gap_timeout`).
             let gap = 0..sequence;
             tracing::warn!(?gap, producer = %item.stamp.producer, "egress nats subscriber: records discarded by the stream before they were read");
-            self.stats.skipped += sequence;
+            self.stats.skipped = self.stats.skipped.saturating_add(sequence);
             item.gap = Some(gap);
             lane.handed = sequence;
         }
@@ -518,7 +549,7 @@ impl Subscriber {
         let Some((&first, _)) = lane.buffer.first_key_value() else { return false };
         let gap = lane.handed..first;
         tracing::warn!(?gap, "egress nats subscriber: a gap did not fill; going on past it");
-        self.stats.skipped += gap.end - gap.start;
+        self.stats.skipped = self.stats.skipped.saturating_add(gap.end - gap.start);
         if let Some(item) = lane.buffer.get_mut(&first) {
             item.gap = Some(gap);
         }

@@ -324,3 +324,150 @@ async fn records_the_streams_limits_discarded_before_they_were_read_are_reported
     d.ack().await.expect("acked");
     assert_eq!(again.stats().discarded, 35);
 }
+
+/// The next delivery's (producer, sequence, skipped), acknowledged.
+async fn took(sub: &mut Subscriber) -> (String, u64, Option<std::ops::Range<u64>>) {
+    let d = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("a delivery comes").expect("read");
+    let out = (d.stamp().producer.clone(), d.sequence(), d.skipped());
+    d.ack().await.expect("acked");
+    out
+}
+
+/// A hole at the stream's start: a message of no producer, deleted.
+async fn hole_at_start(js: &async_nats::jetstream::Context, name: &str, subject: &str) {
+    raw(js, subject, None, payload(999)).await;
+    let s = js.get_stream(name).await.expect("the stream");
+    s.delete_message(1).await.expect("deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_evicted_after_a_hole_is_not_reported_as_having_lost_what_it_delivered() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "holeevict", Duration::from_secs(120)).await;
+    hole_at_start(&js, &name, &subject).await;
+    for s in 0..5 {
+        raw(&js, &subject, Some(&stamp("a", 1, s)), payload(s)).await;
+    }
+    let lane_idle = Duration::from_millis(300);
+    let config = SubscriberConfig { lane_idle, ..SubscriberConfig::new(fresh("holeevict")) };
+    let mut sub = Subscriber::new(&js, &name, config).await.expect("consumer");
+    for s in 0..5 {
+        assert_eq!(took(&mut sub).await, ("a".into(), s, None));
+    }
+    tokio::time::sleep(lane_idle + Duration::from_millis(50)).await;
+    raw(&js, &subject, Some(&stamp("a", 1, 5)), payload(5)).await;
+    assert_eq!(took(&mut sub).await, ("a".into(), 5, None), "it delivered 0..5 itself");
+    let stats = sub.stats();
+    assert_eq!((stats.evicted, stats.discarded, stats.skipped), (1, 1, 0), "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_restarted_at_its_floor_counts_what_was_discarded_but_blames_no_producer_for_it() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let name = fresh("floor");
+    let subject = format!("egress.{name}");
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: name.clone(),
+        subjects: vec![subject.clone()],
+        storage: async_nats::jetstream::stream::StorageType::Memory,
+        max_messages: 10,
+        ..Default::default()
+    })
+    .await
+    .expect("the stream is made");
+    let durable = fresh("floor");
+    for s in 0..5 {
+        raw(&js, &subject, Some(&stamp("f", 1, s)), payload(s)).await;
+    }
+    {
+        let mut sub = Subscriber::new(&js, &name, SubscriberConfig::new(durable.clone())).await.expect("consumer");
+        for s in 0..5 {
+            assert_eq!(took(&mut sub).await, ("f".into(), s, None));
+        }
+    }
+    // Twelve more: the stream keeps ten, so 5 and 6 are discarded unread.
+    for s in 5..17 {
+        raw(&js, &subject, Some(&stamp("f", 1, s)), payload(s)).await;
+    }
+    let mut sub = Subscriber::new(&js, &name, SubscriberConfig::new(durable)).await.expect("consumer");
+    // Records 0..5 went to the first life: nothing here says they were lost.
+    assert_eq!(took(&mut sub).await, ("f".into(), 7, None));
+    let stats = sub.stats();
+    assert_eq!((stats.discarded, stats.skipped), (2, 0), "{stats:?}");
+}
+
+/// A durable record that takes long to answer the first time.
+#[derive(Debug, Default)]
+struct Slow {
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Resume for Slow {
+    fn resume(&self, _: &str, _: Incarnation) -> Result<Option<u64>, String> {
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(800));
+        }
+        Ok(None)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_dropped_while_the_durable_record_is_asked_loses_nothing() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "cancel", Duration::from_secs(120)).await;
+    for s in 0..3 {
+        raw(&js, &subject, Some(&stamp("c", 1, s)), payload(s)).await;
+    }
+    let durable = fresh("cancel");
+    let slow = Arc::new(Slow::default());
+    let config = SubscriberConfig { resume: Some(slow as Arc<dyn Resume>), ..SubscriberConfig::new(durable.clone()) };
+    let mut sub = Subscriber::new(&js, &name, config).await.expect("consumer");
+    // The first call is given up while the record is asked (a timeout
+    // around `next`, as an application's select! would).
+    assert!(tokio::time::timeout(Duration::from_millis(200), sub.next()).await.is_err());
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(took(&mut sub).await);
+    }
+    assert_eq!(got, [("c".into(), 0, None), ("c".into(), 1, None), ("c".into(), 2, None)], "every record, once");
+    // And the broker's floor moved past them all.
+    let stream = js.get_stream(&name).await.expect("the stream");
+    let mut consumer =
+        stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>(&durable).await.expect("the consumer");
+    // Acknowledgements are published, not awaited: the floor is read until
+    // it moves (bounded).
+    let moved = tokio::time::timeout(egress_testkit::limit(), async {
+        while consumer.info().await.expect("info").ack_floor.stream_sequence < 3 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    assert!(moved.await.is_ok(), "the broker's floor passes the three");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_records_at_the_top_of_the_sequence_space_neither_repeat_nor_overflow_a_counter() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "top", Duration::from_secs(120)).await;
+    hole_at_start(&js, &name, &subject).await;
+    // After a hole at the start, a producer whose first record is near the
+    // top (its skipped count would overflow a plain sum with the next).
+    raw(&js, &subject, Some(&stamp("x", 1, u64::MAX - 1)), payload(1)).await;
+    raw(&js, &subject, Some(&stamp("y", 1, 5)), payload(2)).await;
+    // The top sequence itself, twice, and a copy below it: never handed
+    // out twice.
+    raw(&js, &subject, Some(&stamp("x", 1, u64::MAX)), payload(3)).await;
+    raw(&js, &subject, Some(&stamp("x", 1, u64::MAX)), payload(4)).await;
+    raw(&js, &subject, Some(&stamp("x", 1, u64::MAX - 1)), payload(5)).await;
+    raw(&js, &subject, Some(&stamp("z", 1, 0)), payload(6)).await;
+    let mut sub = Subscriber::new(&js, &name, SubscriberConfig::new(fresh("top"))).await.expect("consumer");
+    assert_eq!(took(&mut sub).await, ("x".into(), u64::MAX - 1, Some(0..u64::MAX - 1)));
+    assert_eq!(took(&mut sub).await, ("y".into(), 5, Some(0..5)));
+    assert_eq!(took(&mut sub).await, ("z".into(), 0, None));
+    let stats = sub.stats();
+    assert_eq!(stats.skipped, u64::MAX, "saturated, not wrapped: {stats:?}");
+    assert_eq!((stats.foreign, stats.duplicates), (2, 1), "{stats:?}");
+}
