@@ -47,6 +47,19 @@ const MIGRATIONS: &[&str] = &[
 /// The schema version this library writes.
 pub const SCHEMA_VERSION: u32 = 3;
 
+/// Whether `stream`'s row still holds the owner token `mine`.
+fn still_owner(conn: &Connection, stream: &str, mine: &[u8; 16]) -> Result<(), StoreError> {
+    let owner: Option<Vec<u8>> = conn
+        .prepare_cached("SELECT owner FROM egress_stream WHERE stream = ?1")?
+        .query_row([stream], |r| r.get(0))
+        .optional()?
+        .flatten();
+    if owner.as_deref() != Some(mine.as_slice()) {
+        return Err(StoreError::Fenced { stream: stream.to_owned() });
+    }
+    Ok(())
+}
+
 /// The schema version of the database on `conn` (0: none yet), read
 /// without changing anything.
 ///
@@ -336,12 +349,7 @@ impl SqliteStore {
             }
             Err(e) => return Err(e),
         };
-        let owner: Option<Vec<u8>> = tx
-            .prepare_cached("SELECT owner FROM egress_stream WHERE stream = ?1")?
-            .query_row([stream], |r| r.get(0))?;
-        if owner.as_deref() != Some(mine.as_slice()) {
-            return Err(StoreError::Fenced { stream: stream.to_owned() });
-        }
+        still_owner(&tx, stream, &mine)?;
         if !range.is_empty() {
             if next == range.start.0 {
                 let mut insert =
@@ -397,6 +405,20 @@ impl SqliteStore {
         }
         tx.commit()?;
         Ok(())
+    }
+
+    /// Whether this store still owns `stream`: it loaded it, and no other
+    /// store has loaded it since. A relay with nothing to write asks this
+    /// to learn of a takeover.
+    ///
+    /// # Errors
+    /// [`StoreError::NotLoaded`], [`StoreError::Fenced`], or SQLite's
+    /// error.
+    pub fn owns(&self, stream: &str) -> Result<(), StoreError> {
+        let Some(mine) = self.owned.get(stream) else {
+            return Err(StoreError::NotLoaded { stream: stream.to_owned() });
+        };
+        still_owner(&self.conn, stream, mine)
     }
 
     /// Whether another connection committed since the last call (`true` the

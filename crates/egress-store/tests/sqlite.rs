@@ -749,3 +749,27 @@ fn a_dead_letter_whose_held_flag_is_neither_0_nor_1_is_refused_at_load_above_or_
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_with_nothing_to_write_learns_of_a_takeover_and_stops() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable(&cx, dir.db(), "s", Policy::default(), CellOptions::new(), config()).await.unwrap();
+    durable.cell.enqueue(Bytes::from_static(b"stored"));
+    wait_for(&durable.cell, |c| c.durable_through().get_untracked()).await;
+    // Everything is written; nothing more will be. Another process loads
+    // the stream: this relay must find out without a write to fail.
+    let mut other = SqliteStore::open(dir.db()).unwrap();
+    let _ = other.load("s").unwrap();
+    egress_testkit::until(
+        || durable.relay.stats().fenced.then_some(()),
+        || format!("the relay still thinks the stream is its own: {:?}", durable.relay.stats()),
+    )
+    .await;
+    // And a store asked directly says so too.
+    let mut third = SqliteStore::open(dir.db()).unwrap();
+    assert!(matches!(third.owns("s"), Err(StoreError::NotLoaded { .. })));
+    let _ = third.load("s").unwrap();
+    assert_eq!(third.owns("s").ok(), Some(()));
+    assert!(matches!(other.owns("s"), Err(StoreError::Fenced { .. })));
+}

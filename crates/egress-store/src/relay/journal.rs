@@ -126,14 +126,26 @@ pub struct SqliteJournal {
     store: Arc<Mutex<SqliteStore>>,
     stream: Arc<str>,
     appends: Arc<Appends>,
+    /// When [`keep`](JournalStore::keep) next asks whether the stream is
+    /// still this store's.
+    check_at: tokio::time::Instant,
 }
+
+/// How often a relay with nothing to write asks whether its stream was
+/// taken over (a write would find out at once).
+const OWNER_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl SqliteJournal {
     /// `stream` of `store` (a store that has [`load`](SqliteStore::load)ed
     /// it).
     pub fn new(store: SqliteStore, stream: impl Into<String>) -> Self {
         let stream: String = stream.into();
-        SqliteJournal { store: Arc::new(Mutex::new(store)), appends: Appends::of(&stream), stream: stream.into() }
+        SqliteJournal {
+            store: Arc::new(Mutex::new(store)),
+            appends: Appends::of(&stream),
+            stream: stream.into(),
+            check_at: tokio::time::Instant::now(),
+        }
     }
 
     /// Runs `f` on the store on a blocking thread.
@@ -161,6 +173,18 @@ impl JournalStore for SqliteJournal {
 
     async fn changed(&mut self) -> Result<bool, StoreError> {
         self.blocking(|st, _| st.changed()).await
+    }
+
+    /// Asks (at most every [`OWNER_CHECK`]) whether another store loaded
+    /// the stream: a relay that has nothing to write learns of a takeover
+    /// too, and stops.
+    async fn keep(&mut self) -> Result<(), StoreError> {
+        let now = tokio::time::Instant::now();
+        if now < self.check_at {
+            return Ok(());
+        }
+        self.check_at = now + OWNER_CHECK;
+        self.blocking(|st, stream| st.owns(stream)).await
     }
 
     fn news(&self) -> impl Future<Output = ()> + Send + 'static {
