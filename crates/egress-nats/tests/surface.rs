@@ -471,3 +471,24 @@ async fn forged_records_at_the_top_of_the_sequence_space_neither_repeat_nor_over
     assert_eq!(stats.skipped, u64::MAX, "saturated, not wrapped: {stats:?}");
     assert_eq!((stats.foreign, stats.duplicates), (2, 1), "{stats:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_whose_cell_is_disposed_stops_and_says_so() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "disposed", Duration::from_secs(120)).await;
+    let cx = AsyncContext::new();
+    let c = cell(&cx, 8);
+    let mut p = Publisher::spawn(c.clone(), &url, config("d", &name, &subject)).expect("valid");
+    c.enqueue(payload(0));
+    acked(&c, 0).await;
+    let mut states = p.watch_state();
+    c.dispose();
+    let stopped = tokio::time::timeout(egress_testkit::limit(), p.stopped()).await.expect("it stops");
+    assert_eq!(stopped, Some(PublisherError::CellDisposed));
+    assert_eq!(p.failure(), Some(PublisherError::CellDisposed));
+    // The state lived on the cell's graph: its stream ends with the cell,
+    // rather than wait for ever.
+    let ended = tokio::time::timeout(egress_testkit::limit(), async { while states.next().await.is_some() {} });
+    assert!(ended.await.is_ok(), "the state stream ends");
+}

@@ -299,7 +299,9 @@ impl Handle<Threaded> {
 
     /// A stream of `computed`'s latest value: the current value first, then
     /// each settled change (intermediate values a slow consumer missed are
-    /// skipped). The stream owns an effect, disposed when it is dropped.
+    /// skipped). The stream owns an effect, disposed when it is dropped. It
+    /// ends when `computed` is disposed (its owner disposed: a cell's
+    /// readers with their cell), rather than wait for ever.
     #[track_caller]
     pub fn watch<T>(&self, computed: &Computed<T, Threaded>) -> Watch<T>
     where
@@ -307,17 +309,42 @@ impl Handle<Threaded> {
     {
         let (tx, rx) = tokio::sync::watch::channel(computed.get_untracked());
         let source = computed.clone();
-        let effect = self.effect(move || {
-            let v = source.get();
-            tx.send_if_modified(|cur| {
-                if *cur == v {
-                    false
-                } else {
-                    *cur = v;
-                    true
-                }
-            });
+        // The effect belongs to the source's owner: disposed with the
+        // source, it drops the sender, which ends the stream.
+        let key = computed.key;
+        let owner = self.enter(|cell| {
+            let g = cell.borrow();
+            g.alive(key).then(|| g.key(g.node(key.index).owner))
         });
+        // Taken (and so dropped, which ends the stream) if the source is
+        // gone when the effect runs.
+        let tx = parking_lot::Mutex::new(Some(tx));
+        let at = std::panic::Location::caller();
+        let make = move || {
+            self.make_effect(
+                move || {
+                    let Ok(v) = source.try_get() else {
+                        tx.lock().take();
+                        return;
+                    };
+                    if let Some(tx) = &*tx.lock() {
+                        tx.send_if_modified(|cur| {
+                            if *cur == v {
+                                false
+                            } else {
+                                *cur = v;
+                                true
+                            }
+                        });
+                    }
+                },
+                at,
+            )
+        };
+        let effect = match owner {
+            Some(owner) => self.with_owner(owner, make).unwrap_or_else(|make| make()),
+            None => make(),
+        };
         Watch { stream: tokio_stream::wrappers::WatchStream::new(rx), effect }
     }
 }

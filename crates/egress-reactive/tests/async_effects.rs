@@ -126,6 +126,21 @@ async fn watch_streams_the_latest_values() {
     assert_eq!(cx.node_count(), nodes - 1, "dropping the stream disposes its effect");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_watch_ends_when_what_it_watches_is_disposed() {
+    let cx = AsyncContext::new();
+    let s = cx.signal(1);
+    let (scope, double) = cx.scope(|| {
+        let s = s.clone();
+        cx.computed(move || s.get() * 2)
+    });
+    let mut stream = cx.watch(&double);
+    assert_eq!(stream.next().await, Some(2));
+    scope.dispose();
+    let ended = tokio::time::timeout(Duration::from_secs(60), stream.next()).await;
+    assert_eq!(ended, Ok(None), "the stream ends instead of waiting for ever");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn works_on_the_multi_thread_runtime_with_writers_on_other_threads() {
     let cx = AsyncContext::new();

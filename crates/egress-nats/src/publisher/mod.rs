@@ -71,10 +71,13 @@ pub enum PublisherError {
     /// make a client (a TLS or credentials setting it refuses).
     #[error("the connect options are unusable: {0}")]
     Options(String),
-    /// Its task panicked (in the application's connect options or codec),
-    /// or its cell was disposed under it.
+    /// Its task panicked (in the application's connect options).
     #[error("the publisher panicked: {0}")]
     Panicked(String),
+    /// The cell was disposed under it (its context dropped): nothing is
+    /// left to publish.
+    #[error("the cell was disposed")]
+    CellDisposed,
 }
 
 /// Why an epoch ended, or why the publisher stopped: the error of its
@@ -275,8 +278,11 @@ impl Publisher {
                 )))
                 .await;
                 let error = match ended {
+                    // An epoch ends as stopped when its attachment goes
+                    // with a disposed cell: said, not taken as a shutdown.
+                    Ok(None) if watched.is_disposed() => Some(PublisherError::CellDisposed),
                     Ok(error) => error,
-                    Err(_) if watched.is_disposed() => Some(PublisherError::Panicked("the cell was disposed".into())),
+                    Err(_) if watched.is_disposed() => Some(PublisherError::CellDisposed),
                     Err(panic) => Some(PublisherError::Panicked(
                         egress_core::panic_message(&*panic).unwrap_or("a panic").to_owned(),
                     )),

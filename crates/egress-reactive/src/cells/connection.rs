@@ -92,11 +92,17 @@ impl<E: fmt::Display> fmt::Display for ConnectionState<E> {
 /// Each move is logged (through `tracing`, in the caller's span) as
 /// "`{who}`: connecting" at debug, "connected" and "reconnecting" at info,
 /// "stopped" (with its error) at error, and "shut down" at info.
+///
+/// `Stopped` is final: the first one set stays, and later moves are
+/// dropped (a task aborted by a drop may run on to its next await and try
+/// to say it connected).
 pub struct ConnectionTracker<E: 'static> {
     signal: Signal<ConnectionState<E>, Threaded>,
     state: Computed<ConnectionState<E>, Threaded>,
     graph: Handle<Threaded>,
     who: &'static str,
+    /// The first `Stopped` set: final.
+    stopped: std::sync::Arc<std::sync::OnceLock<ConnectionState<E>>>,
 }
 
 impl<E: 'static> Clone for ConnectionTracker<E> {
@@ -106,6 +112,7 @@ impl<E: 'static> Clone for ConnectionTracker<E> {
             state: self.state.clone(),
             graph: self.graph.clone(),
             who: self.who,
+            stopped: self.stopped.clone(),
         }
     }
 }
@@ -132,13 +139,21 @@ impl<E: fmt::Display + Clone + PartialEq + Send + Sync + 'static> ConnectionTrac
                 let signal = signal.clone();
                 move || signal.get()
             });
-            ConnectionTracker { signal, state, graph: graph.clone(), who }
+            ConnectionTracker { signal, state, graph: graph.clone(), who, stopped: Default::default() }
         })
     }
 
     /// Moves the state to `new`, and logs the move. A disposed cell has no
-    /// reader left to tell: the move is only logged.
+    /// reader left to tell: the move is only logged. After a `Stopped`,
+    /// nothing moves.
     pub fn set(&self, new: ConnectionState<E>) {
+        if self.stopped.get().is_some() {
+            return;
+        }
+        if matches!(new, ConnectionState::Stopped { .. }) && self.stopped.set(new.clone()).is_err() {
+            // Another stop came first.
+            return;
+        }
         let who = self.who;
         match &new {
             ConnectionState::Connecting { attempt } => tracing::debug!(attempt, "{who}: connecting"),
@@ -153,6 +168,10 @@ impl<E: fmt::Display + Clone + PartialEq + Send + Sync + 'static> ConnectionTrac
             ConnectionState::Stopped { error: None } => tracing::info!("{who}: shut down"),
         }
         let _ = self.signal.try_set(new);
+        // A stop set while this move was being made wins: set again, last.
+        if let Some(last) = self.stopped.get() {
+            let _ = self.signal.try_set(last.clone());
+        }
     }
 
     /// The state, as a computed on the cell's graph: read it in an effect
@@ -233,6 +252,13 @@ mod tests {
         assert_eq!(states.next().await, Some(State::Connected { generation: Generation(7) }));
         assert_eq!(tracker.clone().state().get_untracked(), State::Connected { generation: Generation(7) });
         assert_eq!(format!("{tracker:?}"), r#"ConnectionTracker { who: "test transport", .. }"#);
+        // Stopped is final: a later move (a task aborted by a drop, running
+        // on to its next await) does not undo it, nor does a second stop.
+        tracker.set(State::Stopped { error: Some("first".into()) });
+        tracker.set(State::Connected { generation: Generation(8) });
+        tracker.set(State::Stopped { error: None });
+        assert_eq!(tracker.state().get_untracked(), State::Stopped { error: Some("first".into()) });
+        assert_eq!(states.next().await, Some(State::Stopped { error: Some("first".into()) }));
         // Its nodes are the cell's: disposed with it, after which a move
         // is dropped without a panic.
         cell.dispose();
