@@ -16,6 +16,14 @@
 //!   own threshold for `--color-moved`), so a lone brace or a short common
 //!   line elsewhere is still new. Each removed line moves at most once: code
 //!   removed once and pasted twice has a copy no review has seen.
+//! - And it is **whole items**: it starts where an item starts (an
+//!   attribute, a doc comment, `fn`, `impl`, `struct`, `use`, … with any
+//!   visibility) and its braces balance, never closing one it did not
+//!   open. A statement moved into another function, two statements
+//!   swapped, a line re-indented inside a string literal: each changes
+//!   behaviour with every line's text kept, and none is whole items, so
+//!   each stays a change. What a file split moves (functions, impls,
+//!   types, with their docs) is.
 //! - Every other added line is **changed**, and so is each line next to a
 //!   removal that did not move (what cargo-mutants itself counts for a
 //!   deletion: the line before it and the line after it).
@@ -235,6 +243,8 @@ fn moved(lines: &[Line<'_>]) -> Vec<bool> {
                 best = Some((j, k));
             }
         }
+        // The longest prefix of the match that is whole items.
+        let best = best.and_then(|(j, k)| whole_items(&lines[i..i + k]).map(|k| (j, k)));
         match best {
             Some((j, k)) if alnum(&lines[i..i + k]) >= MIN_ALNUM => {
                 for m in 0..k {
@@ -247,6 +257,62 @@ fn moved(lines: &[Line<'_>]) -> Vec<bool> {
         }
     }
     moved
+}
+
+/// How many of `block`'s first lines make whole items (see the module
+/// docs), the most that do; `None` if it does not start an item.
+fn whole_items(block: &[Line<'_>]) -> Option<usize> {
+    let first = block.first()?.text.trim_start();
+    if !starts_item(first) {
+        return None;
+    }
+    let (mut depth, mut whole) = (0i64, None);
+    for (n, line) in block.iter().enumerate() {
+        for c in line.text.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+            if depth < 0 {
+                return whole;
+            }
+        }
+        // A line at depth 0 ends an item (or is one), unless it is an
+        // attribute or a doc comment still waiting for its item.
+        let t = line.text.trim();
+        if depth == 0 && !t.starts_with("#[") && !t.starts_with("///") && !t.is_empty() {
+            whole = Some(n + 1);
+        }
+    }
+    whole
+}
+
+/// Whether `line` (trimmed at its start) begins an item.
+fn starts_item(line: &str) -> bool {
+    const STARTS: [&str; 20] = [
+        "#[",
+        "#![",
+        "///",
+        "//!",
+        "fn ",
+        "pub ",
+        "pub(",
+        "impl",
+        "struct ",
+        "enum ",
+        "mod ",
+        "use ",
+        "const ",
+        "static ",
+        "type ",
+        "trait ",
+        "async fn ",
+        "unsafe ",
+        "extern ",
+        "macro_rules!",
+    ];
+    STARTS.iter().any(|s| line.starts_with(s))
 }
 
 /// Whether a line is code: not blank and not a `//` comment.
@@ -271,40 +337,52 @@ mod tests {
             .collect()
     }
 
-    /// A function moved from a.rs into b.rs, indented one level deeper,
-    /// with its first line edited (`pub(super)`): the edited line is
-    /// changed, and its old version's removal marks its neighbours in a.rs.
+    /// A file split: `helper` (with its doc) moved whole from a.rs into an
+    /// impl in b.rs, indented one level deeper; `other` moved too, but its
+    /// first line edited (`pub(super)`), so the rest of it is no whole item
+    /// and stays a change.
     const SPLIT: &str = "\
 diff --git a/src/a.rs b/src/a.rs
 --- a/src/a.rs
 +++ b/src/a.rs
-@@ -1,7 +1,2 @@
+@@ -1,11 +1,2 @@
  use std::fmt;
+-/// Doubles and adds one.
 -fn helper(value: u64) -> u64 {
 -    let doubled = value.saturating_mul(2);
 -    doubled + 1
 -}
 -
+-fn other(value: u64) -> u64 {
+-    value.wrapping_add(7)
+-}
  fn keep() {}
 diff --git a/src/b.rs b/src/b.rs
 new file mode 100644
 --- /dev/null
 +++ b/src/b.rs
-@@ -0,0 +1,6 @@
+@@ -0,0 +1,11 @@
 +impl Thing {
-+    pub(super) fn helper(value: u64) -> u64 {
++    /// Doubles and adds one.
++    fn helper(value: u64) -> u64 {
 +        let doubled = value.saturating_mul(2);
 +        doubled + 1
++    }
++
++    pub(super) fn other(value: u64) -> u64 {
++        value.wrapping_add(7)
 +    }
 +}
 ";
 
     #[test]
-    fn a_moved_block_is_left_out_and_its_edits_and_new_lines_are_kept() {
-        // b.rs: line 1 (`impl Thing {`) and 2 (edited) are new; lines 3-4
-        // moved; 5 (`}`) and 6 (`}`): 5 moved with the block? `}` alone
-        // has no letters, but it continues the block of 3-4, so it moved.
-        assert_eq!(changed(SPLIT), vec![("src/a.rs".to_owned(), vec![1, 2]), ("src/b.rs".to_owned(), vec![1, 2, 6])]);
+    fn a_moved_item_is_left_out_and_an_edited_one_and_new_lines_are_kept() {
+        // b.rs: 2-6 moved (7 is blank); 1, 8-11 changed. a.rs: the removal
+        // of `other` did not move, so its neighbours are marked.
+        assert_eq!(
+            changed(SPLIT),
+            vec![("src/a.rs".to_owned(), vec![1, 2]), ("src/b.rs".to_owned(), vec![1, 8, 9, 10, 11])]
+        );
     }
 
     #[test]
@@ -313,50 +391,29 @@ new file mode 100644
 diff --git a/x.rs b/x.rs
 --- a/x.rs
 +++ b/x.rs
-@@ -1,3 +1,3 @@
- fn f() {
--    a += 1;
-+    b += 1;
- }
+@@ -1,1 +1,1 @@
+-use a::b;
++use a::c;
 diff --git a/y.rs b/y.rs
 --- a/y.rs
 +++ b/y.rs
-@@ -1,2 +1,3 @@
- fn g() {
-+    a += 1;
- }
+@@ -1,1 +1,2 @@
+ fn g() {}
++use a::b;
 ";
-        // x.rs line 2 is new (and marks the removal's neighbours 1 and 2);
-        // y.rs's `a += 1;` has 2 letters: not a move, so it is changed.
-        assert_eq!(changed(diff), vec![("x.rs".to_owned(), vec![1, 2]), ("y.rs".to_owned(), vec![2])]);
+        // x.rs line 1 is new; y.rs's `use a::b;` has 4 letters: not a
+        // move, so it is changed (and x.rs's removal marks line 1).
+        assert_eq!(changed(diff), vec![("x.rs".to_owned(), vec![1]), ("y.rs".to_owned(), vec![2])]);
     }
 
     #[test]
-    fn a_removed_block_pasted_twice_moves_once() {
-        let body = ["    let total = items.iter().sum::<u64>();", "    total.checked_mul(3)"];
+    fn a_removed_item_pasted_twice_moves_once() {
+        let item = "fn total_of(items: &[u64]) -> u64 { items.iter().sum() }";
         let diff = format!(
-            "\
-diff --git a/a.rs b/a.rs
---- a/a.rs
-+++ b/a.rs
-@@ -1,4 +1,2 @@
- fn f() {{
--{0}
--{1}
- }}
-diff --git a/b.rs b/b.rs
---- a/b.rs
-+++ b/b.rs
-@@ -1,0 +1,5 @@
-+{0}
-+{1}
-+fn g() {{
-+{0}
-+{1}
-",
-            body[0], body[1]
+            "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1,2 +1,1 @@\n fn a() {{}}\n-{item}\n\
+             diff --git a/b.rs b/b.rs\n--- a/b.rs\n+++ b/b.rs\n@@ -1,0 +1,3 @@\n+{item}\n+fn g() {{}}\n+{item}\n"
         );
-        assert_eq!(changed(&diff), vec![("b.rs".to_owned(), vec![3, 4, 5])]);
+        assert_eq!(changed(&diff), vec![("b.rs".to_owned(), vec![2, 3])]);
     }
 
     #[test]
@@ -376,31 +433,87 @@ diff --git a/a.rs b/a.rs
     }
 
     #[test]
+    fn what_changes_behaviour_with_every_line_kept_is_no_move() {
+        // Two statements swapped in one function: neither is an item.
+        let swapped = "\
+diff --git a/a.rs b/a.rs
+--- a/a.rs
++++ b/a.rs
+@@ -1,4 +1,4 @@
+ fn ack(&mut self, through: u64) {
+-    self.rows.retain(|r| r.sequence > through);
+     self.acked_through_watermark = through;
++    self.rows.retain(|r| r.sequence > through);
+ }
+";
+        assert_eq!(changed(swapped), vec![("a.rs".to_owned(), vec![1, 2, 3])]);
+        // A statement moved from one function into another.
+        let moved = "\
+diff --git a/a.rs b/a.rs
+--- a/a.rs
++++ b/a.rs
+@@ -1,6 +1,6 @@
+ fn release(&mut self, stream: &str) {
+-    self.owned_streams_by_name.remove(stream);
+ }
+ fn apply(&mut self, stream: &str) {
++    self.owned_streams_by_name.remove(stream);
+     self.write(stream);
+ }
+";
+        assert_eq!(changed(moved), vec![("a.rs".to_owned(), vec![1, 2, 4])]);
+        // A string literal's continuation line re-indented.
+        let literal = "\
+diff --git a/a.rs b/a.rs
+--- a/a.rs
++++ b/a.rs
+@@ -1,3 +1,3 @@
+ const SQL: &str = \"SELECT owner
+-    FROM egress_stream_table WHERE stream = ?1\";
++        FROM egress_stream_table WHERE stream = ?1\";
+ fn f() {}
+";
+        assert_eq!(changed(literal), vec![("a.rs".to_owned(), vec![1, 2])]);
+    }
+
+    #[test]
     fn the_output_is_a_diff_of_insertions_at_the_new_line_numbers() {
         let out = unmoved_diff(SPLIT).expect("a well-formed diff");
-        assert_eq!(
-            out,
+        assert!(out.starts_with(
             "diff --git a/src/a.rs b/src/a.rs\n--- a/src/a.rs\n+++ b/src/a.rs\n\
              @@ -0,0 +1,1 @@\n+use std::fmt;\n\
              @@ -0,0 +2,1 @@\n+fn keep() {}\n\
              diff --git a/src/b.rs b/src/b.rs\n--- a/src/b.rs\n+++ b/src/b.rs\n\
              @@ -0,0 +1,1 @@\n+impl Thing {\n\
-             @@ -0,0 +2,1 @@\n+    pub(super) fn helper(value: u64) -> u64 {\n\
-             @@ -3,0 +6,1 @@\n+}\n"
-        );
+             @@ -6,0 +8,1 @@\n+    pub(super) fn other(value: u64) -> u64 {\n"
+        ));
         // Read back, it names the same lines.
         assert_eq!(changed(&out), changed(SPLIT));
     }
 
     #[test]
     fn a_diff_of_moves_only_is_empty_and_a_broken_one_is_an_error() {
-        let moved_only = SPLIT
-            .replace("+    pub(super) fn helper", "+    fn helper")
-            .replace("+impl Thing {\n", "")
-            .replace("@@ -0,0 +1,6 @@", "@@ -0,0 +1,5 @@");
-        // `}` closing the impl is new (a brace alone, after the block); the
-        // blank line removed from a.rs is no change.
-        assert_eq!(changed(&moved_only), vec![("src/b.rs".to_owned(), vec![5])]);
+        let moved_only = "\
+diff --git a/a.rs b/a.rs
+--- a/a.rs
++++ b/a.rs
+@@ -1,5 +1,1 @@
+ fn keep() {}
+-/// Doubles and adds one.
+-fn helper(value: u64) -> u64 {
+-    value.saturating_mul(2) + 1
+-}
+diff --git a/b.rs b/b.rs
+--- /dev/null
++++ b/b.rs
+@@ -0,0 +1,5 @@
++/// Doubles and adds one.
++fn helper(value: u64) -> u64 {
++    value.saturating_mul(2) + 1
++}
++
+";
+        assert_eq!(changed(moved_only), vec![]);
         assert!(changed_lines("diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n x\n").is_err());
         assert!(changed_lines("@@ -1,1 +1,1 @@\n-x\n+y\n").is_err());
         assert!(changed_lines("diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n?x\n").is_err());
@@ -408,7 +521,7 @@ diff --git a/a.rs b/a.rs
     }
 
     #[test]
-    fn a_file_deleted_whole_whose_code_moved_elsewhere_changes_nothing() {
+    fn a_file_deleted_whole_whose_items_moved_elsewhere_changes_nothing() {
         // The deletion's hunk ends in removals (its new side is empty), as
         // every file a split removes does.
         let body = ["fn helper(value: u64) -> u64 {", "    value.saturating_mul(2) + 1", "}"];
@@ -435,11 +548,11 @@ diff --git a/a.rs b/a.rs
 
     #[test]
     fn a_moved_block_ends_where_its_run_of_added_lines_ends() {
-        // The removed block continues with `}`; on the added side the same
-        // `}` is context, not part of the move, so the removed `}` did not
-        // move: its removal marks its neighbours.
-        let diff = "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1,4 +1,2 @@\n fn keep() {}\n-    alpha_beta_gamma_delta_call();\n-}\n fn after() {}\n\
-                    diff --git a/b.rs b/b.rs\n--- a/b.rs\n+++ b/b.rs\n@@ -1,2 +1,3 @@\n fn g() {\n+    alpha_beta_gamma_delta_call();\n }\n";
+        // The removed item is followed by a removed `}`; on the added side
+        // the same `}` is context, not part of the move, so the removed
+        // `}` did not move: its removal marks its neighbours.
+        let diff = "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1,4 +1,2 @@\n fn keep() {}\n-fn alpha_beta_gamma_delta_call() {}\n-}\n fn after() {}\n\
+                    diff --git a/b.rs b/b.rs\n--- a/b.rs\n+++ b/b.rs\n@@ -1,2 +1,3 @@\n mod g {\n+fn alpha_beta_gamma_delta_call() {}\n }\n";
         assert_eq!(changed(diff), vec![("a.rs".to_owned(), vec![1, 2])]);
     }
 
@@ -453,15 +566,15 @@ diff --git a/a.rs b/a.rs
     }
 
     #[test]
-    fn of_two_equal_removed_blocks_a_single_paste_takes_the_first_and_the_other_stays_a_change() {
-        // The same two lines removed from a.rs and from b.rs, pasted once
-        // into c.rs: the move takes a.rs's (the first); b.rs's removal did
-        // not move, so its neighbours (lines 1 and 2 of b.rs) are changed.
-        let block = "-    let total = items.iter().sum::<u64>();\n-    total.checked_mul(3)\n";
+    fn of_two_equal_removed_items_a_single_paste_takes_the_first_and_the_other_stays_a_change() {
+        // The same item removed from a.rs and from b.rs, pasted once into
+        // c.rs: the move takes a.rs's (the first); b.rs's removal did not
+        // move, so its neighbours (lines 1 and 2 of b.rs) are changed.
+        let item = "-fn total_of(items: &[u64]) -> u64 { items.iter().sum() }\n";
         let diff = format!(
-            "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1,4 +1,2 @@\n fn a() {{\n{block} }}\n\
-             diff --git a/b.rs b/b.rs\n--- a/b.rs\n+++ b/b.rs\n@@ -1,4 +1,2 @@\n fn b() {{\n{block} }}\n\
-             diff --git a/c.rs b/c.rs\n--- a/c.rs\n+++ b/c.rs\n@@ -1,2 +1,4 @@\n fn c() {{\n+    let total = items.iter().sum::<u64>();\n+    total.checked_mul(3)\n }}\n"
+            "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1,3 +1,2 @@\n fn a() {{}}\n{item} fn z() {{}}\n\
+             diff --git a/b.rs b/b.rs\n--- a/b.rs\n+++ b/b.rs\n@@ -1,3 +1,2 @@\n fn b() {{}}\n{item} fn y() {{}}\n\
+             diff --git a/c.rs b/c.rs\n--- a/c.rs\n+++ b/c.rs\n@@ -1,1 +1,2 @@\n fn c() {{}}\n+fn total_of(items: &[u64]) -> u64 {{ items.iter().sum() }}\n"
         );
         assert_eq!(changed(&diff), vec![("b.rs".to_owned(), vec![1, 2])]);
     }
@@ -470,9 +583,9 @@ diff --git a/a.rs b/a.rs
     fn a_block_moves_whole_wherever_it_stands_in_a_long_diff() {
         // The new file first, then forty unrelated changed lines, then the
         // file the block came from: the block is matched in full, however
-        // far into the diff its source is. (Each line alone, 8 letters and
+        // far into the diff its source is. (Each line alone, 6 letters and
         // digits, is below the threshold; the four together are above.)
-        let body: Vec<String> = (0..4).map(|n| format!("    sum_{n} += val_{n};")).collect();
+        let body: Vec<String> = (0..4).map(|n| format!("use a::b{n};")).collect();
         let added: String = body.iter().map(|l| format!("+{l}\n")).collect();
         let removed: String = body.iter().map(|l| format!("-{l}\n")).collect();
         let filler: String = (0..40).map(|n| format!("+// note {n}\n")).collect();
@@ -490,9 +603,9 @@ diff --git a/a.rs b/a.rs
         // The added run is longer than the removed block it starts with, and
         // the removed block is the diff's last line: the match stops there.
         let diff = "diff --git a/new.rs b/new.rs\n--- /dev/null\n+++ b/new.rs\n@@ -0,0 +1,3 @@\n\
-                    +    let alpha_value = compute_alpha();\n+    let beta_value = compute_beta();\n+    brand_new_call();\n\
+                    +fn alpha_value_computed() {}\n+fn beta_value_computed() {}\n+fn brand_new_call() {}\n\
                     diff --git a/old.rs b/old.rs\n--- a/old.rs\n+++ /dev/null\n@@ -1,2 +0,0 @@\n\
-                    -    let alpha_value = compute_alpha();\n-    let beta_value = compute_beta();\n";
+                    -fn alpha_value_computed() {}\n-fn beta_value_computed() {}\n";
         assert_eq!(changed(diff), vec![("new.rs".to_owned(), vec![3])]);
     }
 }
