@@ -608,4 +608,28 @@ diff --git a/b.rs b/b.rs
                     -fn alpha_value_computed() {}\n-fn beta_value_computed() {}\n";
         assert_eq!(changed(diff), vec![("new.rs".to_owned(), vec![3])]);
     }
+
+    #[test]
+    fn a_move_stops_at_the_end_of_its_added_run_even_where_the_next_line_matches() {
+        // `two` is removed from a.rs and was already in b.rs (context): only
+        // `one` moved; `two`'s removal did not, so it marks its neighbours.
+        let diff = "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1,4 +1,2 @@\n fn keep() {}\n\
+                    -fn a_rather_long_name_one() {}\n-fn a_rather_long_name_two() {}\n fn after() {}\n\
+                    diff --git a/b.rs b/b.rs\n--- a/b.rs\n+++ b/b.rs\n@@ -1,2 +1,3 @@\n fn b() {}\n\
+                    +fn a_rather_long_name_one() {}\n fn a_rather_long_name_two() {}\n";
+        assert_eq!(changed(diff), vec![("a.rs".to_owned(), vec![1, 2])]);
+    }
+
+    #[test]
+    fn a_function_whose_body_changed_after_its_first_lines_did_not_move() {
+        // The first lines match, the third body line differs: no prefix of
+        // the match is whole items, so the function is a change.
+        let diff = "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ /dev/null\n@@ -1,5 +0,0 @@\n\
+                    -fn settle(state: &mut State) -> bool {\n-    let moved_forward = state.advance();\n\
+                    -    state.flush_everything();\n-    moved_forward\n-}\n\
+                    diff --git a/b.rs b/b.rs\n--- /dev/null\n+++ b/b.rs\n@@ -0,0 +1,5 @@\n\
+                    +fn settle(state: &mut State) -> bool {\n+    let moved_forward = state.advance();\n\
+                    +    state.flush_everything();\n+    !moved_forward\n+}\n";
+        assert_eq!(changed(diff), vec![("b.rs".to_owned(), vec![1, 2, 3, 4, 5])]);
+    }
 }
