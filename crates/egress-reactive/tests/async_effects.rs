@@ -234,3 +234,36 @@ async fn an_async_effect_run_clears_the_mark_of_a_disposed_dependency() {
     let next = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
     assert_eq!(next.ok().flatten(), Some((1, None)), "a change it reads still runs it");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_async_effect_drops_what_it_no_longer_reads() {
+    let cx = AsyncContext::new();
+    let (which, a, b) = (cx.signal(true), cx.signal(0), cx.signal(0));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let _fx = cx.effect_async({
+        let (which, a, b, runs) = (which.clone(), a.clone(), b.clone(), runs.clone());
+        move |ecx| {
+            let (which, a, b, runs) = (which.clone(), a.clone(), b.clone(), runs.clone());
+            async move {
+                runs.fetch_add(1, SeqCst);
+                if ecx.get(&which) {
+                    ecx.get(&a);
+                } else {
+                    ecx.get(&b);
+                }
+            }
+        }
+    });
+    let settle = || tokio::time::sleep(Duration::from_millis(10));
+    settle().await;
+    assert_eq!(runs.load(SeqCst), 1);
+    which.set(false);
+    settle().await;
+    assert_eq!(runs.load(SeqCst), 2, "it now reads b");
+    a.set(1);
+    settle().await;
+    assert_eq!(runs.load(SeqCst), 2, "a, read by the first run only, no longer runs it");
+    b.set(1);
+    settle().await;
+    assert_eq!(runs.load(SeqCst), 3);
+}
