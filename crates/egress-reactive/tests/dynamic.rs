@@ -6,6 +6,15 @@ mod common;
 use common::Counter;
 
 each_flavour! {
+    fn a_signal_read_again_after_another_is_linked_once(cx) {
+        let (a, b) = (cx.signal(1), cx.signal(2));
+        let fx = cx.effect({ let (a, b) = (a.clone(), b.clone()); move || { a.get(); b.get(); a.get(); } });
+        assert_eq!((a.subscriber_count(), b.subscriber_count()), (1, 1), "one link each, though a was read twice");
+        a.set(5);
+        assert_eq!(fx.runs(), 2, "one run per change");
+        assert_eq!((a.subscriber_count(), b.subscriber_count()), (1, 1));
+    }
+
     fn branch_switch_drops_the_old_branch(cx) {
         let cond = cx.signal(true);
         let a = cx.signal(1);
