@@ -8,6 +8,24 @@ use egress_reactive::{NodeKind, ReadError};
 use std::sync::Arc;
 
 each_flavour! {
+    fn a_disposed_signal_lets_go_of_its_own_equality(cx) {
+        let held = Arc::new(());
+        let (scope, signal) = cx.scope(|| {
+            let held = held.clone();
+            cx.signal_with(1u32, move |a: &u32, b: &u32| { let _ = &held; a == b })
+        });
+        assert_eq!(Arc::strong_count(&held), 2, "the equality holds its capture");
+        signal.set(1);
+        scope.dispose();
+        assert_eq!(Arc::strong_count(&held), 1, "disposed with the signal, not left in the graph");
+        // And a signal made in the freed slot does not use it.
+        let plain = cx.signal(1u32);
+        let fx = cx.effect({ let plain = plain.clone(); move || { plain.get(); } });
+        plain.set(1);
+        plain.set(2);
+        assert_eq!(fx.runs(), 2, "the plain signal's own equality");
+    }
+
     fn dropping_a_scope_frees_every_node_and_link(cx) {
         let source = cx.signal(1);
         let (nodes, links) = (cx.node_count(), cx.link_count());
