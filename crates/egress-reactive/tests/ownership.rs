@@ -15,8 +15,12 @@ each_flavour! {
             cx.signal_with(1u32, move |a: &u32, b: &u32| { let _ = &held; a == b })
         });
         assert_eq!(Arc::strong_count(&held), 2, "the equality holds its capture");
+        // Read by an effect outside the scope: the signal goes with a
+        // subscriber still linked to it.
+        let reader = cx.effect({ let signal = signal.clone(); move || { let _ = signal.try_get(); } });
         signal.set(1);
         scope.dispose();
+        drop(reader);
         assert_eq!(Arc::strong_count(&held), 1, "disposed with the signal, not left in the graph");
         // And a signal made in the freed slot does not use it.
         let plain = cx.signal(1u32);
