@@ -175,7 +175,7 @@ impl JournalStore for SqliteJournal {
         self.blocking(|st, _| st.changed()).await
     }
 
-    /// Asks (at most every [`OWNER_CHECK`]) whether another store loaded
+    /// Asks (at most every 100 ms) whether another store loaded
     /// the stream: a relay that has nothing to write learns of a takeover
     /// too, and stops.
     async fn keep(&mut self) -> Result<(), StoreError> {
