@@ -142,6 +142,26 @@ fn send_and_receive_over_wss_with_a_token_and_a_wrong_token_stops_the_sender() {
     two_processes("wss", &receive, &["--token", "s3cret", "--ca", cert], "wss://");
 }
 
+/// Waits (a minute at most) for `child` to exit, and returns its status;
+/// past the minute, kills it and `other` and fails with `why`.
+fn exits_within_a_minute(
+    child: &mut std::process::Child,
+    other: &mut std::process::Child,
+    why: &str,
+) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().expect("waits") {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = (child.kill(), other.kill());
+            panic!("{why}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Starts `receive --listen 127.0.0.1:0` with `args` and `more`; returns the
 /// child, the URL it printed (with `scheme`, its host as `localhost` for
 /// the certificate's name), and the thread that keeps reading its output.
@@ -185,17 +205,7 @@ fn two_processes(name: &str, receive_args: &[&str], send_args: &[&str], scheme: 
         .stdout(Stdio::null())
         .spawn()
         .expect("the sender runs");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = sender.try_wait().expect("waits") {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = (sender.kill(), receiver.kill());
-            panic!("the sender did not finish within 60 s");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let status = exits_within_a_minute(&mut sender, &mut receiver, "the sender did not finish within 60 s");
     assert!(status.success());
     assert!(receiver.wait().expect("the receiver ends").success());
     let _ = drain.join();
@@ -376,17 +386,7 @@ fn a_sender_whose_stream_another_send_took_over_stops_with_why_instead_of_hangin
         .expect("the second sender runs");
     assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
     // The first stops on its own, with why, and a failure status.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = first.try_wait().expect("waits") {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = (first.kill(), receiver.kill());
-            panic!("the fenced sender hangs");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let status = exits_within_a_minute(&mut first, &mut receiver, "the fenced sender hangs");
     let mut err = String::new();
     std::io::Read::read_to_string(&mut first.stderr.take().expect("stderr"), &mut err).expect("read");
     assert!(!status.success(), "{err}");

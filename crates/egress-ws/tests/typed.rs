@@ -21,6 +21,19 @@ struct Chat {
     tags: BTreeMap<Vec<u8>, u8>,
 }
 
+/// The next `n` deliveries: each chat's text, or why it was skipped.
+async fn received(receiver: &mut Receiver, n: usize) -> Vec<Result<String, DeadReason>> {
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
+        got.push(match &d.content {
+            Content::Message(bytes) => Ok(egress_ws::json::from_payload::<Chat>(bytes).unwrap().text),
+            Content::Skipped(reason) => Err(*reason),
+        });
+    }
+    got
+}
+
 fn chat(text: &str) -> Chat {
     Chat { to: "ann".into(), text: text.into(), tags: BTreeMap::new() }
 }
@@ -41,14 +54,7 @@ async fn typed_messages_go_out_as_json_and_one_without_a_json_form_is_skipped() 
 
     let sender =
         Sender::spawn_typed(cell.clone(), Json, format!("ws://{}", receiver.local_addr()), sender_config(71)).unwrap();
-    let mut got = Vec::new();
-    for _ in 0..3 {
-        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
-        got.push(match &d.content {
-            Content::Message(bytes) => Ok(egress_ws::json::from_payload::<Chat>(bytes).unwrap().text),
-            Content::Skipped(reason) => Err(*reason),
-        });
-    }
+    let got = received(&mut receiver, 3).await;
     assert_eq!(got, [Ok("hi".to_owned()), Err(DeadReason::Permanent), Ok("bye".to_owned())]);
     let settled = tokio::time::timeout(limit(), cell.delivered(Sequence(2))).await.unwrap();
     assert_eq!(settled, Ok(()), "acknowledged: nothing wedged behind the skipped one");
@@ -110,14 +116,7 @@ async fn a_codec_that_panics_on_a_message_makes_it_a_dead_letter_and_the_stream_
     for text in ["hi", "boom", "bye"] {
         assert!(cell.try_enqueue(chat(text)).is_ok());
     }
-    let mut got = Vec::new();
-    for _ in 0..3 {
-        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
-        got.push(match &d.content {
-            Content::Message(bytes) => Ok(egress_ws::json::from_payload::<Chat>(bytes).unwrap().text),
-            Content::Skipped(reason) => Err(*reason),
-        });
-    }
+    let got = received(&mut receiver, 3).await;
     assert_eq!(got, [Ok("hi".to_owned()), Err(DeadReason::Permanent), Ok("bye".to_owned())]);
     assert_eq!(tokio::time::timeout(limit(), cell.delivered(Sequence(2))).await.unwrap(), Ok(()));
     assert!(sender.failure().is_none(), "the sender goes on: {:?}", sender.failure());
