@@ -41,8 +41,9 @@ pub(crate) struct WorkersArgs {
     #[arg(long, default_value_t = 400)]
     kill_ms: u64,
     /// A worker's lease on a stream, in milliseconds: a killed worker's
-    /// streams are taken over after it.
-    #[arg(long, default_value_t = 1_000)]
+    /// streams are taken over after it; a record starts only with more
+    /// than a quarter of it left (see `lease_for` in egress-store).
+    #[arg(long, default_value_t = LEASE_MS, value_parser = clap::value_parser!(u64).range(4..))]
     lease_ms: u64,
     /// Seeds the kill schedule and the streams messages go to.
     #[arg(long, default_value_t = 1)]
@@ -62,9 +63,14 @@ pub(crate) struct WorkerArgs {
     #[arg(long)]
     name: String,
     /// The lease on each stream it takes, in milliseconds.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = LEASE_MS, value_parser = clap::value_parser!(u64).range(4..))]
     lease_ms: u64,
 }
+
+/// The demo's lease: `lease_for` runs of up to 500 ms over renewals of up
+/// to 150 ms (its handlers write one row: a run of 500 ms is one the
+/// machine is far too busy for).
+const LEASE_MS: u64 = 1_950;
 
 /// How many records of a stream a worker runs past the acknowledgement
 /// watermark its store holds: what a takeover of the stream may run again.
@@ -134,7 +140,8 @@ async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
 /// runs a durable cell, its relay and a dispatcher per stream, all on one
 /// connection, and lets go of a stream whose relay was fenced. Its
 /// dispatchers run at most [`RERUN_LIMIT`] records past the stored
-/// watermark.
+/// watermark, each started only with a quarter of the lease left, and cut
+/// if the lease runs out under it.
 pub(crate) async fn worker(a: WorkerArgs) -> anyhow::Result<()> {
     let client = Arc::new(connect(&a.url).await?);
     let name: Arc<str> = a.name.as_str().into();
@@ -158,7 +165,8 @@ pub(crate) async fn worker(a: WorkerArgs) -> anyhow::Result<()> {
         match open_durable(&cx, &store, None, lease, policy()?, CellOptions::new(), config).await? {
             Some((stream, durable)) => {
                 tracing::info!(%stream, "egress demo worker: a stream taken");
-                let bound = StoredAck::new(durable.relay.stored_ack(), RERUN_LIMIT);
+                let until = durable.relay.lease().context("a PostgreSQL relay holds its stream by a lease")?;
+                let bound = StoredAck::new(durable.relay.stored_ack(), RERUN_LIMIT).with_lease(until, lease / 4);
                 let dispatcher = Dispatcher::spawn_bounded(&durable.cell, stream.as_str(), handlers.clone(), bound);
                 running.insert(stream, (durable, dispatcher));
             }
@@ -262,6 +270,15 @@ pub(crate) async fn run(a: WorkersArgs) -> anyhow::Result<()> {
             out_of_order += 1;
         }
     }
+    // Every take of a stream but its first: a takeover (a worker killed,
+    // or one whose lease ran out while it lived).
+    let takeovers: i64 = client
+        .query_one(
+            "SELECT coalesce(sum(greatest(lease - 1, 0)), 0)::bigint FROM egress_lease WHERE stream LIKE $1 || '/%'",
+            &[&prefix],
+        )
+        .await?
+        .get(0);
     let ok = handled == a.messages && out_of_order == 0 && most_rerun <= RERUN_LIMIT;
     let summary = json!({
         "messages": a.messages,
@@ -273,14 +290,15 @@ pub(crate) async fn run(a: WorkersArgs) -> anyhow::Result<()> {
         "most_rerun_per_takeover": most_rerun,
         "rerun_limit": RERUN_LIMIT,
         "kills": kills,
+        "takeovers": takeovers,
         "seconds": started.elapsed().as_secs_f64(),
         "appending_seconds": appending.as_secs_f64(),
         "ok": ok,
     });
     println!(
-        "{} messages over {} streams, {} workers, {kills} killed: {handled} handled in order, {duplicates} run \
-         again after a takeover (same key; at most {most_rerun} per takeover, limit {RERUN_LIMIT}), {out_of_order} \
-         out of order: {}",
+        "{} messages over {} streams, {} workers, {kills} killed, {takeovers} streams taken over: {handled} handled \
+         in order, {duplicates} run again after a takeover (same key; at most {most_rerun} per takeover, limit \
+         {RERUN_LIMIT}), {out_of_order} out of order: {}",
         a.messages,
         a.streams,
         a.workers,

@@ -41,11 +41,18 @@
 //!   holds ([`StoredAck`], from the relay's `stored_ack`): a record starts
 //!   only when its sequence is below `stored + 1 + limit`. A takeover then
 //!   re-runs at most `limit` records, each under the same key.
+//!   [`StoredAck::with_lease`] also holds every run to the stream's lease
+//!   (the relay's `lease`): a record starts only when its expected run
+//!   ends before the lease could run out, and a run still going when the
+//!   lease runs out is cut there, so a worker whose lease renewals stop
+//!   getting through stops working on the stream before another worker
+//!   can take it.
 //! - **Metrics through `tracing`**: events of target `egress::metrics`
 //!   (level debug) with `monotonic_counter.*` and `histogram.*` fields,
 //!   the names a metrics layer (tracing-opentelemetry's) turns into
 //!   instruments: `egress_dispatch_completed`, `_retried`, `_permanent`,
-//!   `_skipped`, and `egress_dispatch_handler_seconds`.
+//!   `_skipped`, `_cut` (runs cut when their lease ran out), and
+//!   `egress_dispatch_handler_seconds`.
 //!
 //! Dead letters under [`DeadLetters::Skip`](egress_core::DeadLetters::Skip)
 //! reach the dispatcher as tombstones and complete at once, so a cumulative
@@ -69,6 +76,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// What a handler is told of the record it handles.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -253,11 +261,13 @@ struct Done {
 }
 
 /// How far past the stored acknowledgement watermark a dispatcher may run
-/// records (see [`Dispatcher::spawn_bounded`]).
+/// records (see [`Dispatcher::spawn_bounded`]), and, with
+/// [`with_lease`](Self::with_lease), the lease its records run under.
 #[derive(Clone, Debug)]
 pub struct StoredAck {
     watermark: watch::Receiver<Option<Sequence>>,
     limit: u64,
+    lease: Option<(watch::Receiver<Option<Instant>>, Duration)>,
 }
 
 impl StoredAck {
@@ -266,7 +276,31 @@ impl StoredAck {
     /// below the policy's window keeps the window from filling) started
     /// past it.
     pub fn new(watermark: watch::Receiver<Option<Sequence>>, limit: u64) -> Self {
-        StoredAck { watermark, limit: limit.max(1) }
+        StoredAck { watermark, limit: limit.max(1), lease: None }
+    }
+
+    /// Holds every handler run to the lease `until` follows (the relay's
+    /// `lease`: `Some(instant)` before which no other worker can take the
+    /// stream, `None` once another did). A record starts only when `run`
+    /// (the longest a run is expected to take) from now ends by the
+    /// lease's bound; a run goes on as long as renewals move the bound,
+    /// and one still going when the bound passes with no renewal, or when
+    /// the lease is lost, is cut there (its future dropped: a transient
+    /// failure, retried once the lease holds again). A worker whose
+    /// renewals stop getting through therefore starts nothing more, and
+    /// every run it started ends, before another worker can take the
+    /// stream and run the same records. With `until`'s sender gone (the
+    /// relay stopped), nothing more starts, and runs end by the last
+    /// bound. What a handler spawned elsewhere is its own: the cut reaches
+    /// what it awaits.
+    ///
+    /// For the gate to stay open while renewals get through, `run` is at
+    /// most the part of the lease a renewal leaves (a PostgreSQL journal
+    /// renews a third into the lease: a quarter of the lease is safe).
+    #[must_use]
+    pub fn with_lease(mut self, until: watch::Receiver<Option<Instant>>, run: Duration) -> Self {
+        self.lease = Some((until, run));
+        self
     }
 
     /// Whether `sequence` may start with the store at `stored`.
@@ -292,7 +326,8 @@ impl AsyncTransport<Bytes> for Spawner {
             let _ = self.done.send(Done { sequence, skipped: true, result: Ok(()) });
             return Ok(());
         }
-        if let Some(StoredAck { watermark, limit }) = &mut self.bound {
+        let mut held_to = None;
+        if let Some(StoredAck { watermark, limit, lease }) = &mut self.bound {
             let limit = *limit;
             let allowed = watermark.wait_for(|stored| StoredAck::allows(limit, *stored, sequence)).await.is_ok();
             // `wait_for` answers from the last value even once the sender
@@ -302,6 +337,16 @@ impl AsyncTransport<Bytes> for Spawner {
                 // of this stream runs here.
                 std::future::pending::<()>().await;
             }
+            if let Some((until, run)) = lease {
+                let run = *run;
+                // A renewal moves the bound; until one does, a bound too
+                // near (or passed) holds the record back.
+                let held = until.wait_for(|u| u.is_some_and(|u| Instant::now() + run <= u)).await.is_ok();
+                if !held || until.has_changed().is_err() {
+                    std::future::pending::<()>().await;
+                }
+                held_to = Some(until.clone());
+            }
         }
         let info = Info {
             stream: self.stream.clone(),
@@ -309,10 +354,14 @@ impl AsyncTransport<Bytes> for Spawner {
             attempt: envelope.attempt.get(),
             generation: envelope.generation,
         };
-        let (handlers, done) = (self.handlers.clone(), self.done.clone());
+        let (handlers, done, stream) = (self.handlers.clone(), self.done.clone(), self.stream.clone());
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            let result = handlers.dispatch(&envelope.payload, info).await;
+            let run = handlers.dispatch(&envelope.payload, info);
+            let result = match held_to {
+                None => run.await,
+                Some(until) => under_lease(until, run, &stream, sequence).await,
+            };
             tracing::event!(
                 target: "egress::metrics",
                 tracing::Level::DEBUG,
@@ -323,6 +372,39 @@ impl AsyncTransport<Bytes> for Spawner {
         });
         Ok(())
     }
+}
+
+/// Runs `run` while the lease `until` follows holds: cut (a transient
+/// failure) when its bound passes with no renewal, or once it is lost.
+async fn under_lease(
+    mut until: watch::Receiver<Option<Instant>>,
+    run: impl Future<Output = Result<(), HandlerError>>,
+    stream: &str,
+    sequence: Sequence,
+) -> Result<(), HandlerError> {
+    tokio::pin!(run);
+    let mut renewing = true;
+    let why = loop {
+        let Some(bound) = *until.borrow_and_update() else { break "the stream's lease was lost" };
+        tokio::select! {
+            biased;
+            result = &mut run => return result,
+            () = tokio::time::sleep_until(bound) => {
+                if until.borrow().is_none_or(|b| b <= Instant::now()) {
+                    break "the stream's lease ran out under it";
+                }
+            }
+            changed = until.changed(), if renewing => renewing = changed.is_ok(),
+        }
+    };
+    tracing::warn!(%stream, sequence = sequence.get(), "egress dispatch: a handler's run was cut: {why}");
+    tracing::event!(
+        target: "egress::metrics",
+        tracing::Level::DEBUG,
+        monotonic_counter.egress_dispatch_cut = 1u64,
+        "egress dispatch: a run cut"
+    );
+    Err(HandlerError::Transient(format!("cut: {why}")))
 }
 
 /// Dispatches a cell's records to its handlers until shut down (see the

@@ -249,3 +249,83 @@ async fn a_dropped_dispatcher_handles_nothing_more() {
     assert_eq!(*handled.lock(), [0], "nothing handled after the drop");
     assert_eq!(cell.acked_through().get_untracked(), Some(Sequence(0)));
 }
+
+/// A dispatcher held to a lease (a watch the test moves, as a lease
+/// keeper's renewals would): a record starts only when its expected run
+/// ends by the lease's bound; a bound too near holds it until a renewal
+/// moves the bound; a long run goes on while renewals come, and is cut
+/// when the bound passes without one (retried once the lease holds
+/// again); with the lease lost, or its sender gone, nothing more starts.
+#[tokio::test(start_paused = true)]
+async fn a_dispatcher_held_to_a_lease_starts_nothing_it_could_not_finish_under_it() {
+    use tokio::time::Instant;
+
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let handlers = Handlers::new().handle("job", {
+        let runs = runs.clone();
+        move |job: Job, info: Info| {
+            let runs = runs.clone();
+            async move {
+                let started = Instant::now();
+                tokio::time::sleep(Duration::from_millis(job.millis)).await;
+                runs.lock().push((job.id, info.attempt, started, Instant::now()));
+                Ok(())
+            }
+        }
+    });
+    let job = |id, millis| handlers.encode("job", &Job { id, millis }).unwrap();
+    let t0 = Instant::now();
+    let (lease, until) = tokio::sync::watch::channel(Some(t0 + Duration::from_secs(1)));
+    let (_stored, watermark) = tokio::sync::watch::channel(None);
+    let bound = StoredAck::new(watermark, 1_000).with_lease(until, Duration::from_millis(250));
+    let dispatcher = Dispatcher::spawn_bounded(&cell, "jobs", handlers.clone(), bound);
+    cell.enqueue_all([job(0, 10), job(1, 10)]);
+    acknowledged(&cell, 1).await;
+    // At 0.8 s a run of 250 ms would end past the bound: held.
+    tokio::time::sleep_until(t0 + Duration::from_millis(800)).await;
+    cell.enqueue(job(2, 10));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(runs.lock().len(), 2, "nothing started that could run past the lease");
+    // A renewal moves the bound: it starts.
+    lease.send(Some(Instant::now() + Duration::from_secs(1))).unwrap();
+    acknowledged(&cell, 2).await;
+    assert!(runs.lock()[2].2 >= t0 + Duration::from_millis(950), "{:?}", runs.lock());
+    // A run of 3 s, far past its expected 250 ms, goes on while renewals
+    // come every 500 ms...
+    cell.enqueue(job(3, 3_000));
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        lease.send(Some(Instant::now() + Duration::from_secs(1))).unwrap();
+    }
+    assert_eq!(runs.lock().iter().filter(|r| r.0 == 3).map(|r| r.1).collect::<Vec<_>>(), [1], "{:?}", runs.lock());
+    assert_eq!(dispatcher.stats().retried, 0, "never cut while the lease held");
+    // ...and another is cut when the bound passes with no renewal: it is
+    // retried only once the lease holds again.
+    cell.enqueue(job(4, 3_000));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(runs.lock().iter().all(|r| r.0 != 4), "cut at the bound: {:?}", runs.lock());
+    assert_eq!(dispatcher.stats().retried, 1, "{:?}", dispatcher.stats());
+    let renewed = Instant::now();
+    lease.send(Some(renewed + Duration::from_secs(600))).unwrap();
+    acknowledged(&cell, 4).await;
+    let retry = *runs.lock().iter().find(|r| r.0 == 4).unwrap();
+    assert_eq!(retry.1, 2, "the second attempt");
+    assert!(retry.2 >= renewed, "not before the renewal: {retry:?}");
+    // Lost: a run going on is cut at once, and nothing more starts; with
+    // the sender gone neither.
+    cell.enqueue(job(5, 3_000));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    lease.send(None).unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(dispatcher.stats().retried, 2, "cut when the lease was lost");
+    cell.enqueue(job(6, 10));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(runs.lock().iter().all(|r| r.0 < 5), "the lease lost: nothing starts: {:?}", runs.lock());
+    lease.send(Some(Instant::now() + Duration::from_secs(600))).unwrap();
+    drop(lease);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(runs.lock().iter().all(|r| r.0 < 5), "the lease's sender gone: nothing starts: {:?}", runs.lock());
+    drop(dispatcher);
+}

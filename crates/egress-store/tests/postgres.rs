@@ -357,7 +357,7 @@ async fn a_relay_whose_stream_was_taken_over_stops_and_writes_nothing_more() {
     // A stalls past its lease (as a paused process would), and B takes it.
     let b = PgStore::connect(&url, "worker-b").await.unwrap();
     b.client()
-        .execute("UPDATE egress_stream SET lease_until = now() - interval '1 second' WHERE stream = $1", &[&stream])
+        .execute("UPDATE egress_lease SET until = now() - interval '1 second' WHERE stream = $1", &[&stream])
         .await
         .unwrap();
     let (lease_b, _) = b.take_stream(&stream, lease).await.unwrap().expect("expired");
@@ -372,7 +372,10 @@ async fn a_relay_whose_stream_was_taken_over_stops_and_writes_nothing_more() {
     let (next, lease_now): (i64, i64) = {
         let row = b
             .client()
-            .query_one("SELECT next_sequence, lease FROM egress_stream WHERE stream = $1", &[&stream])
+            .query_one(
+                "SELECT next_sequence, lease FROM egress_stream JOIN egress_lease USING (stream) WHERE stream = $1",
+                &[&stream],
+            )
             .await
             .unwrap();
         (row.get(0), row.get(1))
@@ -592,7 +595,7 @@ async fn an_applications_open_transaction_on_one_stream_stalls_no_other_stream_o
     assert!(matches!(refused, Err(StoreError::Busy { ref stream }) if *stream == a), "{refused:?}");
     flush(&mut core_b, &store, &lease_b).await.unwrap();
     store.renew(&lease_b, LONG).await.unwrap();
-    assert!(matches!(store.renew(&lease_a, LONG).await, Err(StoreError::Busy { .. })), "A's row is held");
+    store.renew(&lease_a, LONG).await.expect("a lease is renewed while the application holds its stream's row");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "A's held row cost no more than the lock timeout: {:?}",
@@ -620,7 +623,7 @@ async fn hostile_stream_rows_fail_only_themselves_and_any_lease_duration_is_take
     // b's lease number can rise no more; c's watermark and counter are at
     // the top of the range.
     client
-        .execute("UPDATE egress_stream SET lease = 9223372036854775807 WHERE stream = $1", &[&format!("{prefix}/b")])
+        .execute("UPDATE egress_lease SET lease = 9223372036854775807 WHERE stream = $1", &[&format!("{prefix}/b")])
         .await
         .unwrap();
     client
@@ -639,7 +642,7 @@ async fn hostile_stream_rows_fail_only_themselves_and_any_lease_duration_is_take
     assert!(matches!(taken[1].1, Err(StoreError::OutOfRange { .. })), "{:?}", taken[1].1);
     let until: bool = client
         .query_one(
-            "SELECT lease_until > now() + interval '50 years' FROM egress_stream WHERE stream = $1",
+            "SELECT until > now() + interval '50 years' FROM egress_lease WHERE stream = $1",
             &[&format!("{prefix}/a")],
         )
         .await
@@ -835,4 +838,58 @@ async fn open_durable_many_starts_a_cell_per_free_stream_with_its_records() {
         assert_eq!(pending, (0..i).map(|n| Bytes::from(format!("{i}.{n}"))).collect::<Vec<_>>());
         let _ = durable.relay.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_workers_lease_outlasts_an_application_transaction_holding_its_stream_on_a_busy_machine() {
+    use egress_reactive::{AsyncContext, CellOptions};
+    use egress_store::RelayConfig;
+    use egress_store::postgres::open_durable;
+
+    let Some(url) = database().await else { return };
+    let stream = fresh("held-lease");
+    let cx = AsyncContext::new();
+    let a = PgStore::connect(&url, "worker-a").await.unwrap();
+    let lease = Duration::from_millis(400);
+    let (_, d) =
+        open_durable(&cx, &a, Some(&stream), lease, Policy::default(), CellOptions::new(), RelayConfig::default())
+            .await
+            .unwrap()
+            .unwrap();
+    let busy = egress_testkit::Contention::start(2);
+    // An application appends to the stream and keeps its transaction (and
+    // the stream's row) open for five leases, then commits; A's cell has a
+    // record of its own to write meanwhile (every commit of it refused
+    // until then).
+    let mut client = app(&url).await;
+    let tx = client.transaction().await.unwrap();
+    PgOutbox::new(stream.clone()).append(&tx, b"theirs").await.unwrap();
+    d.cell.enqueue(Bytes::from_static(b"mine"));
+    let b = PgStore::connect(&url, "worker-b").await.unwrap();
+    let try_take = || async {
+        match b.take_stream(&stream, lease).await {
+            Ok(None) | Err(StoreError::Busy { .. }) => {}
+            other => panic!("worker B took A's stream while A lives: {other:?}"),
+        }
+    };
+    let held = tokio::time::Instant::now() + lease * 5;
+    while tokio::time::Instant::now() < held {
+        try_take().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.commit().await.unwrap();
+    // From the commit on, for two more leases: still A's.
+    let after = tokio::time::Instant::now() + lease * 2;
+    while tokio::time::Instant::now() < after {
+        try_take().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A wrote its record behind the application's, never fenced.
+    egress_testkit::until(
+        || (d.cell.durable_through().get_untracked() == Some(Sequence(1))).then_some(()),
+        || format!("{:?}", d.relay.stats()),
+    )
+    .await;
+    assert!(!d.relay.stats().fenced, "{:?}", d.relay.stats());
+    assert!(busy.stop().iter().all(|&spins| spins > 0), "the machine was busy");
 }

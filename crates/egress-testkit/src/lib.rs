@@ -7,6 +7,9 @@
 //! - [`fresh`] names no other test or earlier run uses, and [`TempDir`];
 //! - [`Metrics`], a `tracing` layer that captures the `egress::metrics`
 //!   events the crates emit (and the names their spans carry);
+//! - [`Contention`], busy threads that take the machine's cores from the
+//!   code under test, for as long as a test holds it (and never longer
+//!   than [`limit`]);
 //! - [`limit`], how long any wait in a test may take (the mutation gate
 //!   lowers it), and [`until`], the bounded wait for a condition that only
 //!   real I/O can make true.
@@ -105,6 +108,63 @@ pub async fn until<T>(mut ready: impl FnMut() -> Option<T>, what: impl FnOnce() 
         }
         assert!(tokio::time::Instant::now() < deadline, "not within {:?}: {}", limit(), what());
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+/// Busy loops on threads of their own, one per core asked for: the CPU
+/// contention of a loaded machine, for a test that must hold under it.
+/// They stop when this is dropped, or after [`limit`] at the latest (a
+/// test that panics without dropping it leaves no spinning thread behind
+/// for long).
+#[derive(Debug)]
+pub struct Contention {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u64>>,
+}
+
+impl Contention {
+    /// Starts `threads` busy loops.
+    ///
+    /// # Panics
+    /// A thread cannot be spawned.
+    pub fn start(threads: usize) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let until = std::time::Instant::now() + limit();
+        let threads = (0..threads)
+            .map(|i| {
+                let stop = stop.clone();
+                std::thread::Builder::new()
+                    .name(format!("contention-{i}"))
+                    .spawn(move || {
+                        let mut spins = 0u64;
+                        while !stop.load(Ordering::Relaxed)
+                            && (!spins.is_multiple_of(4096) || std::time::Instant::now() < until)
+                        {
+                            spins = std::hint::black_box(spins.wrapping_add(1));
+                        }
+                        spins
+                    })
+                    .expect("a busy thread")
+            })
+            .collect();
+        Contention { stop, threads }
+    }
+
+    /// Stops the loops; returns how many turns each made (a loop that made
+    /// none did not contend).
+    pub fn stop(mut self) -> Vec<u64> {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> Vec<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads.drain(..).map(|t| t.join().unwrap_or(0)).collect()
+    }
+}
+
+impl Drop for Contention {
+    fn drop(&mut self) {
+        self.halt();
     }
 }
 

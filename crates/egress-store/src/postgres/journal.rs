@@ -105,26 +105,38 @@ impl PgStore {
 }
 
 /// A stream a [`PgStore`] has leased, as a relay's
-/// [`JournalStore`](crate::JournalStore): the relay keeps the lease
-/// (renewed at half its duration; a renewal refused stops the relay, the
-/// stream being another worker's), reads the outbox when notified of the
-/// stream or every `poll` at the latest (`NOTIFY` does not pass a
+/// [`JournalStore`](crate::JournalStore): the store's lease keeper renews
+/// the lease (with every other lease of the store, in one statement, a
+/// third into the lease less the renewal's round trip, on a task of its
+/// own, so that neither the relay's backoff nor an application's
+/// transaction on the stream delays it); a renewal refused stops the relay,
+/// the stream being another worker's. It reads the outbox when notified of
+/// the stream or every `poll` at the latest (`NOTIFY` does not pass a
 /// transaction-mode pooler), and releases the lease when it shuts down.
+///
+/// [`lease`](crate::JournalStore::lease) (and the relay's
+/// [`Relay::lease`](crate::Relay::lease)) tells until when the lease
+/// surely holds: a dispatcher gated on it starts nothing its worker could
+/// not finish under the lease. A lease that runs out while its worker
+/// lives (no renewal got through in time) is logged and counted
+/// (`egress_lease_lapsed`) apart from a lease lost to another worker
+/// (`egress_lease_lost`) and from a takeover of a stream whose worker's
+/// lease ran out (`egress_lease_takeovers`, by the taker).
 #[cfg(feature = "relay")]
 #[derive(Debug)]
 pub struct PgJournal {
     store: PgStore,
     lease: Lease,
     bell: Arc<Bell>,
-    duration: Duration,
     poll: Duration,
-    renew_at: tokio::time::Instant,
+    until: tokio::sync::watch::Receiver<Option<tokio::time::Instant>>,
     poll_at: tokio::time::Instant,
 }
 
 #[cfg(feature = "relay")]
 impl Drop for PgJournal {
     fn drop(&mut self) {
+        self.store.shared.keeper.unregister(&self.lease);
         let mut bells = self.store.shared.bells.lock();
         if bells.get(&self.lease.stream).is_some_and(|b| Arc::ptr_eq(b, &self.bell)) {
             bells.remove(&self.lease.stream);
@@ -134,13 +146,15 @@ impl Drop for PgJournal {
 
 #[cfg(feature = "relay")]
 impl PgJournal {
-    /// `lease` of `store`, taken for `duration`; the outbox read every
-    /// `poll` at the latest, and when a notification names the stream.
+    /// `lease` of `store`, taken for `duration` (and renewed for it from
+    /// now on); the outbox read every `poll` at the latest, and when a
+    /// notification names the stream.
     pub fn new(store: PgStore, lease: Lease, duration: Duration, poll: Duration) -> Self {
         let bell = Arc::new(Bell { rung: AtomicBool::new(true), ..Bell::default() });
         store.shared.bells.lock().insert(lease.stream.clone(), bell.clone());
-        let now = tokio::time::Instant::now();
-        PgJournal { store, lease, bell, duration, poll, renew_at: now + duration / 2, poll_at: now + poll }
+        let until = store.shared.keeper.register(&lease, duration);
+        let poll_at = tokio::time::Instant::now() + poll;
+        PgJournal { store, lease, bell, poll, until, poll_at }
     }
 
     /// The lease.
@@ -172,12 +186,14 @@ impl crate::JournalStore for PgJournal {
         if self.store.is_closed() {
             return Err(StoreError::Closed);
         }
-        let now = tokio::time::Instant::now();
-        if now >= self.renew_at {
-            self.store.renew(&self.lease, self.duration).await?;
-            self.renew_at = now + self.duration / 2;
+        if self.until.borrow().is_none() {
+            return Err(StoreError::Fenced { stream: self.lease.stream.clone() });
         }
         Ok(())
+    }
+
+    fn lease(&self) -> Option<tokio::sync::watch::Receiver<Option<tokio::time::Instant>>> {
+        Some(self.until.clone())
     }
 
     fn news(&self) -> impl Future<Output = ()> + Send + 'static {
@@ -186,6 +202,7 @@ impl crate::JournalStore for PgJournal {
     }
 
     async fn close(&mut self) -> Result<(), StoreError> {
+        self.store.shared.keeper.unregister(&self.lease);
         self.store.release(&self.lease).await
     }
 

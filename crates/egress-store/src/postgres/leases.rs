@@ -1,6 +1,9 @@
 //! Stream leases: taken with `SKIP LOCKED` (one, one named, or many in one
 //! statement), renewed, released; each take raises the lease number that
-//! fences the taker's writes.
+//! fences the taker's writes. A lease is a row of `egress_lease`, apart
+//! from the stream's row: an application's transaction holding the
+//! stream's row (an append not yet committed) delays no take and no
+//! renewal.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,6 +27,11 @@ pub struct Lease {
     /// The stream's lease number at the take: every write under this lease
     /// carries it.
     pub number: u64,
+    /// When the take was sent: the database starts the lease's duration
+    /// no earlier (at the take's execution), so no other store can take
+    /// the stream before this instant plus the duration. A bound on this
+    /// process's clock that needs no agreement with the database's.
+    pub sent: tokio::time::Instant,
 }
 
 /// One stream a [`PgStore::take_many`] took: its name, and its lease and
@@ -79,22 +87,40 @@ impl PgStore {
         let Shared { client, statements, worker, .. } = &*self.shared;
         let millis = lease_millis(lease);
         let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let sent = tokio::time::Instant::now();
         let rows = client.query(&statements.take, &[worker, &millis, &stream, &max]).await?;
-        // Each stream read on its own, so that a value out of range fails
-        // that stream only; the ranges to load of those read well.
-        let mut taken: Vec<Taken> = Vec::with_capacity(rows.len());
-        let (mut names, mut from, mut to, mut index) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut numbers: HashMap<String, Result<u64, StoreError>> = HashMap::with_capacity(rows.len());
         for row in &rows {
             let stream: String = row.get(0);
+            let (before, expired) = (row.get::<_, Option<&str>>(2), row.get::<_, Option<i64>>(3));
+            taken_from(&stream, worker, before, expired);
+            numbers.insert(stream, to_u64("lease", row.get(1)));
+        }
+        if numbers.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The streams' state, read once the take committed (a write of the
+        // previous owner share-locks the lease row, so the take skipped
+        // any stream with a write in progress, and no later write of the
+        // previous owner passes the new number).
+        let names: Vec<&str> = numbers.keys().map(String::as_str).collect();
+        let states = client.query(&statements.state, &[&names]).await?;
+        // Each stream read on its own, so that a value out of range fails
+        // that stream only; the ranges to load of those read well.
+        let mut taken: Vec<Taken> = Vec::with_capacity(states.len());
+        let (mut names, mut from, mut to, mut index) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for row in &states {
+            let stream: String = row.get(0);
+            let Some(number) = numbers.remove(&stream) else { continue };
             let read = || {
+                let number = number?;
                 let incarnation = incarnation_of(&row.get::<_, Vec<u8>>(1))?;
-                let number = to_u64("lease", row.get(2))?;
-                let generation = restorable_generation(to_u64("generation", row.get(3))?)?;
-                let next = to_u64("next_sequence", row.get(4))?;
-                let acked = row.get::<_, Option<i64>>(5).map(|a| to_u64("acked_through", a)).transpose()?;
+                let generation = restorable_generation(to_u64("generation", row.get(2))?)?;
+                let next = to_u64("next_sequence", row.get(3))?;
+                let acked = row.get::<_, Option<i64>>(4).map(|a| to_u64("acked_through", a)).transpose()?;
                 let first = to_i64("sequence", acked.map_or(0, |a| a.saturating_add(1)))?;
                 let loaded = Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), Vec::new());
-                Ok((Lease { stream: stream.clone(), number }, loaded, first, row.get::<_, i64>(4)))
+                Ok((Lease { stream: stream.clone(), number, sent }, loaded, first, row.get::<_, i64>(3)))
             };
             let read = read().map(|(lease, loaded, first, until)| {
                 names.push(stream.clone());
@@ -147,24 +173,38 @@ impl PgStore {
         Ok(taken)
     }
 
-    /// Extends `lease` to `duration` from now (renew at half the lease).
+    /// Extends `lease` to `duration` from now. A [`PgJournal`](super::PgJournal)
+    /// has its leases renewed for it (see its docs); this is for a worker
+    /// that keeps its own.
     ///
     /// # Errors
     /// [`StoreError::Fenced`] when another worker has taken the stream (stop
     /// working on it), or PostgreSQL's error.
     pub async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
-        let millis = lease_millis(duration);
-        let number = to_i64("lease", lease.number)?;
-        let renewed = self
-            .shared
-            .client
-            .execute(&self.shared.statements.renew, &[&lease.stream, &number, &millis])
-            .await
-            .map_err(|e| busy_or(&lease.stream, e))?;
-        if renewed == 0 {
+        let renewed = self.renew_many(&[(lease, duration)]).await.map_err(|e| match e {
+            StoreError::Postgres(e) => busy_or(&lease.stream, e),
+            other => other,
+        })?;
+        if renewed.is_empty() {
             return Err(StoreError::Fenced { stream: lease.stream.clone() });
         }
         Ok(())
+    }
+
+    /// Extends each lease to its duration from now, in one statement;
+    /// returns the names of the streams whose lease it extended (the
+    /// others were taken over).
+    pub(super) async fn renew_many(&self, leases: &[(&Lease, Duration)]) -> Result<Vec<String>, StoreError> {
+        let mut streams = Vec::with_capacity(leases.len());
+        let mut numbers = Vec::with_capacity(leases.len());
+        let mut millis = Vec::with_capacity(leases.len());
+        for (lease, duration) in leases {
+            streams.push(lease.stream.as_str());
+            numbers.push(to_i64("lease", lease.number)?);
+            millis.push(lease_millis(*duration));
+        }
+        let rows = self.shared.client.query(&self.shared.statements.renew, &[&streams, &numbers, &millis]).await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
     /// Gives `lease` up: the stream is free for any worker at once.
@@ -187,6 +227,49 @@ impl PgStore {
     }
 }
 
+/// Says who had a stream a take took: nobody (a new stream, or one
+/// released), or a worker whose lease ran out `expired` milliseconds ago
+/// (dead, or alive and not renewing: its own log says which).
+fn taken_from(stream: &str, worker: &str, before: Option<&str>, expired: Option<i64>) {
+    if let (Some(before), Some(ago)) = (before, expired) {
+        tracing::info!(
+            %stream, previous = before, expired_ms_ago = ago, taker = worker,
+            "egress lease: took the stream over from a worker whose lease ran out"
+        );
+        tracing::event!(
+            target: "egress::metrics",
+            tracing::Level::DEBUG,
+            monotonic_counter.egress_lease_takeovers = 1u64,
+            "egress lease: a takeover"
+        );
+    }
+}
+
+/// The shortest lease [`lease_for`] gives: a lease shorter than a second
+/// leaves renewals, which go through the worker's one connection behind
+/// its writes, too little room on a loaded machine.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// The lease for a worker whose handler runs take at most `run` (a record
+/// starts only when its run can end under the lease, and a run the lease
+/// runs out under is cut: `egress_dispatch::StoredAck::with_lease`), over
+/// a connection whose renewals may take `round_trip` at worst:
+/// `3 × (run + round_trip)`, and at least [`MIN_LEASE`].
+///
+/// Why three: a `PgJournal`'s lease is renewed a third into it (less the
+/// last renewal's round trip), and every renewal that gets through moves
+/// its end to a full lease from when it was sent. Two thirds of the lease
+/// are left when a renewal is sent, so a renewal may fail (and be tried
+/// again) and a run started just before it still ends under the lease,
+/// and the dispatcher's gate (`run` before the lease's end) stays open as
+/// long as renewals get through. It is the outbox relays' rule (a lease of
+/// `(ceil(batch / workers) + 1) × delivery timeout`) for a worker whose
+/// stream runs its window of records at once, each within `run`, with the
+/// renewals' own round trips counted.
+pub fn lease_for(run: Duration, round_trip: Duration) -> Duration {
+    run.saturating_add(round_trip).saturating_mul(3).max(MIN_LEASE)
+}
+
 /// The longest lease: 100 years (a timestamp that far ahead is still one
 /// PostgreSQL can store). Longer leases are taken as this.
 pub const MAX_LEASE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -194,4 +277,17 @@ pub const MAX_LEASE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// A lease's duration in milliseconds, at most [`MAX_LEASE`].
 fn lease_millis(lease: Duration) -> i64 {
     i64::try_from(lease.min(MAX_LEASE).as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_three_runs_and_round_trips_and_never_below_the_floor() {
+        assert_eq!(lease_for(Duration::from_millis(250), Duration::from_millis(100)), Duration::from_millis(1050));
+        assert_eq!(lease_for(Duration::from_millis(10), Duration::from_millis(10)), MIN_LEASE);
+        assert_eq!(lease_for(Duration::MAX, Duration::from_secs(1)), Duration::MAX);
+        assert_eq!(lease_millis(Duration::MAX), lease_millis(MAX_LEASE));
+    }
 }

@@ -36,6 +36,7 @@
 
 mod dead_letters;
 mod journal;
+mod keeper;
 mod leases;
 mod outbox;
 mod schema;
@@ -44,7 +45,7 @@ mod store;
 pub use dead_letters::DeadLetter;
 #[cfg(feature = "relay")]
 pub use journal::{PgJournal, open_durable, open_durable_many, open_durable_with};
-pub use leases::{Lease, MAX_LEASE, Taken};
+pub use leases::{Lease, MAX_LEASE, MIN_LEASE, Taken, lease_for};
 pub use outbox::PgOutbox;
 pub use schema::{PG_SCHEMA_VERSION, migrate};
 pub use store::PgStore;
@@ -74,7 +75,11 @@ fn busy_or(stream: &str, e: tokio_postgres::Error) -> StoreError {
 async fn ensure_stream(client: &impl GenericClient, stream: &str) -> Result<(), StoreError> {
     client
         .execute(
-            "INSERT INTO egress_stream (stream, incarnation) VALUES ($1, $2) ON CONFLICT (stream) DO NOTHING",
+            // Not even tried when the row is there (an application's
+            // transaction may hold it: the insert would wait for it).
+            "INSERT INTO egress_stream (stream, incarnation)
+             SELECT $1, $2 WHERE NOT EXISTS (SELECT 1 FROM egress_stream WHERE stream = $1)
+             ON CONFLICT (stream) DO NOTHING",
             &[&stream, &fresh_incarnation().as_slice()],
         )
         .await?;

@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
 
 use super::CHANNEL;
+use super::keeper::{self, Keeper};
 use super::schema::{LOCK_TIMEOUT_MS, migrate};
 use crate::StoreError;
 
@@ -39,6 +40,7 @@ pub(super) type Bells = Arc<Mutex<HashMap<String, Arc<Bell>>>>;
 /// round trip, and one implicit transaction.
 pub(super) struct Statements {
     pub(super) take: Statement,
+    pub(super) state: Statement,
     pub(super) load: Statement,
     pub(super) skipped: Statement,
     pub(super) apply: Statement,
@@ -60,11 +62,16 @@ pub(super) struct Shared {
     #[cfg_attr(not(feature = "relay"), allow(dead_code))]
     pub(super) bells: Bells,
     pub(super) connection: tokio::task::JoinHandle<()>,
+    /// The leases the store's journals hold, renewed by `keeper_task`.
+    #[cfg_attr(not(feature = "relay"), allow(dead_code))]
+    pub(super) keeper: Arc<Keeper>,
+    pub(super) keeper_task: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         self.connection.abort();
+        self.keeper_task.abort();
     }
 }
 
@@ -138,19 +145,27 @@ impl PgStore {
                 take: client
                     .prepare(
                         "WITH free AS (
-                             SELECT stream FROM egress_stream
-                             WHERE (owner IS NULL OR lease_until IS NULL OR lease_until < clock_timestamp())
+                             SELECT stream, owner, until FROM egress_lease
+                             WHERE (owner IS NULL OR until IS NULL OR until < clock_timestamp())
                                AND ($3::text IS NULL OR stream = $3)
                                AND lease < 9223372036854775807
-                             ORDER BY lease_until NULLS FIRST, stream
+                             ORDER BY until NULLS FIRST, stream
                              LIMIT $4::bigint
                              FOR UPDATE SKIP LOCKED)
-                         UPDATE egress_stream s
-                         SET owner = $1::text, lease = s.lease + 1,
-                             lease_until = clock_timestamp() + $2::bigint * interval '1 millisecond'
-                         FROM free WHERE s.stream = free.stream
-                         RETURNING s.stream, s.incarnation, s.lease, s.generation, s.next_sequence,
-                                   s.acked_through",
+                         UPDATE egress_lease l
+                         SET owner = $1::text, lease = l.lease + 1,
+                             until = clock_timestamp() + $2::bigint * interval '1 millisecond'
+                         FROM free WHERE l.stream = free.stream
+                         RETURNING l.stream, l.lease, free.owner,
+                                   (extract(epoch FROM clock_timestamp() - free.until) * 1000)::bigint",
+                    )
+                    .await?,
+                // What a take took, read once the take committed: no write
+                // of the stream's previous owner can commit after it.
+                state: client
+                    .prepare(
+                        "SELECT stream, incarnation, generation, next_sequence, acked_through
+                         FROM egress_stream WHERE stream = ANY($1::text[])",
                     )
                     .await?,
                 load: client
@@ -190,14 +205,16 @@ impl PgStore {
                     .await?,
                 renew: client
                     .prepare(
-                        "UPDATE egress_stream
-                         SET lease_until = clock_timestamp() + $3::bigint * interval '1 millisecond'
-                         WHERE stream = $1::text AND lease = $2::bigint",
+                        "UPDATE egress_lease l
+                         SET until = clock_timestamp() + r.millis * interval '1 millisecond'
+                         FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS r(stream, lease, millis)
+                         WHERE l.stream = r.stream AND l.lease = r.lease
+                         RETURNING l.stream",
                     )
                     .await?,
                 release: client
                     .prepare(
-                        "UPDATE egress_stream SET owner = NULL, lease_until = NULL
+                        "UPDATE egress_lease SET owner = NULL, until = NULL
                          WHERE stream = $1::text AND lease = $2::bigint",
                     )
                     .await?,
@@ -211,8 +228,18 @@ impl PgStore {
                 return Err(e);
             }
         };
-        let shared = Shared { client, worker: worker.into(), statements, any, bells, connection: task };
-        Ok(PgStore { shared: Arc::new(shared) })
+        let keeper = Arc::new(Keeper::default());
+        let shared = Arc::new_cyclic(|weak| Shared {
+            client,
+            worker: worker.into(),
+            statements,
+            any,
+            bells,
+            connection: task,
+            keeper_task: tokio::spawn(keeper::run(keeper.clone(), weak.clone())),
+            keeper,
+        });
+        Ok(PgStore { shared })
     }
 
     /// The connection, for reads (and for tests).

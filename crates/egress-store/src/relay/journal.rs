@@ -43,11 +43,20 @@ pub trait JournalStore: Send + 'static {
     /// the first time).
     fn changed(&mut self) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Called on every pass of the relay: keeps the stream this store's
-    /// (a lease renewed when due); [`StoreError::Fenced`] or
-    /// [`StoreError::Closed`] stops the relay.
+    /// Called on every pass of the relay: whether the stream is still this
+    /// store's; [`StoreError::Fenced`] or [`StoreError::Closed`] stops the
+    /// relay.
     fn keep(&mut self) -> impl Future<Output = Result<(), StoreError>> + Send {
         async { Ok(()) }
+    }
+
+    /// Until when the stream surely stays this store's, for a store that
+    /// holds it by a lease that runs out (PostgreSQL's): `Some(until)`
+    /// while it is held, an instant in the past once it ran out with no
+    /// renewal, `None` once another store took it. `None` here for a
+    /// store that holds its stream until another takes it (SQLite's).
+    fn lease(&self) -> Option<tokio::sync::watch::Receiver<Option<tokio::time::Instant>>> {
+        None
     }
 
     /// A future that completes when the store has news (a notification),

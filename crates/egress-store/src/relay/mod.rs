@@ -137,6 +137,7 @@ pub struct Relay {
     stop: watch::Sender<bool>,
     counters: Arc<Counters>,
     stored_ack: watch::Receiver<Option<Sequence>>,
+    lease: Option<watch::Receiver<Option<tokio::time::Instant>>>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -306,13 +307,14 @@ impl Relay {
         let counters = Arc::new(Counters::default());
         let span = tracing::info_span!("egress_relay", stream = store.stream());
         let (stored, stored_ack) = watch::channel(cell.acked_through().get_untracked());
+        let lease = store.lease();
         let store = Arc::new(tokio::sync::Mutex::new(store));
         let written = Written { counters: counters.clone(), stored: Arc::new(stored), codec };
         let task = tokio::spawn(tracing::Instrument::instrument(
             run(cell.clone(), store, config, bell, stop_rx, written),
             span,
         ));
-        Relay { task: Some(task), effect, stop, counters, stored_ack }
+        Relay { task: Some(task), effect, stop, counters, stored_ack, lease }
     }
 
     /// The stream's acknowledgement watermark as the store holds it: what
@@ -323,6 +325,14 @@ impl Relay {
     /// (`egress_dispatch::Dispatcher::spawn_bounded`).
     pub fn stored_ack(&self) -> watch::Receiver<Option<Sequence>> {
         self.stored_ack.clone()
+    }
+
+    /// Until when the stream surely stays this relay's, for a store that
+    /// holds it by a lease (see [`JournalStore::lease`]); a dispatcher
+    /// gated on it (`egress_dispatch::StoredAck::with_lease`) starts no
+    /// handler that could run past it. `None` for a store without leases.
+    pub fn lease(&self) -> Option<watch::Receiver<Option<tokio::time::Instant>>> {
+        self.lease.clone()
     }
 
     /// What it has done so far.

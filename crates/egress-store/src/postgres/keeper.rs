@@ -1,0 +1,317 @@
+//! The lease keeper: one task per store renews every lease its journals
+//! hold, all in one statement, well before each runs out; it tells each
+//! journal (and a dispatcher gated on it) until when its lease surely
+//! holds, and says a lease that lapsed while its worker lived apart from a
+//! stream taken over.
+//!
+//! The bound it publishes is this process's: the instant the last
+//! acknowledged renewal (or the take) was *sent*, plus the lease's
+//! duration. The database starts the duration no earlier than it executes
+//! the statement, so no other worker can take the stream before the bound,
+//! whatever the renewal's round trip was and whatever the two clocks read.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use super::store::Shared;
+use super::{Lease, MAX_LEASE, PgStore};
+use crate::StoreError;
+
+/// How far into its lease a renewal is sent (at the latest, less the last
+/// renewal's round trip): a third, so that two more attempts fit before
+/// the lease can run out.
+const RENEW_AT: u32 = 3;
+
+/// The shortest wait between renewals of one lease: a tenth of it (a
+/// round trip longer than a third of the lease leaves this much).
+const RENEW_AT_LEAST: u32 = 10;
+
+/// A renewal whose round trip takes more than this part of the lease is
+/// reported (the lease is too short for what the connection does now).
+const SLOW_PART: u32 = 6;
+
+/// When a renewal failed, the next attempt comes after this part of the
+/// lease (at least [`RETRY_MIN`]).
+const RETRY_PART: u32 = 20;
+const RETRY_MIN: Duration = Duration::from_millis(10);
+
+/// The wait before `lease`'s next renewal, from the last one's sending,
+/// given its round trip.
+pub(super) fn renew_after(lease: Duration, round_trip: Duration) -> Duration {
+    (lease / RENEW_AT).saturating_sub(round_trip).max(lease / RENEW_AT_LEAST)
+}
+
+/// One lease the keeper renews.
+struct Kept {
+    lease: Lease,
+    duration: Duration,
+    /// When to send its next renewal.
+    renew_at: Instant,
+    /// Until when no other worker can take it (see the module's docs).
+    until: Instant,
+    /// `until` passed with no renewal acknowledged (reported once).
+    lapsed: bool,
+    /// A renewal's round trip was above a [`SLOW_PART`] of the lease
+    /// (reported once, until one is fast again).
+    slow: bool,
+    tx: watch::Sender<Option<Instant>>,
+}
+
+/// The leases a store's keeper renews, shared by the store and the task.
+#[derive(Default)]
+pub(super) struct Keeper {
+    leases: Mutex<HashMap<String, Kept>>,
+    wake: Notify,
+}
+
+impl Keeper {
+    /// Starts renewing `lease` (taken for `duration`); returns its bound, as
+    /// it moves: `Some(until)` while this store holds it, `None` once
+    /// another store took it.
+    #[cfg_attr(not(feature = "relay"), allow(dead_code))]
+    pub(super) fn register(&self, lease: &Lease, duration: Duration) -> watch::Receiver<Option<Instant>> {
+        // As the database takes it.
+        let duration = duration.min(MAX_LEASE);
+        let until = lease.sent + duration;
+        let (tx, rx) = watch::channel(Some(until));
+        let kept = Kept {
+            lease: lease.clone(),
+            duration,
+            renew_at: lease.sent + renew_after(duration, Duration::ZERO),
+            until,
+            lapsed: false,
+            slow: false,
+            tx,
+        };
+        self.leases.lock().insert(lease.stream.clone(), kept);
+        self.wake.notify_one();
+        rx
+    }
+
+    /// Stops renewing `lease` (its journal is gone, or released it).
+    #[cfg_attr(not(feature = "relay"), allow(dead_code))]
+    pub(super) fn unregister(&self, lease: &Lease) {
+        let mut leases = self.leases.lock();
+        if leases.get(&lease.stream).is_some_and(|k| k.lease.number == lease.number) {
+            leases.remove(&lease.stream);
+        }
+    }
+
+    /// The next instant the keeper has something to do.
+    fn next(&self) -> Option<Instant> {
+        let leases = self.leases.lock();
+        leases.values().map(|k| if k.lapsed { k.renew_at } else { k.renew_at.min(k.until) }).min()
+    }
+
+    /// Reports each lease whose bound passed without a renewal, once; and
+    /// returns the leases due for renewal by `now` (with those due within
+    /// a tenth of their lease, so that renewals go together).
+    fn due(&self, now: Instant) -> Vec<(Lease, Duration)> {
+        let mut leases = self.leases.lock();
+        for k in leases.values_mut() {
+            if !k.lapsed && k.until <= now {
+                k.lapsed = true;
+                tracing::error!(
+                    stream = %k.lease.stream,
+                    lease_ms = k.duration.as_millis() as u64,
+                    "egress lease: this worker's lease ran out while it lives (no renewal got through in time): \
+                     it starts nothing more on the stream until a renewal does, and another worker may take it"
+                );
+                tracing::event!(
+                    target: "egress::metrics",
+                    tracing::Level::DEBUG,
+                    monotonic_counter.egress_lease_lapsed = 1u64,
+                    "egress lease: lapsed"
+                );
+            }
+        }
+        leases
+            .values()
+            .filter(|k| k.renew_at <= now + k.duration / RENEW_AT_LEAST)
+            .map(|k| (k.lease.clone(), k.duration))
+            .collect()
+    }
+
+    /// Takes in what the renewal of `due`, sent at `sent`, came back with
+    /// (the streams it renewed, or its error) at `now`.
+    fn renewed(&self, due: &[(Lease, Duration)], sent: Instant, now: Instant, result: Result<Vec<String>, StoreError>) {
+        let round_trip = now.saturating_duration_since(sent);
+        let mut leases = self.leases.lock();
+        let renewed = match result {
+            Ok(renewed) => renewed,
+            Err(e) => {
+                tracing::warn!(error = %e, "egress lease: a renewal failed; trying again");
+                for (lease, duration) in due {
+                    if let Some(k) = leases.get_mut(&lease.stream).filter(|k| k.lease.number == lease.number) {
+                        k.renew_at = now + (*duration / RETRY_PART).max(RETRY_MIN);
+                    }
+                }
+                return;
+            }
+        };
+        for (lease, _) in due {
+            let Some(k) = leases.get_mut(&lease.stream).filter(|k| k.lease.number == lease.number) else {
+                continue;
+            };
+            if renewed.contains(&lease.stream) {
+                if k.lapsed {
+                    tracing::warn!(stream = %lease.stream, "egress lease: a lapsed lease was renewed before another worker took it");
+                }
+                let slow = round_trip > k.duration / SLOW_PART;
+                if slow && !k.slow {
+                    tracing::warn!(
+                        stream = %lease.stream,
+                        round_trip_ms = round_trip.as_millis() as u64,
+                        lease_ms = k.duration.as_millis() as u64,
+                        "egress lease: a renewal's round trip took more than a sixth of the lease: lengthen the lease"
+                    );
+                }
+                (k.slow, k.lapsed) = (slow, false);
+                k.until = sent + k.duration;
+                k.renew_at = sent + renew_after(k.duration, round_trip);
+                k.tx.send_replace(Some(k.until));
+            } else {
+                let expired = sent >= k.until;
+                tracing::error!(
+                    stream = %lease.stream,
+                    expired_while_alive = expired,
+                    "{}",
+                    if expired {
+                        "egress lease: another worker took the stream after this worker's lease ran out while it \
+                         lived: lengthen the lease, or find what kept the renewals from getting through"
+                    } else {
+                        "egress lease: another worker took the stream while this worker's lease still ran (the \
+                         table changed by hand, or the database's clock jumped)"
+                    }
+                );
+                tracing::event!(
+                    target: "egress::metrics",
+                    tracing::Level::DEBUG,
+                    monotonic_counter.egress_lease_lost = 1u64,
+                    "egress lease: lost"
+                );
+                k.tx.send_replace(None);
+                leases.remove(&lease.stream);
+            }
+        }
+    }
+}
+
+/// The keeper's task: sleeps until a renewal is due or a bound passes,
+/// then renews every lease due in one statement. Ends with the store.
+pub(super) async fn run(keeper: Arc<Keeper>, shared: Weak<Shared>) {
+    loop {
+        let next = keeper.next();
+        tokio::select! {
+            () = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+            () = keeper.wake.notified() => {}
+        }
+        let due = keeper.due(Instant::now());
+        if due.is_empty() {
+            continue;
+        }
+        let Some(shared) = shared.upgrade() else { return };
+        let store = PgStore { shared };
+        let sent = Instant::now();
+        let leases: Vec<(&Lease, Duration)> = due.iter().map(|(l, d)| (l, *d)).collect();
+        let result = store.renew_many(&leases).await;
+        drop(store);
+        keeper.renewed(&due, sent, Instant::now(), result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(stream: &str, number: u64, sent: Instant) -> Lease {
+        Lease { stream: stream.into(), number, sent }
+    }
+
+    #[test]
+    fn a_renewal_comes_a_third_into_the_lease_less_its_round_trip_and_never_sooner_than_a_tenth() {
+        let second = Duration::from_secs(3);
+        assert_eq!(renew_after(second, Duration::ZERO), Duration::from_secs(1));
+        assert_eq!(renew_after(second, Duration::from_millis(400)), Duration::from_millis(600));
+        assert_eq!(renew_after(second, Duration::from_secs(5)), Duration::from_millis(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_bound_moves_with_each_renewal_from_its_sending_and_a_refusal_ends_it() {
+        let keeper = Keeper::default();
+        let t0 = Instant::now();
+        let rx = keeper.register(&lease("s", 1, t0), Duration::from_secs(3));
+        assert_eq!(*rx.borrow(), Some(t0 + Duration::from_secs(3)), "the take's sending plus the lease");
+        assert_eq!(keeper.next(), Some(t0 + Duration::from_secs(1)));
+        assert!(keeper.due(t0 + Duration::from_millis(600)).is_empty(), "not yet due");
+        let due = keeper.due(t0 + Duration::from_millis(800));
+        assert_eq!(due.len(), 1, "due within a tenth of the lease");
+        // Sent at 0.8 s, back at 1.3 s: the bound is 0.8 s + 3 s, the next
+        // renewal a third of the lease less the round trip after the sending.
+        let sent = t0 + Duration::from_millis(800);
+        keeper.renewed(&due, sent, sent + Duration::from_millis(500), Ok(vec!["s".into()]));
+        assert_eq!(*rx.borrow(), Some(sent + Duration::from_secs(3)));
+        assert_eq!(keeper.next(), Some(sent + Duration::from_millis(500)));
+        // A failed renewal leaves the bound and tries again soon.
+        let due = keeper.due(sent + Duration::from_millis(500));
+        let failed = sent + Duration::from_millis(600);
+        keeper.renewed(&due, sent + Duration::from_millis(500), failed, Err(StoreError::Closed));
+        assert_eq!(*rx.borrow(), Some(sent + Duration::from_secs(3)));
+        assert_eq!(keeper.next(), Some(failed + Duration::from_millis(150)));
+        // Refused: taken over. The bound is gone and nothing is renewed.
+        let due = keeper.due(failed + Duration::from_millis(150));
+        keeper.renewed(&due, failed, failed, Ok(Vec::new()));
+        assert_eq!(*rx.borrow(), None);
+        assert_eq!(keeper.next(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lapsed_lease_keeps_its_past_bound_until_a_renewal_gets_through() {
+        let keeper = Keeper::default();
+        let t0 = Instant::now();
+        let rx = keeper.register(&lease("s", 7, t0), Duration::from_secs(1));
+        let late = t0 + Duration::from_millis(1500);
+        let due = keeper.due(late);
+        assert!(keeper.leases.lock()["s"].lapsed, "its bound passed");
+        assert_eq!(*rx.borrow(), Some(t0 + Duration::from_secs(1)), "the bound stays where it was, in the past");
+        assert_eq!(keeper.next(), Some(t0 + Duration::from_secs(1) / 3), "the overdue renewal, not the bound");
+        keeper.renewed(&due, late, late, Ok(vec!["s".into()]));
+        assert!(!keeper.leases.lock()["s"].lapsed);
+        assert_eq!(*rx.borrow(), Some(late + Duration::from_secs(1)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_of_any_length_is_kept_as_the_database_takes_it() {
+        let keeper = Keeper::default();
+        let t0 = Instant::now();
+        let rx = keeper.register(&lease("s", 1, t0), Duration::MAX);
+        assert_eq!(*rx.borrow(), Some(t0 + MAX_LEASE));
+        let due = keeper.due(t0 + MAX_LEASE / 3);
+        keeper.renewed(&due, t0 + MAX_LEASE / 3, t0 + MAX_LEASE / 3, Ok(vec!["s".into()]));
+        assert_eq!(*rx.borrow(), Some(t0 + MAX_LEASE / 3 + MAX_LEASE));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_lease_number_is_neither_renewed_nor_unregistered() {
+        let keeper = Keeper::default();
+        let t0 = Instant::now();
+        let old = lease("s", 1, t0);
+        let _rx = keeper.register(&lease("s", 2, t0), Duration::from_secs(1));
+        keeper.unregister(&old);
+        assert_eq!(keeper.leases.lock().len(), 1, "the newer lease stays");
+        keeper.renewed(&[(old.clone(), Duration::from_secs(1))], t0, t0, Ok(Vec::new()));
+        assert_eq!(keeper.leases.lock().len(), 1, "a refusal of the old number leaves the new one");
+        keeper.unregister(&lease("s", 2, t0));
+        assert!(keeper.leases.lock().is_empty());
+    }
+}
