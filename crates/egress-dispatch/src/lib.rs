@@ -340,8 +340,20 @@ impl AsyncTransport<Bytes> for Spawner {
             if let Some((until, run)) = lease {
                 let run = *run;
                 // A renewal moves the bound; until one does, a bound too
-                // near (or passed) holds the record back.
-                let held = until.wait_for(|u| u.is_some_and(|u| Instant::now() + run <= u)).await.is_ok();
+                // near (or passed) holds the record back. (A run too long
+                // for any lease never fits.)
+                let fits = |u: &Option<Instant>| {
+                    u.is_some_and(|u| Instant::now().checked_add(run).is_some_and(|end| end <= u))
+                };
+                if !fits(&until.borrow()) {
+                    tracing::warn!(
+                        stream = %self.stream,
+                        sequence = sequence.get(),
+                        run_ms = u64::try_from(run.as_millis()).unwrap_or(u64::MAX),
+                        "egress dispatch: a record waits for the stream's lease: its run would end past the lease's bound"
+                    );
+                }
+                let held = until.wait_for(fits).await.is_ok();
                 if !held || until.has_changed().is_err() {
                     std::future::pending::<()>().await;
                 }
@@ -376,6 +388,9 @@ impl AsyncTransport<Bytes> for Spawner {
 
 /// Runs `run` while the lease `until` follows holds: cut (a transient
 /// failure) when its bound passes with no renewal, or once it is lost.
+/// The bound is looked at before every poll of the run, so a run whose
+/// process was paused past the bound (stopped, or starved of CPU) is cut
+/// before it can go on, even if what it awaited finished meanwhile.
 async fn under_lease(
     mut until: watch::Receiver<Option<Instant>>,
     run: impl Future<Output = Result<(), HandlerError>>,
@@ -384,17 +399,33 @@ async fn under_lease(
 ) -> Result<(), HandlerError> {
     tokio::pin!(run);
     let mut renewing = true;
+    let passed = |until: &watch::Receiver<Option<Instant>>| until.borrow().is_none_or(|b| b <= Instant::now());
     let why = loop {
         let Some(bound) = *until.borrow_and_update() else { break "the stream's lease was lost" };
+        let polled = std::future::poll_fn(|cx| {
+            if Instant::now() >= bound {
+                return std::task::Poll::Ready(None);
+            }
+            run.as_mut().poll(cx).map(Some)
+        });
         tokio::select! {
             biased;
-            result = &mut run => return result,
-            () = tokio::time::sleep_until(bound) => {
-                if until.borrow().is_none_or(|b| b <= Instant::now()) {
-                    break "the stream's lease ran out under it";
-                }
+            () = tokio::time::sleep_until(bound) => {}
+            changed = until.changed(), if renewing => {
+                renewing = changed.is_ok();
+                continue;
             }
-            changed = until.changed(), if renewing => renewing = changed.is_ok(),
+            result = polled => if let Some(result) = result {
+                return result;
+            },
+        }
+        // The bound this pass held passed: cut, unless a renewal moved it.
+        if passed(&until) {
+            break if until.borrow().is_none() {
+                "the stream's lease was lost"
+            } else {
+                "the stream's lease ran out under it"
+            };
         }
     };
     tracing::warn!(%stream, sequence = sequence.get(), "egress dispatch: a handler's run was cut: {why}");

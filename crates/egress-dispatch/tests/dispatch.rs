@@ -329,3 +329,55 @@ async fn a_dispatcher_held_to_a_lease_starts_nothing_it_could_not_finish_under_i
     assert!(runs.lock().iter().all(|r| r.0 < 5), "the lease's sender gone: nothing starts: {:?}", runs.lock());
     drop(dispatcher);
 }
+
+/// A worker paused past its lease (stopped, or starved of CPU: here the
+/// clock jumps while the handler waits) finds, when it goes on, both its
+/// handler's wait and the lease's bound passed: the run is cut before it
+/// can go on, not finished after another worker may have taken the stream.
+/// A run too long for any lease holds its record back and panics nowhere.
+#[tokio::test(start_paused = true)]
+async fn a_run_paused_past_its_lease_is_cut_when_it_wakes_and_a_run_too_long_for_any_lease_waits() {
+    use tokio::time::Instant;
+
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let handlers = Handlers::new().handle("job", {
+        let done = done.clone();
+        move |job: Job, info: Info| {
+            let done = done.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(job.millis)).await;
+                done.lock().push((job.id, info.attempt));
+                Ok(())
+            }
+        }
+    });
+    let (lease, until) = tokio::sync::watch::channel(Some(Instant::now() + Duration::from_secs(1)));
+    let (_stored, watermark) = tokio::sync::watch::channel(None);
+    let bound = StoredAck::new(watermark.clone(), 1_000).with_lease(until, Duration::from_millis(250));
+    let dispatcher = Dispatcher::spawn_bounded(&cell, "jobs", handlers.clone(), bound);
+    cell.enqueue(handlers.encode("job", &Job { id: 0, millis: 300 }).unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Paused for 5 s: the handler's 300 ms and the lease's 1 s both pass.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(done.lock().is_empty(), "cut when it woke, not finished: {:?}", done.lock());
+    assert_eq!(dispatcher.stats().retried, 1);
+    // A renewal: it runs again, and ends.
+    lease.send(Some(Instant::now() + Duration::from_secs(600))).unwrap();
+    acknowledged(&cell, 0).await;
+    assert_eq!(*done.lock(), [(0, 2)]);
+    drop(dispatcher);
+
+    // A run no lease can hold: its record waits, and nothing panics.
+    let other = AsyncEgressCell::new(&cx, policy());
+    let bound = StoredAck::new(watermark, 1_000).with_lease(lease.subscribe(), Duration::MAX);
+    let dispatcher = Dispatcher::spawn_bounded(&other, "long", handlers.clone(), bound);
+    other.enqueue(handlers.encode("job", &Job { id: 1, millis: 0 }).unwrap());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(done.lock().len(), 1, "never started");
+    assert_eq!(dispatcher.stats(), egress_dispatch::DispatchStats::default());
+    assert_eq!(other.acked_through().get_untracked(), None);
+}

@@ -1,4 +1,6 @@
 #![allow(clippy::unwrap_used)]
+// One body for every flavour: the Local one holds its handles in an Arc too.
+#![allow(clippy::arc_with_non_send_sync)]
 //! The graph's link bookkeeping at its edges, each found by the mutation
 //! gate: a signal disposed while a live computation still reads it, from
 //! any place in the reader's dependency list; and a computed whose last

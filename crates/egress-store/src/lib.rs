@@ -127,10 +127,21 @@ pub enum StoreError {
         /// The stream.
         stream: String,
     },
-    /// An application's transaction holds the stream's row (an append not
-    /// yet committed): nothing was written; try again.
-    #[error("stream {stream} is locked by an application's transaction; try again")]
+    /// Another transaction holds a row the call needs: the stream's (an
+    /// application's append not yet committed) or, with PostgreSQL, its
+    /// lease's (a take in progress, or a lock taken by hand). Nothing was
+    /// written; try again.
+    #[error("stream {stream} is locked by another transaction (an application's append, or a take); try again")]
     Busy {
+        /// The stream.
+        stream: String,
+    },
+    /// A PostgreSQL stream without its lease row (every stream gets one
+    /// with its own row; this one was deleted by hand): no store can take
+    /// it until the row is back, with a lease number above every one the
+    /// stream had (a lower one could let an old owner's writes through).
+    #[error("stream {stream} has no lease row: no store can take it")]
+    NoLease {
         /// The stream.
         stream: String,
     },

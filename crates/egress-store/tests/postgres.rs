@@ -893,3 +893,93 @@ async fn a_live_workers_lease_outlasts_an_application_transaction_holding_its_st
     assert!(!d.relay.stats().fenced, "{:?}", d.relay.stats());
     assert!(busy.stop().iter().all(|&spins| spins > 0), "the machine was busy");
 }
+
+/// One lease row held by another session (a lock taken by hand, or a take
+/// in progress) delays no other lease of the store: the renewal skips that
+/// row, renews the rest, and tries the held one again until it gets
+/// through. No other store takes any of them meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_row_held_by_another_session_keeps_no_other_lease_from_its_renewal() {
+    use egress_reactive::{AsyncContext, CellOptions};
+    use egress_store::RelayConfig;
+    use egress_store::postgres::{MIN_LEASE, open_durable};
+
+    let Some(url) = database().await else { return };
+    let cx = AsyncContext::new();
+    let a = PgStore::connect(&url, "worker-a").await.unwrap();
+    let prefix = fresh("held-row");
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let name = format!("{prefix}/{i}");
+        let opened = open_durable(
+            &cx,
+            &a,
+            Some(&name),
+            MIN_LEASE,
+            Policy::default(),
+            CellOptions::new(),
+            RelayConfig::default(),
+        );
+        held.push(opened.await.unwrap().unwrap().1);
+    }
+    let mut client = app(&url).await;
+    let tx = client.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM egress_lease WHERE stream = $1 FOR SHARE", &[&format!("{prefix}/0")]).await.unwrap();
+    let b = PgStore::connect(&url, "worker-b").await.unwrap();
+    let until = tokio::time::Instant::now() + MIN_LEASE * 3;
+    while tokio::time::Instant::now() < until {
+        for (i, d) in held.iter().enumerate().skip(1) {
+            let bound = (*d.relay.lease().unwrap().borrow()).unwrap();
+            assert!(bound > tokio::time::Instant::now(), "stream {i}'s lease held");
+        }
+        let taken = b.take_many(10, MIN_LEASE).await.unwrap();
+        assert!(taken.iter().all(|(name, _)| !name.starts_with(&prefix)), "B took {taken:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The held row's lease ran out meanwhile (no renewal got through); the
+    // row let go, it is renewed, and still A's.
+    tx.rollback().await.unwrap();
+    let first = held[0].relay.lease().unwrap();
+    egress_testkit::until(
+        || first.borrow().is_some_and(|b| b > tokio::time::Instant::now() + MIN_LEASE / 2).then_some(()),
+        || format!("{:?}", *first.borrow()),
+    )
+    .await;
+    assert!(held.iter().all(|d| !d.relay.stats().fenced));
+}
+
+/// Hostile lease rows: an end of `-infinity` (sorted before every real
+/// one) fails no take, and a stream whose lease row was deleted says so
+/// rather than looking held forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_ending_at_minus_infinity_fails_no_take_and_a_deleted_lease_row_is_named() {
+    let Some(url) = database().await else { return };
+    let client = app(&url).await;
+    let prefix = fresh("infinite");
+    let store = PgStore::connect(&url, "setup").await.unwrap();
+    for name in ["a", "b", "c"] {
+        let (lease, _) = store.take_stream(&format!("{prefix}/{name}"), LONG).await.unwrap().unwrap();
+        store.release(&lease).await.unwrap();
+    }
+    client
+        .execute(
+            "UPDATE egress_lease SET owner = 'x', until = '-infinity' WHERE stream = $1",
+            &[&format!("{prefix}/b")],
+        )
+        .await
+        .unwrap();
+    let worker = PgStore::connect(&url, "worker").await.unwrap();
+    let taken = worker.take_many(10, LONG).await.unwrap();
+    let names: Vec<&str> = taken.iter().map(|(n, _)| n.rsplit('/').next().unwrap()).collect();
+    assert_eq!(names, ["a", "b", "c"], "every stream taken, the infinitely expired one too");
+    assert!(taken.iter().all(|(_, t)| t.is_ok()));
+    // Deleted by hand: named, not "held".
+    let gone = format!("{prefix}/d");
+    let (lease, _) = store.take_stream(&gone, LONG).await.unwrap().unwrap();
+    store.release(&lease).await.unwrap();
+    client.execute("DELETE FROM egress_lease WHERE stream = $1", &[&gone]).await.unwrap();
+    match worker.take_stream(&gone, LONG).await {
+        Err(StoreError::NoLease { stream }) => assert_eq!(stream, gone),
+        other => panic!("expected NoLease, got {other:?}"),
+    }
+}

@@ -147,8 +147,9 @@ impl Drop for PgJournal {
 #[cfg(feature = "relay")]
 impl PgJournal {
     /// `lease` of `store`, taken for `duration` (and renewed for it from
-    /// now on); the outbox read every `poll` at the latest, and when a
-    /// notification names the stream.
+    /// now on, for at least [`MIN_LEASE`](super::MIN_LEASE)); the outbox
+    /// read every `poll` at the latest, and when a notification names the
+    /// stream.
     pub fn new(store: PgStore, lease: Lease, duration: Duration, poll: Duration) -> Self {
         let bell = Arc::new(Bell { rung: AtomicBool::new(true), ..Bell::default() });
         store.shared.bells.lock().insert(lease.stream.clone(), bell.clone());
@@ -211,8 +212,9 @@ impl crate::JournalStore for PgJournal {
     }
 }
 
-/// Takes `stream` for `lease` (see [`PgStore::take_stream`]), or with
-/// `None` any free stream ([`PgStore::take`]), restores a cell from it and
+/// Takes `stream` for `lease` (see [`PgStore::take_stream`]; a lease below
+/// [`MIN_LEASE`](super::MIN_LEASE) is taken as it), or with `None` any free
+/// stream ([`PgStore::take`]), restores a cell from it and
 /// starts its relay over a [`PgJournal`] on `store`'s connection (the
 /// outbox read every 250 ms at the latest, beside the notifications).
 /// Returns the stream's name with the cell and relay; `None` when the
@@ -261,6 +263,7 @@ pub async fn open_durable_with<T: Clone + Send + Sync + 'static>(
     options: egress_reactive::CellOptions,
     config: crate::RelayConfig,
 ) -> Result<Option<(String, crate::Durable<T>)>, StoreError> {
+    let lease = lease.clamp(super::MIN_LEASE, super::MAX_LEASE);
     let taken = match stream {
         Some(stream) => store.take_stream(stream, lease).await?,
         None => store.take(lease).await?,
@@ -293,6 +296,7 @@ pub async fn open_durable_many(
     options: egress_reactive::CellOptions,
     config: crate::RelayConfig,
 ) -> Result<Vec<(String, Result<crate::Durable, StoreError>)>, StoreError> {
+    let lease = lease.clamp(super::MIN_LEASE, super::MAX_LEASE);
     let taken = store.take_many(max, lease).await?;
     Ok(taken
         .into_iter()

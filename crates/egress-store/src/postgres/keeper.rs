@@ -18,8 +18,9 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use super::leases::Renewal;
 use super::store::Shared;
-use super::{Lease, MAX_LEASE, PgStore};
+use super::{Lease, MAX_LEASE, MIN_LEASE, PgStore};
 use crate::StoreError;
 
 /// How far into its lease a renewal is sent (at the latest, less the last
@@ -75,14 +76,16 @@ impl Keeper {
     /// another store took it.
     #[cfg_attr(not(feature = "relay"), allow(dead_code))]
     pub(super) fn register(&self, lease: &Lease, duration: Duration) -> watch::Receiver<Option<Instant>> {
-        // As the database takes it.
-        let duration = duration.min(MAX_LEASE);
-        let until = lease.sent + duration;
+        // The take's own duration holds until the first renewal (as the
+        // database took it); every renewal is for at least the floor.
+        let taken = duration.min(MAX_LEASE);
+        let duration = duration.clamp(MIN_LEASE, MAX_LEASE);
+        let until = lease.sent + taken;
         let (tx, rx) = watch::channel(Some(until));
         let kept = Kept {
             lease: lease.clone(),
             duration,
-            renew_at: lease.sent + renew_after(duration, Duration::ZERO),
+            renew_at: lease.sent + renew_after(taken, Duration::ZERO),
             until,
             lapsed: false,
             slow: false,
@@ -138,65 +141,74 @@ impl Keeper {
     }
 
     /// Takes in what the renewal of `due`, sent at `sent`, came back with
-    /// (the streams it renewed, or its error) at `now`.
-    fn renewed(&self, due: &[(Lease, Duration)], sent: Instant, now: Instant, result: Result<Vec<String>, StoreError>) {
+    /// (what became of each lease, or the statement's error) at `now`.
+    fn renewed(
+        &self,
+        due: &[(Lease, Duration)],
+        sent: Instant,
+        now: Instant,
+        result: Result<Vec<(String, Renewal)>, StoreError>,
+    ) {
         let round_trip = now.saturating_duration_since(sent);
         let mut leases = self.leases.lock();
-        let renewed = match result {
-            Ok(renewed) => renewed,
+        let renewals: HashMap<String, Renewal> = match result {
+            Ok(renewals) => renewals.into_iter().collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "egress lease: a renewal failed; trying again");
-                for (lease, duration) in due {
-                    if let Some(k) = leases.get_mut(&lease.stream).filter(|k| k.lease.number == lease.number) {
-                        k.renew_at = now + (*duration / RETRY_PART).max(RETRY_MIN);
-                    }
-                }
-                return;
+                HashMap::new()
             }
         };
-        for (lease, _) in due {
+        for (lease, duration) in due {
             let Some(k) = leases.get_mut(&lease.stream).filter(|k| k.lease.number == lease.number) else {
                 continue;
             };
-            if renewed.contains(&lease.stream) {
-                if k.lapsed {
-                    tracing::warn!(stream = %lease.stream, "egress lease: a lapsed lease was renewed before another worker took it");
-                }
-                let slow = round_trip > k.duration / SLOW_PART;
-                if slow && !k.slow {
-                    tracing::warn!(
-                        stream = %lease.stream,
-                        round_trip_ms = round_trip.as_millis() as u64,
-                        lease_ms = k.duration.as_millis() as u64,
-                        "egress lease: a renewal's round trip took more than a sixth of the lease: lengthen the lease"
-                    );
-                }
-                (k.slow, k.lapsed) = (slow, false);
-                k.until = sent + k.duration;
-                k.renew_at = sent + renew_after(k.duration, round_trip);
-                k.tx.send_replace(Some(k.until));
-            } else {
-                let expired = sent >= k.until;
-                tracing::error!(
-                    stream = %lease.stream,
-                    expired_while_alive = expired,
-                    "{}",
-                    if expired {
-                        "egress lease: another worker took the stream after this worker's lease ran out while it \
-                         lived: lengthen the lease, or find what kept the renewals from getting through"
-                    } else {
-                        "egress lease: another worker took the stream while this worker's lease still ran (the \
-                         table changed by hand, or the database's clock jumped)"
+            match renewals.get(&lease.stream) {
+                Some(Renewal::Renewed) => {
+                    if k.lapsed {
+                        tracing::warn!(stream = %lease.stream, "egress lease: a lapsed lease was renewed before another worker took it");
                     }
-                );
-                tracing::event!(
-                    target: "egress::metrics",
-                    tracing::Level::DEBUG,
-                    monotonic_counter.egress_lease_lost = 1u64,
-                    "egress lease: lost"
-                );
-                k.tx.send_replace(None);
-                leases.remove(&lease.stream);
+                    let slow = round_trip > k.duration / SLOW_PART;
+                    if slow && !k.slow {
+                        tracing::warn!(
+                            stream = %lease.stream,
+                            round_trip_ms = round_trip.as_millis() as u64,
+                            lease_ms = k.duration.as_millis() as u64,
+                            "egress lease: a renewal's round trip took more than a sixth of the lease: lengthen the \
+                             lease"
+                        );
+                    }
+                    (k.slow, k.lapsed) = (slow, false);
+                    k.until = sent + k.duration;
+                    k.renew_at = sent + renew_after(k.duration, round_trip);
+                    k.tx.send_replace(Some(k.until));
+                }
+                Some(Renewal::Lost) => {
+                    let expired = sent >= k.until;
+                    tracing::error!(
+                        stream = %lease.stream,
+                        expired_while_alive = expired,
+                        "{}",
+                        if expired {
+                            "egress lease: another worker took the stream after this worker's lease ran out while it \
+                             lived: lengthen the lease, or find what kept the renewals from getting through"
+                        } else {
+                            "egress lease: another worker took the stream while this worker's lease still ran (the \
+                             table changed by hand, or the database's clock jumped)"
+                        }
+                    );
+                    tracing::event!(
+                        target: "egress::metrics",
+                        tracing::Level::DEBUG,
+                        monotonic_counter.egress_lease_lost = 1u64,
+                        expired_while_alive = expired,
+                        "egress lease: lost"
+                    );
+                    k.tx.send_replace(None);
+                    leases.remove(&lease.stream);
+                }
+                // Its row held by another session, or the statement failed:
+                // soon again.
+                Some(Renewal::Busy) | None => k.renew_at = now + (*duration / RETRY_PART).max(RETRY_MIN),
             }
         }
     }
@@ -259,7 +271,7 @@ mod tests {
         // Sent at 0.8 s, back at 1.3 s: the bound is 0.8 s + 3 s, the next
         // renewal a third of the lease less the round trip after the sending.
         let sent = t0 + Duration::from_millis(800);
-        keeper.renewed(&due, sent, sent + Duration::from_millis(500), Ok(vec!["s".into()]));
+        keeper.renewed(&due, sent, sent + Duration::from_millis(500), Ok(vec![("s".into(), Renewal::Renewed)]));
         assert_eq!(*rx.borrow(), Some(sent + Duration::from_secs(3)));
         assert_eq!(keeper.next(), Some(sent + Duration::from_millis(500)));
         // A failed renewal leaves the bound and tries again soon.
@@ -268,9 +280,15 @@ mod tests {
         keeper.renewed(&due, sent + Duration::from_millis(500), failed, Err(StoreError::Closed));
         assert_eq!(*rx.borrow(), Some(sent + Duration::from_secs(3)));
         assert_eq!(keeper.next(), Some(failed + Duration::from_millis(150)));
-        // Refused: taken over. The bound is gone and nothing is renewed.
+        // Its row held by another session: the bound stays, and soon again.
         let due = keeper.due(failed + Duration::from_millis(150));
-        keeper.renewed(&due, failed, failed, Ok(Vec::new()));
+        let busy = failed + Duration::from_millis(160);
+        keeper.renewed(&due, busy, busy, Ok(vec![("s".into(), Renewal::Busy)]));
+        assert_eq!(*rx.borrow(), Some(sent + Duration::from_secs(3)));
+        assert_eq!(keeper.next(), Some(busy + Duration::from_millis(150)));
+        // Refused: taken over. The bound is gone and nothing is renewed.
+        let due = keeper.due(busy + Duration::from_millis(150));
+        keeper.renewed(&due, busy, busy, Ok(vec![("s".into(), Renewal::Lost)]));
         assert_eq!(*rx.borrow(), None);
         assert_eq!(keeper.next(), None);
     }
@@ -285,19 +303,27 @@ mod tests {
         assert!(keeper.leases.lock()["s"].lapsed, "its bound passed");
         assert_eq!(*rx.borrow(), Some(t0 + Duration::from_secs(1)), "the bound stays where it was, in the past");
         assert_eq!(keeper.next(), Some(t0 + Duration::from_secs(1) / 3), "the overdue renewal, not the bound");
-        keeper.renewed(&due, late, late, Ok(vec!["s".into()]));
+        keeper.renewed(&due, late, late, Ok(vec![("s".into(), Renewal::Renewed)]));
         assert!(!keeper.leases.lock()["s"].lapsed);
         assert_eq!(*rx.borrow(), Some(late + Duration::from_secs(1)));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_lease_of_any_length_is_kept_as_the_database_takes_it() {
+    async fn a_lease_of_any_length_is_kept_as_the_database_takes_it_and_never_below_the_floor() {
         let keeper = Keeper::default();
         let t0 = Instant::now();
+        // Taken for nothing: due at once, then renewed for the floor.
+        let short = keeper.register(&lease("short", 1, t0), Duration::ZERO);
+        assert_eq!(*short.borrow(), Some(t0));
+        let due = keeper.due(t0);
+        assert_eq!(due.len(), 1);
+        keeper.renewed(&due, t0, t0, Ok(vec![("short".into(), Renewal::Renewed)]));
+        assert_eq!(*short.borrow(), Some(t0 + MIN_LEASE));
+        keeper.unregister(&lease("short", 1, t0));
         let rx = keeper.register(&lease("s", 1, t0), Duration::MAX);
         assert_eq!(*rx.borrow(), Some(t0 + MAX_LEASE));
         let due = keeper.due(t0 + MAX_LEASE / 3);
-        keeper.renewed(&due, t0 + MAX_LEASE / 3, t0 + MAX_LEASE / 3, Ok(vec!["s".into()]));
+        keeper.renewed(&due, t0 + MAX_LEASE / 3, t0 + MAX_LEASE / 3, Ok(vec![("s".into(), Renewal::Renewed)]));
         assert_eq!(*rx.borrow(), Some(t0 + MAX_LEASE / 3 + MAX_LEASE));
     }
 
@@ -309,7 +335,7 @@ mod tests {
         let _rx = keeper.register(&lease("s", 2, t0), Duration::from_secs(1));
         keeper.unregister(&old);
         assert_eq!(keeper.leases.lock().len(), 1, "the newer lease stays");
-        keeper.renewed(&[(old.clone(), Duration::from_secs(1))], t0, t0, Ok(Vec::new()));
+        keeper.renewed(&[(old.clone(), Duration::from_secs(1))], t0, t0, Ok(vec![("s".into(), Renewal::Lost)]));
         assert_eq!(keeper.leases.lock().len(), 1, "a refusal of the old number leaves the new one");
         keeper.unregister(&lease("s", 2, t0));
         assert!(keeper.leases.lock().is_empty());

@@ -34,6 +34,18 @@ pub struct Lease {
     pub sent: tokio::time::Instant,
 }
 
+/// What a renewal did to one lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Renewal {
+    /// Extended.
+    Renewed,
+    /// Not extended: another session held its row (a take in progress, or
+    /// a lock taken by hand); still this store's. Try again.
+    Busy,
+    /// Another store took the stream (its number is not the lease's).
+    Lost,
+}
+
 /// One stream a [`PgStore::take_many`] took: its name, and its lease and
 /// what was loaded, or why it could not be loaded.
 pub type Taken = (String, Result<(Lease, Loaded), StoreError>);
@@ -69,13 +81,25 @@ impl PgStore {
     /// it is still running (or this store's own).
     ///
     /// # Errors
-    /// PostgreSQL's error, or a stored value out of range.
+    /// PostgreSQL's error, a stored value out of range, or
+    /// [`StoreError::NoLease`] for a stream whose lease row was deleted.
     pub async fn take_stream(&self, stream: &str, lease: Duration) -> Result<Option<(Lease, Loaded)>, StoreError> {
         ensure_stream(&self.shared.client, stream).await.map_err(|e| match e {
             StoreError::Postgres(e) => busy_or(stream, e),
             other => other,
         })?;
-        self.take_where(Some(stream), 1, lease).await?.pop().map(|(_, read)| read).transpose()
+        let taken = self.take_where(Some(stream), 1, lease).await?.pop().map(|(_, read)| read).transpose()?;
+        if taken.is_none() {
+            let row = self
+                .shared
+                .client
+                .query_one("SELECT EXISTS (SELECT 1 FROM egress_lease WHERE stream = $1)", &[&stream])
+                .await?;
+            if !row.get::<_, bool>(0) {
+                return Err(StoreError::NoLease { stream: stream.to_owned() });
+            }
+        }
+        Ok(taken)
     }
 
     /// The take (one statement), then the load of what it took (one more):
@@ -173,28 +197,27 @@ impl PgStore {
         Ok(taken)
     }
 
-    /// Extends `lease` to `duration` from now. A [`PgJournal`](super::PgJournal)
-    /// has its leases renewed for it (see its docs); this is for a worker
-    /// that keeps its own.
+    /// Extends `lease` to `duration` from now, waiting for no lock. A
+    /// `PgJournal` has its leases renewed for it (see its docs); this is
+    /// for a worker that keeps its own.
     ///
     /// # Errors
     /// [`StoreError::Fenced`] when another worker has taken the stream (stop
-    /// working on it), or PostgreSQL's error.
+    /// working on it), [`StoreError::Busy`] when another session holds the
+    /// lease's row (a take in progress, or a lock taken by hand: try again
+    /// soon), or PostgreSQL's error.
     pub async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
-        let renewed = self.renew_many(&[(lease, duration)]).await.map_err(|e| match e {
-            StoreError::Postgres(e) => busy_or(&lease.stream, e),
-            other => other,
-        })?;
-        if renewed.is_empty() {
-            return Err(StoreError::Fenced { stream: lease.stream.clone() });
+        let renewals = self.renew_many(&[(lease, duration)]).await?;
+        match renewals.first().map(|(_, r)| *r) {
+            Some(Renewal::Renewed) => Ok(()),
+            Some(Renewal::Busy) => Err(StoreError::Busy { stream: lease.stream.clone() }),
+            Some(Renewal::Lost) | None => Err(StoreError::Fenced { stream: lease.stream.clone() }),
         }
-        Ok(())
     }
 
-    /// Extends each lease to its duration from now, in one statement;
-    /// returns the names of the streams whose lease it extended (the
-    /// others were taken over).
-    pub(super) async fn renew_many(&self, leases: &[(&Lease, Duration)]) -> Result<Vec<String>, StoreError> {
+    /// Extends each lease to its duration from now, in one statement that
+    /// waits for no lock; returns what became of each.
+    pub(super) async fn renew_many(&self, leases: &[(&Lease, Duration)]) -> Result<Vec<(String, Renewal)>, StoreError> {
         let mut streams = Vec::with_capacity(leases.len());
         let mut numbers = Vec::with_capacity(leases.len());
         let mut millis = Vec::with_capacity(leases.len());
@@ -204,7 +227,17 @@ impl PgStore {
             millis.push(lease_millis(*duration));
         }
         let rows = self.shared.client.query(&self.shared.statements.renew, &[&streams, &numbers, &millis]).await?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let renewal = match (row.get::<_, Option<bool>>(1), row.get::<_, Option<bool>>(2)) {
+                    (Some(true), _) => Renewal::Renewed,
+                    (_, Some(true)) => Renewal::Busy,
+                    _ => Renewal::Lost,
+                };
+                (row.get(0), renewal)
+            })
+            .collect())
     }
 
     /// Gives `lease` up: the stream is free for any worker at once.
@@ -254,7 +287,8 @@ pub const MIN_LEASE: Duration = Duration::from_secs(1);
 /// starts only when its run can end under the lease, and a run the lease
 /// runs out under is cut: `egress_dispatch::StoredAck::with_lease`), over
 /// a connection whose renewals may take `round_trip` at worst:
-/// `3 × (run + round_trip)`, and at least [`MIN_LEASE`].
+/// `3 × (run + round_trip)`, at least [`MIN_LEASE`] and at most
+/// [`MAX_LEASE`].
 ///
 /// Why three: a `PgJournal`'s lease is renewed a third into it (less the
 /// last renewal's round trip), and every renewal that gets through moves
@@ -267,7 +301,7 @@ pub const MIN_LEASE: Duration = Duration::from_secs(1);
 /// stream runs its window of records at once, each within `run`, with the
 /// renewals' own round trips counted.
 pub fn lease_for(run: Duration, round_trip: Duration) -> Duration {
-    run.saturating_add(round_trip).saturating_mul(3).max(MIN_LEASE)
+    run.saturating_add(round_trip).saturating_mul(3).clamp(MIN_LEASE, MAX_LEASE)
 }
 
 /// The longest lease: 100 years (a timestamp that far ahead is still one
@@ -287,7 +321,7 @@ mod tests {
     fn a_lease_is_three_runs_and_round_trips_and_never_below_the_floor() {
         assert_eq!(lease_for(Duration::from_millis(250), Duration::from_millis(100)), Duration::from_millis(1050));
         assert_eq!(lease_for(Duration::from_millis(10), Duration::from_millis(10)), MIN_LEASE);
-        assert_eq!(lease_for(Duration::MAX, Duration::from_secs(1)), Duration::MAX);
+        assert_eq!(lease_for(Duration::MAX, Duration::from_secs(1)), MAX_LEASE);
         assert_eq!(lease_millis(Duration::MAX), lease_millis(MAX_LEASE));
     }
 }

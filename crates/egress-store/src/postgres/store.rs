@@ -157,7 +157,9 @@ impl PgStore {
                              until = clock_timestamp() + $2::bigint * interval '1 millisecond'
                          FROM free WHERE l.stream = free.stream
                          RETURNING l.stream, l.lease, free.owner,
-                                   (extract(epoch FROM clock_timestamp() - free.until) * 1000)::bigint",
+                                   CASE WHEN isfinite(free.until)
+                                        THEN (extract(epoch FROM clock_timestamp() - free.until) * 1000)::bigint
+                                   END",
                     )
                     .await?,
                 // What a take took, read once the take committed: no write
@@ -203,13 +205,26 @@ impl PgStore {
                          WHERE stream = $1::text AND seq >= $2::bigint ORDER BY seq LIMIT $3::bigint",
                     )
                     .await?,
+                // Each lease renewed unless another session holds its row
+                // (a take in progress, or a lock taken by hand): that one
+                // is skipped, not waited for, so one held row delays no
+                // other lease. Per lease: renewed, and whether its number
+                // is still the stream's (skipped and still its own: busy).
                 renew: client
                     .prepare(
-                        "UPDATE egress_lease l
-                         SET until = clock_timestamp() + r.millis * interval '1 millisecond'
-                         FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS r(stream, lease, millis)
-                         WHERE l.stream = r.stream AND l.lease = r.lease
-                         RETURNING l.stream",
+                        "WITH r AS (
+                             SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS r(stream, lease, millis)),
+                         held AS (
+                             SELECT l.stream FROM egress_lease l JOIN r ON l.stream = r.stream AND l.lease = r.lease
+                             FOR UPDATE OF l SKIP LOCKED),
+                         renewed AS (
+                             UPDATE egress_lease l
+                             SET until = clock_timestamp() + r.millis * interval '1 millisecond'
+                             FROM r, held WHERE l.stream = r.stream AND l.stream = held.stream
+                             RETURNING l.stream)
+                         SELECT r.stream, r.stream IN (SELECT stream FROM renewed),
+                                EXISTS (SELECT 1 FROM egress_lease l WHERE l.stream = r.stream AND l.lease = r.lease)
+                         FROM r",
                     )
                     .await?,
                 release: client

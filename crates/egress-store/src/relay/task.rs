@@ -166,9 +166,13 @@ async fn adopt<S: JournalStore, T: Clone + Send + Sync + 'static>(
     Ok(more)
 }
 
-/// Stops the relay for a fenced store: another writer has the stream.
-fn fenced(counters: &Counters) {
-    tracing::error!("egress relay: another store took the stream over; stopping");
+/// Stops the relay for a fenced store (another writer has the stream) or
+/// a closed one.
+fn fenced(counters: &Counters, why: &StoreError) {
+    match why {
+        StoreError::Closed => tracing::error!("egress relay: the store's connection closed; stopping"),
+        _ => tracing::error!("egress relay: another store took the stream over; stopping"),
+    }
     tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_fenced = 1u64, "egress relay: fenced");
     counters.fenced.store(true, Ordering::Relaxed);
 }
@@ -193,8 +197,8 @@ pub(super) async fn run<S: JournalStore, T: Clone + Send + Sync + 'static>(
             let _ = store.lock().await.close().await;
             return;
         }
-        if let Err(StoreError::Fenced { .. } | StoreError::Closed) = store.lock().await.keep().await {
-            fenced(&counters);
+        if let Err(e @ (StoreError::Fenced { .. } | StoreError::Closed)) = store.lock().await.keep().await {
+            fenced(&counters, &e);
             return;
         }
         match write_once(&cell, &store, &written).await {
@@ -202,8 +206,8 @@ pub(super) async fn run<S: JournalStore, T: Clone + Send + Sync + 'static>(
                 failures = 0;
                 continue;
             }
-            Some(Err(StoreError::Fenced { .. } | StoreError::Closed)) => {
-                fenced(&counters);
+            Some(Err(e @ (StoreError::Fenced { .. } | StoreError::Closed))) => {
+                fenced(&counters, &e);
                 return;
             }
             Some(Err(_)) => {
