@@ -141,6 +141,10 @@ pub trait ValueCell<T> {
     fn new(value: T) -> Self;
     fn with<R>(&self, entered: &Entered, f: impl FnOnce(&T) -> R) -> R;
     fn with_mut<R>(&self, entered: &Entered, f: impl FnOnce(&mut T) -> R) -> R;
+    /// As [`with_mut`](Self::with_mut), or `None` (without calling `f`)
+    /// while the value is borrowed: by the user code it is lent to (a
+    /// signal's equality), which reached back into the graph.
+    fn try_with_mut<R>(&self, entered: &Entered, f: impl FnOnce(&mut T) -> R) -> Option<R>;
 }
 
 /// The single-threaded flavour: `Rc` and `RefCell`, no locks, no atomics.
@@ -184,6 +188,10 @@ impl<T> ValueCell<T> for RefCell<T> {
     fn with_mut<R>(&self, _: &Entered, f: impl FnOnce(&mut T) -> R) -> R {
         f(&mut self.borrow_mut())
     }
+    #[inline]
+    fn try_with_mut<R>(&self, _: &Entered, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        self.try_borrow_mut().ok().map(|mut v| f(&mut v))
+    }
 }
 
 /// The value cell of [`Threaded`]: a `RefCell` that may be shared between
@@ -224,6 +232,10 @@ impl<T> ValueCell<T> for Guarded<T> {
     #[inline]
     fn with_mut<R>(&self, _: &Entered, f: impl FnOnce(&mut T) -> R) -> R {
         f(&mut self.0.borrow_mut())
+    }
+    #[inline]
+    fn try_with_mut<R>(&self, _: &Entered, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        self.0.try_borrow_mut().ok().map(|mut v| f(&mut v))
     }
 }
 

@@ -136,8 +136,12 @@ impl<T: 'static, F: Flavor> NodeObj for SignalBlock<T, F> {
         })
     }
 
+    /// Drops the signal's value. While the value is lent out (the graph
+    /// closed from inside the signal's own equality, which holds it), it
+    /// stays in the slot: the slot's next signal, or the block's drop,
+    /// drops it.
     fn release(&self, entered: &Entered, slot: u32) {
-        let state = self.slot(slot).with_mut(entered, |s| s.state.take());
+        let state = self.slot(slot).try_with_mut(entered, |s| s.state.take());
         drop(state);
     }
 }
