@@ -983,3 +983,19 @@ async fn a_lease_ending_at_minus_infinity_fails_no_take_and_a_deleted_lease_row_
         other => panic!("expected NoLease, got {other:?}"),
     }
 }
+
+/// A store dropped takes its tasks with it: its connection's and its lease
+/// keeper's (which would otherwise wait for leases that never come).
+#[tokio::test]
+async fn a_dropped_store_leaves_no_task_behind() {
+    let Some(url) = database().await else { return };
+    let metrics = tokio::runtime::Handle::current().metrics();
+    // (The setup's own connection ends first.)
+    let idle = || (metrics.num_alive_tasks() == 0).then_some(());
+    egress_testkit::until(idle, || format!("{} tasks alive before the store", metrics.num_alive_tasks())).await;
+    let store = PgStore::connect(&url, "gone").await.unwrap();
+    assert_eq!(metrics.num_alive_tasks(), 2, "its connection and its lease keeper");
+    assert_eq!(store.lease_stats(), egress_store::postgres::LeaseStats::default());
+    drop(store);
+    egress_testkit::until(idle, || format!("{} tasks alive after the store", metrics.num_alive_tasks())).await;
+}

@@ -63,11 +63,40 @@ struct Kept {
     tx: watch::Sender<Option<Instant>>,
 }
 
+/// What a store's lease keeper has seen, counted from the store's
+/// connection ([`PgStore::lease_stats`]): the same events as its logs and
+/// its `egress_lease_*` metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseStats {
+    /// Leases extended.
+    pub renewed: u64,
+    /// Renewals of a lease whose row another session held: skipped, tried
+    /// again soon.
+    pub busy: u64,
+    /// Renewal statements that failed (each lease in them tried again
+    /// soon).
+    pub failed: u64,
+    /// Leases whose bound passed with no renewal acknowledged, while this
+    /// store lived (each lapse once).
+    pub lapsed: u64,
+    /// Leases lost to another store after they had lapsed: the lease ran
+    /// out while this worker lived (renewals did not get through in time).
+    pub lost_after_lapse: u64,
+    /// Leases lost to another store while their bound still ran: the table
+    /// changed by hand, or the database's clock jumped.
+    pub lost_while_valid: u64,
+    /// Renewals whose round trip took more than a sixth of the lease
+    /// (counted when one does after faster ones: the lease is too short
+    /// for what the connection does now).
+    pub slow: u64,
+}
+
 /// The leases a store's keeper renews, shared by the store and the task.
 #[derive(Default)]
 pub(super) struct Keeper {
     leases: Mutex<HashMap<String, Kept>>,
     wake: Notify,
+    stats: Mutex<LeaseStats>,
 }
 
 impl Keeper {
@@ -105,6 +134,11 @@ impl Keeper {
         }
     }
 
+    /// What it has seen so far.
+    pub(super) fn stats(&self) -> LeaseStats {
+        *self.stats.lock()
+    }
+
     /// The next instant the keeper has something to do.
     fn next(&self) -> Option<Instant> {
         let leases = self.leases.lock();
@@ -119,6 +153,7 @@ impl Keeper {
         for k in leases.values_mut() {
             if !k.lapsed && k.until <= now {
                 k.lapsed = true;
+                self.stats.lock().lapsed += 1;
                 tracing::error!(
                     stream = %k.lease.stream,
                     lease_ms = k.duration.as_millis() as u64,
@@ -151,10 +186,12 @@ impl Keeper {
     ) {
         let round_trip = now.saturating_duration_since(sent);
         let mut leases = self.leases.lock();
+        let mut stats = self.stats.lock();
         let renewals: HashMap<String, Renewal> = match result {
             Ok(renewals) => renewals.into_iter().collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "egress lease: a renewal failed; trying again");
+                stats.failed += 1;
                 HashMap::new()
             }
         };
@@ -167,8 +204,10 @@ impl Keeper {
                     if k.lapsed {
                         tracing::warn!(stream = %lease.stream, "egress lease: a lapsed lease was renewed before another worker took it");
                     }
+                    stats.renewed += 1;
                     let slow = round_trip > k.duration / SLOW_PART;
                     if slow && !k.slow {
+                        stats.slow += 1;
                         tracing::warn!(
                             stream = %lease.stream,
                             round_trip_ms = round_trip.as_millis() as u64,
@@ -184,6 +223,11 @@ impl Keeper {
                 }
                 Some(Renewal::Lost) => {
                     let expired = sent >= k.until;
+                    if expired {
+                        stats.lost_after_lapse += 1;
+                    } else {
+                        stats.lost_while_valid += 1;
+                    }
                     tracing::error!(
                         stream = %lease.stream,
                         expired_while_alive = expired,
@@ -208,7 +252,12 @@ impl Keeper {
                 }
                 // Its row held by another session, or the statement failed:
                 // soon again.
-                Some(Renewal::Busy) | None => k.renew_at = now + (*duration / RETRY_PART).max(RETRY_MIN),
+                Some(Renewal::Busy) | None => {
+                    if renewals.get(&lease.stream) == Some(&Renewal::Busy) {
+                        stats.busy += 1;
+                    }
+                    k.renew_at = now + (*duration / RETRY_PART).max(RETRY_MIN);
+                }
             }
         }
     }
@@ -273,6 +322,7 @@ mod tests {
         let sent = t0 + Duration::from_millis(800);
         keeper.renewed(&due, sent, sent + Duration::from_millis(500), Ok(vec![("s".into(), Renewal::Renewed)]));
         assert_eq!(*rx.borrow(), Some(sent + Duration::from_secs(3)));
+        assert_eq!(keeper.stats(), LeaseStats { renewed: 1, ..LeaseStats::default() }, "500 ms of 3 s: not slow");
         assert_eq!(keeper.next(), Some(sent + Duration::from_millis(500)));
         // A failed renewal leaves the bound and tries again soon.
         let due = keeper.due(sent + Duration::from_millis(500));
@@ -280,17 +330,21 @@ mod tests {
         keeper.renewed(&due, sent + Duration::from_millis(500), failed, Err(StoreError::Closed));
         assert_eq!(*rx.borrow(), Some(sent + Duration::from_secs(3)));
         assert_eq!(keeper.next(), Some(failed + Duration::from_millis(150)));
+        assert_eq!(keeper.stats().failed, 1);
         // Its row held by another session: the bound stays, and soon again.
         let due = keeper.due(failed + Duration::from_millis(150));
         let busy = failed + Duration::from_millis(160);
         keeper.renewed(&due, busy, busy, Ok(vec![("s".into(), Renewal::Busy)]));
         assert_eq!(*rx.borrow(), Some(sent + Duration::from_secs(3)));
         assert_eq!(keeper.next(), Some(busy + Duration::from_millis(150)));
+        assert_eq!(keeper.stats().busy, 1);
         // Refused: taken over. The bound is gone and nothing is renewed.
         let due = keeper.due(busy + Duration::from_millis(150));
         keeper.renewed(&due, busy, busy, Ok(vec![("s".into(), Renewal::Lost)]));
         assert_eq!(*rx.borrow(), None);
         assert_eq!(keeper.next(), None);
+        let stats = keeper.stats();
+        assert_eq!((stats.lost_while_valid, stats.lost_after_lapse, stats.lapsed), (1, 0, 0), "its bound still ran");
     }
 
     #[tokio::test(start_paused = true)]
@@ -306,6 +360,29 @@ mod tests {
         keeper.renewed(&due, late, late, Ok(vec![("s".into(), Renewal::Renewed)]));
         assert!(!keeper.leases.lock()["s"].lapsed);
         assert_eq!(*rx.borrow(), Some(late + Duration::from_secs(1)));
+        assert_eq!(keeper.stats(), LeaseStats { renewed: 1, lapsed: 1, ..LeaseStats::default() });
+        // Lapsed again, and this time taken: lost after the lapse.
+        let later = late + Duration::from_secs(2);
+        let due = keeper.due(later);
+        keeper.renewed(&due, later, later, Ok(vec![("s".into(), Renewal::Lost)]));
+        let stats = keeper.stats();
+        assert_eq!((stats.lapsed, stats.lost_after_lapse, stats.lost_while_valid), (2, 1, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_renewal_is_counted_once_until_one_is_fast_again() {
+        let keeper = Keeper::default();
+        let t0 = Instant::now();
+        let _rx = keeper.register(&lease("s", 1, t0), Duration::from_secs(6));
+        let mut at = t0;
+        // Round trips of 1 s and more are above a sixth of 6 s; exactly
+        // 1 s is not.
+        for (millis, slow) in [(1_000, 0), (1_001, 1), (2_000, 1), (100, 1), (1_500, 2)] {
+            let due = keeper.due(at + Duration::from_secs(6));
+            keeper.renewed(&due, at, at + Duration::from_millis(millis), Ok(vec![("s".into(), Renewal::Renewed)]));
+            assert_eq!(keeper.stats().slow, slow, "after a round trip of {millis} ms");
+            at += Duration::from_secs(2);
+        }
     }
 
     #[tokio::test(start_paused = true)]

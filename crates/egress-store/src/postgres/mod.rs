@@ -45,6 +45,7 @@ mod store;
 pub use dead_letters::DeadLetter;
 #[cfg(feature = "relay")]
 pub use journal::{PgJournal, open_durable, open_durable_many, open_durable_with};
+pub use keeper::LeaseStats;
 pub use leases::{Lease, MAX_LEASE, MIN_LEASE, Taken, lease_for};
 pub use outbox::PgOutbox;
 pub use schema::{PG_SCHEMA_VERSION, migrate};

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
 
 use super::CHANNEL;
-use super::keeper::{self, Keeper};
+use super::keeper::{self, Keeper, LeaseStats};
 use super::schema::{LOCK_TIMEOUT_MS, migrate};
 use crate::StoreError;
 
@@ -272,6 +272,12 @@ impl PgStore {
     /// time, so that a new worker reads once). Cheap: no round trip.
     pub fn changed(&self) -> bool {
         self.shared.any.rung()
+    }
+
+    /// What the store's lease keeper has seen (the leases of its
+    /// `PgJournal`s): renewals, lapses, losses.
+    pub fn lease_stats(&self) -> LeaseStats {
+        self.shared.keeper.stats()
     }
 
     /// Completes when a notification comes (for a worker looking for
