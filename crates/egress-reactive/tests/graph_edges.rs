@@ -3,8 +3,9 @@
 #![allow(clippy::arc_with_non_send_sync)]
 //! The graph's link bookkeeping at its edges, each found by the mutation
 //! gate: a signal disposed while a live computation still reads it, from
-//! any place in the reader's dependency list; and a computed whose last
-//! reader goes while the computed itself is running.
+//! any place in the reader's dependency list, or by that computation's own
+//! run right after reading it; and a computed whose last reader goes while
+//! the computed itself is running.
 
 mod common;
 use std::sync::{Arc, Mutex};
@@ -52,6 +53,39 @@ each_flavour! {
             a.dispose();
             assert_eq!((cx.node_count(), cx.link_count()), (nodes, links), "{order:?}: nothing left over");
         }
+    }
+
+    fn a_signal_disposed_by_its_reader_during_the_run_that_read_it_leaves_the_run_reading_on(cx) {
+        let (nodes, links) = (cx.node_count(), cx.link_count());
+        let a = cx.signal(1u32);
+        let b = cx.signal(10u32);
+        let (scope, x) = cx.scope(|| cx.signal(100u32));
+        let scope = Arc::new(Mutex::new(Some(scope)));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let fx = cx.effect({
+            let (a, b, x, scope, seen) = (a.clone(), b.clone(), x.clone(), scope.clone(), seen.clone());
+            move || {
+                let mut sum = a.get() + x.try_get().unwrap_or(0);
+                // The first run disposes what it has just read (its last
+                // dependency so far), then reads on.
+                if let Some(scope) = scope.lock().unwrap().take() {
+                    scope.dispose();
+                }
+                sum += b.get();
+                seen.lock().unwrap().push(sum);
+            }
+        });
+        assert_eq!(fx.dependency_count(), 2, "a and b: x went");
+        assert_eq!(b.subscriber_count(), 1);
+        b.set(20);
+        a.set(2);
+        let runs = seen.lock().unwrap().clone();
+        assert_eq!(runs.last(), Some(&22), "{runs:?}");
+        assert_eq!(fx.dependency_count(), 2);
+        fx.dispose();
+        a.dispose();
+        b.dispose();
+        assert_eq!((cx.node_count(), cx.link_count()), (nodes, links), "nothing left over");
     }
 
     fn a_computed_whose_last_reader_goes_during_its_own_run_keeps_what_it_read(cx) {
