@@ -187,7 +187,10 @@ impl<F: Flavor> Handle<F> {
     /// the value unchanged; at the end of a batch it counts as a change.
     ///
     /// The equality is kept beside the graph, not in the signal's slot:
-    /// signals without one pay nothing for the feature.
+    /// signals without one pay nothing for the feature. It may close the
+    /// graph (drop the last context, tests/close_inside.rs): the signal's
+    /// value, lent to it then, is dropped later (when the slot is taken
+    /// again, or with the graph's memory).
     ///
     /// ```
     /// use egress_reactive::Context;
