@@ -242,10 +242,15 @@ pub struct DispatchStats {
     pub permanent: u64,
     /// Tombstones passed over (dead letters under `Skip`).
     pub skipped: u64,
+    /// Records held back for the stream's lease (their run would have
+    /// ended past its bound, see [`StoredAck::with_lease`]): each counted
+    /// once, and logged.
+    pub waited: u64,
 }
 
 #[derive(Default)]
 struct Counters {
+    waited: AtomicU64,
     completed: AtomicU64,
     retried: AtomicU64,
     permanent: AtomicU64,
@@ -317,6 +322,7 @@ struct Spawner {
     stream: Arc<str>,
     done: mpsc::UnboundedSender<Done>,
     bound: Option<StoredAck>,
+    counters: Arc<Counters>,
 }
 
 impl AsyncTransport<Bytes> for Spawner {
@@ -346,6 +352,7 @@ impl AsyncTransport<Bytes> for Spawner {
                     u.is_some_and(|u| Instant::now().checked_add(run).is_some_and(|end| end <= u))
                 };
                 if !fits(&until.borrow()) {
+                    self.counters.waited.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         stream = %self.stream,
                         sequence = sequence.get(),
@@ -486,9 +493,10 @@ impl Dispatcher {
     fn start(cell: &AsyncEgressCell<Bytes>, stream: Arc<str>, handlers: Handlers, bound: Option<StoredAck>) -> Self {
         let (done, rx) = mpsc::unbounded_channel();
         let next = cell.acked_through().get_untracked().map_or(0, |s| s.get().saturating_add(1));
-        let link = cell.attach(Spawner { handlers: Arc::new(handlers), stream, done, bound });
-        let (stop, stop_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
+        let spawner = Spawner { handlers: Arc::new(handlers), stream, done, bound, counters: counters.clone() };
+        let link = cell.attach(spawner);
+        let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(run(link, Completions::starting_at(next), rx, stop_rx, counters.clone()));
         Dispatcher { task: Some(task), stop, counters }
     }
@@ -501,6 +509,7 @@ impl Dispatcher {
             retried: c.retried.load(Ordering::Relaxed),
             permanent: c.permanent.load(Ordering::Relaxed),
             skipped: c.skipped.load(Ordering::Relaxed),
+            waited: c.waited.load(Ordering::Relaxed),
         }
     }
 

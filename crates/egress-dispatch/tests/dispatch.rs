@@ -288,6 +288,7 @@ async fn a_dispatcher_held_to_a_lease_starts_nothing_it_could_not_finish_under_i
     cell.enqueue(job(2, 10));
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(runs.lock().len(), 2, "nothing started that could run past the lease");
+    assert_eq!(dispatcher.stats().waited, 1, "the one held back");
     // A renewal moves the bound: it starts.
     lease.send(Some(Instant::now() + Duration::from_secs(1))).unwrap();
     acknowledged(&cell, 2).await;
@@ -378,6 +379,6 @@ async fn a_run_paused_past_its_lease_is_cut_when_it_wakes_and_a_run_too_long_for
     other.enqueue(handlers.encode("job", &Job { id: 1, millis: 0 }).unwrap());
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(done.lock().len(), 1, "never started");
-    assert_eq!(dispatcher.stats(), egress_dispatch::DispatchStats::default());
+    assert_eq!(dispatcher.stats(), egress_dispatch::DispatchStats { waited: 1, ..Default::default() });
     assert_eq!(other.acked_through().get_untracked(), None);
 }
