@@ -71,6 +71,9 @@ async fn a_lapse_a_loss_and_a_takeover_are_each_told_apart() {
     until(|| d.relay.stats().fenced.then_some(()), || format!("{:?}", d.relay.stats())).await;
     assert_eq!(counted("lost"), 1);
     assert_eq!(counted("takeovers"), 0, "no store took it through a take");
+    let stats = a.lease_stats();
+    assert_eq!((stats.lapsed, stats.lost_after_lapse, stats.lost_while_valid), (2, 1, 0), "{stats:?}");
+    assert!(stats.renewed >= 1 && stats.busy >= 2, "renewed, and skipped while the row was held: {stats:?}");
 
     // A dead worker: its journal dropped with no release, its lease left
     // to run out; another store takes the stream over and says so.
