@@ -367,19 +367,26 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
 /// from the one the batch replaced propagates; one written back to its old
 /// value notifies nothing. Walks the write list in place. An equality that
 /// panics (a signal's own, or `PartialEq`) counts as a difference: that
-/// write and every one after it propagate ([`Settling`]) before the panic
-/// goes on.
+/// write propagates, and every one after it settles as usual ([`Settling`]),
+/// before the panic goes on.
 pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
     let mut settling = Settling { cell, next: 0, armed: true };
+    settle_from(cell, &mut settling.next);
+    settling.armed = false;
+}
+
+/// The body of [`settle`]: settles the writes from `*next` on, then clears
+/// the list.
+#[inline(always)]
+fn settle_from<F: Flavor>(cell: &Cell<F>, next: &mut usize) {
     loop {
         let (key, obj) = {
             let mut g = cell.borrow_mut();
-            let Some(&key) = g.writes.get(settling.next) else {
+            let Some(&key) = g.writes.get(*next) else {
                 g.writes.clear();
-                settling.armed = false;
                 return;
             };
-            settling.next += 1;
+            *next += 1;
             if !g.alive(key) {
                 continue;
             }
@@ -407,7 +414,10 @@ fn own_equality<F: Flavor>(g: &Graph<F>, key: Key) -> Option<F::Ptr<F::Any>> {
 }
 
 /// Ends a [`settle`] cut short by a panicking equality: the write being
-/// settled (`next - 1`) and every later one propagate, as changes.
+/// settled (`next - 1`, whose comparison consumed what it replaced) counts
+/// as a change, and the later ones settle as usual, each equality's panic
+/// caught and dropped (the first one is on its way), so that every write
+/// forgets what it replaced and none is left marked.
 struct Settling<'a, F: Flavor> {
     cell: &'a Cell<F>,
     next: usize,
@@ -428,12 +438,17 @@ impl<F: Flavor> Settling<'_, F> {
     #[cold]
     #[inline(never)]
     fn unwound(&mut self) {
-        let mut g = self.cell.borrow_mut();
-        let writes = std::mem::take(&mut g.writes);
-        for &key in writes.iter().skip(self.next.saturating_sub(1)) {
-            if g.alive(key) {
-                g.node_mut(key.index).flags &= !BATCHED;
-                g.propagate(key.index);
+        loop {
+            {
+                let mut g = self.cell.borrow_mut();
+                if let Some(&key) = self.next.checked_sub(1).and_then(|at| g.writes.get(at))
+                    && g.alive(key)
+                {
+                    g.propagate(key.index);
+                }
+            }
+            if catch_unwind(AssertUnwindSafe(|| settle_from(self.cell, &mut self.next))).is_ok() {
+                return;
             }
         }
     }
@@ -576,7 +591,11 @@ fn flush_rounds<F: Flavor>(cell: &Cell<F>, next: &mut usize) -> Result<(), Effec
                 return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
             }
         }
-        let key = g.queue[*next];
+        // Past the end only if something drained the queue under this
+        // flush (a nested flush, which `flush` never starts): nothing left.
+        let Some(&key) = g.queue.get(*next) else {
+            return Ok(());
+        };
         *next += 1;
         run_queued(cell, g, key);
     }

@@ -53,6 +53,97 @@ each_flavour! {
         assert_eq!(a.get(), 2);
     }
 
+    fn a_nested_batch_settles_with_the_outermost(cx) {
+        // The inner batch's end settles nothing: the outer batch writes the
+        // value back, and the batch as a whole changed nothing.
+        let a = cx.signal(0);
+        let runs = Counter::new();
+        cx.effect({ let (a, r) = (a.clone(), runs.clone()); move || { a.get(); r.hit(); } });
+        cx.batch(|| {
+            cx.batch(|| a.set(1));
+            a.set(0);
+        });
+        assert_eq!(runs.get(), 1, "written back before the outermost end: nothing to notify");
+        cx.batch(|| cx.batch(|| a.set(2)));
+        assert_eq!(runs.get(), 2, "a nested write that stays notifies at the outermost end");
+    }
+
+    fn a_batch_in_a_cleanup_run_by_a_flush_is_read_back_fresh(cx) {
+        // A cleanup runs while the flush re-runs its effect, outside any
+        // computation: a batch it ends settles there and then, as a plain
+        // write would, so the computeds it reads next see the batch.
+        let h = cx.handle();
+        let go = cx.signal(0);
+        let a = cx.signal(1);
+        let double = cx.computed({ let a = a.clone(); move || a.get() * 2 });
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let watcher = Counter::new();
+        cx.effect({ let (d, w) = (double.clone(), watcher.clone()); move || { d.get(); w.hit(); } });
+        cx.effect({
+            let (h, go, a, double, seen) = (h.clone(), go.clone(), a.clone(), double.clone(), seen.clone());
+            move || {
+                let round = go.get();
+                let (h2, a, double, seen) = (h.clone(), a.clone(), double.clone(), seen.clone());
+                h.on_cleanup(move || {
+                    h2.batch(|| a.set(round + 5));
+                    seen.lock().unwrap().push(double.get());
+                });
+            }
+        });
+        go.set(1);
+        assert_eq!(*seen.lock().unwrap(), [10], "the cleanup's read sees its own batch");
+        assert_eq!(watcher.get(), 2, "and the effect reading it ran once more");
+        go.set(2);
+        assert_eq!(*seen.lock().unwrap(), [10, 12]);
+        assert_eq!(double.get(), 12);
+    }
+
+    fn an_equality_that_panics_as_a_batch_ends_lets_that_write_and_the_later_ones_through(cx) {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let armed = Arc::new(AtomicBool::new(false));
+        let x = cx.signal_with(0u32, {
+            let armed = armed.clone();
+            move |a: &u32, b: &u32| {
+                assert!(!armed.load(Ordering::SeqCst), "the equality refuses");
+                a == b
+            }
+        });
+        let (w, y) = (cx.signal(0u32), cx.signal(0u32));
+        let seen = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)]);
+        for (i, s) in [w.clone(), x.clone(), y.clone()].into_iter().enumerate() {
+            cx.effect({ let seen = seen.clone(); move || { s.get(); seen[i].fetch_add(1, Ordering::SeqCst); } });
+        }
+        let runs = || seen.iter().map(|n| n.load(Ordering::SeqCst)).collect::<Vec<_>>();
+        // Written in this order: w (plain), x (its equality panics when the
+        // batch ends), y (plain).
+        let ended = catch_unwind(AssertUnwindSafe(|| {
+            cx.batch(|| {
+                w.set(1);
+                x.set(1);
+                y.set(1);
+                armed.store(true, Ordering::SeqCst);
+            })
+        }));
+        assert!(ended.is_err(), "the equality's panic goes on");
+        assert_eq!(runs(), [1, 1, 1], "the readers wait for the next flush");
+        cx.batch(|| {});
+        assert_eq!(runs(), [2, 2, 2], "w settled as usual; x and y counted as changes");
+        // y's write was not compared: what it replaced is forgotten, so a
+        // batch that writes y back to 0 is a change.
+        cx.batch(|| y.set(0));
+        assert_eq!(runs(), [2, 2, 3], "y changed from 1 to 0");
+        // The signals take writes as before.
+        armed.store(false, Ordering::SeqCst);
+        cx.batch(|| {
+            x.set(2);
+            y.set(2);
+            w.set(1);
+        });
+        assert_eq!(runs(), [2, 3, 4]);
+        assert_eq!((w.get(), x.get(), y.get()), (1, 2, 2));
+    }
+
     fn a_panicking_batch_leaves_the_graph_consistent(cx) {
         let a = cx.signal(0);
         let double = cx.computed({ let a = a.clone(); move || a.get() * 2 });

@@ -503,6 +503,28 @@ each_flavour! {
         assert!(cell.in_scope(|_| ()).is_err(), "a disposed cell owns nothing new");
     }
 
+    fn a_disposed_cell_notifies_nobody_that_took_its_slots(cx) {
+        // The cell's readers and triggers are freed; new signals, each
+        // with a subscriber, take their slots. A transition of the disposed
+        // cell reaches none of them.
+        let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));
+        let freed = cx.node_count();
+        cell.dispose();
+        let freed = freed - cx.node_count();
+        assert!(freed > 0);
+        let signals: Vec<_> = (0..freed + 8).map(|i| cx.signal(i)).collect();
+        let runs = Counter::new();
+        for s in &signals {
+            cx.effect({ let (s, r) = (s.clone(), runs.clone()); move || { s.get(); r.hit(); } });
+        }
+        runs.reset();
+        cell.enqueue_all([1, 2, 3]);
+        assert_eq!(cell.with_core(|c| c.pending_len()), 3, "the transition applied");
+        assert_eq!(runs.get(), 0, "and notified no node of the new ones");
+        signals[0].set(100);
+        assert_eq!(runs.get(), 1);
+    }
+
     fn disposing_a_cell_frees_its_nodes_and_keeps_its_records(cx) {
         let base = cx.node_count();
         let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));

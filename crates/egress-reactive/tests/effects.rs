@@ -39,6 +39,32 @@ each_flavour! {
         assert_eq!(fx.runs(), 0);
     }
 
+    fn a_write_in_a_cleanup_run_by_a_flush_joins_that_flush(cx) {
+        // The flush re-runs `a`; its cleanup writes `s`, which queues `b`:
+        // `b` runs in the same flush, once, after `a`, and every later
+        // round still runs.
+        let h = cx.handle();
+        let go = cx.signal(0);
+        let s = cx.signal(0);
+        let log = Log::default();
+        cx.effect({
+            let (h, go, s, log) = (h.clone(), go.clone(), s.clone(), log.clone());
+            move || {
+                let round = go.get();
+                log.push(format!("a {round}"));
+                let s = s.clone();
+                h.on_cleanup(move || s.set(round + 1));
+            }
+        });
+        cx.effect({ let (s, log) = (s.clone(), log.clone()); move || log.push(format!("b {}", s.get())) });
+        assert_eq!(log.take(), ["a 0", "b 0"]);
+        go.set(1);
+        assert_eq!(log.take(), ["a 1", "b 1"], "one flush: a's cleanup queued b behind a");
+        go.set(2);
+        assert_eq!(log.take(), ["a 2", "b 2"], "and the next flush starts clean");
+        assert_eq!(s.get(), 2);
+    }
+
     fn cleanup_order_inner_first_and_siblings_last_created_first(cx) {
         let log = Log::new();
         let h = cx.handle();

@@ -1,13 +1,122 @@
 #![allow(clippy::unwrap_used)]
+// One body for every flavour: the Local one holds its effects in an Arc too.
+#![allow(clippy::arc_with_non_send_sync)]
 //! Ownership and memory: scopes, disposal of what a scope or an effect
 //! created, links freed when subscribers go, drop of captured values.
 
 mod common;
 use common::Log;
-use egress_reactive::{NodeKind, ReadError};
-use std::sync::Arc;
+use egress_reactive::{Context, Handle, Local, MAX_FLUSH_ROUNDS, NodeKind, ReadError};
+use std::sync::{Arc, Mutex};
 
 each_flavour! {
+    fn an_effect_whose_cleanup_disposes_it_runs_no_more(cx) {
+        // The cleanup runs before the re-run, and disposes the effect it
+        // cleans up after: the re-run does not happen, and nothing after.
+        let h = cx.handle();
+        let s = cx.signal(0);
+        let me = Arc::new(Mutex::new(None::<egress_reactive::Effect<_>>));
+        let log = Log::default();
+        let e = cx.effect({
+            let (h, s, me, log) = (h.clone(), s.clone(), me.clone(), log.clone());
+            move || {
+                let v = s.get();
+                log.push(format!("run {v}"));
+                let (me, log) = (me.clone(), log.clone());
+                h.on_cleanup(move || {
+                    log.push(format!("clean {v}"));
+                    if let Some(e) = me.lock().unwrap().take() {
+                        e.dispose();
+                    }
+                });
+            }
+        });
+        *me.lock().unwrap() = Some(e.clone());
+        s.set(1);
+        assert_eq!(log.take(), ["run 0", "clean 0"]);
+        assert!(e.is_disposed(), "disposed by its own cleanup");
+        s.set(2);
+        assert!(log.take().is_empty());
+    }
+
+    fn a_child_whose_cleanup_disposes_it_goes_when_its_owner_reruns(cx) {
+        // The owner's re-run disposes its child; the child's cleanup
+        // disposes the child too and creates a node the child owns: both
+        // are freed, run after run.
+        let h = cx.handle();
+        let s = cx.signal(0);
+        let log = Log::default();
+        let outer = cx.effect({
+            let (h, s, log) = (h.clone(), s.clone(), log.clone());
+            move || {
+                let v = s.get();
+                let me = Arc::new(Mutex::new(None::<egress_reactive::Effect<_>>));
+                let child = h.effect({
+                    let (h, me, log) = (h.clone(), me.clone(), log.clone());
+                    move || {
+                        let (h2, me, log) = (h.clone(), me.clone(), log.clone());
+                        h.on_cleanup(move || {
+                            log.push(format!("clean {v}"));
+                            if let Some(e) = me.lock().unwrap().take() {
+                                e.dispose();
+                            }
+                            drop(h2.signal(v));
+                        });
+                    }
+                });
+                *me.lock().unwrap() = Some(child);
+            }
+        });
+        let count = cx.node_count();
+        for v in 1..=3 {
+            s.set(v);
+            assert_eq!(log.take(), [format!("clean {}", v - 1)]);
+            assert_eq!(cx.node_count(), count, "the child and what its cleanup made are freed");
+        }
+        outer.dispose();
+    }
+
+    fn effects_whose_cleanups_dispose_them_go_with_their_scope(cx) {
+        let h = cx.handle();
+        let base = cx.node_count();
+        let log = Log::default();
+        let (scope, effects) = cx.scope(|| {
+            let signal = cx.signal(7);
+            (0..3)
+                .map(|i| {
+                    let me = Arc::new(Mutex::new(None::<egress_reactive::Effect<_>>));
+                    let e = cx.effect({
+                        let (h, signal, me, log) = (h.clone(), signal.clone(), me.clone(), log.clone());
+                        move || {
+                            log.push(format!("run {i} {}", signal.get()));
+                            let (me, log, h2) = (me.clone(), log.clone(), h.clone());
+                            h.on_cleanup(move || {
+                                log.push(format!("clean {i}"));
+                                if let Some(e) = me.lock().unwrap().take() {
+                                    e.dispose();
+                                }
+                                // Owned by the doomed effect: freed with it.
+                                drop(h2.signal(i));
+                            });
+                        }
+                    });
+                    *me.lock().unwrap() = Some(e.clone());
+                    e
+                })
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(log.take(), ["run 0 7", "run 1 7", "run 2 7"]);
+        scope.dispose();
+        assert_eq!(log.take(), ["clean 2", "clean 1", "clean 0"], "later siblings first, each once");
+        assert!(effects.iter().all(|e| e.is_disposed()));
+        assert_eq!(cx.node_count(), base, "every node freed");
+        let again = cx.signal(1);
+        let seen = Log::default();
+        cx.effect({ let (again, seen) = (again.clone(), seen.clone()); move || seen.push(again.get().to_string()) });
+        again.set(2);
+        assert_eq!(seen.take(), ["1", "2"], "the graph goes on");
+    }
+
     fn a_disposed_signal_lets_go_of_its_own_equality(cx) {
         let held = Arc::new(());
         let (scope, signal) = cx.scope(|| {
@@ -229,4 +338,40 @@ each_flavour! {
         assert_eq!(c.get(), 2);
         assert_eq!(c.runs(), runs, "still memoized");
     }
+}
+
+/// Registers a cleanup that counts its run and registers itself again.
+fn again(h: Handle<Local>, runs: Arc<Mutex<u32>>, dropped: Arc<Mutex<u32>>) {
+    struct Dropped(Arc<Mutex<u32>>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() += 1;
+        }
+    }
+    let token = Dropped(dropped.clone());
+    let h2 = h.clone();
+    h.on_cleanup(move || {
+        let _token = token;
+        *runs.lock().unwrap() += 1;
+        again(h2, runs, dropped);
+    });
+}
+
+#[test]
+fn cleanups_that_keep_registering_cleanups_stop_after_the_bound() {
+    // Each round's cleanup registers the next one: MAX_FLUSH_ROUNDS rounds
+    // run, the next is dropped unrun, and the disposal ends.
+    let cx = Context::new();
+    let base = cx.node_count();
+    let (runs, dropped) = (Arc::new(Mutex::new(0)), Arc::new(Mutex::new(0)));
+    let (scope, ()) = cx.scope(|| {
+        cx.effect({
+            let (h, runs, dropped) = (cx.handle(), runs.clone(), dropped.clone());
+            move || again(h.clone(), runs.clone(), dropped.clone())
+        });
+    });
+    scope.dispose();
+    assert_eq!(*runs.lock().unwrap(), MAX_FLUSH_ROUNDS);
+    assert_eq!(*dropped.lock().unwrap(), MAX_FLUSH_ROUNDS + 1, "the unrun one dropped too");
+    assert_eq!(cx.node_count(), base);
 }

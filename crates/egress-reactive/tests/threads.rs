@@ -82,3 +82,42 @@ fn handles_are_send_and_sync() {
     assert_send_sync::<egress_reactive::Effect<egress_reactive::Threaded>>();
     assert_send_sync::<egress_reactive::Handle<egress_reactive::Threaded>>();
 }
+
+#[test]
+fn a_disposal_asked_while_another_thread_holds_the_graph_is_done_when_it_leaves() {
+    // The main thread is inside graph `a` and disposes an effect of graph
+    // `b`, which another thread holds (inside a batch): the disposal waits
+    // for `b` to be free, and the thread leaving `b` does it.
+    use std::sync::mpsc::channel;
+    use std::time::Duration;
+    let (a, b) = (ThreadSafeContext::new(), ThreadSafeContext::new());
+    let cleaned = Arc::new(AtomicU64::new(0));
+    let effect = b.effect({
+        let (h, cleaned) = (b.handle(), cleaned.clone());
+        move || {
+            let cleaned = cleaned.clone();
+            h.on_cleanup(move || {
+                cleaned.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    let (inside_tx, inside_rx) = channel();
+    let (leave_tx, leave_rx) = channel::<()>();
+    let holder = std::thread::spawn({
+        let hb = b.handle();
+        move || {
+            hb.batch(|| {
+                inside_tx.send(()).unwrap();
+                leave_rx.recv_timeout(Duration::from_secs(20)).expect("released");
+            });
+        }
+    });
+    inside_rx.recv_timeout(Duration::from_secs(20)).expect("the holder is inside b");
+    a.batch(|| effect.dispose());
+    // (Asking `effect` now would wait for `b`.)
+    assert_eq!(cleaned.load(Ordering::SeqCst), 0, "b is held: the disposal waits");
+    leave_tx.send(()).unwrap();
+    holder.join().unwrap();
+    assert_eq!(cleaned.load(Ordering::SeqCst), 1, "done by the thread that left b");
+    assert!(effect.is_disposed());
+}
