@@ -109,7 +109,15 @@ each_flavour! {
                 a == b
             }
         });
-        let (w, y) = (cx.signal(0u32), cx.signal(0u32));
+        let compared = Arc::new(AtomicUsize::new(0));
+        let w = cx.signal(0u32);
+        let y = cx.signal_with(0u32, {
+            let compared = compared.clone();
+            move |a: &u32, b: &u32| {
+                compared.fetch_add(1, Ordering::SeqCst);
+                a == b
+            }
+        });
         let seen = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)]);
         for (i, s) in [w.clone(), x.clone(), y.clone()].into_iter().enumerate() {
             cx.effect({ let seen = seen.clone(); move || { s.get(); seen[i].fetch_add(1, Ordering::SeqCst); } });
@@ -123,9 +131,11 @@ each_flavour! {
                 x.set(1);
                 y.set(1);
                 armed.store(true, Ordering::SeqCst);
+                compared.store(0, Ordering::SeqCst);
             })
         }));
         assert!(ended.is_err(), "the equality's panic goes on");
+        assert_eq!(compared.load(Ordering::SeqCst), 1, "y's write settled before the panic went on");
         assert_eq!(runs(), [1, 1, 1], "the readers wait for the next flush");
         cx.batch(|| {});
         assert_eq!(runs(), [2, 2, 2], "w settled as usual; x and y counted as changes");

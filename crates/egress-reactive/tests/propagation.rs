@@ -6,6 +6,24 @@ mod common;
 use common::Counter;
 
 each_flavour! {
+    fn a_write_settled_mid_walk_reaches_the_node_the_walk_returns_to(cx) {
+        // p reads s, then a. Re-validating p walks into a: c runs (and
+        // writes s, deferred), then a runs and reads x, whose refresh
+        // settles the write: p is marked dirty while the walk is below it.
+        // a's value is unchanged, and a was p's last dependency: p must
+        // still run, and see the new s.
+        let u = cx.signal(0);
+        let s = cx.signal(0);
+        let c = cx.computed({ let (u, s) = (u.clone(), s.clone()); move || { let v = u.get(); if v > 0 { s.set(v * 10); } v } });
+        let x = cx.computed(|| 0);
+        let a = cx.computed({ let (c, x) = (c.clone(), x.clone()); move || { c.get(); x.get() } });
+        let p = cx.computed({ let (s, a) = (s.clone(), a.clone()); move || s.get() + a.get() });
+        assert_eq!(p.get(), 0);
+        u.set(1);
+        assert_eq!(p.get(), 10, "p ran after the write its walk settled");
+        assert_eq!(s.get(), 10);
+    }
+
     fn computed_is_lazy_and_memoized(cx) {
         let a = cx.signal(1);
         let runs = Counter::new();
