@@ -8,6 +8,22 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
 each_flavour! {
+    fn debug_output_names_each_handle_and_where_it_was_made(cx) {
+        let line = line!() + 1;
+        let (s, c, e) = (cx.signal(1), cx.computed(|| 2), cx.effect(|| {}));
+        let site = |shown: String, kind: &str| {
+            assert!(shown.starts_with(&format!("{kind} {{ created_at: ")), "{shown}");
+            assert!(shown.contains(&format!("file: \"{}\", line: {line}", file!())), "{shown}");
+            assert!(shown.ends_with(", .. }"), "{shown}");
+        };
+        site(format!("{s:?}"), "Signal");
+        site(format!("{c:?}"), "Computed");
+        site(format!("{e:?}"), "Effect");
+        let graph = format!("Handle {{ nodes: {}, links: {} }}", cx.node_count(), cx.link_count());
+        assert_eq!(format!("{:?}", cx.handle()), graph);
+        assert!(format!("{cx:?}").contains(&graph), "{cx:?}");
+    }
+
     fn reading_a_disposed_node_is_a_typed_error(cx) {
         let s = cx.signal(1);
         let c = cx.computed({ let s = s.clone(); move || s.get() });

@@ -36,6 +36,24 @@ each_flavour! {
         assert!(e.runs() >= 3);
     }
 
+    fn a_reader_that_caught_a_computeds_first_panic_runs_again_when_it_recovers(cx) {
+        // The effect's first read of `c` panics, and the effect catches it:
+        // it depends on `c` all the same, so `c`'s recovery reaches it.
+        let a = cx.signal(0);
+        let c = cx.computed({ let a = a.clone(); move || { let v = a.get(); assert!(v != 0, "zero is not allowed"); v } });
+        let seen = Log::new();
+        cx.effect({
+            let (c, seen) = (c.clone(), seen.clone());
+            move || match catch_unwind(AssertUnwindSafe(|| c.get())) {
+                Ok(v) => seen.push(v.to_string()),
+                Err(_) => seen.push("panicked"),
+            }
+        });
+        assert_eq!(seen.take(), ["panicked"]);
+        a.set(3);
+        assert_eq!(seen.take(), ["3"], "the recovery reached the reader");
+    }
+
     fn a_chain_left_half_checked_by_a_panic_is_revalidated(cx) {
         let a = cx.signal(0);
         let c1 = cx.computed({ let a = a.clone(); move || { let v = a.get(); assert!(v != 1, "no ones"); v } });
