@@ -59,6 +59,7 @@ mod panic;
 mod parked;
 mod pending;
 mod policy;
+mod restored;
 mod resume;
 mod retry;
 mod window;
@@ -66,10 +67,8 @@ mod window;
 pub use crate::changes::{Changes, Projection};
 pub use crate::completions::Completions;
 pub use crate::core::{EgressCore, Isolation, SKIPPED_MEMORY};
-pub use crate::durable::{
-    AdoptOutcome, DeadMark, MessageStatus, PersistError, PersistOutcome, Ready, RebaseOutcome, Recovered, RestoreError,
-    Restored, RestoredRecord,
-};
+pub use crate::durable::{AdoptOutcome, DeadMark, MessageStatus, PersistError, PersistOutcome, Ready, RebaseOutcome};
+pub use crate::restored::{Recovered, RestoreError, Restored, RestoredRecord};
 pub use crate::envelope::Envelope;
 pub use crate::ids::{Attempt, Delay, Epoch, FlushEpoch, Generation, Incarnation, Sequence, Time};
 pub use crate::outcome::{
