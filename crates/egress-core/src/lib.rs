@@ -68,7 +68,6 @@ pub use crate::changes::{Changes, Projection};
 pub use crate::completions::Completions;
 pub use crate::core::{EgressCore, Isolation, SKIPPED_MEMORY};
 pub use crate::durable::{AdoptOutcome, DeadMark, MessageStatus, PersistError, PersistOutcome, Ready, RebaseOutcome};
-pub use crate::restored::{Recovered, RestoreError, Restored, RestoredRecord};
 pub use crate::envelope::Envelope;
 pub use crate::ids::{Attempt, Delay, Epoch, FlushEpoch, Generation, Incarnation, Sequence, Time};
 pub use crate::outcome::{
@@ -76,5 +75,6 @@ pub use crate::outcome::{
 };
 pub use crate::panic::panic_message;
 pub use crate::policy::{DeadLetters, Ordering, Policy, PolicyBuilder, PolicyError};
+pub use crate::restored::{Recovered, RestoreError, Restored, RestoredRecord};
 pub use crate::resume::Resume;
 pub use crate::retry::{DeadReason, FailureKind, JitterSample, JitterSampleError, ParkedView, Retry};

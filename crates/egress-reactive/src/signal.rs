@@ -185,6 +185,9 @@ impl<F: Flavor> Handle<F> {
     /// batch that ends on a value it finds the same as the one the batch
     /// began with notifies nothing. A panic in `same` during `set` leaves
     /// the value unchanged; at the end of a batch it counts as a change.
+    /// `same` is lent the signal's values: reading or writing the signal
+    /// itself from inside it panics (the value is borrowed), which counts
+    /// as such a panic.
     ///
     /// The equality is kept beside the graph, not in the signal's slot:
     /// signals without one pay nothing for the feature. It may close the

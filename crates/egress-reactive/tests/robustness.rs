@@ -54,6 +54,28 @@ each_flavour! {
         assert_eq!(seen.take(), ["3"], "the recovery reached the reader");
     }
 
+    fn an_equality_that_reads_its_own_signal_panics_and_changes_nothing(cx) {
+        let me = Arc::new(Mutex::new(None::<egress_reactive::Signal<u32, _>>));
+        let s = cx.signal_with(1u32, {
+            let me = me.clone();
+            move |a: &u32, b: &u32| {
+                let own = me.lock().unwrap().clone();
+                if let Some(s) = own {
+                    let _ = s.try_get();
+                }
+                a == b
+            }
+        });
+        let runs = Counter::new();
+        cx.effect({ let (s, r) = (s.clone(), runs.clone()); move || { s.get(); r.hit(); } });
+        *me.lock().unwrap() = Some(s.clone());
+        assert!(panics(|| s.set(2)), "the value is lent to the equality");
+        me.lock().unwrap().take();
+        assert_eq!((s.get(), runs.get()), (1, 1), "the write did not happen");
+        s.set(2);
+        assert_eq!((s.get(), runs.get()), (2, 2), "the signal takes writes as before");
+    }
+
     fn a_chain_left_half_checked_by_a_panic_is_revalidated(cx) {
         let a = cx.signal(0);
         let c1 = cx.computed({ let a = a.clone(); move || { let v = a.get(); assert!(v != 1, "no ones"); v } });
