@@ -267,3 +267,37 @@ async fn an_async_effect_drops_what_it_no_longer_reads() {
     settle().await;
     assert_eq!(runs.load(SeqCst), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_async_effect_counts_its_panics_and_shows_its_runs() {
+    let cx = AsyncContext::new();
+    let s = cx.signal(0u32);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let fx = cx.effect_async({
+        let s = s.clone();
+        move |ecx| {
+            let (s, tx) = (s.clone(), tx.clone());
+            async move {
+                let v = ecx.get(&s);
+                tx.send(v).unwrap();
+                assert!(v % 2 == 0, "odd values are refused");
+            }
+        }
+    });
+    assert_eq!(rx.recv().await.unwrap(), 0);
+    assert_eq!((fx.panics(), fx.last_panic()), (0, None));
+    assert_eq!(format!("{fx:?}"), "AsyncEffect { runs: 1 }");
+    for (value, panics) in [(1, 1), (3, 2), (4, 2)] {
+        s.set(value);
+        assert_eq!(rx.recv().await.unwrap(), value);
+        tokio::task::yield_now().await;
+        assert_eq!(fx.panics(), panics, "after {value}");
+    }
+    assert_eq!(fx.last_panic().as_deref(), Some("odd values are refused"));
+    assert_eq!(format!("{fx:?}"), "AsyncEffect { runs: 4 }");
+    let c = cx.computed({
+        let s = s.clone();
+        move || s.get()
+    });
+    assert_eq!(format!("{:?}", cx.watch(&c)), "Watch { .. }");
+}
