@@ -76,6 +76,36 @@ each_flavour! {
         outer.dispose();
     }
 
+    fn a_scope_disposed_inside_its_nested_runs_goes_when_the_outer_run_ends(cx) {
+        let h = cx.handle();
+        let log = Log::default();
+        let (scope, ()) = cx.scope(|| {
+            let log = log.clone();
+            h.on_cleanup(move || log.push("cleaned"));
+        });
+        scope.run(|| {
+            scope.run(|| log.push("inner"));
+            scope.dispose();
+            log.push("outer goes on");
+        });
+        assert_eq!(log.take(), ["inner", "outer goes on", "cleaned"], "disposed when the outer run returned");
+        assert!(scope.is_disposed());
+    }
+
+    fn a_panic_of_a_cleanup_of_a_scope_disposed_in_its_run_reaches_the_run(cx) {
+        let h = cx.handle();
+        let (scope, ()) = cx.scope(|| {});
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            scope.run(|| {
+                h.on_cleanup(|| panic!("the scope's cleanup"));
+                scope.dispose();
+            })
+        }));
+        let message = ran.expect_err("the cleanup's panic goes on").downcast::<&str>().map(|m| *m);
+        assert_eq!(message.ok(), Some("the scope's cleanup"));
+        assert!(scope.is_disposed());
+    }
+
     fn effects_whose_cleanups_dispose_them_go_with_their_scope(cx) {
         let h = cx.handle();
         let base = cx.node_count();

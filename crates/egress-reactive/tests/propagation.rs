@@ -158,6 +158,16 @@ each_flavour! {
         assert_eq!((c.get(), d.get()), (22, 22));
     }
 
+    fn reads_after_an_untracked_block_are_tracked_again(cx) {
+        let (a, b, z) = (cx.signal(1), cx.signal(10), cx.signal(100));
+        let h = cx.handle();
+        let c = cx.computed({ let (a, b, z) = (a.clone(), b.clone(), z.clone()); move || h.untrack(|| b.get()) + a.get() + z.get() });
+        assert_eq!(c.get(), 111);
+        assert_eq!(c.dependency_count(), 2, "a and z, read after the untracked block");
+        z.set(200);
+        assert_eq!(c.get(), 211);
+    }
+
     fn writes_inside_computed_are_applied(cx) {
         let a = cx.signal(1);
         let mirror = cx.signal(0);

@@ -103,13 +103,18 @@ fn a_disposal_asked_while_another_thread_holds_the_graph_is_done_when_it_leaves(
     });
     let (inside_tx, inside_rx) = channel();
     let (leave_tx, leave_rx) = channel::<()>();
+    let probe = b.signal(0u64);
     let holder = std::thread::spawn({
-        let hb = b.handle();
+        let (hb, cleaned, probe) = (b.handle(), cleaned.clone(), probe.clone());
         move || {
             hb.batch(|| {
                 inside_tx.send(()).unwrap();
                 leave_rx.recv_timeout(Duration::from_secs(20)).expect("released");
-            });
+                // A nested call leaves `b` but not this thread's outermost
+                // call: the disposal waits for that.
+                probe.get();
+                cleaned.load(Ordering::SeqCst)
+            })
         }
     });
     inside_rx.recv_timeout(Duration::from_secs(20)).expect("the holder is inside b");
@@ -117,7 +122,7 @@ fn a_disposal_asked_while_another_thread_holds_the_graph_is_done_when_it_leaves(
     // (Asking `effect` now would wait for `b`.)
     assert_eq!(cleaned.load(Ordering::SeqCst), 0, "b is held: the disposal waits");
     leave_tx.send(()).unwrap();
-    holder.join().unwrap();
+    assert_eq!(holder.join().unwrap(), 0, "not done by a nested call's leaving");
     assert_eq!(cleaned.load(Ordering::SeqCst), 1, "done by the thread that left b");
     assert!(effect.is_disposed());
 }
