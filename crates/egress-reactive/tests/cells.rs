@@ -523,6 +523,16 @@ each_flavour! {
         assert_eq!(runs.get(), 0, "and notified no node of the new ones");
         signals[0].set(100);
         assert_eq!(runs.get(), 1);
+        // A status reader made now (outside the disposed cell's scope)
+        // tracks none of the freed triggers, whose slots those signals hold.
+        let status = cell.status(Sequence(0));
+        assert!(status.get().is_some());
+        assert_eq!(status.dependency_count(), 0);
+        for s in &signals {
+            s.set(s.get_untracked() + 1);
+        }
+        assert!(status.get().is_some());
+        assert_eq!(status.runs(), 1, "no signal reaches it");
     }
 
     fn disposing_a_cell_frees_its_nodes_and_keeps_its_records(cx) {
