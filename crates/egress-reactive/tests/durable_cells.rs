@@ -171,6 +171,25 @@ fn status_readers_no_one_holds_are_disposed_at_a_sweep_once_the_set_has_doubled(
 }
 
 #[test]
+fn a_held_status_reader_survives_the_sweeps_on_the_thread_safe_flavour_too() {
+    // A handle is what holds a reader: counted through the flavour's own
+    // shared pointer (an `Arc` here), so this is the thread-safe twin of
+    // the test above, with no computation reading the reader.
+    use egress_reactive::{ThreadSafeContext, ThreadSafeEgressCell};
+    let cx = ThreadSafeContext::new();
+    let cell: ThreadSafeEgressCell<String> = ThreadSafeEgressCell::new(&cx, Policy::default());
+    let held = cell.status(Sequence(3));
+    let base = cx.node_count();
+    for s in 100..400 {
+        drop(cell.status(Sequence(s)));
+    }
+    assert!(cx.node_count() < base + 130, "{} nodes after 300 dropped statuses", cx.node_count() - base);
+    assert!(!held.is_disposed(), "a held reader was swept");
+    cell.enqueue_all((0..4).map(|i| format!("m{i}")));
+    assert_eq!(held.get(), Some(M::Queued));
+}
+
+#[test]
 fn threads_asking_for_one_status_together_share_one_reader() {
     use egress_reactive::{ThreadSafeContext, ThreadSafeEgressCell};
     let cx = ThreadSafeContext::new();
