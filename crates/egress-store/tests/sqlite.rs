@@ -526,6 +526,15 @@ fn the_received_log_rises_with_the_applications_commits_only() {
     assert_eq!((log.next("p", inc).unwrap(), log.next("p", Incarnation(1)).unwrap()), (Some(5), Some(1)));
     // A sequence the store cannot hold is a typed error.
     assert!(matches!(ReceivedLog::record(&app, "p", inc, u64::MAX - 1), Err(StoreError::OutOfRange { .. })));
+    // Through the seam the reference receiver resumes by: the same answers,
+    // and a store error as its words.
+    let resume: &dyn egress_core::Resume = &log;
+    assert_eq!(resume.resume("p", inc), Ok(Some(5)));
+    assert_eq!(resume.resume("p", Incarnation(1)), Ok(Some(1)));
+    assert_eq!(resume.resume("q", inc), Ok(None));
+    app.execute("DROP TABLE egress_received", []).unwrap();
+    let error = resume.resume("p", inc).unwrap_err();
+    assert!(error.contains("egress_received"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
