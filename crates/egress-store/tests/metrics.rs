@@ -60,6 +60,9 @@ async fn commits_are_counted_in_metrics_and_raise_the_stored_watermark() {
     assert_eq!(metrics.count("histogram.egress_relay_commit_seconds") as u64, stats.commits);
     assert!(stats.commits >= 2, "appends, then the acknowledgement: {stats:?}");
     assert_eq!(metrics.sum("monotonic_counter.egress_relay_failures"), 0.0);
+    // Nothing came through an outbox: no adoption event at all (not one
+    // of zero records per poll).
+    assert_eq!(metrics.count("monotonic_counter.egress_relay_adopted") as u64, 0);
     drop(link);
     drop(durable.cell);
     // A restarted relay starts from the stored watermark.

@@ -651,6 +651,29 @@ fn a_synchronous_cell_writes_its_journal_from_its_own_loop() {
     assert!(cell.persist_error().get().is_some());
 }
 
+#[test]
+fn a_stored_counter_that_went_backwards_is_an_error_shown_by_the_cell_not_a_rebase() {
+    use egress_reactive::{Context, EgressCell};
+    let dir = TempDir::new();
+    let cx = Context::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let core = EgressCore::restore(Policy::default(), store.load("ui").unwrap().restored).unwrap();
+    let cell: EgressCell<Bytes> = EgressCell::from_core(&cx.handle(), core, CellOptions::new());
+    cell.enqueue_all((0..2).map(|i| Bytes::from(format!("m{i}"))));
+    assert_eq!(store.write_journal(&cell, "ui").unwrap(), 2);
+    // The stored counter moves behind what this cell wrote (a database put
+    // back from an older copy): no other writer's appends to move behind.
+    store.connection().execute("UPDATE egress_stream SET next_sequence = 1 WHERE stream = 'ui'", []).unwrap();
+    cell.enqueue(Bytes::from_static(b"m2"));
+    match store.write_journal(&cell, "ui") {
+        Err(StoreError::Conflict { stored: 1, expected: 2, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    let shown = cell.persist_error().get();
+    assert!(shown.as_ref().is_some_and(|e| e.reason.contains("stored counter is at 1")), "{shown:?}");
+    assert_eq!((cell.pending().get().len(), cell.unpersisted_len().get()), (3, 1), "m2 kept, unwritten");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outbox_append_reads_saving_at_once_and_is_adopted_at_its_commit_not_at_a_poll() {
     use egress_core::MessageStatus;
@@ -685,6 +708,12 @@ async fn an_outbox_append_reads_saving_at_once_and_is_adopted_at_its_commit_not_
         drop(status);
     }
     durable.relay.shutdown().await;
+    // A clean close checkpoints the WAL into the database and truncates it
+    // (the application's connection still open, so SQLite's own close
+    // would not).
+    let wal = std::path::PathBuf::from(format!("{}-wal", dir.db().display()));
+    assert_eq!(std::fs::metadata(&wal).unwrap().len(), 0, "the relay's shutdown checkpointed");
+    drop(app);
 }
 
 #[test]
@@ -752,8 +781,10 @@ fn a_dead_letter_whose_held_flag_is_neither_0_nor_1_is_refused_at_load_above_or_
                 conn.execute("INSERT INTO egress_outbox (stream, seq, payload) VALUES ('s', ?1, x'00')", [s]).unwrap();
             }
         }
+        // The error names the value found; a missing flag (NULL) as -1.
+        let found: i128 = held.parse().unwrap_or(-1);
         match store.load("s") {
-            Err(StoreError::OutOfRange { what: "dead_held", .. }) => {}
+            Err(StoreError::OutOfRange { what: "dead_held", value }) => assert_eq!(value, found, "held {held}"),
             other => panic!("acked {acked:?}, held {held}: {other:?}"),
         }
     }
@@ -781,4 +812,26 @@ async fn a_relay_with_nothing_to_write_learns_of_a_takeover_and_stops() {
     let _ = third.load("s").unwrap();
     assert_eq!(third.owns("s").ok(), Some(()));
     assert!(matches!(other.owns("s"), Err(StoreError::Fenced { .. })));
+    // Its Debug output shows its stats, the fence among them.
+    let debug = format!("{:?}", durable.relay);
+    assert!(debug.starts_with("Relay { stats: RelayStats {") && debug.contains("fenced: true"), "{debug}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_journal_asks_whether_its_stream_was_taken_over_at_most_every_100_ms() {
+    use egress_store::{JournalStore, SqliteJournal};
+    let dir = TempDir::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    drop(store.load("s").unwrap());
+    let mut journal = SqliteJournal::new(store, "s");
+    journal.keep().await.unwrap();
+    let mut other = SqliteStore::open(dir.db()).unwrap();
+    drop(other.load("s").unwrap());
+    // Taken over, but within 100 ms of the last look (virtual time): not
+    // asked again.
+    tokio::time::advance(Duration::from_millis(99)).await;
+    journal.keep().await.unwrap();
+    // 100 ms after it: asked, and the takeover found.
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert!(matches!(journal.keep().await, Err(StoreError::Fenced { .. })));
 }
