@@ -575,6 +575,32 @@ async fn one_store_takes_many_streams_at_once_a_poisoned_one_aside_and_wakes_eac
     assert_eq!(two.appended(Sequence(2), 10).await.unwrap(), [(Sequence(2), Bytes::from_static(b"news"))]);
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn a_journal_without_news_reads_the_outbox_at_each_poll_and_not_between() {
+    use egress_store::JournalStore as _;
+    use egress_store::postgres::PgJournal;
+    let Some(url) = database().await else { return };
+    let stream = fresh("poll");
+    let store = PgStore::connect(&url, "worker").await.unwrap();
+    let (lease, _) = store.take_stream(&stream, LONG).await.unwrap().unwrap();
+    // Virtual time from here: the poll is the only thing that moves.
+    tokio::time::pause();
+    let poll = Duration::from_secs(10);
+    let mut journal = PgJournal::new(store.clone(), lease, LONG, poll);
+    assert_eq!(journal.stream(), stream, "the relay's events name the stream");
+    assert_eq!(PgOutbox::new(stream.clone()).stream(), stream);
+    assert_eq!(format!("{store:?}"), r#"PgStore { worker: "worker", .. }"#);
+    assert!(journal.changed().await.unwrap(), "a new journal reads once");
+    assert!(!journal.changed().await.unwrap());
+    for round in 0..3 {
+        tokio::time::advance(poll - Duration::from_millis(1)).await;
+        assert!(!journal.changed().await.unwrap(), "round {round}: before the poll");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(journal.changed().await.unwrap(), "round {round}: at the poll");
+        assert!(!journal.changed().await.unwrap(), "round {round}: right after it");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_applications_open_transaction_on_one_stream_stalls_no_other_stream_on_the_connection() {
     let Some(url) = database().await else { return };
