@@ -533,7 +533,7 @@ impl FixturePolicy {
 
 /// Decodes one op; an error carries the path below the op (`""` for the op
 /// itself, `".generation"` for a field) and a message.
-fn decode_op(value: Value) -> Result<Op, (String, String)> {
+pub(crate) fn decode_op(value: Value) -> Result<Op, (String, String)> {
     let Value::Object(mut map) = value else {
         return Err((String::new(), "expected an object with a \"type\"".into()));
     };

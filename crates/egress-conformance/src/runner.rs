@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::fixture::{Fixture, FixtureError};
 use crate::graph::{GraphFixture, run_graph_fixture};
+use crate::lanes::{LanesFixture, run_lanes_fixture};
 use crate::target::Target;
 
 /// How one fixture went on one target.
@@ -176,7 +177,7 @@ fn design_reading(op: &Value, want: &Value, mut got: Value) -> Value {
 }
 
 /// The first path at which `want` and `got` differ, with both values there.
-fn first_difference<'a>(
+pub(crate) fn first_difference<'a>(
     path: String,
     want: &'a Value,
     got: &'a Value,
@@ -260,6 +261,10 @@ pub const KINDS_NOT_IMPLEMENTED: &[(&str, &str)] = &[(
      implemented yet: issue 33 brings it",
 )];
 
+/// Why a shell target skips the lanes fixtures.
+pub const LANES_NOT_IN_SHELLS: &str =
+    "the lanes cell (a reactive shell over egress_core::Lanes) is not in egress-reactive yet: issue 32 brings it";
+
 /// Loads each file and runs it on each target: one report per pair. An
 /// egress fixture runs on every target; a reactive-graph fixture on the
 /// targets that have a graph (not `core`); a fixture of a kind in
@@ -288,7 +293,17 @@ pub fn run_files(files: &[PathBuf], targets: &[&dyn Target]) -> Result<Vec<Repor
             target,
             verdict,
         };
-        if kind == "ReactiveGraph" {
+        if kind == "Lanes" {
+            let fixture = LanesFixture::from_value(file, &doc)?;
+            for target in targets {
+                let verdict = if target.runs_lanes() {
+                    run_lanes_fixture(&fixture)
+                } else {
+                    Verdict::Skipped { reason: LANES_NOT_IN_SHELLS.to_owned() }
+                };
+                reports.push(report(target.name(), verdict));
+            }
+        } else if kind == "ReactiveGraph" {
             let fixture = GraphFixture::from_value(file, &doc)?;
             for target in targets {
                 if let Some(start) = target.graph() {

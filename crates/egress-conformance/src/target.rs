@@ -31,6 +31,11 @@ pub trait Target {
     fn graph(&self) -> Option<GraphStart> {
         None
     }
+
+    /// Whether the target runs the lanes fixtures (`"kind": "Lanes"`).
+    fn runs_lanes(&self) -> bool {
+        false
+    }
 }
 
 /// Starts a session of the reactive-graph interpreter on a fresh graph.
@@ -377,6 +382,10 @@ impl Target for CoreTarget {
 
     fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String> {
         Ok(Box::new(CoreSession { core: fixture.core()? }))
+    }
+
+    fn runs_lanes(&self) -> bool {
+        true
     }
 }
 

@@ -38,6 +38,28 @@ impl Completions {
         (self.next > before).then(|| Sequence(self.next - 1))
     }
 
+    /// Whether `sequence` completed: below the watermark, or waiting above
+    /// a gap.
+    pub(crate) fn contains(&self, sequence: u64) -> bool {
+        sequence < self.next || self.above.contains(&sequence)
+    }
+
+    /// Moves the first incomplete sequence up to `next` (an acknowledgement
+    /// that came another way), dropping the completions it covers. Returns
+    /// the watermark when completions waiting just above `next` carried it
+    /// further than `next - 1`.
+    pub(crate) fn advance_to(&mut self, next: u64) -> Option<Sequence> {
+        if next <= self.next {
+            return None;
+        }
+        self.above = self.above.split_off(&next);
+        self.next = next;
+        while self.above.remove(&self.next) {
+            self.next += 1;
+        }
+        (self.next > next).then(|| Sequence(self.next - 1))
+    }
+
     /// Completions waiting above a gap.
     pub fn waiting(&self) -> usize {
         self.above.len()

@@ -89,25 +89,44 @@ number_space!(
     "f"
 );
 number_space!(
+    /// A record's place in the enqueue order across every lane of a
+    /// [`Lanes`](crate::Lanes): assigned from 0 upward, never reused by that
+    /// `Lanes`, so it names one record even where its lane's sequences
+    /// started again (an idle lane freed and made anew).
+    Ordinal(u64),
+    "o"
+);
+number_space!(
     /// A span of time in the same ticks as [`Time`].
     Delay(u64),
     "+"
 );
 
-impl Sequence {
-    /// The sequence after this one.
-    ///
-    /// # Panics
-    /// At `u64::MAX`, which would take 2^64 enqueues to reach (2^63 after
-    /// a restore, which refuses a next sequence above `i64::MAX`).
-    #[must_use]
-    pub const fn next(self) -> Self {
-        match self.0.checked_add(1) {
-            Some(n) => Self(n),
-            None => panic!("invariant broken: the sequence space (u64) is exhausted"),
+/// `next()` for a number space that counts up from 0 and is never reused.
+macro_rules! counts_up {
+    ($name:ident, $what:literal, $panics:literal) => {
+        impl $name {
+            #[doc = concat!("The ", $what, " after this one.")]
+            ///
+            /// # Panics
+            #[doc = $panics]
+            #[must_use]
+            pub const fn next(self) -> Self {
+                match self.0.checked_add(1) {
+                    Some(n) => Self(n),
+                    None => panic!(concat!("invariant broken: the ", $what, " space (u64) is exhausted")),
+                }
+            }
         }
-    }
+    };
 }
+
+counts_up!(
+    Sequence,
+    "sequence",
+    "At `u64::MAX`, which would take 2^64 enqueues to reach (2^63 after a restore, which refuses a next sequence above `i64::MAX`)."
+);
+counts_up!(Ordinal, "ordinal", "At `u64::MAX`, which would take 2^64 enqueues to reach.");
 
 impl Attempt {
     /// The attempt after this one, saturating at `u32::MAX`.

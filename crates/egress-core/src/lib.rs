@@ -54,6 +54,7 @@ mod envelope;
 mod failures;
 mod fencing;
 mod ids;
+mod lanes;
 mod outcome;
 mod panic;
 mod parked;
@@ -69,7 +70,11 @@ pub use crate::completions::Completions;
 pub use crate::core::{EgressCore, Isolation, SKIPPED_MEMORY};
 pub use crate::durable::{AdoptOutcome, DeadMark, MessageStatus, PersistError, PersistOutcome, Ready, RebaseOutcome};
 pub use crate::envelope::Envelope;
-pub use crate::ids::{Attempt, Delay, Epoch, FlushEpoch, Generation, Incarnation, Sequence, Time};
+pub use crate::ids::{Attempt, Delay, Epoch, FlushEpoch, Generation, Incarnation, Ordinal, Sequence, Time};
+pub use crate::lanes::{
+    CompleteOutcome, Enqueued, LaneEnvelope, LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, LanesPolicyError,
+    LanesReconnect, TooManyLanes,
+};
 pub use crate::outcome::{
     AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,
 };

@@ -188,6 +188,22 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// This policy with a lane's window, ordering and dead letters (every
+    /// value valid: `inflight_limit` is at least 1 by its type).
+    pub(crate) const fn for_lane(
+        mut self,
+        inflight_limit: core::num::NonZeroUsize,
+        ordering: Ordering,
+        dead_letters: DeadLetters,
+    ) -> Self {
+        self.inflight_limit = inflight_limit.get();
+        self.ordering = ordering;
+        self.dead_letters = dead_letters;
+        self
+    }
+}
+
 /// Builds a validated [`Policy`]. Every setter is optional.
 #[derive(Clone, Debug)]
 #[must_use]

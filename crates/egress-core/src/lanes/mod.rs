@@ -1,0 +1,493 @@
+//! [`Lanes`]: several ordering domains, one [`EgressCore`] per lane key,
+//! released in enqueue order across lanes. The state, its indexes and the
+//! send path live here; the other transitions in `transitions.rs`.
+
+mod kind;
+mod outcome;
+mod transitions;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+pub use self::kind::{LaneKey, LaneKind, LanesPolicy, LanesPolicyError};
+pub use self::outcome::{CompleteOutcome, Enqueued, LaneEnvelope, LanesClaim, LanesReconnect, TooManyLanes};
+use crate::changes::{Changes, Projection};
+use crate::completions::Completions;
+use crate::core::EgressCore;
+use crate::ids::{FlushEpoch, Generation, Ordinal, Sequence, Time};
+use crate::outcome::{ClaimOutcome, Transition};
+
+/// Several egress streams with one connection: each lane key has its own
+/// [`EgressCore`] (its own sequences, window and watermark, with the window
+/// and ordering of its [`LaneKind`]), and [`claim`](Self::claim) releases
+/// records **in the order they were enqueued across every lane**, skipping a
+/// record whose lane cannot send it now.
+///
+/// This is the outgoing queue of a chat client: each room keeps its order
+/// without waiting for the others, two to-device sends never race, an
+/// account-data write is never overtaken by a later one, and unordered
+/// calls are bounded in number.
+///
+/// ```
+/// use egress_core::{Generation, LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, Policy};
+///
+/// #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// enum Lane { Room(&'static str), AccountData }
+/// impl LaneKey for Lane {
+///     fn kind(&self) -> LaneKind {
+///         match self { Lane::Room(_) => LaneKind::Serial, Lane::AccountData => LaneKind::Strict }
+///     }
+/// }
+///
+/// let mut lanes = Lanes::new(LanesPolicy::new(Policy::default(), 64)?);
+/// let g = lanes.generation();
+/// for (lane, text) in [(Lane::Room("a"), "a1"), (Lane::Room("a"), "a2"), (Lane::Room("b"), "b1")] {
+///     lanes.enqueue(lane, text).outcome.expect("room for the lane");
+/// }
+/// let mut sent = Vec::new();
+/// while let LanesClaim::Claimed(e) = lanes.claim(g).outcome {
+///     sent.push(*e.envelope.payload);
+/// }
+/// // "a2" waits for "a1": one in flight per room; room b does not wait.
+/// assert_eq!(sent, ["a1", "b1"]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # The rules
+/// - **Release order.** [`claim`](Self::claim) hands out the record with
+///   the lowest [`Ordinal`] among the heads of lanes that can claim now
+///   (see [`EgressCore::can_claim`]). A record back from a retry keeps its
+///   ordinal, so it goes ahead of everything enqueued after it.
+/// - **Skipped, never reordered within a lane.** A lane that cannot claim
+///   (its window full, a record before its head backing off or held, a
+///   flush epoch not released) is skipped; the lanes after it go on.
+/// - **A cap across lanes.** With [`LanesPolicy::inflight_cap`], nothing is
+///   claimed while that many records are [`outstanding`](Self::outstanding).
+/// - **One connection, one generation.** Every lane is at the generation of
+///   the `Lanes`; [`reconnect`](Self::reconnect) fences them all at once.
+/// - **Bounded lanes.** At most [`LanesPolicy::max_lanes`] lanes exist. A
+///   lane with nothing pending, in flight, parked, held or gated is idle; a
+///   new key frees an idle lane when it needs the room, and is refused
+///   ([`TooManyLanes`], the payload returned) only when every lane is busy.
+///   A lane made again starts its sequences again: name a record to a peer
+///   by its ordinal (or its lane and the lane's first ordinal), not by its
+///   lane and sequence alone.
+///
+/// # Completions
+/// A request/response transport completes records one by one, in any
+/// order: [`complete`](Self::complete) turns them into each lane's
+/// cumulative acknowledgement (a lane acknowledges a record once every
+/// record before it in the lane completed). A stream transport acknowledges
+/// cumulatively with [`ack`](Self::ack). Both may be mixed.
+///
+/// # Changes
+/// A transition on one lane (named by the caller, or by the outcome of
+/// `claim`) reports that lane's [`Changes`]; the aggregate counts
+/// ([`pending_len`](Self::pending_len) and the others) change with them.
+/// A transition on many lanes lists each lane it touched.
+///
+/// # Costs
+/// A transition on one lane costs what the lane's core costs plus O(log L)
+/// for L lanes (the release index, the timer index, the idle set), and a
+/// clone of the key when the lane enters an index. `reconnect` and
+/// `release` visit every lane.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lanes<K, T> {
+    policy: LanesPolicy,
+    generation: Generation,
+    next_ordinal: Ordinal,
+    released: FlushEpoch,
+    lanes: BTreeMap<K, Lane<T>>,
+    /// Each lane that can claim now, by the ordinal of its head.
+    ready: BTreeMap<Ordinal, K>,
+    /// Each lane with a parked record, by when its first one is due.
+    due: BTreeSet<(Time, K)>,
+    /// The lanes with nothing left in them.
+    idle: BTreeSet<K>,
+    /// The sums of every lane's counts.
+    totals: Counts,
+}
+
+/// One lane: its core, the ordinal of each of its records, its
+/// completions, and where it stands in the indexes of the [`Lanes`].
+#[derive(Clone, Debug, PartialEq)]
+struct Lane<T> {
+    core: EgressCore<T>,
+    /// The ordinal of each record not yet acknowledged, by sequence from
+    /// `base` (ascending: a lane's records are enqueued in its order).
+    ordinals: VecDeque<Ordinal>,
+    /// The sequence of `ordinals[0]`: the lowest not acknowledged.
+    base: Sequence,
+    completions: Completions,
+    /// Its key in `Lanes::ready`, if it is there.
+    ready: Option<Ordinal>,
+    /// Its time in `Lanes::due`, if it is there.
+    due: Option<Time>,
+    /// Whether it is in `Lanes::idle`.
+    idle: bool,
+}
+
+/// A lane's counts, or their sums over lanes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counts {
+    pending: usize,
+    inflight: usize,
+    parked: usize,
+    exhausted: usize,
+    gated: usize,
+    /// In flight and not completed.
+    outstanding: usize,
+}
+
+impl Counts {
+    fn of<T>(lane: &Lane<T>) -> Self {
+        let inflight = lane.core.inflight_len();
+        Self {
+            pending: lane.core.pending_len(),
+            inflight,
+            parked: lane.core.parked_len(),
+            exhausted: lane.core.exhausted_len(),
+            gated: lane.core.gated_len(),
+            outstanding: inflight - lane.completions.waiting(),
+        }
+    }
+
+    const fn is_idle(self) -> bool {
+        self.pending == 0 && self.inflight == 0 && self.parked == 0 && self.exhausted == 0 && self.gated == 0
+    }
+
+    /// `self - before + after`, field by field (`self` includes `before`).
+    const fn replace(self, before: Self, after: Self) -> Self {
+        Self {
+            pending: self.pending - before.pending + after.pending,
+            inflight: self.inflight - before.inflight + after.inflight,
+            parked: self.parked - before.parked + after.parked,
+            exhausted: self.exhausted - before.exhausted + after.exhausted,
+            gated: self.gated - before.gated + after.gated,
+            outstanding: self.outstanding - before.outstanding + after.outstanding,
+        }
+    }
+}
+
+impl<T> Lane<T> {
+    fn new(core: EgressCore<T>) -> Self {
+        Self {
+            core,
+            ordinals: VecDeque::new(),
+            base: Sequence(0),
+            completions: Completions::default(),
+            ready: None,
+            due: None,
+            idle: false,
+        }
+    }
+
+    /// The ordinal of the unacknowledged record `sequence`.
+    fn ordinal(&self, sequence: Sequence) -> Option<Ordinal> {
+        let offset = usize::try_from(sequence.0.checked_sub(self.base.0)?).ok()?;
+        self.ordinals.get(offset).copied()
+    }
+
+    /// The ordinal of the head of pending, if the lane can claim it now.
+    fn ready_ordinal(&self) -> Option<Ordinal> {
+        let head = self.core.pending.head()?;
+        if self.core.can_claim() { self.ordinal(head) } else { None }
+    }
+}
+
+impl<K: LaneKey, T> Lanes<K, T> {
+    /// No lanes, at generation 0.
+    #[must_use]
+    pub const fn new(policy: LanesPolicy) -> Self {
+        Self::with_generation(policy, Generation(0))
+    }
+
+    /// No lanes, at `generation`.
+    #[must_use]
+    pub const fn with_generation(policy: LanesPolicy, generation: Generation) -> Self {
+        Self {
+            policy,
+            generation,
+            next_ordinal: Ordinal(0),
+            released: FlushEpoch(0),
+            lanes: BTreeMap::new(),
+            ready: BTreeMap::new(),
+            due: BTreeSet::new(),
+            idle: BTreeSet::new(),
+            totals: Counts { pending: 0, inflight: 0, parked: 0, exhausted: 0, gated: 0, outstanding: 0 },
+        }
+    }
+
+    // ----- getters -------------------------------------------------------
+
+    /// The policy.
+    #[must_use]
+    pub const fn policy(&self) -> &LanesPolicy {
+        &self.policy
+    }
+
+    /// The generation of every lane.
+    #[must_use]
+    pub const fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// The ordinal the next enqueue will assign.
+    #[must_use]
+    pub const fn next_ordinal(&self) -> Ordinal {
+        self.next_ordinal
+    }
+
+    /// Every flush epoch at or below it is released.
+    #[must_use]
+    pub const fn released(&self) -> FlushEpoch {
+        self.released
+    }
+
+    /// The core of `lane`, if the lane exists: everything about the lane
+    /// (its pending, in-flight and parked records, its watermark, its
+    /// retry state) through the core's getters. Its transitions go through
+    /// the `Lanes`.
+    #[must_use]
+    pub fn lane(&self, lane: &K) -> Option<&EgressCore<T>> {
+        self.lanes.get(lane).map(|l| &l.core)
+    }
+
+    /// Every lane that exists, in key order, with its core.
+    pub fn lanes(&self) -> impl ExactSizeIterator<Item = (&K, &EgressCore<T>)> + '_ {
+        self.lanes.iter().map(|(k, l)| (k, &l.core))
+    }
+
+    /// How many lanes exist (idle ones included).
+    #[must_use]
+    pub fn lane_count(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The ordinal of the record `sequence` of `lane`, while it is not
+    /// acknowledged.
+    #[must_use]
+    pub fn ordinal(&self, lane: &K, sequence: Sequence) -> Option<Ordinal> {
+        self.lanes.get(lane)?.ordinal(sequence)
+    }
+
+    /// Records pending, over every lane.
+    #[must_use]
+    pub const fn pending_len(&self) -> usize {
+        self.totals.pending
+    }
+
+    /// Records in flight, over every lane (completed ones waiting for an
+    /// earlier record of their lane included).
+    #[must_use]
+    pub const fn inflight_len(&self) -> usize {
+        self.totals.inflight
+    }
+
+    /// Records in flight and not completed, over every lane: what the
+    /// [`inflight_cap`](LanesPolicy::inflight_cap) bounds.
+    #[must_use]
+    pub const fn outstanding(&self) -> usize {
+        self.totals.outstanding
+    }
+
+    /// Records parked for a retry, over every lane.
+    #[must_use]
+    pub const fn parked_len(&self) -> usize {
+        self.totals.parked
+    }
+
+    /// Dead letters held, over every lane.
+    #[must_use]
+    pub const fn exhausted_len(&self) -> usize {
+        self.totals.exhausted
+    }
+
+    /// Records waiting for a flush epoch, over every lane.
+    #[must_use]
+    pub const fn gated_len(&self) -> usize {
+        self.totals.gated
+    }
+
+    /// Whether [`claim`](Self::claim) under the current generation would
+    /// claim a record now.
+    #[must_use]
+    pub fn can_claim(&self) -> bool {
+        !self.ready.is_empty() && !self.cap_reached()
+    }
+
+    /// The earliest time a parked record of any lane is due: call
+    /// [`handle_timeout`](Self::handle_timeout) then.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.due.first().map(|(t, _)| *t)
+    }
+
+    fn cap_reached(&self) -> bool {
+        self.policy.cap().is_some_and(|cap| self.totals.outstanding >= cap.get())
+    }
+
+    // ----- the send path -------------------------------------------------
+
+    /// Queues `payload` in `lane`, under the lane's next sequence and the
+    /// next ordinal.
+    ///
+    /// Refused with [`TooManyLanes`] (the payload returned, nothing
+    /// changed) when the lane does not exist, [`max_lanes`](LanesPolicy::max_lanes)
+    /// lanes do, and none of them is idle.
+    ///
+    /// Changes: the lane's pending.
+    pub fn enqueue(&mut self, lane: K, payload: T) -> Transition<Result<Enqueued, TooManyLanes<T>>> {
+        self.enqueue_with(lane, payload, |core, payload| core.enqueue(payload))
+    }
+
+    /// Queues `payload` in `lane`, like [`enqueue`](Self::enqueue), to go
+    /// out only once [`release`](Self::release) reaches `after` (see
+    /// [`EgressCore::enqueue_after`]). It waits in its lane's order; other
+    /// lanes go on.
+    ///
+    /// Changes: the lane's pending; durable, when it waits.
+    pub fn enqueue_after(
+        &mut self,
+        lane: K,
+        payload: T,
+        after: FlushEpoch,
+    ) -> Transition<Result<Enqueued, TooManyLanes<T>>> {
+        self.enqueue_with(lane, payload, |core, payload| core.enqueue_after(payload, after))
+    }
+
+    fn enqueue_with(
+        &mut self,
+        key: K,
+        payload: T,
+        enqueue: impl FnOnce(&mut EgressCore<T>, T) -> Transition<Sequence>,
+    ) -> Transition<Result<Enqueued, TooManyLanes<T>>> {
+        let new_lane = !self.lanes.contains_key(&key);
+        if new_lane {
+            if self.lanes.len() >= self.policy.max_lanes() {
+                let Some(idle) = self.idle.pop_first() else {
+                    return Transition::unchanged(Err(TooManyLanes { limit: self.policy.max_lanes(), payload }));
+                };
+                self.lanes.remove(&idle);
+            }
+            let mut core = EgressCore::with_generation(key.kind().policy(*self.policy.base()), self.generation);
+            let _ = core.release(self.released);
+            self.lanes.insert(key.clone(), Lane::new(core));
+        }
+        let lane = self.lanes.get_mut(&key).expect("the lane exists: found or made above");
+        let before = Counts::of(lane);
+        let ordinal = self.next_ordinal;
+        let t = enqueue(&mut lane.core, payload);
+        lane.ordinals.push_back(ordinal);
+        self.next_ordinal = ordinal.next();
+        self.settle(&key, before);
+        Transition::new(Ok(Enqueued { ordinal, sequence: t.outcome, new_lane }), t.changes)
+    }
+
+    /// Moves into flight the record enqueued first among those that can go
+    /// now: the lowest ordinal at the head of a lane that can claim (see
+    /// the rules above).
+    ///
+    /// Refused with `StaleGeneration` unless `generation` is the current
+    /// one. Then, in this order: `Full` (the cap across lanes is reached),
+    /// `Empty` (nothing pending) and `Waiting` (nothing pending can go
+    /// now). Records whose backoff elapsed go back to pending in
+    /// [`handle_timeout`](Self::handle_timeout): call it at
+    /// [`poll_timeout`](Self::poll_timeout).
+    ///
+    /// Changes: the claimed lane's pending and inflight.
+    pub fn claim(&mut self, generation: Generation) -> Transition<LanesClaim<'_, K, T>> {
+        if generation != self.generation {
+            return Transition::unchanged(LanesClaim::StaleGeneration { current: self.generation });
+        }
+        if let Some(cap) = self.policy.cap().filter(|cap| self.totals.outstanding >= cap.get()) {
+            return Transition::unchanged(LanesClaim::Full { cap });
+        }
+        let Some((ordinal, key)) = self.ready.pop_first() else {
+            let outcome = if self.totals.pending == 0 { LanesClaim::Empty } else { LanesClaim::Waiting };
+            return Transition::unchanged(outcome);
+        };
+        let lane = self.lanes.get_mut(&key).expect("invariant broken: a ready lane does not exist");
+        lane.ready = None;
+        let before = Counts::of(lane);
+        let sequence = match lane.core.claim(generation).outcome {
+            ClaimOutcome::Claimed(envelope) => envelope.sequence,
+            _ => unreachable!("invariant broken: a ready lane refused its claim"),
+        };
+        self.settle(&key, before);
+        let (lane_key, lane) = self.lanes.get_key_value(&key).expect("a claim does not free its lane");
+        let record = lane.core.inflight.get(sequence).expect("the claimed record is in flight");
+        let envelope = record.view(self.generation);
+        Transition::new(
+            LanesClaim::Claimed(LaneEnvelope { lane: lane_key, ordinal, envelope }),
+            Changes::NONE.with(Projection::Pending).with(Projection::Inflight),
+        )
+    }
+
+    // ----- bookkeeping ---------------------------------------------------
+
+    /// Brings the lane `key` and the indexes up to date after a transition
+    /// on it: drops the ordinals of what it acknowledged, moves its
+    /// completions to its watermark, and puts it where it now belongs in
+    /// the release index, the timer index and the idle set. `before` is its
+    /// counts before the transition.
+    fn settle(&mut self, key: &K, before: Counts) {
+        let Some(lane) = self.lanes.get_mut(key) else { return };
+        let next = lane.core.acked_through().map_or(0, |a| a.0.saturating_add(1));
+        if next > lane.base.0 {
+            let drop = usize::try_from(next - lane.base.0).unwrap_or(usize::MAX).min(lane.ordinals.len());
+            lane.ordinals.drain(..drop);
+            lane.base = Sequence(next);
+            if let Some(through) = lane.completions.advance_to(next) {
+                // Completions waiting just above an acknowledgement that came
+                // another way: the lane acknowledges them too.
+                let _ = lane.core.ack(self.generation, through);
+                let next = through.0 + 1;
+                let drop = usize::try_from(next - lane.base.0).unwrap_or(usize::MAX).min(lane.ordinals.len());
+                lane.ordinals.drain(..drop);
+                lane.base = Sequence(next);
+            }
+        }
+        let after = Counts::of(lane);
+        self.totals = self.totals.replace(before, after);
+        let ready = lane.ready_ordinal();
+        if ready != lane.ready {
+            if let Some(old) = lane.ready {
+                self.ready.remove(&old);
+            }
+            if let Some(new) = ready {
+                self.ready.insert(new, key.clone());
+            }
+            lane.ready = ready;
+        }
+        let due = lane.core.poll_timeout();
+        if due != lane.due {
+            if let Some(old) = lane.due {
+                self.due.remove(&(old, key.clone()));
+            }
+            if let Some(new) = due {
+                self.due.insert((new, key.clone()));
+            }
+            lane.due = due;
+        }
+        let idle = after.is_idle();
+        if idle != lane.idle {
+            if idle {
+                self.idle.insert(key.clone());
+            } else {
+                self.idle.remove(key);
+            }
+            lane.idle = idle;
+        }
+    }
+
+    /// Runs `f` on the lane `key` and settles it: the shared shape of the
+    /// transitions on one lane. `None` when the lane does not exist.
+    fn on_lane<R>(&mut self, key: &K, f: impl FnOnce(&mut Lane<T>, Generation) -> R) -> Option<R> {
+        let generation = self.generation;
+        let lane = self.lanes.get_mut(key)?;
+        let before = Counts::of(lane);
+        let r = f(lane, generation);
+        self.settle(key, before);
+        Some(r)
+    }
+}
