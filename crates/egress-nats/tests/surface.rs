@@ -20,24 +20,7 @@ use egress_nats::{
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use futures_util::StreamExt as _;
 
-use common::{acked, cell, config, connect, contents, fresh, payload, raw, stream, url};
-
-/// The next state of `states` that `skip` does not pass over, within 30 s.
-async fn next_state(
-    states: &mut (impl futures_util::Stream<Item = ConnectionState> + Unpin),
-    skip: impl Fn(&ConnectionState) -> bool,
-) -> ConnectionState {
-    let found = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let s = states.next().await.expect("the stream goes on while the publisher is kept");
-            if !skip(&s) {
-                return s;
-            }
-        }
-    })
-    .await;
-    found.expect("the state moves within 30 s")
-}
+use common::{acked, cell, config, connect, contents, fresh, next_state, payload, raw, stream, url};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_publishers_connection_is_a_computed_and_a_stream_from_connecting_to_stopped() {

@@ -277,15 +277,19 @@ impl Publisher {
                     run, servers, stop_rx,
                 )))
                 .await;
-                let error = match ended {
-                    // An epoch ends as stopped when its attachment goes
-                    // with a disposed cell: said, not taken as a shutdown.
-                    Ok(None) if watched.is_disposed() => Some(PublisherError::CellDisposed),
-                    Ok(error) => error,
-                    Err(_) if watched.is_disposed() => Some(PublisherError::CellDisposed),
-                    Err(panic) => Some(PublisherError::Panicked(
-                        egress_core::panic_message(&*panic).unwrap_or("a panic").to_owned(),
-                    )),
+                let error = if watched.is_disposed() {
+                    // However the run ended (a read of the disposed cell
+                    // panicked, or its attachment went with it and the
+                    // epoch ended as stopped), the cause is said, not taken
+                    // as a shutdown or a bug.
+                    Some(PublisherError::CellDisposed)
+                } else {
+                    match ended {
+                        Ok(error) => error,
+                        Err(panic) => Some(PublisherError::Panicked(
+                            egress_core::panic_message(&*panic).unwrap_or("a panic").to_owned(),
+                        )),
+                    }
                 };
                 if let Some(error) = &error {
                     *counters.failure.lock() = Some(error.clone());

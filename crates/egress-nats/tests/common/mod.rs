@@ -125,3 +125,20 @@ pub(crate) async fn raw(js: &Context, subject: &str, stamp: Option<&Stamp>, body
     };
     ack.expect("sent").await.expect("stored");
 }
+
+/// The next state of `states` that `skip` does not pass over, within 30 s.
+pub(crate) async fn next_state(
+    states: &mut (impl futures_util::Stream<Item = egress_nats::ConnectionState> + Unpin),
+    skip: impl Fn(&egress_nats::ConnectionState) -> bool,
+) -> egress_nats::ConnectionState {
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let s = states.next().await.expect("the stream goes on while the publisher is kept");
+            if !skip(&s) {
+                return s;
+            }
+        }
+    })
+    .await;
+    found.expect("the state moves within 30 s")
+}

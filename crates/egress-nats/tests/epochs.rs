@@ -1,0 +1,102 @@
+//! How a publisher's epochs end and begin again, against a real
+//! nats-server behind a proxy that drops connections on demand: a dropped
+//! connection ends an idle epoch at once; losses without progress back off
+//! more each time, with the retry time ahead; a stream deleted under a
+//! running publisher is waited for (reading its last message fails, said
+//! as such), and a record whose publish failed for want of a stream is
+//! stored as itself once the stream is back, not given up as unstorable.
+//!
+//! The server comes from `EGRESS_NATS_URL`, as in `nats.rs`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use egress_nats::{ConnectionState, LinkError, Publisher, PublisherConfig};
+use egress_reactive::AsyncContext;
+use egress_ws::ChaosProxy;
+
+use common::{acked, addr, cell, config, connect, contents, next_state, payload, stream, url};
+
+fn online(s: &ConnectionState) -> bool {
+    s.is_online()
+}
+
+fn offline(s: &ConnectionState) -> bool {
+    !s.is_online()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_ends_an_idle_epoch_and_losses_without_progress_back_off_more() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "dropped", Duration::from_secs(120)).await;
+    let proxy = ChaosProxy::start(addr(&url), None).await.expect("the proxy starts");
+    let cx = AsyncContext::new();
+    let c = cell(&cx, 8);
+    let config = PublisherConfig {
+        backoff_base: Duration::from_millis(300),
+        backoff_max: Duration::from_millis(600),
+        ..config("dropped", &name, &subject)
+    };
+    let p = Publisher::spawn(c.clone(), &format!("nats://{}", proxy.local_addr()), config).expect("valid");
+    let mut states = p.watch_state();
+    // Nothing is enqueued: no epoch can make progress.
+    for expected_failures in 1..=2 {
+        next_state(&mut states, offline).await;
+        let dropped_at = Instant::now();
+        proxy.kill_all();
+        let ConnectionState::Reconnecting { retry_at, failures, error } = next_state(&mut states, online).await else {
+            panic!("reconnecting after the drop");
+        };
+        assert_eq!(failures, expected_failures, "losses in a row without progress");
+        assert!(retry_at > dropped_at, "the next attempt lies ahead of the drop");
+        assert!(matches!(&error, LinkError::Lost(why) if why == "disconnected"), "{error:?}");
+    }
+    assert!(p.stats().lost >= 2, "{:?}", p.stats());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_under_a_publisher_is_waited_for_and_its_record_stored_as_itself() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "deleted", Duration::from_secs(120)).await;
+    let cx = AsyncContext::new();
+    let c = cell(&cx, 8);
+    let p = Publisher::spawn(c.clone(), &url, config("deleted", &name, &subject)).expect("valid");
+    c.enqueue(payload(0));
+    acked(&c, 0).await;
+    let mut states = p.watch_state();
+    js.delete_stream(&name).await.expect("deleted");
+    // Its publish fails for want of a stream: retried, not a dead letter.
+    c.enqueue(payload(1));
+    let waiting = next_state(&mut states, |s| {
+        !matches!(s, ConnectionState::Reconnecting { error: LinkError::Lost(why), .. } if why.starts_with("last message"))
+    })
+    .await;
+    assert!(matches!(waiting, ConnectionState::Reconnecting { .. }), "{waiting:?}");
+    // Back, empty: record 1 is stored as itself.
+    let (again, _) = stream_named(&js, &name, &subject).await;
+    assert_eq!(again, name);
+    acked(&c, 1).await;
+    let stored = contents(&js, &name).await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let (stamp, body) = &stored[0];
+    let stamp = stamp.as_ref().expect("an egress record");
+    assert_eq!((stamp.sequence, stamp.dead, body), (1, None, &payload(1)));
+    assert_eq!(p.stats().refused, 0, "{:?}", p.stats());
+}
+
+/// Makes the stream `name` of `subject` again.
+async fn stream_named(js: &async_nats::jetstream::Context, name: &str, subject: &str) -> (String, String) {
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: name.to_owned(),
+        subjects: vec![subject.to_owned()],
+        storage: async_nats::jetstream::stream::StorageType::Memory,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .expect("the stream is made again");
+    (name.to_owned(), subject.to_owned())
+}
