@@ -4,7 +4,9 @@
 //! more each time, with the retry time ahead; a stream deleted under a
 //! running publisher is waited for (reading its last message fails, said
 //! as such), and a record whose publish failed for want of a stream is
-//! stored as itself once the stream is back, not given up as unstorable.
+//! stored as itself once the stream is back, not given up as unstorable; a
+//! subject at the last owner cannot be taken over, and one ahead of the
+//! cell stops the publisher.
 //!
 //! The server comes from `EGRESS_NATS_URL`, as in `nats.rs`.
 
@@ -12,11 +14,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use egress_nats::{ConnectionState, LinkError, Publisher, PublisherConfig};
+use egress_nats::{ConnectionState, LinkError, Publisher, PublisherConfig, PublisherError, Stamp};
 use egress_reactive::AsyncContext;
 use egress_ws::ChaosProxy;
 
-use common::{acked, addr, cell, config, connect, contents, next_state, payload, stream, url};
+use common::{acked, addr, cell, config, connect, contents, next_state, payload, raw, stream, url};
 
 fn online(s: &ConnectionState) -> bool {
     s.is_online()
@@ -99,4 +101,47 @@ async fn stream_named(js: &async_nats::jetstream::Context, name: &str, subject: 
     .await
     .expect("the stream is made again");
     (name.to_owned(), subject.to_owned())
+}
+
+/// The subject's last message names the highest owner there can be
+/// (2^32 - 1): no owner above it exists, so a publisher taking the subject
+/// over stops, exhausted, rather than wrap around.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_at_the_last_owner_cannot_be_taken_over() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "lastowner", Duration::from_secs(120)).await;
+    let top =
+        Stamp { producer: "x".into(), incarnation: 1, sequence: 0, generation: u64::MAX, dead: None, claim: false };
+    assert_eq!(egress_nats::owner_of(top.generation), (1 << 32) - 1);
+    raw(&js, &subject, Some(&top), payload(0)).await;
+    let cx = AsyncContext::new();
+    let mut p = Publisher::spawn(cell(&cx, 8), &url, config("late", &name, &subject)).expect("valid");
+    let stopped = tokio::time::timeout(egress_testkit::limit(), p.stopped()).await.expect("it stops");
+    assert_eq!(stopped, Some(PublisherError::Exhausted));
+}
+
+/// The subject holds a record of this cell's own producer and incarnation
+/// at a sequence the cell never sent (another writer with its identity):
+/// the publisher stops and says so, and acknowledges nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_ahead_of_the_cell_stops_the_publisher() {
+    let Some(url) = url() else { return };
+    let js = connect(&url).await;
+    let (name, subject) = stream(&js, "ahead", Duration::from_secs(120)).await;
+    let cx = AsyncContext::new();
+    let c = cell(&cx, 8);
+    let mine = Stamp {
+        producer: "ahead".into(),
+        incarnation: c.incarnation().get(),
+        sequence: 5,
+        generation: 1 << 32,
+        dead: None,
+        claim: false,
+    };
+    raw(&js, &subject, Some(&mine), payload(5)).await;
+    let mut p = Publisher::spawn(c.clone(), &url, config("ahead", &name, &subject)).expect("valid");
+    let stopped = tokio::time::timeout(egress_testkit::limit(), p.stopped()).await.expect("it stops");
+    assert_eq!(stopped, Some(PublisherError::AheadOfCell { held: 5, sent: None }));
+    assert_eq!(c.acked_through().get_untracked(), None);
 }
