@@ -63,6 +63,7 @@ USAGE:
   egress-bench child LIB TEST [--quick]     (one measurement; used by `reactivity`)
   egress-bench cells [--sizes N,M] [--libs X,Y] [--timeout SECS]
   egress-bench cells-child LIB N [RUNS]      (one measurement; used by `cells`)
+  egress-bench list-tests                    (the reactivity suite's tests, one per line)
   egress-bench ws [--messages N] [--runs K]
   egress-bench durable [--appends N] [--groups G,H] [--messages M] [--runs K] [--dir PATH]
   egress-bench pg [--url URL] [--messages N] [--runs K] [--batch B]
@@ -198,6 +199,10 @@ fn main() -> anyhow::Result<()> {
         Some("child") => child(&args[1..]),
         Some("cells") => cells_table(&args[1..]),
         Some("cells-child") => cells_child(&args[1..]),
+        Some("list-tests") => {
+            suite::TESTS.iter().for_each(|t| println!("{t}"));
+            Ok(())
+        }
         Some("ws") => ws_table(&args[1..]),
         Some("durable") => durable_table(&args[1..]),
         Some("pg") => pg_table(&args[1..]),

@@ -83,4 +83,18 @@ mod tests {
         assert_eq!(c.complete(13), Some(Sequence(13)));
         assert_eq!(Completions::default().complete(0), Some(Sequence(0)));
     }
+
+    #[test]
+    fn an_acknowledgement_from_elsewhere_carries_the_completions_just_above_it() {
+        let mut c = Completions::starting_at(0);
+        assert_eq!(c.complete(3), None);
+        assert_eq!(c.complete(5), None);
+        assert_eq!(c.advance_to(2), None, "nothing waits at 2: the watermark is 1, as acknowledged");
+        assert!(c.contains(1) && !c.contains(2) && c.contains(3));
+        assert_eq!(c.advance_to(3), Some(Sequence(3)), "3 waited just above: carried");
+        assert_eq!(c.waiting(), 1);
+        assert_eq!(c.advance_to(3), None, "not above the watermark: nothing");
+        assert_eq!(c.advance_to(7), None, "5 is covered and dropped");
+        assert_eq!((c.waiting(), c.contains(6), c.contains(7)), (0, true, false));
+    }
 }

@@ -360,3 +360,42 @@ fn transitions_on_a_lane_that_does_not_exist_are_refused() {
     assert_eq!(l.claim(g).outcome, LanesClaim::Empty);
     assert_eq!(l.lane_count(), 0);
 }
+
+#[test]
+fn a_receipt_and_dead_letters_of_a_reconnect_are_taken_lane_by_lane() {
+    let base = Policy::builder().replay_limit(0).build().unwrap();
+    let mut l: Lanes<Lane, &str> = Lanes::new(LanesPolicy::new(base, 8).unwrap());
+    enqueue(&mut l, &[(Lane::Room("a"), "a1"), (Lane::Room("b"), "b1"), (Lane::Room("c"), "c1")]);
+    assert_eq!(drain(&mut l).len(), 3);
+    let g = l.generation();
+    // The peer holds c1: a receipt for it, taken by its lane.
+    let receipt = l.received(g, &Lane::Room("c"), Sequence(0));
+    assert_eq!(receipt.outcome, egress_core::ReceivedOutcome::Recorded { through: Sequence(0), moved: 0 });
+    assert!(receipt.changes.contains(Projection::Received));
+    assert_eq!(l.lane(&Lane::Room("c")).unwrap().received_through(), Some(Sequence(0)));
+    // With no replay allowed, a1 and b1 die at the reconnect (tombstones
+    // in their place), and so does c1: a receipt is not an ack.
+    let LanesReconnect::Advanced { replayed, dead, .. } = l.reconnect(Generation(1)).outcome else {
+        panic!("advanced")
+    };
+    assert_eq!((replayed, dead), (3, 3));
+    let g1 = l.generation();
+    let mut tombstones = 0;
+    while let LanesClaim::Claimed(e) = l.claim(g1).outcome {
+        tombstones += usize::from(e.envelope.dead == Some(DeadReason::Replays));
+    }
+    assert_eq!(tombstones, 3);
+}
+
+#[test]
+fn refusals_and_debug_output_name_what_they_are() {
+    let refused = egress_core::TooManyLanes { limit: 3, payload: "secret" };
+    assert_eq!(format!("{refused:?}"), "TooManyLanes { limit: 3, .. }", "the payload is not shown");
+    let unknown = CompleteOutcome::UnknownSequence { sequence: Sequence(4) };
+    assert_eq!(unknown.refusal(), Some(egress_core::Refusal::UnknownSequence { sequence: Sequence(4) }));
+    let stale = CompleteOutcome::StaleGeneration { current: Generation(2) };
+    assert_eq!(stale.refusal(), Some(egress_core::Refusal::StaleGeneration { current: Generation(2) }));
+    assert_eq!(CompleteOutcome::Waiting.refusal(), None);
+    assert_eq!(LanesReconnect::<Lane>::Unchanged.refusal(), None);
+    assert_eq!(LanesClaim::<Lane, &str>::Waiting.refusal(), None);
+}

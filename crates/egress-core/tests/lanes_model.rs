@@ -16,7 +16,8 @@ use std::num::NonZeroUsize;
 
 use egress_core::{
     AckOutcome, CompleteOutcome, Delay, EgressCore, FailOutcome, FailureKind, FlushEpoch, Generation, JitterSample,
-    LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, LanesReconnect, Policy, ScheduleOutcome, Sequence, Time,
+    LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, LanesReconnect, Policy, ReconnectOutcome, ScheduleOutcome,
+    Sequence, Time,
 };
 use proptest::prelude::*;
 
@@ -337,15 +338,20 @@ fn run(ops: Vec<Op>, cap: Option<usize>) -> Result<(), TestCaseError> {
                 let t = lanes.reconnect(next);
                 model.generation = next;
                 model.completed.clear();
-                let mut want = Vec::new();
+                let (mut want, mut sums) = (Vec::new(), (0, 0));
                 for (k, core) in &mut model.cores {
-                    want.push((*k, core.reconnect(next).changes));
+                    let m = core.reconnect(next);
+                    if let ReconnectOutcome::Advanced { replayed, dead, .. } = m.outcome {
+                        sums = (sums.0 + replayed, sums.1 + dead);
+                    }
+                    want.push((*k, m.changes));
                 }
-                let LanesReconnect::Advanced { generation, lanes: got, .. } = t.outcome else {
+                let LanesReconnect::Advanced { generation, lanes: got, replayed, dead } = t.outcome else {
                     return Err(TestCaseError::fail("reconnect refused"));
                 };
                 prop_assert_eq!(generation, next);
                 prop_assert_eq!(got, want);
+                prop_assert_eq!((replayed, dead), sums);
                 // The old generation is fenced everywhere.
                 prop_assert!(lanes.claim(g).outcome.refusal().is_some());
                 prop_assert!(lanes.reconnect(g).outcome.refusal().is_some());

@@ -432,20 +432,20 @@ impl<K: LaneKey, T> Lanes<K, T> {
     /// counts before the transition.
     fn settle(&mut self, key: &K, before: Counts) {
         let Some(lane) = self.lanes.get_mut(key) else { return };
-        let next = lane.core.acked_through().map_or(0, |a| a.0.saturating_add(1));
-        if next > lane.base.0 {
+        let acked = lane.core.acked_through().map_or(0, |a| a.0.saturating_add(1));
+        if acked > lane.base.0 {
+            let next = match lane.completions.advance_to(acked) {
+                // Completions waiting just above an acknowledgement that came
+                // another way: the lane acknowledges them too.
+                Some(through) => {
+                    let _ = lane.core.ack(self.generation, through);
+                    through.0 + 1
+                }
+                None => acked,
+            };
             let drop = usize::try_from(next - lane.base.0).unwrap_or(usize::MAX).min(lane.ordinals.len());
             lane.ordinals.drain(..drop);
             lane.base = Sequence(next);
-            if let Some(through) = lane.completions.advance_to(next) {
-                // Completions waiting just above an acknowledgement that came
-                // another way: the lane acknowledges them too.
-                let _ = lane.core.ack(self.generation, through);
-                let next = through.0 + 1;
-                let drop = usize::try_from(next - lane.base.0).unwrap_or(usize::MAX).min(lane.ordinals.len());
-                lane.ordinals.drain(..drop);
-                lane.base = Sequence(next);
-            }
         }
         let after = Counts::of(lane);
         self.totals = self.totals.replace(before, after);
