@@ -41,7 +41,8 @@ use crate::window::Window;
 /// - **Inputs from the application:** [`enqueue`], [`enqueue_all`],
 ///   [`retry_now`], [`requeue`].
 /// - **Inputs from the transport:** [`claim`] (under the transport's
-///   generation), [`ack`], [`received`], [`fail`], [`reconnect`].
+///   generation), [`ack`], [`received`], [`fail`], [`reconnect`], and
+///   [`progressed`] (a record processed out of order).
 /// - **Timers:** [`poll_timeout`] says when the earliest parked record is
 ///   due; at that time call [`handle_timeout`].
 /// - **Getters:** [`pending`], [`inflight`], [`parked`], [`exhausted`],
@@ -125,6 +126,7 @@ use crate::window::Window;
 /// [`received`]: Self::received
 /// [`fail`]: Self::fail
 /// [`reconnect`]: Self::reconnect
+/// [`progressed`]: Self::progressed
 /// [`poll_timeout`]: Self::poll_timeout
 /// [`handle_timeout`]: Self::handle_timeout
 /// [`pending`]: Self::pending
@@ -564,6 +566,31 @@ impl<T> EgressCore<T> {
     pub(crate) fn skipped_reason(&self, sequence: Sequence) -> Option<DeadReason> {
         let at = self.skipped.binary_search_by_key(&sequence, |(s, _)| *s).ok()?;
         Some(self.skipped[at].1)
+    }
+
+    /// Takes word that the peer processed the in-flight record `sequence`
+    /// of the current generation out of order, before an earlier record: a
+    /// completion above the acknowledgement watermark, as
+    /// [`Completions`](crate::Completions) tracks them. That is progress, as
+    /// a receipt is: isolation ends (a probe completed above a gap must not
+    /// hold back the record below it, or the lane waits for a reconnect),
+    /// and the next reconnect does not isolate. Neither watermark moves.
+    /// Returns whether isolation ended.
+    ///
+    /// Refused (`false`, no change) unless `generation` is the core's and
+    /// `sequence` is in flight.
+    ///
+    /// Changes: none of the projections (isolation is not one; the room
+    /// of the window, which it bounds, is worth recounting when the outcome
+    /// is `true`).
+    pub fn progressed(&mut self, generation: Generation, sequence: Sequence) -> Transition<bool> {
+        if generation != self.generation || self.inflight.get(sequence).is_none() {
+            return Transition::unchanged(false);
+        }
+        self.progressed = true;
+        let ended = self.isolation != Isolation::Off;
+        self.isolation = Isolation::Off;
+        Transition::unchanged(ended)
     }
 
     /// Raises the receipt watermark to `through` if it is below; that is

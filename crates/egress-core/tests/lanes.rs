@@ -213,7 +213,8 @@ fn a_cumulative_ack_carries_the_completions_waiting_above_it() {
     assert_eq!(drain(&mut l).len(), 3);
     let _ = l.complete(g, &Lane::Other, Sequence(1));
     let _ = l.complete(g, &Lane::Other, Sequence(2));
-    assert_eq!(l.ack(g, &Lane::Other, Sequence(0)).outcome, AckOutcome::Advanced { through: Sequence(0) });
+    // The ack names where the lane reached: through 2, carried.
+    assert_eq!(l.ack(g, &Lane::Other, Sequence(0)).outcome, AckOutcome::Advanced { through: Sequence(2) });
     assert_eq!(l.lane(&Lane::Other).unwrap().acked_through(), Some(Sequence(2)));
     assert_eq!((l.inflight_len(), l.outstanding(), l.ordinal(&Lane::Other, Sequence(2))), (0, 0, None));
 }
@@ -322,10 +323,14 @@ fn one_reconnect_fences_every_lane() {
         assert_eq!(e.envelope.generation, g1);
         sent.push(*e.envelope.payload);
     }
-    // "other" had records in flight and nothing acknowledged before the
-    // reconnect: it isolates, sending one record at a time, so o2 waits.
-    assert_eq!(sent, ["a1", "d1", "o1", "z1"]);
-    assert_eq!(l.lane(&Lane::Other).unwrap().isolation(), egress_core::Isolation::Probing(Sequence(0)));
+    // "other" completed o2 before the reconnect (progress, though not
+    // acknowledged): it does not isolate, and both go again at once. The
+    // to-device lane, whose record failed with nothing delivered, sends
+    // one record at a time (it has only one).
+    assert_eq!(sent, ["a1", "d1", "o1", "o2", "z1"]);
+    assert_eq!(l.lane(&Lane::Other).unwrap().isolation(), egress_core::Isolation::Off);
+    assert_eq!(l.lane(&Lane::ToDevice).unwrap().isolation(), egress_core::Isolation::Off, "d1 failed: not in flight");
+    assert!(matches!(l.lane(&Lane::Room("a")).unwrap().isolation(), egress_core::Isolation::Probing(_)));
 }
 
 #[test]
@@ -398,4 +403,73 @@ fn refusals_and_debug_output_name_what_they_are() {
     assert_eq!(CompleteOutcome::Waiting.refusal(), None);
     assert_eq!(LanesReconnect::<Lane>::Unchanged.refusal(), None);
     assert_eq!(LanesClaim::<Lane, &str>::Waiting.refusal(), None);
+}
+
+/// A probe completed above a gap is progress: the record below it goes
+/// when it is due, rather than the lane waiting for a reconnect (found by
+/// a hostile review: before, claims answered `Waiting` for ever).
+#[test]
+fn a_probe_completed_out_of_order_ends_isolation() {
+    let mut l = lanes();
+    enqueue(&mut l, &[(Lane::Other, "o1"), (Lane::Other, "o2")]);
+    assert_eq!(drain(&mut l).len(), 2);
+    // Died with both in flight and nothing acknowledged: isolation.
+    let _ = l.reconnect(Generation(1));
+    let g = l.generation();
+    assert_eq!(drain(&mut l), [(Lane::Other, "o1")], "one probe at a time");
+    assert!(matches!(fail(&mut l, &Lane::Other, 0, FailureKind::Transient, 0), FailOutcome::Retrying(_)));
+    assert_eq!(drain(&mut l), [(Lane::Other, "o2")], "the next probe");
+    assert_eq!(l.complete(g, &Lane::Other, Sequence(1)).outcome, CompleteOutcome::Waiting);
+    assert_eq!(l.lane(&Lane::Other).unwrap().isolation(), egress_core::Isolation::Off);
+    let _ = l.handle_timeout(Time(100));
+    assert_eq!(drain(&mut l), [(Lane::Other, "o1")], "o1 goes again once due");
+    assert_eq!(l.complete(g, &Lane::Other, Sequence(0)).outcome, CompleteOutcome::Advanced { through: Sequence(1) });
+}
+
+/// An ack that carries the completions waiting just above it reports the
+/// watermark it reached and every projection it changed (found by a
+/// hostile review: before, it named the caller's `through` and left
+/// inflight out).
+#[test]
+fn an_ack_carrying_completions_reports_where_it_reached_and_what_it_changed() {
+    let mut l = lanes();
+    enqueue(&mut l, &[(Lane::Other, "o1"), (Lane::Other, "o2")]);
+    assert_eq!(drain(&mut l).len(), 2);
+    let g = l.generation();
+    assert_eq!(l.complete(g, &Lane::Other, Sequence(1)).outcome, CompleteOutcome::Waiting);
+    let t = l.ack(g, &Lane::Other, Sequence(0));
+    assert_eq!(t.outcome, AckOutcome::Advanced { through: Sequence(1) });
+    assert!(t.changes.contains(Projection::Inflight) && t.changes.contains(Projection::AckedThrough));
+    assert_eq!(l.inflight_len(), 0);
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Fussy(u8);
+
+static FUSSY_PANICS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl LaneKey for Fussy {
+    fn kind(&self) -> LaneKind {
+        assert!(!FUSSY_PANICS.load(std::sync::atomic::Ordering::SeqCst), "no kind today");
+        LaneKind::Serial
+    }
+}
+
+/// A key whose `kind` panics as its lane is made changes nothing: not even
+/// the idle lane that would have made room (found by a hostile review).
+#[test]
+fn a_kind_that_panics_as_a_lane_is_made_changes_nothing() {
+    let mut l: Lanes<Fussy, u32> = Lanes::new(LanesPolicy::new(Policy::default(), 1).unwrap());
+    let g = l.generation();
+    l.enqueue(Fussy(0), 0).outcome.unwrap();
+    assert!(matches!(l.claim(g).outcome, LanesClaim::Claimed(_)));
+    assert_eq!(l.complete(g, &Fussy(0), Sequence(0)).outcome, CompleteOutcome::Advanced { through: Sequence(0) });
+    let before = l.clone();
+    FUSSY_PANICS.store(true, std::sync::atomic::Ordering::SeqCst);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.enqueue(Fussy(1), 1)));
+    FUSSY_PANICS.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(panicked.is_err());
+    assert!(l == before, "the idle lane is still there, nothing else moved");
+    assert!(l.enqueue(Fussy(1), 1).outcome.unwrap().new_lane);
+    assert_eq!(l.lanes().map(|(k, _)| k.0).collect::<Vec<_>>(), [1]);
 }

@@ -78,6 +78,12 @@ impl LaneKind {
 /// }
 /// assert_eq!(Lane::Room("!a".into()).kind(), LaneKind::Serial);
 /// ```
+///
+/// Keys are held in ordered maps: their `Ord` must be a total order, and
+/// their `Clone`, `Ord` and `kind` must not panic. A `kind` that panics
+/// while a new lane is made changes nothing; a `Clone` or `Ord` that
+/// panics inside a transition may leave the `Lanes` unusable (its indexes
+/// half updated), as a `BTreeMap`'s order that breaks its rules may.
 pub trait LaneKey: Ord + Clone + fmt::Debug {
     /// The kind of this key's lane. It must not change for a key while
     /// its lane exists.

@@ -363,15 +363,19 @@ impl<K: LaneKey, T> Lanes<K, T> {
     ) -> Transition<Result<Enqueued, TooManyLanes<T>>> {
         let new_lane = !self.lanes.contains_key(&key);
         if new_lane {
-            if self.lanes.len() >= self.policy.max_lanes() {
-                let Some(idle) = self.idle.pop_first() else {
-                    return Transition::unchanged(Err(TooManyLanes { limit: self.policy.max_lanes(), payload }));
-                };
-                self.lanes.remove(&idle);
+            let full = self.lanes.len() >= self.policy.max_lanes();
+            if full && self.idle.is_empty() {
+                return Transition::unchanged(Err(TooManyLanes { limit: self.policy.max_lanes(), payload }));
             }
+            // The lane is made before an idle one is freed: a key whose
+            // `kind` panics leaves every lane where it was.
             let mut core = EgressCore::with_generation(key.kind().policy(*self.policy.base()), self.generation);
             let _ = core.release(self.released);
-            self.lanes.insert(key.clone(), Lane::new(core));
+            let lane = Lane::new(core);
+            if full && let Some(idle) = self.idle.pop_first() {
+                self.lanes.remove(&idle);
+            }
+            self.lanes.insert(key.clone(), lane);
         }
         let lane = self.lanes.get_mut(&key).expect("the lane exists: found or made above");
         let before = Counts::of(lane);
@@ -379,7 +383,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
         let t = enqueue(&mut lane.core, payload);
         lane.ordinals.push_back(ordinal);
         self.next_ordinal = ordinal.next();
-        self.settle(&key, before);
+        let _ = self.settle(&key, before);
         Transition::new(Ok(Enqueued { ordinal, sequence: t.outcome, new_lane }), t.changes)
     }
 
@@ -413,7 +417,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
             ClaimOutcome::Claimed(envelope) => envelope.sequence,
             _ => unreachable!("invariant broken: a ready lane refused its claim"),
         };
-        self.settle(&key, before);
+        let _ = self.settle(&key, before);
         let (lane_key, lane) = self.lanes.get_key_value(&key).expect("a claim does not free its lane");
         let record = lane.core.inflight.get(sequence).expect("the claimed record is in flight");
         let envelope = record.view(self.generation);
@@ -429,16 +433,18 @@ impl<K: LaneKey, T> Lanes<K, T> {
     /// on it: drops the ordinals of what it acknowledged, moves its
     /// completions to its watermark, and puts it where it now belongs in
     /// the release index, the timer index and the idle set. `before` is its
-    /// counts before the transition.
-    fn settle(&mut self, key: &K, before: Counts) {
-        let Some(lane) = self.lanes.get_mut(key) else { return };
+    /// counts before the transition. Returns what acknowledging the
+    /// completions carried along changed.
+    fn settle(&mut self, key: &K, before: Counts) -> Changes {
+        let Some(lane) = self.lanes.get_mut(key) else { return Changes::NONE };
+        let mut carried = Changes::NONE;
         let acked = lane.core.acked_through().map_or(0, |a| a.0.saturating_add(1));
         if acked > lane.base.0 {
             let next = match lane.completions.advance_to(acked) {
                 // Completions waiting just above an acknowledgement that came
                 // another way: the lane acknowledges them too.
                 Some(through) => {
-                    let _ = lane.core.ack(self.generation, through);
+                    carried = lane.core.ack(self.generation, through).changes;
                     through.0 + 1
                 }
                 None => acked,
@@ -478,16 +484,21 @@ impl<K: LaneKey, T> Lanes<K, T> {
             }
             lane.idle = idle;
         }
+        carried
     }
 
     /// Runs `f` on the lane `key` and settles it: the shared shape of the
     /// transitions on one lane. `None` when the lane does not exist.
-    fn on_lane<R>(&mut self, key: &K, f: impl FnOnce(&mut Lane<T>, Generation) -> R) -> Option<R> {
+    fn on_lane<O>(
+        &mut self,
+        key: &K,
+        f: impl FnOnce(&mut Lane<T>, Generation) -> Transition<O>,
+    ) -> Option<Transition<O>> {
         let generation = self.generation;
         let lane = self.lanes.get_mut(key)?;
         let before = Counts::of(lane);
-        let r = f(lane, generation);
-        self.settle(key, before);
-        Some(r)
+        let t = f(lane, generation);
+        let carried = self.settle(key, before);
+        Some(Transition::new(t.outcome, t.changes.union(carried)))
     }
 }

@@ -20,8 +20,17 @@ impl<K: LaneKey, T> Lanes<K, T> {
         if generation != self.generation {
             return Transition::unchanged(AckOutcome::StaleGeneration { current: self.generation });
         }
-        self.on_lane(lane, |l, g| l.core.ack(g, through))
-            .unwrap_or_else(|| Transition::unchanged(AckOutcome::Unsent { through, sent_through: None }))
+        let t = self
+            .on_lane(lane, |l, g| l.core.ack(g, through))
+            .unwrap_or_else(|| Transition::unchanged(AckOutcome::Unsent { through, sent_through: None }));
+        // Completions waiting just above `through` were carried with it:
+        // the outcome names the watermark the lane reached.
+        match (t.outcome, self.lanes.get(lane).and_then(|l| l.core.acked_through())) {
+            (AckOutcome::Advanced { .. }, Some(reached)) => {
+                Transition::new(AckOutcome::Advanced { through: reached }, t.changes)
+            }
+            _ => t,
+        }
     }
 
     /// Takes the completion of one record in flight, in any order: the lane
@@ -53,7 +62,11 @@ impl<K: LaneKey, T> Lanes<K, T> {
                 debug_assert!(matches!(ack.outcome, AckOutcome::Advanced { .. }));
                 Transition::new(CompleteOutcome::Advanced { through }, ack.changes.with(Projection::Inflight))
             }
-            None => Transition::new(CompleteOutcome::Waiting, Changes::NONE.with(Projection::Inflight)),
+            None => {
+                // Processed out of order: progress for the lane's isolation.
+                let _ = l.core.progressed(g, sequence);
+                Transition::new(CompleteOutcome::Waiting, Changes::NONE.with(Projection::Inflight))
+            }
         })
         .unwrap_or(unknown)
     }
@@ -172,7 +185,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
         let keys: Vec<K> = self.lanes.keys().cloned().collect();
         let mut released = Vec::new();
         for key in keys {
-            let n = self.on_lane(&key, |l, _| l.core.release(through).outcome).unwrap_or(0);
+            let n = self.on_lane(&key, |l, _| l.core.release(through)).map_or(0, |t| t.outcome);
             if n > 0 {
                 released.push((key, n));
             }
@@ -197,8 +210,9 @@ impl<K: LaneKey, T> Lanes<K, T> {
         if generation == self.generation {
             return Transition::unchanged(LanesReconnect::Unchanged);
         }
-        self.generation = generation;
+        // The keys first: a key's clone that panics leaves nothing changed.
         let keys: Vec<K> = self.lanes.keys().cloned().collect();
+        self.generation = generation;
         let (mut replayed, mut dead, mut changes) = (0, 0, Changes::NONE.with(Projection::Generation));
         let mut lanes = Vec::with_capacity(keys.len());
         for key in keys {
