@@ -473,3 +473,32 @@ fn a_kind_that_panics_as_a_lane_is_made_changes_nothing() {
     assert!(l.enqueue(Fussy(1), 1).outcome.unwrap().new_lane);
     assert_eq!(l.lanes().map(|(k, _)| k.0).collect::<Vec<_>>(), [1]);
 }
+
+/// `EgressCore::progressed`, which `complete` uses: only for a record in
+/// flight under the current generation, and it says whether isolation
+/// ended.
+#[test]
+fn progress_is_taken_for_a_record_in_flight_under_the_current_generation_only() {
+    let mut core = egress_core::EgressCore::new(Policy::default());
+    for p in ["a", "b"] {
+        let _ = core.enqueue(p);
+    }
+    let g0 = core.generation();
+    while let egress_core::ClaimOutcome::Claimed(_) = core.claim(g0).outcome {}
+    let _ = core.reconnect(Generation(1));
+    let g = core.generation();
+    assert!(matches!(core.claim(g).outcome, egress_core::ClaimOutcome::Claimed(_)));
+    assert_eq!(core.isolation(), egress_core::Isolation::Probing(Sequence(0)));
+    let before = core.clone();
+    assert!(!core.progressed(g0, Sequence(0)).outcome, "an old generation");
+    assert!(!core.progressed(g, Sequence(1)).outcome, "not in flight");
+    assert!(core == before, "refused: nothing changed");
+    let t = core.progressed(g, Sequence(0));
+    assert!(t.outcome, "isolation ended");
+    assert!(t.changes.is_empty());
+    assert_eq!(core.isolation(), egress_core::Isolation::Off);
+    assert!(!core.progressed(g, Sequence(0)).outcome, "already over");
+    // Progress since the reconnect: the next one does not isolate.
+    let _ = core.reconnect(Generation(2));
+    assert_eq!(core.isolation(), egress_core::Isolation::Off);
+}
