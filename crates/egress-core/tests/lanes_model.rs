@@ -50,16 +50,35 @@ fn base() -> Policy {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Enqueue { lane: u8, after: Option<u64> },
+    Enqueue {
+        lane: u8,
+        after: Option<u64>,
+    },
     Claim,
     Complete(usize),
-    Ack { lane: u8, back: u64 },
-    Fail { pick: usize, kind: u8, jitter: u32 },
+    Ack {
+        lane: u8,
+        back: u64,
+    },
+    Fail {
+        pick: usize,
+        kind: u8,
+        jitter: u32,
+    },
     Advance(u64),
     RetryNow(usize),
     Requeue(usize),
     Reconnect,
     Release(u64),
+    /// A hostile caller: an op naming a sequence its lane never assigned
+    /// (or `u64::MAX`), or an old generation; it must be refused and change
+    /// nothing.
+    Hostile {
+        lane: u8,
+        which: u8,
+        far: bool,
+        stale: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -74,6 +93,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Requeue),
         1 => Just(Op::Reconnect),
         1 => (1u64..4).prop_map(Op::Release),
+        1 => (0u8..6, 0u8..6, any::<bool>(), any::<bool>())
+            .prop_map(|(lane, which, far, stale)| Op::Hostile { lane, which, far, stale }),
     ]
 }
 
@@ -368,6 +389,28 @@ fn run(ops: Vec<Op>, cap: Option<usize>) -> Result<(), TestCaseError> {
                 // The old generation is fenced everywhere.
                 prop_assert!(lanes.claim(g).outcome.refusal().is_some());
                 prop_assert!(lanes.reconnect(g).outcome.refusal().is_some());
+            }
+            Op::Hostile { lane, which, far, stale } => {
+                let key = Key(lane);
+                let unassigned = model.cores.get(&key).map_or(0, |c| c.next_sequence().0);
+                let seq = Sequence(if far { u64::MAX } else { unassigned });
+                // Generation 0 is old once a reconnect happened; before
+                // that, a stale caller uses a generation never reached.
+                let g = if stale { Generation(if g.0 == 0 { 7 } else { 0 }) } else { g };
+                let before = lanes.clone();
+                let refused = match which {
+                    0 => lanes.ack(g, &key, seq).outcome.refusal(),
+                    1 => lanes.complete(g, &key, seq).outcome.refusal(),
+                    2 => lanes.received(g, &key, seq).outcome.refusal(),
+                    3 => lanes
+                        .fail(g, &key, seq, FailureKind::Transient, Time(now), JitterSample::ZERO)
+                        .outcome
+                        .refusal(),
+                    4 => lanes.retry_now(g, &key, seq).outcome.refusal(),
+                    _ => lanes.requeue(g, &key, seq).outcome.refusal(),
+                };
+                prop_assert!(refused.is_some(), "op {} on {:?} at {:?} under {:?} was not refused", which, key, seq, g);
+                prop_assert!(lanes == before, "a refused op changed the state");
             }
             Op::Release(e) => {
                 let t = lanes.release(FlushEpoch(e));

@@ -18,7 +18,7 @@ use egress_nats::{ConnectionState, LinkError, Publisher, PublisherConfig, Publis
 use egress_reactive::AsyncContext;
 use egress_ws::ChaosProxy;
 
-use common::{acked, addr, cell, config, connect, contents, next_state, payload, raw, stream, url};
+use common::{acked, addr, cell, config, connect, contents, make_stream, next_state, payload, raw, stream, url};
 
 fn online(s: &ConnectionState) -> bool {
     s.is_online()
@@ -78,8 +78,7 @@ async fn a_stream_deleted_under_a_publisher_is_waited_for_and_its_record_stored_
     .await;
     assert!(matches!(waiting, ConnectionState::Reconnecting { .. }), "{waiting:?}");
     // Back, empty: record 1 is stored as itself.
-    let (again, _) = stream_named(&js, &name, &subject).await;
-    assert_eq!(again, name);
+    make_stream(&js, &name, &subject, Duration::from_secs(120)).await;
     acked(&c, 1).await;
     let stored = contents(&js, &name).await;
     assert_eq!(stored.len(), 1, "{stored:?}");
@@ -87,20 +86,6 @@ async fn a_stream_deleted_under_a_publisher_is_waited_for_and_its_record_stored_
     let stamp = stamp.as_ref().expect("an egress record");
     assert_eq!((stamp.sequence, stamp.dead, body), (1, None, &payload(1)));
     assert_eq!(p.stats().refused, 0, "{:?}", p.stats());
-}
-
-/// Makes the stream `name` of `subject` again.
-async fn stream_named(js: &async_nats::jetstream::Context, name: &str, subject: &str) -> (String, String) {
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: name.to_owned(),
-        subjects: vec![subject.to_owned()],
-        storage: async_nats::jetstream::stream::StorageType::Memory,
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .expect("the stream is made again");
-    (name.to_owned(), subject.to_owned())
 }
 
 /// The subject's last message names the highest owner there can be

@@ -13,19 +13,7 @@ use std::time::Duration;
 
 use egress_nats::{Stamp, Subscriber, SubscriberConfig};
 
-use common::{connect, fresh, payload, raw, stream, url};
-
-fn stamp(producer: &str, sequence: u64) -> Stamp {
-    Stamp { producer: producer.into(), incarnation: 1, sequence, generation: 1, dead: None, claim: false }
-}
-
-/// The next delivery's (producer, sequence, skipped), acknowledged.
-async fn took(sub: &mut Subscriber) -> (String, u64, Option<std::ops::Range<u64>>) {
-    let d = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("a delivery comes").expect("read");
-    let out = (d.stamp().producer.clone(), d.sequence(), d.skipped());
-    d.ack().await.expect("acked");
-    out
-}
+use common::{connect, fresh, payload, raw, stamp, stream, took, url};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gap_is_waited_for_and_a_stream_holding_records_is_never_evicted() {
@@ -36,18 +24,18 @@ async fn a_gap_is_waited_for_and_a_stream_holding_records_is_never_evicted() {
     let config =
         SubscriberConfig { lane_idle, gap_timeout: Duration::from_secs(30), ..SubscriberConfig::new(fresh("gapwait")) };
     let mut sub = Subscriber::new(&js, &name, config).await.expect("consumer");
-    raw(&js, &subject, Some(&stamp("w", 0)), payload(0)).await;
+    raw(&js, &subject, Some(&stamp("w", 1, 0)), payload(0)).await;
     assert_eq!(took(&mut sub).await, ("w".into(), 0, None));
     // "w" is idle now. Record 2 comes before 1: above a gap, it is held,
     // and the stream is busy again.
-    raw(&js, &subject, Some(&stamp("w", 2)), payload(2)).await;
+    raw(&js, &subject, Some(&stamp("w", 1, 2)), payload(2)).await;
     let early = tokio::time::timeout(Duration::from_millis(500), sub.next()).await.map(|d| d.map(|d| d.sequence()));
     assert!(early.is_err(), "record 2 waited for 1, not handed out past the gap: {early:?}");
     // Past the idle time, with record 2 still held above the gap: not
     // evicted (evicting would lose record 2).
     tokio::time::sleep(lane_idle * 2).await;
-    raw(&js, &subject, Some(&stamp("w", 1)), payload(1)).await;
-    raw(&js, &subject, Some(&stamp("w", 3)), payload(3)).await;
+    raw(&js, &subject, Some(&stamp("w", 1, 1)), payload(1)).await;
+    raw(&js, &subject, Some(&stamp("w", 1, 3)), payload(3)).await;
     // 1 fills the gap: 1 and 2 are queued together. Take 1 and leave 2
     // queued past the idle time: still not evicted.
     assert_eq!(took(&mut sub).await, ("w".into(), 1, None));
@@ -66,10 +54,10 @@ async fn a_stream_read_first_above_zero_without_a_hole_lost_nothing_and_claims_a
     let (name, subject) = stream(&js, "abovezero", Duration::from_secs(120)).await;
     // A producer whose earlier records this stream never held (it began
     // here at 3), and a takeover's claim before its next record.
-    raw(&js, &subject, Some(&stamp("z", 3)), payload(3)).await;
-    let claim = Stamp { claim: true, ..stamp("z", 4) };
+    raw(&js, &subject, Some(&stamp("z", 1, 3)), payload(3)).await;
+    let claim = Stamp { claim: true, ..stamp("z", 1, 4) };
     raw(&js, &subject, Some(&claim), bytes::Bytes::new()).await;
-    raw(&js, &subject, Some(&stamp("z", 4)), payload(4)).await;
+    raw(&js, &subject, Some(&stamp("z", 1, 4)), payload(4)).await;
     let mut sub = Subscriber::new(&js, &name, SubscriberConfig::new(fresh("abovezero"))).await.expect("consumer");
     let first = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("a delivery").expect("read");
     assert_eq!(

@@ -15,12 +15,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use egress_core::{Incarnation, Policy, Resume};
 use egress_nats::{
-    ConnectionState, Content, LinkError, Publisher, PublisherError, Stamp, SubscribeError, Subscriber, SubscriberConfig,
+    ConnectionState, Content, LinkError, Publisher, PublisherError, SubscribeError, Subscriber, SubscriberConfig,
 };
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use futures_util::StreamExt as _;
 
-use common::{acked, cell, config, connect, contents, fresh, next_state, payload, raw, stream, url};
+use common::{acked, cell, config, connect, contents, fresh, next_state, payload, raw, stamp, stream, took, url};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_publishers_connection_is_a_computed_and_a_stream_from_connecting_to_stopped() {
@@ -169,10 +169,6 @@ impl Resume for Record {
     }
 }
 
-fn stamp(producer: &str, incarnation: u128, sequence: u64) -> Stamp {
-    Stamp { producer: producer.into(), incarnation, sequence, generation: 1, dead: None, claim: false }
-}
-
 /// Takes the next delivery, records it in `record` (if any) and
 /// acknowledges it; returns its (incarnation, sequence).
 async fn take(sub: &mut Subscriber, record: Option<&Record>) -> (u128, u64) {
@@ -313,14 +309,6 @@ async fn limited_stream(js: &async_nats::jetstream::Context, name: &str, max: i6
     .await
     .expect("the stream is made");
     (name, subject)
-}
-
-/// The next delivery's (producer, sequence, skipped), acknowledged.
-async fn took(sub: &mut Subscriber) -> (String, u64, Option<std::ops::Range<u64>>) {
-    let d = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("a delivery comes").expect("read");
-    let out = (d.stamp().producer.clone(), d.sequence(), d.skipped());
-    d.ack().await.expect("acked");
-    out
 }
 
 /// A hole at the stream's start: a message of no producer, deleted.

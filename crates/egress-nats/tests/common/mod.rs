@@ -32,16 +32,35 @@ pub(crate) fn fresh(name: &str) -> String {
 pub(crate) async fn stream(js: &Context, name: &str, duplicate_window: Duration) -> (String, String) {
     let name = fresh(name);
     let subject = format!("egress.{name}");
+    make_stream(js, &name, &subject, duplicate_window).await;
+    (name, subject)
+}
+
+/// Makes the in-memory stream `name` of the one subject `subject` (again,
+/// after a test deleted it).
+pub(crate) async fn make_stream(js: &Context, name: &str, subject: &str, duplicate_window: Duration) {
     js.create_stream(jetstream::stream::Config {
-        name: name.clone(),
-        subjects: vec![subject.clone()],
+        name: name.to_owned(),
+        subjects: vec![subject.to_owned()],
         storage: jetstream::stream::StorageType::Memory,
         duplicate_window,
         ..Default::default()
     })
     .await
     .unwrap_or_else(|e| panic!("the stream is made: {e}"));
-    (name, subject)
+}
+
+/// A record's stamp: `producer`'s incarnation `incarnation`, generation 1.
+pub(crate) fn stamp(producer: &str, incarnation: u128, sequence: u64) -> Stamp {
+    Stamp { producer: producer.into(), incarnation, sequence, generation: 1, dead: None, claim: false }
+}
+
+/// The next delivery's (producer, sequence, skipped), acknowledged.
+pub(crate) async fn took(sub: &mut egress_nats::Subscriber) -> (String, u64, Option<std::ops::Range<u64>>) {
+    let d = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("a delivery comes").expect("read");
+    let out = (d.stamp().producer.clone(), d.sequence(), d.skipped());
+    d.ack().await.expect("acked");
+    out
 }
 
 pub(crate) async fn connect(url: &str) -> Context {
