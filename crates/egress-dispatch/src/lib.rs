@@ -548,8 +548,15 @@ async fn run(
                 } else {
                     metric_completed();
                 }
-                if let Some(through) = completions.complete(sequence.get()) {
-                    let _ = link.ack(through);
+                match completions.complete(sequence.get()) {
+                    Some(through) => {
+                        let _ = link.ack(through);
+                    }
+                    // Above a gap: not acknowledged yet, but progress (a
+                    // probe that completed ends isolation).
+                    None => {
+                        let _ = link.progressed(sequence);
+                    }
                 }
             }
             Err(e) => {

@@ -382,3 +382,49 @@ async fn a_run_paused_past_its_lease_is_cut_when_it_wakes_and_a_run_too_long_for
     assert_eq!(dispatcher.stats(), egress_dispatch::DispatchStats { waited: 1, ..Default::default() });
     assert_eq!(other.acked_through().get_untracked(), None);
 }
+
+/// A dispatcher that starts after a worker died with records in flight
+/// sends them one at a time (isolation: one of them may be what killed the
+/// worker). Its probe, the first record, fails and backs off; the next
+/// probe, the second record, completes above the gap the first left. That
+/// completion is progress: isolation ends, and the first record, due
+/// again, runs (before the fix the cell still waited for the second probe's
+/// acknowledgement, which could only come after the first record's, and
+/// the stream stalled until the next reconnect).
+#[tokio::test(start_paused = true)]
+async fn a_probe_completed_above_a_gap_ends_isolation_after_a_restart() {
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let handlers = || {
+        Handlers::new().handle("job", {
+            let runs = runs.clone();
+            move |job: Job, info: Info| {
+                runs.lock().push((job.id, info.attempt));
+                async move {
+                    match (job.id, info.attempt) {
+                        // The first worker's runs never end: it dies.
+                        (_, 1) => std::future::pending().await,
+                        (0, 2) => Err(HandlerError::Transient("not yet".into())),
+                        _ => Ok(()),
+                    }
+                }
+            }
+        })
+    };
+    let first = handlers();
+    let records: Vec<Bytes> = (0..3).map(|id| first.encode("job", &Job { id, millis: 0 }).unwrap()).collect();
+    let dead = Dispatcher::spawn(&cell, "jobs", first);
+    cell.enqueue_all(records);
+    egress_testkit::until(|| (runs.lock().len() == 3).then_some(()), || format!("{:?}", runs.lock())).await;
+    drop(dead);
+    let generation = egress_core::Generation(cell.generation().get_untracked().get() + 1);
+    cell.reconnect(generation);
+    let dispatcher = Dispatcher::spawn(&cell, "jobs", handlers());
+    acknowledged(&cell, 2).await;
+    let runs = runs.lock().clone();
+    assert_eq!(runs[3..5], [(0, 2), (1, 2)], "one at a time: the probe failed, the next probe ran: {runs:?}");
+    assert!(runs.contains(&(0, 3)) && runs.contains(&(2, 2)), "{runs:?}");
+    let stats = dispatcher.shutdown().await;
+    assert_eq!((stats.completed, stats.retried), (3, 1), "{stats:?}");
+}

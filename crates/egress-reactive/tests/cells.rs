@@ -225,6 +225,55 @@ each_flavour! {
         assert_eq!(cell.pending().get()[0].generation, Generation(2));
     }
 
+    fn a_completion_above_a_gap_ends_isolation_recounts_the_room_and_wakes_the_attachment(cx) {
+        // Three in flight when the connection dies, nothing acknowledged:
+        // the next connection sends one at a time. Its probe 0 fails and
+        // backs off; the next probe, 1, is then alone in flight.
+        let isolating = |cell: &EgressCellOf<u32, _>| {
+            cell.enqueue_all([10, 11, 12]);
+            for _ in 0..3 {
+                cell.claim_with(Generation(1), |_| ());
+            }
+            assert!(matches!(cell.reconnect(Generation(2)), ReconnectOutcome::Advanced { replayed: 3, .. }));
+            let g = Generation(2);
+            assert!(cell.claim_with(g, |o| matches!(o, ClaimOutcome::Claimed(e) if e.sequence == Sequence(0))));
+            let failed = cell.fail_with(g, Sequence(0), FailureKind::Transient, JitterSample::ZERO);
+            assert!(matches!(failed, FailOutcome::Retrying(_)), "{failed:?}");
+            assert!(cell.claim_with(g, |o| matches!(o, ClaimOutcome::Claimed(e) if e.sequence == Sequence(1))));
+            assert!(cell.claim_with(g, |o| matches!(o, ClaimOutcome::Isolating { probe: Sequence(1) })));
+            assert_eq!(cell.window_room().get(), 0);
+        };
+        let g = Generation(2);
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(4), options(&clock));
+        isolating(&cell);
+        let c = counters!(cx, cell: pending, inflight, parked, acked_through, generation,
+            pending_len, inflight_len, window_room, parked_len);
+        assert!(!cell.progressed(Generation(1), Sequence(1)), "an older generation's word");
+        assert!(!cell.progressed(g, Sequence(0)), "0 is not in flight");
+        assert!(!cell.progressed(g, Sequence(9)), "9 was never sent");
+        assert!(fired(&c).is_empty(), "refusals change nothing");
+        // 1 completed above the gap 0 leaves: progress, the window opens.
+        assert!(cell.progressed(g, Sequence(1)));
+        assert_eq!(fired(&c), ["window_room"], "only the room changed");
+        assert_eq!(cell.window_room().get(), 1);
+        assert!(!cell.progressed(g, Sequence(1)), "isolation already ended");
+        assert!(fired(&c).is_empty());
+        assert_eq!(cell.acked_through().get(), None, "neither watermark moves");
+
+        // With an attachment waiting on the probe, the same word wakes it.
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(4), options(&clock));
+        isolating(&cell);
+        let wire = Wire::default();
+        let link = cell.attach(wire.clone());
+        assert!(wire.sequences().is_empty(), "isolating: nothing goes");
+        assert!(link.progressed(Sequence(1)));
+        assert_eq!(wire.sequences(), [2], "woken: the window's room goes out");
+        clock.set(Time(100));
+        assert_eq!(cell.handle_timeout(Time(100)), [Sequence(0)]);
+        assert_eq!(wire.sequences(), [2, 0], "the record below the gap, once due");
+    }
+
     fn a_held_dead_letter_is_counted_by_its_own_reader(cx) {
         let policy = Policy::builder().inflight_limit(4).dead_letters(DeadLetters::Hold).build().expect("policy");
         let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy);

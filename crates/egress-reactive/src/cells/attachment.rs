@@ -117,6 +117,14 @@ impl<T: Clone + 'static, F: CellFlavor<T>> Attachment<T, F> {
         self.cell.received(self.generation, through)
     }
 
+    /// A completion above the watermark, received on this connection (see
+    /// [`EgressCellOf::progressed`]): a transport that acknowledges through
+    /// a [`Completions`](egress_core::Completions) tracker reports each
+    /// completion the tracker holds back.
+    pub fn progressed(&self, sequence: Sequence) -> bool {
+        self.cell.progressed(self.generation, sequence)
+    }
+
     /// A failure reported on this connection (for transports that learn of
     /// failures after `send` returned).
     pub fn fail(&self, sequence: Sequence, kind: FailureKind) -> FailOutcome {

@@ -405,6 +405,16 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         })
     }
 
+    /// Word from the peer of `generation` that it processed the in-flight
+    /// record `sequence` out of order, above one it has not: a completion a
+    /// [`Completions`](egress_core::Completions) tracker holds back. That is
+    /// progress: isolation ends (a probe completed above a gap must not hold
+    /// back the record below it), and the attachments are woken. Returns
+    /// whether isolation ended. See [`EgressCore::progressed`].
+    pub fn progressed(&self, generation: Generation, sequence: Sequence) -> bool {
+        self.shared.inner.progressed(generation, sequence)
+    }
+
     /// Reports a failed send of `sequence`, now (by the cell's clock), with a
     /// jitter sample from the cell's generator. See [`EgressCore::fail`].
     pub fn fail(&self, generation: Generation, sequence: Sequence, kind: FailureKind) -> FailOutcome {

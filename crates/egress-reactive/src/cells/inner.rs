@@ -201,6 +201,32 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         }
     }
 
+    /// Takes a completion above the acknowledgement watermark (see
+    /// [`EgressCore::progressed`]). It changes no projection; when it ends
+    /// isolation, the window's room is recounted and the attachments are
+    /// woken if a claim is now possible.
+    pub(crate) fn progressed(&self, generation: Generation, sequence: Sequence) -> bool {
+        self.handle.enter(|cell| {
+            let entered = Entered::by(cell);
+            let mut keys = Keys::new(self.wake);
+            let ended = self.state.with_mut(&entered, |s| {
+                let ended = s.core.progressed(generation, sequence).outcome;
+                if ended {
+                    let room = &self.counts[WINDOW_ROOM];
+                    if room.push(&entered, s.core.window_room()) {
+                        keys.push(room.key);
+                    }
+                    if s.core.can_claim() {
+                        keys.push(self.wake);
+                    }
+                }
+                ended
+            });
+            self.notify(cell, keys.as_slice());
+            ended
+        })
+    }
+
     /// Marks the readers of `changes` dirty without running effects: for an
     /// attachment's run, whose flush runs them when the run ends.
     pub(super) fn mark(&self, changes: Changes) {
