@@ -15,9 +15,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 
 use egress_core::{
-    AckOutcome, CompleteOutcome, Delay, EgressCore, FailOutcome, FailureKind, FlushEpoch, Generation, JitterSample,
-    LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, LanesReconnect, Policy, ReconnectOutcome, ScheduleOutcome,
-    Sequence, Time,
+    AckOutcome, Changes, CompleteOutcome, Delay, EgressCore, FailOutcome, FailureKind, FlushEpoch, Generation,
+    JitterSample, LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, LanesReconnect, Policy, Projection,
+    ReconnectOutcome, ScheduleOutcome, Sequence, Time,
 };
 use proptest::prelude::*;
 
@@ -212,11 +212,19 @@ fn run(ops: Vec<Op>, cap: Option<usize>) -> Result<(), TestCaseError> {
                     None => lanes.enqueue(key, payload),
                 };
                 let exists = model.cores.contains_key(&key);
+                // What a freed lane's readers see change: its watermarks
+                // read as no lane's.
+                let mut freed = Changes::NONE;
+                let next_freed = before.next_freed().copied();
                 if !exists && model.cores.len() >= MAX_LANES {
                     let idle = model.cores.iter().find(|(_, c)| Model::idle(c)).map(|(k, _)| *k);
+                    prop_assert_eq!(next_freed, idle, "the lane a new key frees");
                     match idle {
                         Some(k) => {
-                            model.cores.remove(&k);
+                            let gone = model.cores.remove(&k).expect("found above");
+                            freed = Changes::NONE
+                                .with_if(Projection::AckedThrough, gone.acked_through().is_some())
+                                .with_if(Projection::Received, gone.received_through().is_some());
                         }
                         None => {
                             let refused = t.outcome.expect_err("every lane is busy: refused");
@@ -238,7 +246,7 @@ fn run(ops: Vec<Op>, cap: Option<usize>) -> Result<(), TestCaseError> {
                 };
                 let e = t.outcome.expect("a lane exists or was made");
                 prop_assert_eq!((e.ordinal.0, e.sequence, e.new_lane), (model.next_ordinal, m.outcome, !exists));
-                prop_assert_eq!(t.changes, m.changes);
+                prop_assert_eq!(t.changes, m.changes.union(freed));
                 model.ordinals.insert((key, m.outcome.0), model.next_ordinal);
                 model.next_ordinal += 1;
             }

@@ -169,6 +169,14 @@ impl Counts {
 }
 
 impl<T> Lane<T> {
+    /// What freeing this idle lane changes: its watermarks read as no
+    /// lane's (`None`); nothing else of an idle lane differs from that.
+    fn freed_changes(&self) -> Changes {
+        Changes::NONE
+            .with_if(Projection::AckedThrough, self.core.acked_through().is_some())
+            .with_if(Projection::Received, self.core.received_through().is_some())
+    }
+
     fn new(core: EgressCore<T>) -> Self {
         Self {
             core,
@@ -263,6 +271,16 @@ impl<K: LaneKey, T> Lanes<K, T> {
         self.lanes.len()
     }
 
+    /// The idle lane an enqueue to a new key would free now (the first in
+    /// key order), if every lane the policy allows exists and one is idle.
+    #[must_use]
+    pub fn next_freed(&self) -> Option<&K> {
+        if self.lanes.len() < self.policy.max_lanes() {
+            return None;
+        }
+        self.idle.first()
+    }
+
     /// The ordinal of the record `sequence` of `lane`, while it is not
     /// acknowledged.
     #[must_use]
@@ -335,7 +353,10 @@ impl<K: LaneKey, T> Lanes<K, T> {
     /// changed) when the lane does not exist, [`max_lanes`](LanesPolicy::max_lanes)
     /// lanes do, and none of them is idle.
     ///
-    /// Changes: the lane's pending.
+    /// Changes: the lane's pending; and when an idle lane was freed for it
+    /// ([`next_freed`](Self::next_freed)), what of that lane now reads as
+    /// no lane's: its acknowledgement and receipt watermarks, if it had
+    /// them.
     pub fn enqueue(&mut self, lane: K, payload: T) -> Transition<Result<Enqueued, TooManyLanes<T>>> {
         self.enqueue_with(lane, payload, |core, payload| core.enqueue(payload))
     }
@@ -362,6 +383,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
         enqueue: impl FnOnce(&mut EgressCore<T>, T) -> Transition<Sequence>,
     ) -> Transition<Result<Enqueued, TooManyLanes<T>>> {
         let new_lane = !self.lanes.contains_key(&key);
+        let mut freed = Changes::NONE;
         if new_lane {
             let full = self.lanes.len() >= self.policy.max_lanes();
             if full && self.idle.is_empty() {
@@ -373,7 +395,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
             let _ = core.release(self.released);
             let lane = Lane::new(core);
             if full && let Some(idle) = self.idle.pop_first() {
-                self.lanes.remove(&idle);
+                freed = self.lanes.remove(&idle).map_or(Changes::NONE, |gone| gone.freed_changes());
             }
             self.lanes.insert(key.clone(), lane);
         }
@@ -384,7 +406,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
         lane.ordinals.push_back(ordinal);
         self.next_ordinal = ordinal.next();
         let _ = self.settle(&key, before);
-        Transition::new(Ok(Enqueued { ordinal, sequence: t.outcome, new_lane }), t.changes)
+        Transition::new(Ok(Enqueued { ordinal, sequence: t.outcome, new_lane }), t.changes.union(freed))
     }
 
     /// Moves into flight the record enqueued first among those that can go
