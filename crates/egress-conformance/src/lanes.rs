@@ -3,8 +3,8 @@
 //! the ops only lanes have (`complete`). The schema is in
 //! `conformance/README.md`, "The lanes fixtures".
 //!
-//! The `core` target runs them on `egress_core::Lanes`; the shell targets
-//! report them skipped until the lanes cell exists.
+//! The `core` target runs them on `egress_core::Lanes`, the shell targets
+//! on the lanes cell of each flavour (`lanes_shell.rs`).
 
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BTreeMap;
@@ -12,8 +12,8 @@ use std::num::NonZeroUsize;
 use std::path::Path;
 
 use egress_core::{
-    CompleteOutcome, FlushEpoch, Generation, LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, LanesReconnect,
-    Projection, ReconnectOutcome, Sequence, Time,
+    CompleteOutcome, Enqueued, FlushEpoch, Generation, LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy,
+    LanesReconnect, Projection, ReconnectOutcome, Sequence, Time, TooManyLanes,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -26,7 +26,7 @@ use crate::target::{invalidation_key, returns, state_of};
 /// Lanes compare by name.
 #[derive(Clone, Debug)]
 pub struct FixtureLane {
-    name: String,
+    pub(crate) name: String,
     kind: LaneKind,
 }
 
@@ -261,12 +261,48 @@ fn decode_lanes_op(value: &Value, lanes: &BTreeMap<String, FixtureLane>) -> Resu
     Ok(LanesOp::Egress { lane, op: decode_op(Value::Object(map))? })
 }
 
+/// One lanes fixture's run on one target.
+pub trait LanesSession {
+    /// Applies `op`; returns its fixture-shaped return value and the state
+    /// after it, with every key of [`LANES_STATE_KEYS`].
+    ///
+    /// # Errors
+    /// A description of a failure of the target itself (not a mismatch).
+    fn apply(&mut self, op: &LanesOp) -> Result<(Value, Map<String, Value>), String>;
+}
+
+/// The `core` target's session: a [`Lanes`], whose change sets say what
+/// each op invalidated.
+pub(crate) struct CoreLanes {
+    lanes: Lanes<FixtureLane, Value>,
+    fixture: LanesFixture,
+}
+
+impl CoreLanes {
+    pub(crate) fn new(fixture: &LanesFixture) -> Self {
+        let lanes = Lanes::with_generation(fixture.policy, Generation(fixture.generation));
+        CoreLanes { lanes, fixture: fixture.clone() }
+    }
+}
+
+impl LanesSession for CoreLanes {
+    fn apply(&mut self, op: &LanesOp) -> Result<(Value, Map<String, Value>), String> {
+        let (got, changes) = apply(&mut self.lanes, &self.fixture, op)?;
+        Ok((got, state(&self.lanes, changes)))
+    }
+}
+
 /// Runs every step of `fixture` on a fresh [`Lanes`] (the `core` target).
 #[must_use]
 pub fn run_lanes_fixture(fixture: &LanesFixture) -> Verdict {
-    let mut lanes: Lanes<FixtureLane, Value> = Lanes::with_generation(fixture.policy, Generation(fixture.generation));
+    run_lanes_session(fixture, &mut CoreLanes::new(fixture))
+}
+
+/// Runs every step of `fixture` on `session`.
+#[must_use]
+pub fn run_lanes_session(fixture: &LanesFixture, session: &mut dyn LanesSession) -> Verdict {
     for (i, step) in fixture.steps.iter().enumerate() {
-        let (got, changes) = match apply(&mut lanes, fixture, &step.op) {
+        let (got, state) = match session.apply(&step.op) {
             Ok(applied) => applied,
             Err(message) => return Verdict::TargetError { step: Some(i), message },
         };
@@ -282,7 +318,6 @@ pub fn run_lanes_fixture(fixture: &LanesFixture) -> Verdict {
         if let Some((field, e, a)) = first_difference("returns".into(), &step.returns, &got) {
             return mismatch(field, e, a);
         }
-        let state = state(&lanes, changes);
         for (key, want) in &step.expected {
             let got = &state[key];
             // `lane_states` and `invalidates` assert the keys they name;
@@ -318,7 +353,7 @@ fn subset(path: String, want: &Value, got: &Value) -> Option<(String, Option<Val
 }
 
 /// The observable state after an op, with what it invalidated.
-fn state(lanes: &Lanes<FixtureLane, Value>, changes: egress_core::Changes) -> Map<String, Value> {
+pub(crate) fn state(lanes: &Lanes<FixtureLane, Value>, changes: egress_core::Changes) -> Map<String, Value> {
     let mut s = Map::new();
     s.insert("generation".into(), json!(lanes.generation()));
     s.insert("next_ordinal".into(), json!(lanes.next_ordinal()));
@@ -339,8 +374,47 @@ fn state(lanes: &Lanes<FixtureLane, Value>, changes: egress_core::Changes) -> Ma
     s
 }
 
-fn lane_list<X: serde::Serialize>(touched: &[(FixtureLane, X)]) -> Value {
+pub(crate) fn lane_list<X: serde::Serialize>(touched: &[(FixtureLane, X)]) -> Value {
     Value::Array(touched.iter().map(|(k, x)| json!([k.name, x])).collect())
+}
+
+pub(crate) fn enqueued<T>(outcome: &Result<Enqueued, TooManyLanes<T>>) -> Value {
+    match outcome {
+        Ok(e) => json!({"ordinal": e.ordinal, "sequence": e.sequence, "new_lane": e.new_lane}),
+        Err(refused) => json!({"refused": "too_many_lanes", "limit": refused.limit}),
+    }
+}
+
+pub(crate) fn claimed<T: serde::Serialize>(outcome: &LanesClaim<'_, FixtureLane, T>) -> Value {
+    match outcome {
+        LanesClaim::Claimed(e) => {
+            json!({"claim": "claimed", "lane": e.lane.name, "ordinal": e.ordinal, "envelope": e.envelope})
+        }
+        LanesClaim::Empty => json!({"claim": "empty"}),
+        LanesClaim::Waiting => json!({"claim": "waiting"}),
+        LanesClaim::Full { cap } => json!({"claim": "full", "cap": cap}),
+        LanesClaim::StaleGeneration { current } => json!({"claim": "stale_generation", "current": current}),
+    }
+}
+
+pub(crate) fn completed(outcome: &CompleteOutcome) -> Value {
+    match outcome {
+        CompleteOutcome::Advanced { through } => json!({"complete": "advanced", "through": through}),
+        CompleteOutcome::Waiting => json!({"complete": "waiting"}),
+        CompleteOutcome::Unchanged => json!({"complete": "unchanged"}),
+        CompleteOutcome::UnknownSequence { .. } => json!({"complete": "unknown_sequence"}),
+        CompleteOutcome::StaleGeneration { current } => json!({"complete": "stale_generation", "current": current}),
+    }
+}
+
+pub(crate) fn reconnected(outcome: &LanesReconnect<FixtureLane>) -> Value {
+    returns::reconnect(&match outcome {
+        LanesReconnect::Advanced { generation, replayed, dead, .. } => {
+            ReconnectOutcome::Advanced { generation: *generation, replayed: *replayed, dead: *dead }
+        }
+        LanesReconnect::Unchanged => ReconnectOutcome::Unchanged,
+        LanesReconnect::StaleGeneration { current } => ReconnectOutcome::StaleGeneration { current: *current },
+    })
 }
 
 fn apply(
@@ -355,16 +429,7 @@ fn apply(
     let (lane, lane_op) = match op {
         LanesOp::Complete { generation, lane, sequence } => {
             let t = lanes.complete(Generation(*generation), &key(&Some(lane.clone()))?, Sequence(*sequence));
-            let r = match t.outcome {
-                CompleteOutcome::Advanced { through } => json!({"complete": "advanced", "through": through}),
-                CompleteOutcome::Waiting => json!({"complete": "waiting"}),
-                CompleteOutcome::Unchanged => json!({"complete": "unchanged"}),
-                CompleteOutcome::UnknownSequence { .. } => json!({"complete": "unknown_sequence"}),
-                CompleteOutcome::StaleGeneration { current } => {
-                    json!({"complete": "stale_generation", "current": current})
-                }
-            };
-            return Ok((r, t.changes));
+            return Ok((completed(&t.outcome), t.changes));
         }
         LanesOp::Egress { lane, op } => (lane, op),
     };
@@ -375,24 +440,11 @@ fn apply(
                 Op::EnqueueAfter { after, .. } => lanes.enqueue_after(k, payload.clone(), FlushEpoch(*after)),
                 _ => lanes.enqueue(k, payload.clone()),
             };
-            let r = match t.outcome {
-                Ok(e) => json!({"ordinal": e.ordinal, "sequence": e.sequence, "new_lane": e.new_lane}),
-                Err(refused) => json!({"refused": "too_many_lanes", "limit": refused.limit}),
-            };
-            (r, t.changes)
+            (enqueued(&t.outcome), t.changes)
         }
         Op::Claim { generation } => {
             let t = lanes.claim(Generation(*generation));
-            let r = match t.outcome {
-                LanesClaim::Claimed(e) => {
-                    json!({"claim": "claimed", "lane": e.lane.name, "ordinal": e.ordinal, "envelope": e.envelope})
-                }
-                LanesClaim::Empty => json!({"claim": "empty"}),
-                LanesClaim::Waiting => json!({"claim": "waiting"}),
-                LanesClaim::Full { cap } => json!({"claim": "full", "cap": cap}),
-                LanesClaim::StaleGeneration { current } => json!({"claim": "stale_generation", "current": current}),
-            };
-            (r, t.changes)
+            (claimed(&t.outcome), t.changes)
         }
         Op::Ack { generation: g, through } => {
             let t = lanes.ack(Generation(*g), &key(lane)?, Sequence(*through));
@@ -425,16 +477,7 @@ fn apply(
         }
         Op::Reconnect { generation: g } => {
             let t = lanes.reconnect(Generation(*g));
-            let r = match t.outcome {
-                LanesReconnect::Advanced { generation, replayed, dead, .. } => {
-                    returns::reconnect(&ReconnectOutcome::Advanced { generation, replayed, dead })
-                }
-                LanesReconnect::Unchanged => returns::reconnect(&ReconnectOutcome::Unchanged),
-                LanesReconnect::StaleGeneration { current } => {
-                    returns::reconnect(&ReconnectOutcome::StaleGeneration { current })
-                }
-            };
-            (r, t.changes)
+            (reconnected(&t.outcome), t.changes)
         }
         other => return Err(format!("not a lanes op: {other:?}")),
     })

@@ -29,16 +29,15 @@
 pub mod fixture;
 pub mod graph;
 pub mod lanes;
+mod lanes_shell;
 pub mod runner;
 pub mod shell;
 pub mod target;
 
 pub use fixture::{Fixture, FixtureError, Op};
 pub use graph::{GraphFixture, GraphSession, run_graph_fixture};
-pub use lanes::{LanesFixture, run_lanes_fixture};
-pub use runner::{
-    KINDS_NOT_IMPLEMENTED, LANES_NOT_IN_SHELLS, Mismatch, Report, Verdict, collect_files, run_files, run_fixture,
-};
+pub use lanes::{LanesFixture, LanesOp, LanesSession, run_lanes_fixture, run_lanes_session};
+pub use runner::{KINDS_NOT_IMPLEMENTED, Mismatch, Report, Verdict, collect_files, run_files, run_fixture};
 pub use shell::{AsyncTarget, ContextTarget, ThreadSafeTarget};
 pub use target::{CoreTarget, GraphStart, Observation, Session, Target};
 

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::fixture::{Fixture, FixtureError};
 use crate::graph::{GraphFixture, run_graph_fixture};
-use crate::lanes::{LanesFixture, run_lanes_fixture};
+use crate::lanes::{LanesFixture, run_lanes_session};
 use crate::target::Target;
 
 /// How one fixture went on one target.
@@ -261,10 +261,6 @@ pub const KINDS_NOT_IMPLEMENTED: &[(&str, &str)] = &[(
      implemented yet: issue 33 brings it",
 )];
 
-/// Why a shell target skips the lanes fixtures.
-pub const LANES_NOT_IN_SHELLS: &str =
-    "the lanes cell (a reactive shell over egress_core::Lanes) is not in egress-reactive yet: issue 32 brings it";
-
 /// Loads each file and runs it on each target: one report per pair. An
 /// egress fixture runs on every target; a reactive-graph fixture on the
 /// targets that have a graph (not `core`); a fixture of a kind in
@@ -296,10 +292,10 @@ pub fn run_files(files: &[PathBuf], targets: &[&dyn Target]) -> Result<Vec<Repor
         if kind == "Lanes" {
             let fixture = LanesFixture::from_value(file, &doc)?;
             for target in targets {
-                let verdict = if target.runs_lanes() {
-                    run_lanes_fixture(&fixture)
-                } else {
-                    Verdict::Skipped { reason: LANES_NOT_IN_SHELLS.to_owned() }
+                let verdict = match target.lanes(&fixture) {
+                    Some(Ok(mut session)) => run_lanes_session(&fixture, &mut *session),
+                    Some(Err(message)) => Verdict::TargetError { step: None, message },
+                    None => Verdict::Skipped { reason: format!("the {} target has no lanes", target.name()) },
                 };
                 reports.push(report(target.name(), verdict));
             }

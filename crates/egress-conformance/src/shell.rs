@@ -56,6 +56,13 @@ fn on_graph<F: CellFlavor<Value>>(cx: Ctx<F>, fixture: &Fixture) -> Result<Box<d
 }
 
 impl Target for ContextTarget {
+    fn lanes(
+        &self,
+        fixture: &crate::lanes::LanesFixture,
+    ) -> Option<Result<Box<dyn crate::lanes::LanesSession>, String>> {
+        Some(Ok(Self::lanes_session(fixture)))
+    }
+
     fn graph(&self) -> Option<crate::target::GraphStart> {
         Some(Box::new(|| {
             let cx = Context::new();
@@ -73,6 +80,13 @@ impl Target for ContextTarget {
 }
 
 impl Target for ThreadSafeTarget {
+    fn lanes(
+        &self,
+        fixture: &crate::lanes::LanesFixture,
+    ) -> Option<Result<Box<dyn crate::lanes::LanesSession>, String>> {
+        Some(Ok(Self::lanes_session(fixture)))
+    }
+
     fn graph(&self) -> Option<crate::target::GraphStart> {
         Some(Box::new(|| {
             let cx = ThreadSafeContext::new();
@@ -90,6 +104,13 @@ impl Target for ThreadSafeTarget {
 }
 
 impl Target for AsyncTarget {
+    fn lanes(
+        &self,
+        fixture: &crate::lanes::LanesFixture,
+    ) -> Option<Result<Box<dyn crate::lanes::LanesSession>, String>> {
+        Some(Ok(Self::lanes_session(fixture)))
+    }
+
     fn graph(&self) -> Option<crate::target::GraphStart> {
         Some(Box::new(|| {
             let cx = AsyncContext::new();

@@ -32,9 +32,17 @@ pub trait Target {
         None
     }
 
-    /// Whether the target runs the lanes fixtures (`"kind": "Lanes"`).
-    fn runs_lanes(&self) -> bool {
-        false
+    /// A fresh session of a lanes fixture (`"kind": "Lanes"`) on this
+    /// target, or `None` for a target that runs none.
+    ///
+    /// # Errors
+    /// A description of why the target cannot start.
+    fn lanes(
+        &self,
+        fixture: &crate::lanes::LanesFixture,
+    ) -> Option<Result<Box<dyn crate::lanes::LanesSession>, String>> {
+        let _ = fixture;
+        None
     }
 }
 
@@ -380,12 +388,15 @@ impl Target for CoreTarget {
         "core"
     }
 
-    fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String> {
-        Ok(Box::new(CoreSession { core: fixture.core()? }))
+    fn lanes(
+        &self,
+        fixture: &crate::lanes::LanesFixture,
+    ) -> Option<Result<Box<dyn crate::lanes::LanesSession>, String>> {
+        Some(Ok(Box::new(crate::lanes::CoreLanes::new(fixture))))
     }
 
-    fn runs_lanes(&self) -> bool {
-        true
+    fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String> {
+        Ok(Box::new(CoreSession { core: fixture.core()? }))
     }
 }
 

@@ -126,13 +126,15 @@ mod signal;
 
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncContext, AsyncEffect, EffectCx, Readable, Watch};
+pub use cells::{
+    Aggregate, AsyncTransport, AttachRun, Attachment, Backoff, CellFlavor, CellOptions, Clock, EgressCell,
+    EgressCellOf, Inner, LaneItem, LaneProject, LaneReaders, LanesAttachment, LanesCell, LanesCellOf, LanesFlavor,
+    LanesInner, LanesRefused, LanesRun, LanesState, LanesTransport, ManualClock, MonotonicClock, ParkedRecord, Project,
+    Refused, SendError, SizeCheck, Snapshot, State, ThreadSafeEgressCell, ThreadSafeLanesCell, Transport, Xorshift,
+    delay,
+};
 #[cfg(feature = "async")]
 pub use cells::{AsyncEgressCell, ConnectionState, ConnectionTracker, TokioClock, Undelivered};
-pub use cells::{
-    AsyncTransport, AttachRun, Attachment, Backoff, CellFlavor, CellOptions, Clock, EgressCell, EgressCellOf, Inner,
-    ManualClock, MonotonicClock, ParkedRecord, Project, Refused, SendError, SizeCheck, Snapshot, State,
-    ThreadSafeEgressCell, Transport, Xorshift, delay,
-};
 pub use computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never, SameBy, Slot};
 pub use context::{Context, Ctx, Handle, NodeRef, Runtime, Scope, ThreadSafeContext};
 pub use effect::{Effect, EffectObj, RunEffect};

@@ -23,7 +23,7 @@ use super::inner::{
     unacknowledged,
 };
 use super::options::{CellOptions, Refused, SizeCheck};
-use super::readers::{ParkedRecord, Reader, Readers, Snapshot, StatusOf, Statuses, list, reader};
+use super::readers::{ParkedRecord, Reader, Readers, Snapshot, StatusOf, Statuses, list, parked_records, reader};
 use crate::computed::{ByEq, ComputedObj, Never};
 use crate::context::{Handle, Scope};
 use crate::flavor::{Entered, Flavor, Holds, Local, Threaded, ValueCell};
@@ -231,24 +231,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             let readers = Readers {
                 pending: reader(&inner, Projection::Pending, Never, |c| list(c.pending()), at),
                 inflight: reader(&inner, Projection::Inflight, Never, |c| list(c.inflight()), at),
-                parked: reader(
-                    &inner,
-                    Projection::Parked,
-                    Never,
-                    |c| {
-                        c.parked()
-                            .map(|p| ParkedRecord {
-                                sequence: p.sequence,
-                                attempt: p.attempt,
-                                backoff: p.backoff,
-                                due: p.due,
-                                payload: p.payload.clone(),
-                                dead: p.dead,
-                            })
-                            .collect()
-                    },
-                    at,
-                ),
+                parked: reader(&inner, Projection::Parked, Never, parked_records, at),
                 exhausted: reader(&inner, Projection::Exhausted, Never, |c| list(c.exhausted()), at),
                 acked_through: reader(&inner, Projection::AckedThrough, ByEq, EgressCore::acked_through, at),
                 received_through: reader(&inner, Projection::Received, ByEq, EgressCore::received_through, at),

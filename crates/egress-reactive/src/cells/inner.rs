@@ -29,16 +29,22 @@ pub struct State<T> {
 }
 
 impl<T> State<T> {
-    /// The next jitter sample (splitmix64).
+    /// The next jitter sample.
     fn jitter(&mut self) -> JitterSample {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        #[allow(clippy::cast_possible_truncation)]
-        JitterSample::from_u32((z >> 32) as u32)
+        next_jitter(&mut self.rng)
     }
+}
+
+/// The next jitter sample from the generator state `rng` (splitmix64): a
+/// cell's and a lanes cell's.
+pub(super) fn next_jitter(rng: &mut u64) -> JitterSample {
+    *rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *rng;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    #[allow(clippy::cast_possible_truncation)]
+    JitterSample::from_u32((z >> 32) as u32)
 }
 
 /// What every part of a cell needs to apply a transition and invalidate its

@@ -19,6 +19,7 @@ mod clock;
 #[cfg(feature = "async")]
 mod connection;
 mod inner;
+mod lanes;
 mod options;
 mod readers;
 mod transport;
@@ -34,6 +35,10 @@ pub use clock::{Clock, ManualClock, MonotonicClock, delay};
 #[cfg(feature = "async")]
 pub use connection::{ConnectionState, ConnectionTracker};
 pub use inner::{AttachRun, Inner, State};
+pub use lanes::{
+    Aggregate, LaneItem, LaneProject, LaneReaders, LanesAttachment, LanesCell, LanesCellOf, LanesFlavor, LanesInner,
+    LanesRefused, LanesRun, LanesState, LanesTransport, ThreadSafeLanesCell,
+};
 pub use options::{CellOptions, Refused, SizeCheck};
 pub use readers::{ParkedRecord, Project, Snapshot};
 pub use transport::{AsyncTransport, SendError, Transport};

@@ -146,6 +146,20 @@ impl<F: Flavor> Statuses<F> {
     }
 }
 
+/// The parked records of `core`, as the `parked` readers show them.
+pub(super) fn parked_records<T: Clone>(core: &EgressCore<T>) -> Snapshot<ParkedRecord<T>> {
+    core.parked()
+        .map(|p| ParkedRecord {
+            sequence: p.sequence,
+            attempt: p.attempt,
+            backoff: p.backoff,
+            due: p.due,
+            payload: p.payload.clone(),
+            dead: p.dead,
+        })
+        .collect()
+}
+
 pub(super) fn list<'a, T: Clone + 'a>(items: impl Iterator<Item = Envelope<&'a T>>) -> Snapshot<Envelope<T>> {
     items.map(Envelope::cloned).collect()
 }

@@ -1,0 +1,352 @@
+//! The lanes cell on every flavour: release order across lanes through an
+//! attachment, exact invalidation per lane, failures, fencing, the
+//! per-lane readers' lifetime, a freed lane, panics in user code, and the
+//! refusals. (The lanes fixtures run on it too: egress-conformance.)
+
+mod common;
+
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+
+use common::Counter;
+use egress_core::{
+    CompleteOutcome, DeadLetters, Delay, FailOutcome, FailureKind, Generation, JitterSample, LaneKey, LaneKind,
+    LanesClaim, LanesPolicy, LanesReconnect, Policy, Sequence, Time,
+};
+use egress_reactive::{CellOptions, LaneItem, LanesCellOf, LanesRefused, LanesTransport, ManualClock, SendError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Lane {
+    Room(u8),
+    AccountData,
+    Other,
+}
+
+impl LaneKey for Lane {
+    fn kind(&self) -> LaneKind {
+        match self {
+            Lane::Room(_) => LaneKind::Serial,
+            Lane::AccountData => LaneKind::Strict,
+            Lane::Other => LaneKind::Unordered(NonZeroUsize::new(2).expect("2")),
+        }
+    }
+}
+
+/// What a wire saw: lane, ordinal, sequence, attempt, payload.
+type Sent = (Lane, u64, u64, u32, u32);
+
+/// A transport that records what it sends, fails as scripted (one entry
+/// per send: `None` succeeds), and panics when told to.
+#[derive(Clone, Default)]
+struct Wire {
+    sent: Arc<Mutex<Vec<Sent>>>,
+    script: Arc<Mutex<std::collections::VecDeque<Option<FailureKind>>>>,
+    panic_on: Arc<Mutex<Option<u32>>>,
+}
+
+impl Wire {
+    fn sent(&self) -> Vec<Sent> {
+        self.sent.lock().expect("wire").clone()
+    }
+    fn payloads(&self) -> Vec<u32> {
+        self.sent().iter().map(|s| s.4).collect()
+    }
+    fn fail_next(&self, kinds: impl IntoIterator<Item = Option<FailureKind>>) {
+        self.script.lock().expect("script").extend(kinds);
+    }
+}
+
+impl LanesTransport<Lane, u32> for Wire {
+    fn send(&mut self, item: LaneItem<Lane, u32>) -> Result<(), SendError> {
+        if *self.panic_on.lock().expect("panic_on") == Some(item.envelope.payload) {
+            panic!("the transport panicked on {}", item.envelope.payload);
+        }
+        if let Some(Some(kind)) = self.script.lock().expect("script").pop_front() {
+            return Err(SendError::new(kind, "scripted failure"));
+        }
+        let e = &item.envelope;
+        self.sent.lock().expect("wire").push((item.lane, item.ordinal.0, e.sequence.0, e.attempt.0, e.payload));
+        Ok(())
+    }
+}
+
+fn policy(max_lanes: usize) -> LanesPolicy {
+    let base = Policy::builder()
+        .retry_budget(3)
+        .retry_base(Delay(100))
+        .retry_ceiling(Delay(1_000))
+        .dead_letters(DeadLetters::Skip)
+        .build()
+        .expect("valid policy");
+    LanesPolicy::new(base, max_lanes).expect("valid lanes policy")
+}
+
+fn options(clock: &ManualClock) -> CellOptions {
+    CellOptions::new().generation(Generation(1)).clock(clock.clone()).jitter_seed(7)
+}
+
+/// An effect over `reader`, counting its runs (reset after the first).
+macro_rules! watch {
+    ($cx:ident, $reader:expr) => {{
+        let hits = Counter::new();
+        let _ = $cx.effect({
+            let (r, hits) = ($reader.clone(), hits.clone());
+            move || {
+                r.with(|_| ());
+                hits.hit();
+            }
+        });
+        hits.reset();
+        hits
+    }};
+}
+
+each_flavour! {
+    fn records_go_in_enqueue_order_across_lanes_within_each_lanes_window(cx) {
+        let clock = ManualClock::new();
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let wire = Wire::default();
+        let link = cell.attach(wire.clone());
+        for (lane, payload) in [
+            (Lane::Room(1), 10),
+            (Lane::Room(1), 11),
+            (Lane::Room(2), 20),
+            (Lane::Other, 30),
+            (Lane::Other, 31),
+            (Lane::Other, 32),
+        ] {
+            cell.enqueue(lane, payload).expect("room for the lane");
+        }
+        // One in flight per room, two for the unordered lane.
+        assert_eq!(wire.payloads(), [10, 20, 30, 31]);
+        let ordinals: Vec<u64> = wire.sent().iter().map(|s| s.1).collect();
+        assert_eq!(ordinals, [0, 2, 3, 4], "each record keeps the ordinal of its enqueue");
+        assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.outstanding().get()), (2, 4, 4));
+        assert_eq!(cell.lane_count().get(), 3);
+        assert_eq!(link.complete(&Lane::Room(1), Sequence(0)), CompleteOutcome::Advanced { through: Sequence(0) });
+        assert_eq!(wire.payloads(), [10, 20, 30, 31, 11], "the room's next record, once its first completed");
+        // The second unordered record completes first: waiting for the
+        // first, the window does not move.
+        assert_eq!(link.complete(&Lane::Other, Sequence(1)), CompleteOutcome::Waiting);
+        assert_eq!((cell.inflight_len().get(), cell.outstanding().get()), (4, 3));
+        assert_eq!(wire.payloads().len(), 5);
+        assert_eq!(link.complete(&Lane::Other, Sequence(0)), CompleteOutcome::Advanced { through: Sequence(1) });
+        assert_eq!(wire.payloads(), [10, 20, 30, 31, 11, 32]);
+        assert_eq!(cell.lane(&Lane::Other).acked_through().get(), Some(Sequence(1)));
+    }
+
+    fn a_transition_on_one_lane_invalidates_only_that_lanes_readers(cx) {
+        let clock = ManualClock::new();
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let (a, b) = (cell.lane(&Lane::Room(1)), cell.lane(&Lane::Room(2)));
+        let hits = [
+            watch!(cx, a.pending()),
+            watch!(cx, a.pending_len()),
+            watch!(cx, a.inflight()),
+            watch!(cx, a.acked_through()),
+            watch!(cx, b.pending()),
+            watch!(cx, b.pending_len()),
+            watch!(cx, b.acked_through()),
+            watch!(cx, cell.pending_len()),
+            watch!(cx, cell.generation()),
+        ];
+        let fired = || -> Vec<usize> {
+            let out = hits.iter().enumerate().filter(|(_, h)| h.get() > 0).map(|(i, _)| i).collect();
+            hits.iter().for_each(Counter::reset);
+            out
+        };
+        cell.enqueue(Lane::Room(1), 1).expect("room");
+        assert_eq!(fired(), [0, 1, 7], "lane a's pending and the total; nothing of lane b");
+        let g = Generation(1);
+        assert!(cell.claim_with(g, |o| matches!(o, LanesClaim::Claimed(e) if *e.lane == Lane::Room(1))));
+        assert_eq!(fired(), [0, 1, 2, 7]);
+        assert_eq!(cell.complete(g, &Lane::Room(1), Sequence(0)), CompleteOutcome::Advanced { through: Sequence(0) });
+        assert_eq!(fired(), [2, 3], "in flight and acknowledged, of lane a only");
+        // Refusals change nothing.
+        assert!(matches!(cell.complete(Generation(0), &Lane::Room(1), Sequence(0)), CompleteOutcome::StaleGeneration { .. }));
+        assert_eq!(cell.complete(g, &Lane::Room(2), Sequence(0)), CompleteOutcome::UnknownSequence { sequence: Sequence(0) });
+        assert!(fired().is_empty());
+        cell.enqueue(Lane::Room(2), 2).expect("room");
+        assert_eq!(fired(), [4, 5, 7]);
+        assert!(matches!(cell.reconnect(Generation(2)), LanesReconnect::Advanced { .. }));
+        // The generation, and lane b's pending (its envelopes now carry
+        // the new generation); lane a is empty, nothing of it changed.
+        assert_eq!(fired(), [4, 8]);
+    }
+
+    fn a_failure_parks_its_record_and_stops_the_pass_a_dead_letter_does_not(cx) {
+        let clock = ManualClock::new();
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let wire = Wire::default();
+        let _link = cell.attach(wire.clone());
+        wire.fail_next([Some(FailureKind::Transient)]);
+        cell.enqueue(Lane::Room(1), 1).expect("room");
+        assert!(wire.sent().is_empty(), "the send failed");
+        assert_eq!((cell.parked_len().get(), cell.lane(&Lane::Room(1)).parked_len().get()), (1, 1));
+        // Another lane's record waits for the next pass: the failed one
+        // stopped this one, and an enqueue starts the next.
+        cell.enqueue(Lane::Room(2), 2).expect("room");
+        assert_eq!(wire.payloads(), [2]);
+        let due = cell.poll_timeout().expect("a record is parked");
+        assert!(due.0 >= 100, "after the backoff: {due:?}");
+        clock.set(due);
+        assert_eq!(cell.handle_timeout(due), [(Lane::Room(1), vec![Sequence(0)])]);
+        assert_eq!(wire.sent().last(), Some(&(Lane::Room(1), 0, 0, 2, 1)), "the same ordinal, its second attempt");
+        // A permanent failure: a dead letter whose tombstone goes out in the
+        // same pass, and the pass goes on to the next record.
+        wire.fail_next([Some(FailureKind::Permanent)]);
+        cell.enqueue_after(Lane::Other, 30, egress_core::FlushEpoch(1)).expect("room");
+        cell.enqueue(Lane::Other, 31).expect("room");
+        cell.enqueue(Lane::Room(3), 40).expect("room");
+        assert_eq!(cell.gated_len().get(), 1, "30 waits for the epoch, 31 behind it in its lane");
+        assert_eq!(wire.payloads(), [2, 1, 40], "room 3 does not wait");
+        assert_eq!(cell.release(egress_core::FlushEpoch(1)), [(Lane::Other, 1)]);
+        assert_eq!(cell.released().get(), egress_core::FlushEpoch(1));
+        let last: Vec<u32> = wire.payloads().into_iter().skip(3).collect();
+        assert_eq!(last, [30, 31], "the tombstone of 30 (Skip), then the rest of the pass");
+        assert_eq!(cell.lane(&Lane::Other).exhausted_len().get(), 0, "skipped, not held");
+    }
+
+    fn a_reconnect_fences_the_old_attachment_and_the_new_one_replays_in_enqueue_order(cx) {
+        let clock = ManualClock::new();
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let old = Wire::default();
+        let link = cell.attach(old.clone());
+        cell.enqueue(Lane::Room(2), 20).expect("room");
+        cell.enqueue(Lane::Room(1), 10).expect("room");
+        cell.enqueue(Lane::Room(2), 21).expect("room");
+        assert_eq!(old.payloads(), [20, 10]);
+        let outcome = cell.reconnect(Generation(2));
+        assert!(matches!(outcome, LanesReconnect::Advanced { replayed: 2, .. }), "{outcome:?}");
+        assert!(link.is_fenced() && link.runs() == 0);
+        assert!(matches!(link.complete(&Lane::Room(2), Sequence(0)), CompleteOutcome::StaleGeneration { .. }));
+        let new = Wire::default();
+        let link = cell.attach(new.clone());
+        assert_eq!(link.generation(), Generation(2));
+        assert_eq!(new.payloads(), [20, 10], "replayed in enqueue order; 21 still waits for 20");
+        assert_eq!(old.payloads().len(), 2, "the fenced transport never sends again");
+        cell.enqueue(Lane::Room(3), 30).expect("room");
+        assert_eq!(new.payloads(), [20, 10, 30]);
+        assert_eq!(old.payloads().len(), 2);
+    }
+
+    fn lane_readers_are_one_set_per_lane_while_in_use_and_reclaimed_after(cx) {
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::new(&cx.handle(), policy(300));
+        let held = cell.lane(&Lane::Room(1));
+        let nodes = cx.node_count();
+        let again = cell.lane(&Lane::Room(1));
+        assert_eq!(cx.node_count(), nodes, "asked again: the same readers");
+        assert_eq!(again.pending().created_at(), held.pending().created_at());
+        drop(again);
+        // Readers asked for and dropped, lane after lane: reclaimed.
+        for room in 2..=250 {
+            let readers = cell.lane(&Lane::Room(room));
+            assert_eq!(readers.pending_len().get(), 0);
+        }
+        assert!(cx.node_count() < nodes + 600, "{} nodes after 249 dropped lanes' readers", cx.node_count() - nodes);
+        // One reader kept of a dropped set keeps the set, and it follows.
+        let kept = cell.lane(&Lane::Room(251)).pending_len().clone();
+        for room in 2..=250 {
+            let _ = cell.lane(&Lane::Room(room));
+        }
+        assert!(!held.pending_len().is_disposed() && !kept.is_disposed());
+        cell.enqueue(Lane::Room(1), 1).expect("room");
+        cell.enqueue(Lane::Room(251), 2).expect("room");
+        assert_eq!((held.pending_len().get(), kept.get()), (1, 1));
+    }
+
+    fn a_freed_lane_reads_as_no_lanes_and_its_readers_hear_of_it(cx) {
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::new(&cx.handle(), policy(1));
+        let room = cell.lane(&Lane::Room(1));
+        let acked = watch!(cx, room.acked_through());
+        let g = cell.generation().get();
+        cell.enqueue(Lane::Room(1), 1).expect("room");
+        cell.claim_with(g, |_| ());
+        cell.complete(g, &Lane::Room(1), Sequence(0));
+        assert_eq!((room.acked_through().get(), acked.get()), (Some(Sequence(0)), 1));
+        // One lane at most: room 2 frees the idle room 1.
+        let e = cell.enqueue(Lane::Room(2), 2).expect("an idle lane makes room");
+        assert!(e.new_lane);
+        assert_eq!(room.acked_through().get(), None, "no lane: no watermark");
+        assert_eq!(acked.get(), 2, "and the effect over it re-ran");
+        assert_eq!(cell.lane_count().get(), 1);
+        // Now every lane is busy: refused, the payload back, nothing changed.
+        let refused = cell.enqueue(Lane::Room(3), 3).expect_err("room 2 is busy");
+        assert_eq!((refused.limit, refused.payload), (1, 3));
+        assert!(matches!(cell.try_enqueue(Lane::Room(3), 4), Err(LanesRefused::TooManyLanes(t)) if t.payload == 4));
+        assert_eq!(cell.pending_len().get(), 1);
+    }
+
+    fn try_enqueue_refuses_at_capacity_and_gives_the_payload_back(cx) {
+        let options = CellOptions::new().capacity(2);
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options);
+        cell.try_enqueue(Lane::Room(1), 1).expect("room");
+        cell.try_enqueue(Lane::Room(2), 2).expect("room");
+        match cell.try_enqueue(Lane::Room(3), 3) {
+            Err(LanesRefused::Full { payload: 3, capacity: 2 }) => {}
+            other => panic!("expected Full, got {other:?}"),
+        }
+        assert_eq!((cell.pending_len().get(), cell.lane_count().get()), (2, 2));
+        // Acknowledged records make room again.
+        let g = cell.generation().get();
+        cell.claim_with(g, |_| ());
+        cell.complete(g, &Lane::Room(1), Sequence(0));
+        cell.try_enqueue(Lane::Room(3), 3).expect("room again");
+    }
+
+    fn a_panicking_transport_fails_its_record_which_goes_out_again(cx) {
+        let clock = ManualClock::new();
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let wire = Wire::default();
+        *wire.panic_on.lock().expect("panic_on") = Some(1);
+        let _link = cell.attach(wire.clone());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.enqueue(Lane::Room(1), 1)));
+        assert!(panicked.is_err(), "the panic reaches the caller");
+        assert_eq!((cell.inflight_len().get(), cell.parked_len().get()), (0, 1), "failed, not left in flight");
+        *wire.panic_on.lock().expect("panic_on") = None;
+        let due = cell.poll_timeout().expect("parked");
+        clock.set(due);
+        cell.handle_timeout(due);
+        assert_eq!(wire.payloads(), [1]);
+        let failed = cell.fail_with(Generation(1), &Lane::Room(1), Sequence(0), FailureKind::Transient, JitterSample::ZERO);
+        assert!(matches!(failed, FailOutcome::Retrying(_)), "{failed:?}");
+        assert_eq!(cell.now(), due);
+    }
+
+    fn a_disposed_cell_fences_new_attachments_and_keeps_its_records(cx) {
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::new(&cx.handle(), policy(8));
+        let readers = cell.lane(&Lane::Room(1));
+        cell.enqueue(Lane::Room(1), 1).expect("room");
+        cell.dispose();
+        assert!(cell.is_disposed() && readers.pending_len().is_disposed());
+        let wire = Wire::default();
+        let link = cell.attach(wire.clone());
+        assert!(link.is_fenced());
+        cell.enqueue(Lane::Room(1), 2).expect("room");
+        assert!(wire.sent().is_empty(), "a fenced attachment never sends");
+        assert_eq!(cell.with_lanes(|l| l.pending_len()), 2, "the records stay");
+        let fresh = cell.lane(&Lane::Room(1));
+        assert_eq!(fresh.pending_len().get(), 2, "readers made under the caller's owner read the lanes once");
+        assert!(format!("{cell:?}").starts_with("LanesCell { generation: Generation(0)"), "{cell:?}");
+    }
+}
+
+#[test]
+fn a_strict_lane_is_not_overtaken_while_its_head_backs_off() {
+    let clock = ManualClock::new();
+    let cx = egress_reactive::Context::new();
+    let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+    let wire = Wire::default();
+    let _link = cell.attach(wire.clone());
+    wire.fail_next([Some(FailureKind::RetryAfter(Delay(500)))]);
+    cell.enqueue(Lane::AccountData, 1).expect("room");
+    cell.enqueue(Lane::AccountData, 2).expect("room");
+    cell.enqueue(Lane::Room(1), 3).expect("room");
+    assert_eq!(wire.payloads(), [3], "the write behind the one backing off waits; the room goes on");
+    let due = cell.poll_timeout().expect("parked");
+    assert!(due >= Time(500), "{due:?}");
+    clock.set(due);
+    cell.handle_timeout(due);
+    assert_eq!(wire.payloads(), [3, 1], "the first write, alone");
+    cell.with_lanes(|l| assert_eq!(l.lane(&Lane::AccountData).map(egress_core::EgressCore::inflight_len), Some(1)));
+}
