@@ -35,6 +35,31 @@ impl<T> State<T> {
     }
 }
 
+/// Logs a failure that parked a record (debug) or made a dead letter
+/// (warn): a cell's, or a lanes cell's with its lane.
+pub(super) fn trace_failure(outcome: &FailOutcome, kind: FailureKind, lane: Option<&impl std::fmt::Debug>) {
+    match outcome {
+        FailOutcome::Retrying(r) => tracing::debug!(
+            ?lane,
+            sequence = r.sequence.get(),
+            attempt = r.attempt.get(),
+            backoff = r.backoff.0,
+            ?kind,
+            "egress cell: a send failed, retrying"
+        ),
+        FailOutcome::Exhausted(r) => {
+            tracing::warn!(
+                ?lane,
+                sequence = r.sequence.get(),
+                attempt = r.attempt.get(),
+                ?kind,
+                "egress cell: a dead letter"
+            );
+        }
+        FailOutcome::UnknownSequence { .. } | FailOutcome::StaleGeneration { .. } => {}
+    }
+}
+
 /// The next jitter sample from the generator state `rng` (splitmix64): a
 /// cell's and a lanes cell's.
 pub(super) fn next_jitter(rng: &mut u64) -> JitterSample {
@@ -270,26 +295,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             let t = s.core.fail(generation, sequence, kind, now, jitter);
             (t.outcome, t.changes)
         });
-        match outcome {
-            FailOutcome::Retrying(r) => {
-                tracing::debug!(
-                    sequence = r.sequence.get(),
-                    attempt = r.attempt.get(),
-                    backoff = r.backoff.0,
-                    ?kind,
-                    "egress cell: a send failed, retrying"
-                );
-            }
-            FailOutcome::Exhausted(r) => {
-                tracing::warn!(
-                    sequence = r.sequence.get(),
-                    attempt = r.attempt.get(),
-                    ?kind,
-                    "egress cell: a dead letter"
-                );
-            }
-            FailOutcome::UnknownSequence { .. } | FailOutcome::StaleGeneration { .. } => {}
-        }
+        trace_failure(&outcome, kind, None::<&()>);
         outcome
     }
 

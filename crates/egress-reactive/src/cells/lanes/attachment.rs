@@ -10,9 +10,10 @@ use egress_core::{
 };
 
 use super::super::clock::Clock;
+use super::super::inner::By;
 use super::super::inner::next_jitter;
 use super::super::transport::SendError;
-use super::{By, LanesCellOf, LanesFlavor, LanesInner, LanesState, Touched};
+use super::{LanesCellOf, LanesFlavor, LanesInner, LanesState, Touched};
 use crate::context::NodeRef;
 use crate::effect::{EffectObj, RunEffect};
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};

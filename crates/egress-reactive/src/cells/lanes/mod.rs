@@ -21,7 +21,7 @@ pub use self::attachment::{LaneItem, LanesAttachment, LanesRun, LanesTransport};
 pub use self::readers::{LaneProject, LaneReaders};
 use self::readers::{LaneReader, LaneReaderCache};
 use super::clock::{Clock, MonotonicClock};
-use super::inner::{TRIGGERS, next_jitter};
+use super::inner::{By, TRIGGERS, next_jitter, trace_failure};
 use super::options::CellOptions;
 use super::readers::{ParkedRecord, Snapshot};
 use crate::computed::{ByEq, Computed, ComputedObj};
@@ -141,14 +141,6 @@ impl<K> Touched<K> {
     }
 }
 
-/// Who made a transition: an attachment's own claims and failures do not
-/// wake attachments (one run per sending pass).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum By {
-    Caller,
-    Attachment,
-}
-
 impl<K: LaneKey + 'static, T: 'static, F: Flavor> LanesInner<K, T, F> {
     /// Applies `op` to the state with the graph entered, then invalidates
     /// exactly the readers of what it touched (and wakes the attachments
@@ -256,24 +248,7 @@ impl<K: LaneKey + 'static, T: 'static, F: Flavor> LanesInner<K, T, F> {
             let t = s.lanes.fail(generation, lane, sequence, kind, now, jitter);
             (t.outcome, Touched::lane(lane.clone(), t.changes))
         });
-        match outcome {
-            FailOutcome::Retrying(r) => tracing::debug!(
-                ?lane,
-                sequence = r.sequence.get(),
-                attempt = r.attempt.get(),
-                backoff = r.backoff.0,
-                ?kind,
-                "egress lanes: a send failed, retrying"
-            ),
-            FailOutcome::Exhausted(r) => tracing::warn!(
-                ?lane,
-                sequence = r.sequence.get(),
-                attempt = r.attempt.get(),
-                ?kind,
-                "egress lanes: a dead letter"
-            ),
-            FailOutcome::UnknownSequence { .. } | FailOutcome::StaleGeneration { .. } => {}
-        }
+        trace_failure(&outcome, kind, Some(lane));
         outcome
     }
 }

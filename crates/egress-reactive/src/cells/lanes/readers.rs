@@ -177,36 +177,10 @@ impl<K: 'static, T: 'static, F: Flavor> LaneReaders<K, T, F> {
         &self.gated_len
     }
 
-    /// Every reader, for a sweep: held by a handle, or read by a live
-    /// computation?
-    fn in_use(&self) -> bool {
-        self.nodes().any(|(shared, subscribed)| shared || subscribed)
-    }
-
-    fn nodes(&self) -> impl Iterator<Item = (bool, bool)> + '_ {
+    /// Every reader, to sweep or dispose.
+    fn each(&self, mut f: impl FnMut(bool, &crate::context::NodeRef<F>)) {
         macro_rules! each {
-            ($($r:ident),*) => { [$((self.$r.is_shared(), self.$r.has_subscribers())),*] };
-        }
-        each!(
-            pending,
-            inflight,
-            parked,
-            exhausted,
-            acked_through,
-            received_through,
-            retry,
-            pending_len,
-            inflight_len,
-            parked_len,
-            exhausted_len,
-            gated_len
-        )
-        .into_iter()
-    }
-
-    fn dispose(&self, handle: &Handle<F>) {
-        macro_rules! each {
-            ($($r:ident),*) => { $(self.$r.dispose();)* };
+            ($($r:ident),*) => { $(f(self.$r.is_shared() || self.$r.has_subscribers(), &self.$r);)* };
         }
         each!(
             pending,
@@ -222,6 +196,17 @@ impl<K: 'static, T: 'static, F: Flavor> LaneReaders<K, T, F> {
             exhausted_len,
             gated_len
         );
+    }
+
+    /// Whether a reader is held by a handle, or read by a live computation.
+    fn in_use(&self) -> bool {
+        let mut used = false;
+        self.each(|in_use, _| used |= in_use);
+        used
+    }
+
+    fn dispose(&self, handle: &Handle<F>) {
+        self.each(|_, node| node.dispose());
         for key in self.triggers {
             handle.dispose_node(key);
         }
