@@ -74,8 +74,30 @@ pub struct AsyncEgressCell<T: 'static> {
     timer: Arc<Timer>,
 }
 
+/// What a timer drives: the parked records of a cell, or of a lanes cell.
+pub(super) trait Timed: Clone + Send + Sync + 'static {
+    /// When the earliest parked record is due.
+    fn poll_timeout(&self) -> Option<egress_core::Time>;
+    /// The cell's clock, now.
+    fn now(&self) -> egress_core::Time;
+    /// Makes every parked record due at `now` pending again.
+    fn handle_timeout(&self, now: egress_core::Time);
+}
+
+impl<T: Clone + Send + Sync + 'static> Timed for Inner<T, Threaded> {
+    fn poll_timeout(&self) -> Option<egress_core::Time> {
+        Inner::poll_timeout(self)
+    }
+    fn now(&self) -> egress_core::Time {
+        Inner::now(self)
+    }
+    fn handle_timeout(&self, now: egress_core::Time) {
+        let _ = Inner::handle_timeout(self, now);
+    }
+}
+
 /// The timer's task, and what restarts it.
-struct TimerTask {
+pub(super) struct TimerTask {
     task: parking_lot::Mutex<Option<AbortHandle>>,
     /// The last clone of the cell and the last attachment dropped.
     stopped: std::sync::atomic::AtomicBool,
@@ -85,7 +107,7 @@ struct TimerTask {
 impl TimerTask {
     /// Spawns the timer on the current runtime unless it runs, or was
     /// stopped, or there is no runtime here.
-    fn ensure<T: Clone + Send + Sync + 'static>(&self, inner: &Inner<T, Threaded>) {
+    pub(super) fn ensure(&self, inner: &impl Timed) {
         if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
@@ -99,9 +121,34 @@ impl TimerTask {
     }
 }
 
+impl TimerTask {
+    /// A timer for `inner`, re-armed by an effect (made in `scope`, over
+    /// `parked`: the count of parked records) whenever the parked set
+    /// changes, and spawned again there if its runtime is gone.
+    pub(super) fn start(
+        handle: &Handle<Threaded>,
+        scope: &crate::context::Scope<Threaded>,
+        parked: crate::Computed<usize, Threaded>,
+        inner: impl Timed,
+    ) -> Arc<Timer> {
+        let bell = Arc::new(Notify::new());
+        let task =
+            Arc::new(TimerTask { task: parking_lot::Mutex::new(None), stopped: false.into(), bell: bell.clone() });
+        let timer = task.clone();
+        let _ = scope.try_run(|| {
+            handle.effect(move || {
+                let _ = parked.try_get();
+                timer.ensure(&inner);
+                bell.notify_one();
+            })
+        });
+        Arc::new(Timer(task))
+    }
+}
+
 /// Stops the timer task when the last clone of the cell, and the last of
 /// its attachments, drop.
-struct Timer(Arc<TimerTask>);
+pub(super) struct Timer(pub(super) Arc<TimerTask>);
 
 impl Drop for Timer {
     fn drop(&mut self) {
@@ -185,20 +232,8 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
         let clock = options.take_clock(|| Arc::new(TokioClock::new()));
         let handle: &Handle<Threaded> = cx;
         let cell = EgressCellOf::build(handle, core, options, clock, at);
-        let bell = Arc::new(Notify::new());
-        let task =
-            Arc::new(TimerTask { task: parking_lot::Mutex::new(None), stopped: false.into(), bell: bell.clone() });
-        // The timer re-arms whenever the parked set changes (and comes back
-        // if its runtime is gone).
-        let (parked, inner, timer) = (cell.parked_len().clone(), cell.inner().clone(), task.clone());
-        let _ = cell.scope().try_run(|| {
-            handle.effect(move || {
-                let _ = parked.try_get();
-                timer.ensure(&inner);
-                bell.notify_one();
-            })
-        });
-        AsyncEgressCell { cell, timer: Arc::new(Timer(task)) }
+        let timer = TimerTask::start(handle, cell.scope(), cell.parked_len().clone(), cell.inner().clone());
+        AsyncEgressCell { cell, timer }
     }
 
     /// Queues `payload` once the cell holds fewer than its
@@ -359,7 +394,7 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
 
 /// Sleeps until the earliest parked record is due, then makes it pending;
 /// wakes early when the parked set changes.
-async fn run_timer<T: Clone + Send + Sync + 'static>(inner: Inner<T, Threaded>, bell: Arc<Notify>) {
+async fn run_timer(inner: impl Timed, bell: Arc<Notify>) {
     loop {
         let changed = bell.notified();
         tokio::pin!(changed);
@@ -374,7 +409,7 @@ async fn run_timer<T: Clone + Send + Sync + 'static>(inner: Inner<T, Threaded>, 
                     () = tokio::time::sleep(wait) => {
                         let now = inner.now();
                         if now >= due {
-                            let _ = inner.handle_timeout(now);
+                            inner.handle_timeout(now);
                         }
                     }
                     () = &mut changed => {}

@@ -35,6 +35,8 @@ pub use clock::{Clock, ManualClock, MonotonicClock, delay};
 #[cfg(feature = "async")]
 pub use connection::{ConnectionState, ConnectionTracker};
 pub use inner::{AttachRun, Inner, State};
+#[cfg(feature = "async")]
+pub use lanes::AsyncLanesCell;
 pub use lanes::{
     Aggregate, LaneItem, LaneProject, LaneReaders, LanesAttachment, LanesCell, LanesCellOf, LanesFlavor, LanesInner,
     LanesRefused, LanesRun, LanesState, LanesTransport, ThreadSafeLanesCell,

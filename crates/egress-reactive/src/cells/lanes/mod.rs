@@ -3,6 +3,8 @@
 //! cell, its state and the one transition path; its per-lane readers are in
 //! `readers.rs`, its attachments in `attachment.rs`.
 
+#[cfg(feature = "async")]
+mod asynchronous;
 mod attachment;
 mod readers;
 
@@ -17,6 +19,8 @@ use egress_core::{
     ScheduleOutcome, Sequence, Time, TooManyLanes,
 };
 
+#[cfg(feature = "async")]
+pub use self::asynchronous::AsyncLanesCell;
 pub use self::attachment::{LaneItem, LanesAttachment, LanesRun, LanesTransport};
 pub use self::readers::{LaneProject, LaneReaders};
 use self::readers::{LaneReader, LaneReaderCache};
@@ -221,6 +225,17 @@ impl<K: LaneKey + 'static, T: 'static, F: Flavor> LanesInner<K, T, F> {
         keys
     }
 
+    /// Makes every parked record due at `now` pending again, in every lane;
+    /// each lane touched is told of the union of the lanes' changes.
+    pub(super) fn handle_timeout(&self, now: Time) -> Vec<(K, Vec<Sequence>)> {
+        self.apply(By::Caller, |s| {
+            let t = s.lanes.handle_timeout(now);
+            let changes = t.changes;
+            let lanes = t.outcome.iter().map(|(k, _)| (k.clone(), changes)).collect();
+            (t.outcome, Touched { lanes, generation: false, released: false })
+        })
+    }
+
     /// Reads the state, untracked.
     pub(super) fn with_lanes<R>(&self, f: impl FnOnce(&Lanes<K, T>) -> R) -> R {
         self.handle.enter(|cell| self.state.with(&Entered::by(cell), |s| f(&s.lanes)))
@@ -273,7 +288,7 @@ impl<K: LaneKey + 'static, T: 'static, P: 'static, F: Flavor> crate::computed::C
 }
 
 /// What the clones of a lanes cell share.
-struct Shared<K: 'static, T: 'static, F: Flavor> {
+pub(super) struct Shared<K: 'static, T: 'static, F: Flavor> {
     inner: LanesInner<K, T, F>,
     generation: Computed<Generation, F>,
     released: Computed<FlushEpoch, F>,
@@ -425,8 +440,17 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
     /// applies) of [`CellOptions`].
     #[track_caller]
     pub fn with_options(cx: &Handle<F>, policy: LanesPolicy, mut options: CellOptions) -> Self {
-        let at = Location::caller();
         let clock = options.take_clock(F::default_clock);
+        Self::build(cx, policy, &options, clock, Location::caller())
+    }
+
+    fn build(
+        cx: &Handle<F>,
+        policy: LanesPolicy,
+        options: &CellOptions,
+        clock: Arc<dyn Clock>,
+        at: &'static Location<'static>,
+    ) -> Self {
         let lanes = Lanes::with_generation(policy, options.generation);
         let random = || std::collections::hash_map::RandomState::new().hash_one(0u64);
         let rng = options.jitter_seed.unwrap_or_else(random);
@@ -583,12 +607,7 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
     /// Makes every parked record due at `now` pending again, in every lane.
     /// See [`Lanes::handle_timeout`].
     pub fn handle_timeout(&self, now: Time) -> Vec<(K, Vec<Sequence>)> {
-        self.shared.inner.apply(By::Caller, |s| {
-            let t = s.lanes.handle_timeout(now);
-            let changes = t.changes;
-            let lanes = t.outcome.iter().map(|(k, _)| (k.clone(), changes)).collect();
-            (t.outcome, Touched { lanes, generation: false, released: false })
-        })
+        self.shared.inner.handle_timeout(now)
     }
 
     /// Fences the connection: every lane moves to `generation`, and every
