@@ -134,7 +134,9 @@ pub use cells::{
     delay,
 };
 #[cfg(feature = "async")]
-pub use cells::{AsyncEgressCell, AsyncLanesCell, ConnectionState, ConnectionTracker, TokioClock, Undelivered};
+pub use cells::{
+    AsyncEgressCell, AsyncLanesCell, CellScope, ConnectionState, ConnectionTracker, TokioClock, Undelivered,
+};
 pub use computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never, SameBy, Slot};
 pub use context::{Context, Ctx, Handle, NodeRef, Runtime, Scope, ThreadSafeContext};
 pub use effect::{Effect, EffectObj, RunEffect};

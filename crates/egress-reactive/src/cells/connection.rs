@@ -85,6 +85,32 @@ impl<E: fmt::Display> fmt::Display for ConnectionState<E> {
     }
 }
 
+/// A cell whose scope owns what a transport of it projects (its
+/// [`ConnectionTracker`]): an [`AsyncEgressCell`] or an
+/// [`AsyncLanesCell`](crate::AsyncLanesCell).
+pub trait CellScope {
+    /// Runs `f` on the cell's graph with the cell as owner.
+    ///
+    /// # Errors
+    /// [`ReadError::Disposed`](crate::ReadError) (and `f` not run) if the
+    /// cell was disposed.
+    fn in_scope<R>(&self, f: impl FnOnce(&Handle<Threaded>) -> R) -> Result<R, crate::ReadError>;
+}
+
+impl<T: Clone + Send + Sync + 'static> CellScope for AsyncEgressCell<T> {
+    fn in_scope<R>(&self, f: impl FnOnce(&Handle<Threaded>) -> R) -> Result<R, crate::ReadError> {
+        crate::EgressCellOf::in_scope(self, f)
+    }
+}
+
+impl<K: egress_core::LaneKey + Send + Sync + 'static, T: Clone + Send + Sync + 'static> CellScope
+    for crate::AsyncLanesCell<K, T>
+{
+    fn in_scope<R>(&self, f: impl FnOnce(&Handle<Threaded>) -> R) -> Result<R, crate::ReadError> {
+        crate::LanesCellOf::in_scope(self, f)
+    }
+}
+
 /// A transport's [`ConnectionState`] on its cell's graph: the signal the
 /// transport's task moves, and the computed (and stream) the application
 /// reads. Its nodes belong to the cell's scope, as the cell's readers do.
@@ -129,10 +155,7 @@ impl<E: fmt::Display + Clone + PartialEq + Send + Sync + 'static> ConnectionTrac
     ///
     /// # Errors
     /// [`ReadError::Disposed`](crate::ReadError) if the cell was disposed.
-    pub fn new<T: Clone + Send + Sync + 'static>(
-        cell: &AsyncEgressCell<T>,
-        who: &'static str,
-    ) -> Result<Self, crate::ReadError> {
+    pub fn new(cell: &impl CellScope, who: &'static str) -> Result<Self, crate::ReadError> {
         cell.in_scope(|graph| {
             let signal = graph.signal(ConnectionState::Connecting { attempt: 1 });
             let state = graph.computed({

@@ -33,7 +33,7 @@ pub use cell::{CellFlavor, EgressCell, EgressCellOf, ThreadSafeEgressCell};
 pub use clock::TokioClock;
 pub use clock::{Clock, ManualClock, MonotonicClock, delay};
 #[cfg(feature = "async")]
-pub use connection::{ConnectionState, ConnectionTracker};
+pub use connection::{CellScope, ConnectionState, ConnectionTracker};
 pub use inner::{AttachRun, Inner, State};
 #[cfg(feature = "async")]
 pub use lanes::AsyncLanesCell;

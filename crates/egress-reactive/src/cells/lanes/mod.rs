@@ -738,6 +738,18 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
     pub fn is_disposed(&self) -> bool {
         self.shared.scope.is_disposed()
     }
+
+    /// Runs `f` on the cell's graph with the cell as owner: what `f`
+    /// creates there is disposed with the cell (a transport's state beside
+    /// the cell's, such as its connection state).
+    ///
+    /// # Errors
+    /// [`ReadError::Disposed`](crate::ReadError) (and `f` not run) if the
+    /// cell was disposed.
+    pub fn in_scope<R>(&self, f: impl FnOnce(&Handle<F>) -> R) -> Result<R, crate::ReadError> {
+        let handle = &self.shared.inner.handle;
+        self.shared.scope.try_run(|| f(handle))
+    }
 }
 
 /// An enqueue on the state: the lane it touched, and the lane it freed

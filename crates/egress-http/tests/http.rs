@@ -1,0 +1,199 @@
+//! The sender against the homeserver on 127.0.0.1: every response mapped
+//! onto the core's failure kinds, the idempotency key on every attempt,
+//! lanes' order and windows as the server sees them, the connection state,
+//! and the rejections.
+#![allow(clippy::unwrap_used)]
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use egress_core::{LaneKey, LaneKind, LanesPolicy};
+use egress_http::homeserver::{Chaos, Homeserver};
+use egress_http::{HttpConfig, HttpError, HttpRequest, HttpSender, Method};
+use egress_reactive::{AsyncContext, AsyncLanesCell, CellOptions, ConnectionState};
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Lane {
+    Room(String),
+    ToDevice,
+    AccountData,
+    Other,
+}
+
+impl LaneKey for Lane {
+    fn kind(&self) -> LaneKind {
+        match self {
+            Lane::Room(_) | Lane::ToDevice => LaneKind::Serial,
+            Lane::AccountData => LaneKind::Strict,
+            Lane::Other => LaneKind::Unordered(NonZeroUsize::new(3).unwrap()),
+        }
+    }
+}
+
+fn request(lane: &Lane, n: u32) -> HttpRequest {
+    let path = match lane {
+        Lane::Room(room) => format!("rooms/{room}/send/m.text/t{n}"),
+        Lane::ToDevice => format!("sendToDevice/m.key/t{n}"),
+        Lane::AccountData => format!("user/account_data/m.setting/w{n}"),
+        Lane::Other => format!("other/o{n}"),
+    };
+    HttpRequest::json(Method::PUT, path, &serde_json::json!({ "n": n })).unwrap()
+}
+
+fn cell(cx: &AsyncContext, budget: u32) -> AsyncLanesCell<Lane, HttpRequest> {
+    let policy = LanesPolicy::new(HttpConfig::policy(budget), 64).unwrap();
+    AsyncLanesCell::with_options(cx, policy, CellOptions::new().jitter_seed(11))
+}
+
+async fn settled(cell: &AsyncLanesCell<Lane, HttpRequest>) {
+    egress_testkit::until(
+        || {
+            let busy = cell.pending_len().get() + cell.inflight_len().get() + cell.parked_len().get();
+            (busy == 0).then_some(())
+        },
+        || format!("{cell:?}"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_record_is_applied_once_in_its_lanes_order_within_its_lanes_window() {
+    let server = Homeserver::start(Chaos::none()).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = cell(&cx, 10);
+    let config = HttpConfig::new(&server.url()).unwrap().producer("phone").unwrap();
+    let sender = HttpSender::start(&cell, config).unwrap();
+    let lanes = [Lane::Room("a".into()), Lane::Room("b".into()), Lane::ToDevice, Lane::AccountData, Lane::Other];
+    for n in 0..20 {
+        for lane in &lanes {
+            cell.enqueue(lane.clone(), request(lane, n)).unwrap();
+        }
+    }
+    settled(&cell).await;
+    let applied = server.applied();
+    assert_eq!(applied.len(), 100);
+    assert_eq!(server.duplicates(), 0);
+    // Each lane's requests in its order (the unordered lane's may not be).
+    for prefix in
+        ["rooms/a/send/m.text/t", "rooms/b/send/m.text/t", "sendToDevice/m.key/t", "user/account_data/m.setting/w"]
+    {
+        let order: Vec<u32> =
+            applied.iter().filter_map(|a| a.path.strip_prefix(prefix)).map(|n| n.parse().unwrap()).collect();
+        assert_eq!(order, (0..20).collect::<Vec<_>>(), "{prefix}");
+    }
+    let most = server.most_in_flight();
+    for serial in ["rooms/a/send/m.text", "rooms/b/send/m.text", "sendToDevice/m.key", "user/account_data/m.setting"] {
+        assert_eq!(most[serial], 1, "{serial}: {most:?}");
+    }
+    assert!(most["other"] <= 3, "{most:?}");
+    // Keys: producer, incarnation, ordinal; unique.
+    let prefix = format!("phone:{:032x}:", cell.incarnation().0);
+    assert!(applied.iter().all(|a| a.key.starts_with(&prefix)), "{:?}", applied[0].key);
+    let keys: std::collections::BTreeSet<_> = applied.iter().map(|a| a.key.clone()).collect();
+    assert_eq!(keys.len(), 100);
+    assert_eq!(sender.connection().get_untracked().to_string(), "online");
+    let stats = sender.shutdown().await;
+    assert_eq!((stats.completed, stats.retried, stats.rejected), (100, 0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_chaos_each_record_is_applied_exactly_once_and_lanes_keep_their_order() {
+    let chaos = Chaos {
+        seed: 42,
+        rate_limited: 0.1,
+        retry_after_ms: 20,
+        server_error: 0.1,
+        drop_before: 0.05,
+        drop_after: 0.05,
+        slow: 0.05,
+        slow_for: Duration::from_millis(400),
+    };
+    let server = Homeserver::start(chaos).await.unwrap();
+    let cx = AsyncContext::new();
+    // Short backoffs for the test: the schedule's shape is the policy's.
+    let base = egress_core::Policy::builder()
+        .retry_budget(50)
+        .retry_base(egress_core::Delay(5))
+        .retry_ceiling(egress_core::Delay(40))
+        .jitter(1.0)
+        .build()
+        .unwrap();
+    let cell =
+        AsyncLanesCell::with_options(&cx, LanesPolicy::new(base, 64).unwrap(), CellOptions::new().jitter_seed(3));
+    let config = HttpConfig::new(&server.url()).unwrap().timeout(Duration::from_millis(150));
+    let sender = HttpSender::start(&cell, config).unwrap();
+    let lanes = [Lane::Room("a".into()), Lane::ToDevice, Lane::AccountData, Lane::Other];
+    for n in 0..40 {
+        for lane in &lanes {
+            cell.enqueue(lane.clone(), request(lane, n)).unwrap();
+        }
+    }
+    settled(&cell).await;
+    let applied = server.applied();
+    assert_eq!(applied.len(), 160, "each applied once");
+    assert!(server.duplicates() > 0, "answers were lost, and retries were recognized by their keys");
+    for prefix in ["rooms/a/send/m.text/t", "sendToDevice/m.key/t", "user/account_data/m.setting/w"] {
+        let order: Vec<u32> =
+            applied.iter().filter_map(|a| a.path.strip_prefix(prefix)).map(|n| n.parse().unwrap()).collect();
+        assert_eq!(order, (0..40).collect::<Vec<_>>(), "{prefix}");
+    }
+    let most = server.most_in_flight();
+    assert_eq!((most["sendToDevice/m.key"], most["user/account_data/m.setting"]), (1, 1), "{most:?}");
+    let stats = sender.shutdown().await;
+    assert_eq!(stats.rejected, 0);
+    assert!(stats.retried > 0 && stats.completed >= 160, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_is_a_dead_letter_with_the_status_and_the_body() {
+    let server = Homeserver::start(Chaos::none()).await.unwrap();
+    let cx = AsyncContext::new();
+    // Two retries at most: a 503 for good runs out quickly.
+    let cell = cell(&cx, 2);
+    let sender = HttpSender::start(&cell, HttpConfig::new(&server.url()).unwrap().excerpt(12)).unwrap();
+    let at = |path: &str| HttpRequest::new(Method::POST, path);
+    cell.enqueue(Lane::Other, at("status/403/forbidden")).unwrap();
+    cell.enqueue(Lane::Other, at("http://[::1")).unwrap();
+    cell.enqueue(Lane::Other, at("status/503/down")).unwrap();
+    cell.enqueue(Lane::ToDevice, request(&Lane::ToDevice, 1)).unwrap();
+    settled(&cell).await;
+    let rejections = sender.rejections().get_untracked();
+    let errors: Vec<_> = rejections.iter().map(|r| (r.ordinal.0, r.error.clone())).collect();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(errors.contains(&(0, HttpError::Status { status: 403, body: r#"{"errcode":""#.into() })), "{errors:?}");
+    assert!(errors.iter().any(|(o, e)| *o == 1 && matches!(e, HttpError::BadPath(_))), "{errors:?}");
+    assert!(errors.iter().any(|(o, e)| *o == 2 && matches!(e, HttpError::Status { status: 503, .. })), "{errors:?}");
+    // The refusals held nothing back: the other lane's request went, and
+    // the unordered lane's tombstones completed without a request.
+    assert_eq!(server.applied().len(), 1);
+    assert_eq!(server.requests(), 1 + 1 + 3, "the 403 once, the 503 three times, the path that makes no URL never");
+    assert_eq!(cell.lane(&Lane::Other).acked_through().get_untracked(), Some(egress_core::Sequence(2)));
+    let stats = sender.stats();
+    assert_eq!((stats.completed, stats.retried, stats.rejected), (1, 2, 3), "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_gone_reads_offline_with_the_error_and_the_records_wait() {
+    // A port nothing listens on: bound, then released.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let cx = AsyncContext::new();
+    let cell = cell(&cx, 10);
+    let sender = HttpSender::start(&cell, HttpConfig::new(&format!("http://{addr}/")).unwrap()).unwrap();
+    cell.enqueue(Lane::ToDevice, request(&Lane::ToDevice, 1)).unwrap();
+    let state = egress_testkit::until(
+        || match sender.connection().get_untracked() {
+            s @ ConnectionState::Reconnecting { .. } => Some(s),
+            _ => None,
+        },
+        || format!("{:?}", sender.connection().get_untracked()),
+    )
+    .await;
+    assert!(matches!(state.error(), Some(HttpError::Transport(_))), "{state:?}");
+    assert!(state.to_string().starts_with("offline: "), "{state}");
+    assert_eq!((cell.parked_len().get(), cell.pending_len().get()), (1, 0));
+    // The server comes up on that port: the record goes once due.
+    let server = Homeserver::start_on(addr, Chaos::none()).await.unwrap();
+    settled(&cell).await;
+    assert_eq!(server.applied().len(), 1);
+    assert_eq!(sender.connection().get_untracked().to_string(), "online");
+}
