@@ -539,10 +539,8 @@ mod tests {
         for bad in ["", "a b", "caf\u{e9}", "tab\t"] {
             assert!(matches!(config.clone().producer(bad), Err(ConfigError::Producer(_))), "{bad:?}");
         }
-        let config = config
-            .producer("phone-1")
-            .and_then(|c| Ok(c.excerpt(1 << 30).rejections(3)))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let config =
+            config.producer("phone-1").map(|c| c.excerpt(1 << 30).rejections(3)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((config.producer.as_str(), config.excerpt, config.rejections), ("phone-1", ERROR_BODY_LIMIT, 3));
     }
 }
