@@ -37,6 +37,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("egress-ws", 3),
     ("egress-nats", 3),
     ("egress-dispatch", 3),
+    ("egress-http", 3),
     ("egress-conformance", 3),
     ("egress", 4),
     ("egress-demo", 4),
