@@ -241,21 +241,20 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().trim_start_matches('/').to_owned();
-    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned) else {
-        return (StatusCode::BAD_REQUEST, "no Idempotency-Key").into_response();
-    };
+    shared.ledger.lock().requests += 1;
     if let Some(code) = path.strip_prefix("status/").and_then(|rest| rest.split('/').next())
         && let Some(status) = code.parse().ok().and_then(|c| StatusCode::from_u16(c).ok())
     {
-        shared.ledger.lock().requests += 1;
         let body = format!(r#"{{"errcode":"M_STATUS","status":{}}}"#, status.as_u16());
         return (status, body).into_response();
     }
+    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned) else {
+        return (StatusCode::BAD_REQUEST, "no Idempotency-Key").into_response();
+    };
     let class = class(&path);
     let chaos = shared.chaos;
     let fate = {
         let mut ledger = shared.ledger.lock();
-        ledger.requests += 1;
         let n = ledger.in_flight.entry(class.clone()).or_insert(0);
         *n += 1;
         let now = *n;

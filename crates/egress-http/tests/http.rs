@@ -197,3 +197,46 @@ async fn a_server_that_is_gone_reads_offline_with_the_error_and_the_records_wait
     assert_eq!(server.applied().len(), 1);
     assert_eq!(sender.connection().get_untracked().to_string(), "online");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_holds_the_record_for_at_least_what_the_server_asked_and_reads_offline() {
+    let chaos = Chaos { seed: 1, rate_limited: 1.0, retry_after_ms: 60_000, ..Chaos::none() };
+    let server = Homeserver::start(chaos).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = cell(&cx, 10);
+    let sender = HttpSender::start(&cell, HttpConfig::new(&server.url()).unwrap()).unwrap();
+    cell.enqueue(Lane::AccountData, request(&Lane::AccountData, 1)).unwrap();
+    cell.enqueue(Lane::AccountData, request(&Lane::AccountData, 2)).unwrap();
+    let state = egress_testkit::until(
+        || match sender.connection().get_untracked() {
+            s @ ConnectionState::Reconnecting { .. } => Some(s),
+            _ => None,
+        },
+        || format!("{:?}", sender.connection().get_untracked()),
+    )
+    .await;
+    assert_eq!(state.error(), Some(&HttpError::RateLimited { retry_after_ms: Some(60_000) }));
+    assert!(
+        state.to_string().starts_with("offline: rate limited (429); retry after 60000 ms; retrying in "),
+        "{state}"
+    );
+    let due = cell.poll_timeout().expect("parked");
+    assert!(due.0 >= cell.now().0 + 59_000, "at least the server's minute: due {due:?}, now {:?}", cell.now());
+    // The strict lane's second write does not overtake the first.
+    assert_eq!((cell.parked_len().get(), cell.pending_len().get(), server.requests()), (1, 1, 1));
+    assert!(server.applied().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_homeserver_refuses_a_request_without_a_key_and_answers_a_status_path_as_asked() {
+    let server = Homeserver::start(Chaos::none()).await.unwrap();
+    let client = reqwest::Client::new();
+    let bare = client.put(format!("{}rooms/a/send/m/1", server.url())).body("{}").send().await.unwrap();
+    assert_eq!(bare.status().as_u16(), 400);
+    let keyed = client.put(format!("{}rooms/a/send/m/1", server.url())).header("idempotency-key", "k1");
+    assert_eq!(keyed.try_clone().unwrap().send().await.unwrap().status().as_u16(), 200);
+    assert_eq!(keyed.send().await.unwrap().status().as_u16(), 200);
+    let teapot = client.get(format!("{}status/418/x", server.url())).send().await.unwrap();
+    assert_eq!(teapot.status().as_u16(), 418);
+    assert_eq!((server.applied().len(), server.duplicates(), server.requests()), (1, 1, 4));
+}
