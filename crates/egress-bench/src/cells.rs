@@ -30,6 +30,9 @@ pub type Workload = fn(usize) -> Duration;
 /// The libraries, in column order: key, column title, workload.
 pub const LIBS: &[(&str, &str, Workload)] = &[
     ("core", "EgressCore (no graph)", bare_core),
+    ("lanes-1", "Lanes, 1 lane (no graph)", lanes_1),
+    ("lanes-16", "Lanes, 16 lanes (no graph)", lanes_16),
+    ("lanes-1000", "Lanes, 1,000 lanes (no graph)", lanes_1000),
     ("egress", "egress EgressCell", egress_local),
     ("egress-ts", "egress ThreadSafeEgressCell", egress_thread_safe),
     ("egress-async", "egress AsyncEgressCell", egress_async),
@@ -88,6 +91,71 @@ fn bare_core(n: usize) -> Duration {
     let elapsed = t.elapsed();
     std::hint::black_box(ui);
     check(&sent, n, core.pending_len() + core.inflight_len());
+    elapsed
+}
+
+// ---- lanes ---------------------------------------------------------------
+
+/// A lane of the lanes workload: unordered, with the bare core's window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Lane(u32);
+
+impl egress_core::LaneKey for Lane {
+    fn kind(&self) -> egress_core::LaneKind {
+        egress_core::LaneKind::Unordered(std::num::NonZeroUsize::new(WINDOW).expect("a window"))
+    }
+}
+
+fn lanes_1(n: usize) -> Duration {
+    lanes_core(n, 1)
+}
+
+fn lanes_16(n: usize) -> Duration {
+    lanes_core(n, 16)
+}
+
+fn lanes_1000(n: usize) -> Duration {
+    lanes_core(n, 1_000)
+}
+
+/// The bare core's workload through `Lanes` with `lanes` lanes: records
+/// enqueued round-robin over the lanes, claimed in enqueue order under a
+/// cap of one window across lanes, and completed (as a request/response
+/// transport does) 32 at a time in the order sent. Checked after: every
+/// record sent once, in enqueue order (the ordinals), and nothing left.
+fn lanes_core(n: usize, lanes: u32) -> Duration {
+    let cap = std::num::NonZeroUsize::new(WINDOW).expect("a window");
+    let policy = egress_core::LanesPolicy::new(policy(), lanes as usize).expect("a valid policy").inflight_cap(cap);
+    let mut l: egress_core::Lanes<Lane, u64> = egress_core::Lanes::new(policy);
+    let g = l.generation();
+    let mut sent: Vec<(Lane, Sequence, u64)> = Vec::with_capacity(n);
+    let mut ui = 0usize;
+    let t = Instant::now();
+    let mut pump = |l: &mut egress_core::Lanes<Lane, u64>, sent: &mut Vec<(Lane, Sequence, u64)>| {
+        while let egress_core::LanesClaim::Claimed(e) = l.claim(g).outcome {
+            sent.push((*e.lane, e.envelope.sequence, e.ordinal.0));
+        }
+        ui = ui.wrapping_add(l.pending_len());
+    };
+    for i in 0..n as u64 {
+        let lane = Lane(u32::try_from(i % u64::from(lanes)).expect("fits"));
+        let _ = l.enqueue(lane, i);
+        pump(&mut l, &mut sent);
+    }
+    let mut completed = 0;
+    while completed < n {
+        let upto = (completed + ACK_EVERY).min(sent.len());
+        assert!(upto > completed, "something was sent");
+        for &(lane, sequence, _) in &sent[completed..upto] {
+            let _ = l.complete(g, &lane, sequence);
+        }
+        completed = upto;
+        pump(&mut l, &mut sent);
+    }
+    let elapsed = t.elapsed();
+    std::hint::black_box(ui);
+    let ordinals: Vec<u64> = sent.iter().map(|s| s.2).collect();
+    check(&ordinals, n, l.pending_len() + l.inflight_len());
     elapsed
 }
 

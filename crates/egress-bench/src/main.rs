@@ -10,6 +10,7 @@ mod adapters;
 mod alloc;
 mod cells;
 mod durable;
+mod http;
 mod nats;
 mod pg;
 mod prng;
@@ -68,6 +69,7 @@ USAGE:
   egress-bench durable [--appends N] [--groups G,H] [--messages M] [--runs K] [--dir PATH]
   egress-bench pg [--url URL] [--messages N] [--runs K] [--batch B]
   egress-bench nats [--url URL] [--messages N] [--runs K]
+  egress-bench http [--requests N] [--runs K]
 
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
@@ -80,8 +82,15 @@ USAGE:
 
 cells: ns per envelope through each egress cell (enqueue, attached effect
 sends, ack every 32, one UI effect on the pending count) at each size
-(default 1000,1000000); libraries: core, egress, egress-ts, egress-async,
+(default 1000,1000000); libraries: core, lanes-1, lanes-16, lanes-1000
+(egress_core::Lanes with that many unordered lanes, a cap of one window
+across them, completed 32 at a time), egress, egress-ts, egress-async,
 lazily, lazily-ts, lazily-async; --timeout defaults to 60 s.
+
+http: requests per second over loopback HTTP to the homeserver: the egress
+path (AsyncLanesCell + HttpSender, 32 serial lanes) against a plain reqwest
+loop keeping 32 requests open, alternating, best of K runs (default 5) of N
+requests (default 20000); each checks the server applied every request once.
 
 ws: messages per second over loopback WebSocket (window 256): the egress
 cell path (AsyncEgressCell + Sender) against plain tokio-tungstenite loops
@@ -207,6 +216,7 @@ fn main() -> anyhow::Result<()> {
         Some("durable") => durable_table(&args[1..]),
         Some("pg") => pg_table(&args[1..]),
         Some("nats") => nats_table(&args[1..]),
+        Some("http") => http_table(&args[1..]),
         Some("--help") | Some("-h") | None => {
             print!("{HELP}");
             Ok(())
@@ -598,6 +608,38 @@ fn durable_table(args: &[String]) -> anyhow::Result<()> {
     );
     println!("{n} appends of 64 bytes per group size; WAL, synchronous=FULL; run of {}.", date());
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn http_table(args: &[String]) -> anyhow::Result<()> {
+    let mut n = 20_000usize;
+    let mut runs = 5usize;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--requests" => n = it.next().context("--requests needs a value")?.parse()?,
+            "--runs" => runs = it.next().context("--runs needs a value")?.parse::<usize>()?.max(1),
+            other => bail!("unknown option {other:?}\n\n{HELP}"),
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (mut egress, mut plain) = (Duration::MAX, Duration::MAX);
+    for run in 0..runs {
+        let p = rt.block_on(http::plain(n));
+        let e = rt.block_on(http::egress(n));
+        eprintln!("run {run}: plain {:.0} req/s, egress {:.0} req/s", rate(n as u64, p), rate(n as u64, e));
+        plain = plain.min(p);
+        egress = egress.min(e);
+    }
+    let c = http::CONCURRENCY;
+    println!("| path ({c} requests open, {n} requests) | requests/s (best of {runs}) | egress / this |");
+    println!("|---|---:|---:|");
+    println!(
+        "| plain reqwest loop | {:.0} | {:.2}x |",
+        rate(n as u64, plain),
+        plain.as_secs_f64() / egress.as_secs_f64()
+    );
+    println!("| egress AsyncLanesCell + HttpSender, {c} rooms | {:.0} | 1.00x |", rate(n as u64, egress));
     Ok(())
 }
 
