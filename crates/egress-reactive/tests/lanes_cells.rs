@@ -177,32 +177,43 @@ each_flavour! {
     fn a_failure_parks_its_record_and_stops_the_pass_a_dead_letter_does_not(cx) {
         let clock = ManualClock::new();
         let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
-        let wire = Wire::default();
-        let _link = cell.attach(wire.clone());
-        wire.fail_next([Some(FailureKind::Transient)]);
+        // Two records claimable when the transport attaches; the first send
+        // fails.
         cell.enqueue(Lane::Room(1), 1).expect("room");
-        assert!(wire.sent().is_empty(), "the send failed");
-        assert_eq!((cell.parked_len().get(), cell.lane(&Lane::Room(1)).parked_len().get()), (1, 1));
-        // Another lane's record waits for the next pass: the failed one
-        // stopped this one, and an enqueue starts the next.
         cell.enqueue(Lane::Room(2), 2).expect("room");
-        assert_eq!(wire.payloads(), [2]);
+        let wire = Wire::default();
+        wire.fail_next([Some(FailureKind::Transient)]);
+        let _link = cell.attach(wire.clone());
+        assert!(wire.sent().is_empty(), "the first send failed, and that stopped the pass");
+        assert_eq!((cell.parked_len().get(), cell.lane(&Lane::Room(1)).parked_len().get()), (1, 1));
+        assert_eq!(cell.lane(&Lane::Room(2)).pending_len().get(), 1, "room 2 waits for the next pass");
+        // A refused call changes nothing and starts no pass; an enqueue
+        // starts the next.
+        assert!(matches!(
+            cell.complete(Generation(0), &Lane::Room(1), Sequence(0)),
+            CompleteOutcome::StaleGeneration { .. }
+        ));
+        assert!(cell.release(egress_core::FlushEpoch(0)).is_empty(), "nothing to release: no change");
+        assert!(wire.sent().is_empty(), "a refusal wakes no attachment");
+        cell.enqueue(Lane::Room(3), 3).expect("room");
+        assert_eq!(wire.payloads(), [2, 3]);
         let due = cell.poll_timeout().expect("a record is parked");
         assert!(due.0 >= 100, "after the backoff: {due:?}");
         clock.set(due);
         assert_eq!(cell.handle_timeout(due), [(Lane::Room(1), vec![Sequence(0)])]);
         assert_eq!(wire.sent().last(), Some(&(Lane::Room(1), 0, 0, 2, 1)), "the same ordinal, its second attempt");
+        assert_eq!(wire.payloads(), [2, 3, 1]);
         // A permanent failure: a dead letter whose tombstone goes out in the
         // same pass, and the pass goes on to the next record.
         wire.fail_next([Some(FailureKind::Permanent)]);
         cell.enqueue_after(Lane::Other, 30, egress_core::FlushEpoch(1)).expect("room");
         cell.enqueue(Lane::Other, 31).expect("room");
-        cell.enqueue(Lane::Room(3), 40).expect("room");
+        cell.enqueue(Lane::Room(4), 40).expect("room");
         assert_eq!(cell.gated_len().get(), 1, "30 waits for the epoch, 31 behind it in its lane");
-        assert_eq!(wire.payloads(), [2, 1, 40], "room 3 does not wait");
+        assert_eq!(wire.payloads(), [2, 3, 1, 40], "room 3 does not wait");
         assert_eq!(cell.release(egress_core::FlushEpoch(1)), [(Lane::Other, 1)]);
         assert_eq!(cell.released().get(), egress_core::FlushEpoch(1));
-        let last: Vec<u32> = wire.payloads().into_iter().skip(3).collect();
+        let last: Vec<u32> = wire.payloads().into_iter().skip(4).collect();
         assert_eq!(last, [30, 31], "the tombstone of 30 (Skip), then the rest of the pass");
         assert_eq!(cell.lane(&Lane::Other).exhausted_len().get(), 0, "skipped, not held");
     }
