@@ -174,6 +174,22 @@ each_flavour! {
         assert_eq!(fired(), [4, 8]);
     }
 
+    fn an_attachments_own_claims_reach_the_readers_and_the_effects_over_them(cx) {
+        let clock = ManualClock::new();
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let room = cell.lane(&Lane::Room(1));
+        let (lane_inflight, total_inflight) = (watch!(cx, room.inflight_len()), watch!(cx, cell.inflight_len()));
+        assert_eq!((room.inflight_len().get(), room.pending_len().get()), (0, 0), "read before");
+        let wire = Wire::default();
+        let _link = cell.attach(wire.clone());
+        cell.enqueue(Lane::Room(1), 1).expect("room");
+        assert_eq!(wire.payloads(), [1], "claimed and sent by the attachment");
+        assert_eq!((room.inflight_len().get(), room.pending_len().get()), (1, 0), "the lane's readers saw the claim");
+        assert_eq!(room.inflight().get().len(), 1);
+        assert!(lane_inflight.get() >= 1 && total_inflight.get() >= 1, "the effects over them re-ran");
+        assert_eq!(cell.inflight_len().get(), 1);
+    }
+
     fn a_failure_parks_its_record_and_stops_the_pass_a_dead_letter_does_not(cx) {
         let clock = ManualClock::new();
         let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
