@@ -112,3 +112,38 @@ async fn the_timer_stops_once_the_cell_and_its_attachments_are_gone() {
     // The channel's sender went with the transport: the cell released it.
     assert!(rx.recv().await.is_none());
 }
+
+/// A send that panics when the timer retries its record: the timer goes
+/// on, and another lane's parked record goes out when due (the timer once
+/// died with the panic, and every lane's retries stalled).
+#[tokio::test(start_paused = true)]
+async fn a_send_that_panics_under_the_timer_does_not_stop_the_timer() {
+    struct Poison {
+        tx: mpsc::UnboundedSender<LaneItem<Lane, u32>>,
+        fail: Arc<Mutex<Vec<FailureKind>>>,
+    }
+    impl LanesTransport<Lane, u32> for Poison {
+        fn send(&mut self, item: LaneItem<Lane, u32>) -> Result<(), SendError> {
+            assert_ne!(item.envelope.payload, 99, "the poison record");
+            if let Some(kind) = self.fail.lock().unwrap().pop() {
+                return Err(SendError::new(kind, "scripted"));
+            }
+            self.tx.send(item).map_err(|_| SendError::transient("gone"))
+        }
+    }
+    let cx = AsyncContext::new();
+    let cell = AsyncLanesCell::new(&cx, policy());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let fail = Arc::new(Mutex::new(vec![FailureKind::RetryAfter(Delay(5_000))]));
+    let _link = cell.attach(Poison { tx, fail });
+    cell.enqueue(Lane::Room(2), 7).unwrap();
+    let poisoned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.enqueue(Lane::Room(1), 99)));
+    assert!(poisoned.is_err(), "the first send's panic reaches the caller");
+    assert_eq!(cell.parked_len().get(), 2);
+    // The timer retries 99 first (its backoff is shorter): the send panics
+    // again, under the timer, several times before 7 is due.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let item = rx.try_recv().expect("7 went once due, the timer still running");
+    assert_eq!(item.envelope.payload, 7);
+    assert!(cell.lane(&Lane::Room(1)).parked_len().get() <= 1, "99 is still retried, or dead");
+}

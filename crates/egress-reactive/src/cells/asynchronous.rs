@@ -409,7 +409,21 @@ async fn run_timer(inner: impl Timed, bell: Arc<Notify>) {
                     () = tokio::time::sleep(wait) => {
                         let now = inner.now();
                         if now >= due {
-                            inner.handle_timeout(now);
+                            // What the records made due set off (an
+                            // attachment's send, the application's effects)
+                            // may panic: the panic has no caller here to go
+                            // to, and the timer must go on for the other
+                            // records (the core failed the record whose send
+                            // panicked before the panic went on).
+                            let fired = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                inner.handle_timeout(now);
+                            }));
+                            if let Err(panic) = fired {
+                                tracing::error!(
+                                    panic = egress_core::panic_message(&*panic).unwrap_or("(not a message)"),
+                                    "egress cell timer: a panic while retrying; the timer goes on"
+                                );
+                            }
                         }
                     }
                     () = &mut changed => {}
