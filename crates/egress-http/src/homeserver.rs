@@ -11,8 +11,9 @@
 //! without the header is refused (400).
 //!
 //! A path beginning `status/NNN/` is answered with status `NNN` and the
-//! body `{"errcode":"M_STATUS","status":NNN}`, and not applied (how a test
-//! sees a refusal, a 404 or a 503 for good).
+//! body `{"errcode":"M_STATUS","status":NNN}` (a 3xx with `Location:
+//! /redirected`), and not applied (how a test sees a refusal, a 404, a 503
+//! for good or a redirect).
 //!
 //! The path class of a request is its path without the last segment
 //! (`rooms/a/send/txn1` is of class `rooms/a/send`): the server records the
@@ -246,6 +247,9 @@ async fn handle(
         && let Some(status) = code.parse().ok().and_then(|c| StatusCode::from_u16(c).ok())
     {
         let body = format!(r#"{{"errcode":"M_STATUS","status":{}}}"#, status.as_u16());
+        if status.is_redirection() {
+            return (status, [("location", "/redirected")], body).into_response();
+        }
         return (status, body).into_response();
     }
     let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned) else {

@@ -35,17 +35,18 @@ pub enum HttpError {
     /// The request did not complete: refused, reset, dropped.
     #[error("{0}")]
     Transport(String),
-    /// The record's path does not make a URL with the sender's base.
-    #[error("not a URL: {0}")]
-    BadPath(String),
+    /// The request cannot be made: its path does not make a URL with the
+    /// sender's base, or its content type cannot go in a header.
+    #[error("the request cannot be made: {0}")]
+    Unsendable(String),
 }
 
 impl HttpError {
     /// The core's failure kind for it: 429 waits at least what the server
     /// asked (a floor the policy's jitter spreads upward); 5xx, a timeout
     /// and a failed connection are transient (the policy's backoff); any
-    /// other status, and a path that makes no URL, are permanent (a dead
-    /// letter: retrying cannot help).
+    /// other status, and a request that cannot be made, are permanent (a
+    /// dead letter: retrying cannot help).
     pub fn kind(&self) -> FailureKind {
         match self {
             HttpError::RateLimited { retry_after_ms: Some(ms) } => FailureKind::RetryAfter(Delay(*ms)),
@@ -53,7 +54,7 @@ impl HttpError {
                 FailureKind::Transient
             }
             HttpError::Status { status, .. } if (500..600).contains(status) => FailureKind::Transient,
-            HttpError::Status { .. } | HttpError::BadPath(_) => FailureKind::Permanent,
+            HttpError::Status { .. } | HttpError::Unsendable(_) => FailureKind::Permanent,
         }
     }
 
@@ -65,13 +66,21 @@ impl HttpError {
 
 /// What `status`, `headers` and the start of the `body` mean: `Ok` for a
 /// success (2xx), the error otherwise. `excerpt` bounds the body kept in
-/// the error, in bytes.
-pub(crate) fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8], excerpt: usize) -> Result<(), HttpError> {
+/// the error, in bytes; `max_wait_ms` what a 429 may ask to wait (a longer
+/// wait is cut to it).
+pub(crate) fn classify(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    excerpt: usize,
+    max_wait_ms: u64,
+) -> Result<(), HttpError> {
     if status.is_success() {
         return Ok(());
     }
     if status == StatusCode::TOO_MANY_REQUESTS {
-        return Err(HttpError::RateLimited { retry_after_ms: retry_after_ms(headers, body) });
+        let retry_after_ms = retry_after_ms(headers, body).map(|ms| ms.min(max_wait_ms));
+        return Err(HttpError::RateLimited { retry_after_ms });
     }
     let body = String::from_utf8_lossy(&body[..body.len().min(excerpt)]).into_owned();
     Err(HttpError::Status { status: status.as_u16(), body })
@@ -110,7 +119,7 @@ mod tests {
         let none = HeaderMap::new();
         let kind = |status: u16, headers: &HeaderMap, body: &[u8]| {
             let status = StatusCode::from_u16(status).unwrap_or_else(|e| panic!("{e}"));
-            classify(status, headers, body, 8).map_err(|e| (e.kind(), e))
+            classify(status, headers, body, 8, u64::MAX).map_err(|e| (e.kind(), e))
         };
         for ok in [200, 201, 204, 299] {
             assert_eq!(kind(ok, &none, b""), Ok(()), "{ok}");
@@ -145,6 +154,18 @@ mod tests {
     }
 
     #[test]
+    fn a_429_asking_for_longer_than_the_limit_is_cut_to_it() {
+        let limited = |body: &[u8], headers: &HeaderMap| {
+            classify(StatusCode::TOO_MANY_REQUESTS, headers, body, 8, 3_600_000).map_err(|e| e.kind())
+        };
+        let huge = br#"{"retry_after_ms":18446744073709551615}"#;
+        assert_eq!(limited(huge, &HeaderMap::new()), Err(FailureKind::RetryAfter(Delay(3_600_000))));
+        let days = with_retry_after("864000");
+        assert_eq!(limited(b"", &days), Err(FailureKind::RetryAfter(Delay(3_600_000))));
+        assert_eq!(limited(br#"{"retry_after_ms":1200}"#, &days), Err(FailureKind::RetryAfter(Delay(1_200))));
+    }
+
+    #[test]
     fn errors_say_what_happened_and_whether_the_server_answered() {
         let limited = HttpError::RateLimited { retry_after_ms: Some(250) };
         assert_eq!(limited.to_string(), "rate limited (429); retry after 250 ms");
@@ -152,12 +173,14 @@ mod tests {
         assert_eq!(HttpError::Status { status: 404, body: "gone".into() }.to_string(), "404: gone");
         assert_eq!(HttpError::Timeout(Duration::from_secs(2)).to_string(), "no answer within 2s");
         assert!(limited.answered() && HttpError::Status { status: 500, body: String::new() }.answered());
-        for silent in
-            [HttpError::Timeout(Duration::ZERO), HttpError::Transport("reset".into()), HttpError::BadPath("x".into())]
-        {
+        for silent in [
+            HttpError::Timeout(Duration::ZERO),
+            HttpError::Transport("reset".into()),
+            HttpError::Unsendable("x".into()),
+        ] {
             assert!(!silent.answered(), "{silent:?}");
         }
-        assert_eq!(HttpError::BadPath("::".into()).kind(), FailureKind::Permanent);
+        assert_eq!(HttpError::Unsendable("::".into()).kind(), FailureKind::Permanent);
         assert_eq!(HttpError::Timeout(Duration::ZERO).kind(), FailureKind::Transient);
     }
 }

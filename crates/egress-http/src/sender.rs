@@ -32,6 +32,7 @@ pub struct HttpConfig {
     producer: String,
     excerpt: usize,
     rejections: usize,
+    max_retry_after: Duration,
     client: Option<reqwest::Client>,
 }
 
@@ -70,6 +71,7 @@ impl HttpConfig {
             producer: "egress".into(),
             excerpt: 256,
             rejections: 256,
+            max_retry_after: Duration::from_secs(3_600),
             client: None,
         })
     }
@@ -101,6 +103,15 @@ impl HttpConfig {
         self
     }
 
+    /// The longest a 429 may make a record wait: a server asking for more
+    /// (a bug, or a hostile server holding a lane back for good) is taken
+    /// to ask for this (1 hour by default).
+    #[must_use]
+    pub fn max_retry_after(mut self, limit: Duration) -> Self {
+        self.max_retry_after = limit;
+        self
+    }
+
     /// How many rejections [`HttpSender::rejections`] keeps (the newest).
     #[must_use]
     pub fn rejections(mut self, kept: usize) -> Self {
@@ -108,8 +119,11 @@ impl HttpConfig {
         self
     }
 
-    /// The client to send with (its TLS roots, proxies, pool); by default
-    /// a `reqwest::Client` with rustls and the web's roots.
+    /// The client to send with (its TLS roots, proxies, pool, redirect
+    /// policy); by default a `reqwest::Client` with rustls and the web's
+    /// roots that follows no redirect (a 303 would turn a `PUT` into a
+    /// `GET` whose 2xx completes a record that was never applied: a
+    /// redirect is a dead letter).
     #[must_use]
     pub fn client(mut self, client: reqwest::Client) -> Self {
         self.client = Some(client);
@@ -192,6 +206,7 @@ struct Transport<K> {
     /// `producer:incarnation:` (the ordinal follows).
     key_prefix: String,
     excerpt: usize,
+    max_wait_ms: u64,
     done: mpsc::UnboundedSender<Done<K>>,
     /// The requests running; dropped with the transport, which aborts them.
     requests: JoinSet<()>,
@@ -213,10 +228,15 @@ impl<K: LaneKey + Send + Sync + 'static> LanesTransport<K, HttpRequest> for Tran
             return Ok(());
         }
         let request = envelope.payload;
-        let url = match self.base.join(request.path.trim_start_matches('/')) {
-            Ok(url) => url,
-            Err(e) => {
-                let result = Err(HttpError::BadPath(format!("{}: {e}", request.path)));
+        let made = self.base.join(request.path.trim_start_matches('/')).map_err(|e| format!("{}: {e}", request.path));
+        let content_type = request
+            .content_type
+            .map(|t| HeaderValue::from_str(t).map_err(|_| format!("the content type {t:?}")))
+            .transpose();
+        let (url, content_type) = match (made, content_type) {
+            (Ok(url), Ok(content_type)) => (url, content_type),
+            (Err(why), _) | (_, Err(why)) => {
+                let result = Err(HttpError::Unsendable(why));
                 let _ = done.send(Done { lane, ordinal, sequence, generation, result, skipped: false });
                 return Ok(());
             }
@@ -224,12 +244,12 @@ impl<K: LaneKey + Send + Sync + 'static> LanesTransport<K, HttpRequest> for Tran
         let key = format!("{}{}", self.key_prefix, ordinal.0);
         let mut builder = self.client.request(request.method, url).timeout(self.timeout).body(request.body);
         builder = builder.header(IDEMPOTENCY_KEY, key);
-        if let Some(content_type) = request.content_type {
-            builder = builder.header(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if let Some(content_type) = content_type {
+            builder = builder.header(CONTENT_TYPE, content_type);
         }
-        let (timeout, excerpt) = (self.timeout, self.excerpt);
+        let (timeout, excerpt, max_wait_ms) = (self.timeout, self.excerpt, self.max_wait_ms);
         self.requests.spawn(async move {
-            let result = execute(builder, timeout, excerpt).await;
+            let result = execute(builder, timeout, excerpt, max_wait_ms).await;
             let _ = done.send(Done { lane, ordinal, sequence, generation, result, skipped: false });
         });
         Ok(())
@@ -239,7 +259,12 @@ impl<K: LaneKey + Send + Sync + 'static> LanesTransport<K, HttpRequest> for Tran
 /// Sends one request and says how it ended. A success's body is read to
 /// its end and dropped (so the connection goes back to the pool); an
 /// error's, up to [`ERROR_BODY_LIMIT`].
-async fn execute(builder: reqwest::RequestBuilder, timeout: Duration, excerpt: usize) -> Result<(), HttpError> {
+async fn execute(
+    builder: reqwest::RequestBuilder,
+    timeout: Duration,
+    excerpt: usize,
+    max_wait_ms: u64,
+) -> Result<(), HttpError> {
     let failed = |e: reqwest::Error| {
         if e.is_timeout() { HttpError::Timeout(timeout) } else { HttpError::Transport(chain(&e)) }
     };
@@ -256,7 +281,7 @@ async fn execute(builder: reqwest::RequestBuilder, timeout: Duration, excerpt: u
             break;
         }
     }
-    classify(status, response.headers(), &body, excerpt)
+    classify(status, response.headers(), &body, excerpt, max_wait_ms)
 }
 
 /// An error with its sources: reqwest's own message says little ("error
@@ -283,7 +308,8 @@ fn chain(e: &dyn std::error::Error) -> String {
 ///   [`DeadLetters::Skip`](egress_core::DeadLetters::Skip)) completes at
 ///   once, without a request: the lane goes on past it.
 /// - A 429 retries after at least the body's `retry_after_ms`, or the
-///   `Retry-After` header's seconds; 5xx, a timeout or a failed connection
+///   `Retry-After` header's seconds (at most
+///   [`max_retry_after`](HttpConfig::max_retry_after)); 5xx, a timeout or a failed connection
 ///   after the policy's backoff (see [`HttpConfig::policy`]); any other
 ///   status is permanent: a dead letter, listed in
 ///   [`rejections`](Self::rejections) with the status and the start of the
@@ -329,7 +355,10 @@ impl<K: LaneKey + Send + Sync + 'static> HttpSender<K> {
     pub fn start(cell: &AsyncLanesCell<K, HttpRequest>, config: HttpConfig) -> Result<Self, StartError> {
         let client = match config.client {
             Some(client) => client,
-            None => reqwest::Client::builder().build().map_err(|e| StartError::Client(chain(&e)))?,
+            None => reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| StartError::Client(chain(&e)))?,
         };
         let connection = ConnectionTracker::new(cell, "egress http sender").map_err(|_| StartError::CellDisposed)?;
         let (rejections, rejected) = cell
@@ -351,6 +380,7 @@ impl<K: LaneKey + Send + Sync + 'static> HttpSender<K> {
             timeout: config.timeout,
             key_prefix: format!("{}:{:032x}:", config.producer, cell.incarnation().0),
             excerpt: config.excerpt,
+            max_wait_ms: u64::try_from(config.max_retry_after.as_millis()).unwrap_or(u64::MAX),
             done,
             requests: JoinSet::new(),
         };
@@ -434,11 +464,26 @@ impl<K: LaneKey + Send + Sync + 'static> Run<K> {
             let ended = tokio::select! {
                 d = done.recv() => match d {
                     Some(d) => d,
-                    None => return,
+                    // The transport is gone: a reconnect (a later sender)
+                    // fenced this one, or the cell was disposed.
+                    None => {
+                        tracing::info!("egress http sender: fenced or disposed; stopping");
+                        self.connection.set(ConnectionState::Stopped { error: None });
+                        return;
+                    }
                 },
                 _ = stop.changed() => return,
             };
-            self.take(ended);
+            // Taking a result runs the graph's effects (the attachment's
+            // next sends, the application's own): a panic there has no
+            // caller to go to, and this task must go on.
+            let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.take(ended)));
+            if let Err(panic) = taken {
+                tracing::error!(
+                    panic = egress_core::panic_message(&*panic).unwrap_or("(not a message)"),
+                    "egress http sender: a panic while taking a response; the sender goes on"
+                );
+            }
         }
     }
 

@@ -161,7 +161,7 @@ async fn a_refused_request_is_a_dead_letter_with_the_status_and_the_body() {
     let errors: Vec<_> = rejections.iter().map(|r| (r.ordinal.0, r.error.clone())).collect();
     assert_eq!(errors.len(), 3, "{errors:?}");
     assert!(errors.contains(&(0, HttpError::Status { status: 403, body: r#"{"errcode":""#.into() })), "{errors:?}");
-    assert!(errors.iter().any(|(o, e)| *o == 1 && matches!(e, HttpError::BadPath(_))), "{errors:?}");
+    assert!(errors.iter().any(|(o, e)| *o == 1 && matches!(e, HttpError::Unsendable(_))), "{errors:?}");
     assert!(errors.iter().any(|(o, e)| *o == 2 && matches!(e, HttpError::Status { status: 503, .. })), "{errors:?}");
     // The refusals held nothing back: the other lane's request went, and
     // the unordered lane's tombstones completed without a request.
@@ -239,4 +239,74 @@ async fn the_homeserver_refuses_a_request_without_a_key_and_answers_a_status_pat
     let teapot = client.get(format!("{}status/418/x", server.url())).send().await.unwrap();
     assert_eq!(teapot.status().as_u16(), 418);
     assert_eq!((server.applied().len(), server.duplicates(), server.requests()), (1, 1, 4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_cannot_be_made_or_a_redirect_is_a_dead_letter_and_the_rest_goes_on() {
+    let server = Homeserver::start(Chaos::none()).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = cell(&cx, 10);
+    let sender = HttpSender::start(&cell, HttpConfig::new(&server.url()).unwrap()).unwrap();
+    let a = Lane::Room("a".into());
+    let mut bad_type = request(&a, 0);
+    bad_type.content_type = Some("text/plain\n");
+    cell.enqueue(a.clone(), bad_type).unwrap();
+    cell.enqueue(a.clone(), HttpRequest::new(Method::PUT, "status/303/moved")).unwrap();
+    cell.enqueue(a.clone(), request(&a, 2)).unwrap();
+    settled(&cell).await;
+    let errors: Vec<_> = sender.rejections().get_untracked().iter().map(|r| r.error.clone()).collect();
+    assert!(
+        matches!(&errors[..], [HttpError::Unsendable(why), HttpError::Status { status: 303, .. }] if why.contains("content type")),
+        "{errors:?}"
+    );
+    let applied: Vec<_> = server.applied().iter().map(|a| a.path.clone()).collect();
+    assert_eq!(applied, ["rooms/a/send/m.text/t2"], "the redirect was not followed; the lane went on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_effect_that_panics_does_not_stop_the_sender() {
+    let server = Homeserver::start(Chaos::none()).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = cell(&cx, 10);
+    let sender = HttpSender::start(&cell, HttpConfig::new(&server.url()).unwrap()).unwrap();
+    // An effect that panics the first time the first completion reaches it
+    // (on the sender's task).
+    let panicked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let _effect = cx.effect({
+        let (acked, panicked) = (cell.lane(&Lane::ToDevice).acked_through().clone(), panicked.clone());
+        move || {
+            if acked.get().is_some() && !panicked.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                panic!("the application's effect panics");
+            }
+        }
+    });
+    cell.enqueue(Lane::ToDevice, request(&Lane::ToDevice, 1)).unwrap();
+    egress_testkit::until(|| panicked.load(std::sync::atomic::Ordering::SeqCst).then_some(()), || "no panic".into())
+        .await;
+    cell.enqueue(Lane::ToDevice, request(&Lane::ToDevice, 2)).unwrap();
+    settled(&cell).await;
+    assert_eq!(server.applied().len(), 2, "the sender went on");
+    assert_eq!(sender.stats().completed, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_asking_for_ages_waits_at_most_the_limit_and_a_later_sender_fences_the_first() {
+    let chaos = Chaos { seed: 5, rate_limited: 1.0, retry_after_ms: u64::MAX, ..Chaos::none() };
+    let server = Homeserver::start(chaos).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = cell(&cx, 10);
+    let config = HttpConfig::new(&server.url()).unwrap().max_retry_after(Duration::from_secs(90));
+    let first = HttpSender::start(&cell, config.clone()).unwrap();
+    cell.enqueue(Lane::Other, request(&Lane::Other, 1)).unwrap();
+    egress_testkit::until(|| (cell.parked_len().get() == 1).then_some(()), || format!("{cell:?}")).await;
+    let wait = cell.poll_timeout().unwrap().0 - cell.now().0;
+    // At least the limit, and at most twice it (the policy's jitter).
+    assert!((85_000..=180_000).contains(&wait), "{wait} ms");
+    let second = HttpSender::start(&cell, config).unwrap();
+    egress_testkit::until(
+        || matches!(first.connection().get_untracked(), ConnectionState::Stopped { .. }).then_some(()),
+        || format!("{:?}", first.connection().get_untracked()),
+    )
+    .await;
+    assert!(!matches!(second.connection().get_untracked(), ConnectionState::Stopped { .. }));
 }
