@@ -300,25 +300,38 @@ each_flavour! {
         // Now every lane is busy: refused, the payload back, nothing changed.
         let refused = cell.enqueue(Lane::Room(3), 3).expect_err("room 2 is busy");
         assert_eq!((refused.limit, refused.payload), (1, 3));
-        assert!(matches!(cell.try_enqueue(Lane::Room(3), 4), Err(LanesRefused::TooManyLanes(t)) if t.payload == 4));
+        let too_many = cell.try_enqueue(Lane::Room(3), 4).expect_err("room 2 is busy");
+        assert_eq!(format!("{too_many:?}"), "TooManyLanes(1)");
+        assert!(matches!(too_many, LanesRefused::TooManyLanes(t) if t.payload == 4));
         assert_eq!(cell.pending_len().get(), 1);
     }
 
     fn try_enqueue_refuses_at_capacity_and_gives_the_payload_back(cx) {
-        let options = CellOptions::new().capacity(2);
+        let clock = ManualClock::new();
+        let options = options(&clock).capacity(4);
         let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options);
-        cell.try_enqueue(Lane::Room(1), 1).expect("room");
-        cell.try_enqueue(Lane::Room(2), 2).expect("room");
-        match cell.try_enqueue(Lane::Room(3), 3) {
-            Err(LanesRefused::Full { payload: 3, capacity: 2 }) => {}
-            other => panic!("expected Full, got {other:?}"),
-        }
-        assert_eq!((cell.pending_len().get(), cell.lane_count().get()), (2, 2));
-        // Acknowledged records make room again.
         let g = cell.generation().get();
+        // One record in each state that holds one: pending, in flight,
+        // parked, held (the strict lane holds its dead letters).
+        cell.try_enqueue(Lane::Room(1), 1).expect("room");
+        cell.try_enqueue(Lane::Room(1), 2).expect("room");
         cell.claim_with(g, |_| ());
+        cell.try_enqueue(Lane::Room(2), 3).expect("room");
+        cell.claim_with(g, |_| ());
+        cell.fail_with(g, &Lane::Room(2), Sequence(0), FailureKind::Transient, JitterSample::ZERO);
+        cell.try_enqueue(Lane::AccountData, 4).expect("room");
+        cell.claim_with(g, |_| ());
+        cell.fail_with(g, &Lane::AccountData, Sequence(0), FailureKind::Permanent, JitterSample::ZERO);
+        let counts = (cell.pending_len().get(), cell.inflight_len().get(), cell.parked_len().get());
+        assert_eq!((counts, cell.exhausted_len().get()), ((1, 1, 1), 1));
+        let refused = cell.try_enqueue(Lane::Room(3), 5).expect_err("4 held: at capacity");
+        assert_eq!(format!("{refused:?}"), "Full { capacity: 4 }");
+        assert_eq!(refused.to_string(), "refused: 4 records are waiting to be acknowledged, the cell's capacity");
+        assert!(matches!(refused, LanesRefused::Full { payload: 5, capacity: 4 }));
+        assert_eq!((cell.pending_len().get(), cell.lane_count().get()), (1, 3), "nothing changed");
+        // An acknowledgement makes room again.
         cell.complete(g, &Lane::Room(1), Sequence(0));
-        cell.try_enqueue(Lane::Room(3), 3).expect("room again");
+        cell.try_enqueue(Lane::Room(3), 5).expect("room again");
     }
 
     fn a_panicking_transport_fails_its_record_which_goes_out_again(cx) {
@@ -355,6 +368,11 @@ each_flavour! {
         let fresh = cell.lane(&Lane::Room(1));
         assert_eq!(fresh.pending_len().get(), 2, "readers made under the caller's owner read the lanes once");
         assert!(format!("{cell:?}").starts_with("LanesCell { generation: Generation(0)"), "{cell:?}");
+        let other: LanesCellOf<Lane, u32, _> = LanesCellOf::new(&cx.handle(), policy(8));
+        assert_ne!(cell.incarnation(), other.incarnation(), "each cell a new sequence space");
+        let given = CellOptions::new().incarnation(egress_core::Incarnation(0xfeed));
+        let given: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), given);
+        assert_eq!(given.incarnation(), egress_core::Incarnation(0xfeed));
     }
 }
 

@@ -5,7 +5,6 @@
 //! state every part shares and the one transition path in `inner.rs`, its
 //! options and refusals in `options.rs`.
 
-use std::hash::BuildHasher;
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::sync::Arc;
@@ -218,10 +217,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         clock: Arc<dyn Clock>,
         at: &'static Location<'static>,
     ) -> Self {
-        let random = || std::collections::hash_map::RandomState::new().hash_one(0u64);
-        let seed = options.jitter_seed.unwrap_or_else(random);
-        let incarnation =
-            options.incarnation.unwrap_or_else(|| Incarnation(u128::from(random()) << 64 | u128::from(random())));
+        let (incarnation, seed) = options.identity();
         let (scope, (inner, readers)) = cx.scope(|| {
             let triggers = Projection::ALL.map(|_| cx.trigger(at));
             let counts = [PENDING_LEN, INFLIGHT_LEN, WINDOW_ROOM, PARKED_LEN, EXHAUSTED_LEN, UNPERSISTED_LEN]

@@ -92,6 +92,18 @@ impl CellOptions {
         self.generation
     }
 
+    /// The cell's incarnation and jitter seed: the given ones, or drawn at
+    /// random (from the standard library's randomly seeded hasher). One
+    /// rule for every cell.
+    pub(crate) fn identity(&self) -> (Incarnation, u64) {
+        use std::hash::BuildHasher;
+        let random = || std::collections::hash_map::RandomState::new().hash_one(0u64);
+        let seed = self.jitter_seed.unwrap_or_else(random);
+        let incarnation =
+            self.incarnation.unwrap_or_else(|| Incarnation(u128::from(random()) << 64 | u128::from(random())));
+        (incarnation, seed)
+    }
+
     pub(crate) fn take_clock(&mut self, default: impl FnOnce() -> Arc<dyn Clock>) -> Arc<dyn Clock> {
         self.clock.take().unwrap_or_else(default)
     }

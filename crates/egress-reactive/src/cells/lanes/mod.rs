@@ -9,7 +9,6 @@ mod attachment;
 mod readers;
 
 use std::collections::BTreeMap;
-use std::hash::BuildHasher;
 use std::panic::Location;
 use std::sync::Arc;
 
@@ -452,10 +451,7 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
         at: &'static Location<'static>,
     ) -> Self {
         let lanes = Lanes::with_generation(policy, options.generation);
-        let random = || std::collections::hash_map::RandomState::new().hash_one(0u64);
-        let rng = options.jitter_seed.unwrap_or_else(random);
-        let incarnation =
-            options.incarnation.unwrap_or_else(|| Incarnation(u128::from(random()) << 64 | u128::from(random())));
+        let (incarnation, rng) = options.identity();
         let (scope, (inner, generation, released)) = cx.scope(|| {
             let counts = std::array::from_fn(|which| cx.pushed(count(&lanes, which), at));
             let state = F::ptr(ValueCell::new(LanesState { lanes, rng, triggers: BTreeMap::new() }));
