@@ -282,6 +282,25 @@ each_flavour! {
         assert_eq!((held.pending_len().get(), kept.get()), (1, 1));
     }
 
+    fn unused_lane_readers_are_swept_once_the_set_has_doubled_not_before(cx) {
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::new(&cx.handle(), policy(64));
+        let base = cx.node_count();
+        let _ = cell.lane(&Lane::Room(0));
+        let per_lane = cx.node_count() - base;
+        assert!(per_lane >= 12, "readers and triggers: {per_lane}");
+        // Below 16 lanes' sets, nothing is swept: a sweep's cost is spread
+        // over the calls that grew the set.
+        for room in 1..16 {
+            let _ = cell.lane(&Lane::Room(room));
+        }
+        assert_eq!(cx.node_count(), base + 16 * per_lane);
+        // The 17th call finds 16 sets, none in use: swept, and its own made.
+        let _ = cell.lane(&Lane::Room(16));
+        assert_eq!(cx.node_count(), base + per_lane);
+        let readers = cell.lane(&Lane::Room(16));
+        assert_eq!(format!("{readers:?}"), "LaneReaders { .. }");
+    }
+
     fn a_freed_lane_reads_as_no_lanes_and_its_readers_hear_of_it(cx) {
         let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::new(&cx.handle(), policy(1));
         let room = cell.lane(&Lane::Room(1));
@@ -357,9 +376,14 @@ each_flavour! {
         let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::new(&cx.handle(), policy(8));
         let readers = cell.lane(&Lane::Room(1));
         cell.enqueue(Lane::Room(1), 1).expect("room");
-        let live = cell.attach(Wire::default());
+        let live_wire = Wire::default();
+        let live = cell.attach(live_wire.clone());
         assert!(!cell.is_disposed() && !live.is_fenced(), "a live cell, a live attachment");
+        assert!(live.runs() >= 1, "its effect ran");
+        assert_eq!(format!("{live:?}"), "LanesAttachment { generation: Generation(0), .. }");
         drop(live);
+        cell.enqueue(Lane::Room(2), 7).expect("room");
+        assert_eq!(live_wire.payloads(), [1], "a dropped attachment sends nothing more");
         cell.dispose();
         assert!(cell.is_disposed() && readers.pending_len().is_disposed());
         let wire = Wire::default();
@@ -367,7 +391,7 @@ each_flavour! {
         assert!(link.is_fenced());
         cell.enqueue(Lane::Room(1), 2).expect("room");
         assert!(wire.sent().is_empty(), "a fenced attachment never sends");
-        assert_eq!(cell.with_lanes(|l| (l.pending_len(), l.inflight_len())), (1, 1), "the records stay");
+        assert_eq!(cell.with_lanes(|l| (l.pending_len(), l.inflight_len())), (2, 1), "the records stay");
         let fresh = cell.lane(&Lane::Room(1));
         assert_eq!(fresh.pending_len().get(), 1, "readers made under the caller's owner read the lanes once");
         assert!(format!("{cell:?}").starts_with("LanesCell { generation: Generation(0)"), "{cell:?}");
