@@ -299,6 +299,23 @@ each_flavour! {
         assert_eq!(cx.node_count(), base + per_lane);
         let readers = cell.lane(&Lane::Room(16));
         assert_eq!(format!("{readers:?}"), "LaneReaders { .. }");
+        drop(readers);
+        // Ten sets held through a sweep: the next sweep waits until the
+        // set has doubled from them (20), not before.
+        let held: Vec<_> = (20..30).map(|room| cell.lane(&Lane::Room(room))).collect();
+        for room in 30..35 {
+            let _ = cell.lane(&Lane::Room(room));
+        }
+        assert_eq!(cx.node_count(), base + 16 * per_lane, "16 sets: 10 held, 6 not");
+        let _ = cell.lane(&Lane::Room(35));
+        assert_eq!(cx.node_count(), base + 11 * per_lane, "swept: the 10 held stay");
+        for room in 36..45 {
+            let _ = cell.lane(&Lane::Room(room));
+        }
+        assert_eq!(cx.node_count(), base + 20 * per_lane, "no sweep below twice the 10 kept");
+        let _ = cell.lane(&Lane::Room(45));
+        assert_eq!(cx.node_count(), base + 11 * per_lane);
+        assert!(held.iter().all(|r| !r.pending().is_disposed()));
     }
 
     fn a_freed_lane_reads_as_no_lanes_and_its_readers_hear_of_it(cx) {
