@@ -63,6 +63,10 @@ async fn the_timer_sends_a_parked_record_again_once_its_backoff_ends() {
     assert_eq!((item.lane, item.ordinal.0, item.envelope.attempt.0), (Lane::Room(1), 0, 2));
     assert_eq!(link.complete(&Lane::Room(1), Sequence(0)), CompleteOutcome::Advanced { through: Sequence(0) });
     assert_eq!((cell.parked_len().get(), cell.outstanding().get()), (0, 0));
+    assert!(
+        format!("{cell:?}").starts_with("AsyncLanesCell(LanesCell { generation: Generation(0), lanes: 1"),
+        "{cell:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
