@@ -104,7 +104,7 @@ impl<K: LaneKey + Send + Sync + 'static, T: Clone + Send + Sync + 'static> Async
         self.timer.0.ensure(&self.cell.shared.inner);
         let mut attachment = self.cell.attach(transport);
         let keep: Arc<dyn std::any::Any + Send + Sync> = self.timer.clone();
-        attachment.keep = Some(keep);
+        attachment._keep = Some(keep);
         attachment
     }
 }

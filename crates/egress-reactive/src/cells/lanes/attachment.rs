@@ -155,7 +155,7 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
         let Ok(effect) = self.shared.scope.try_run(|| handle.make_effect(run, at)) else {
             // A disposed cell: the transport is dropped, never used.
             let key = handle.enter(|cell| cell.borrow().dead_key());
-            return LanesAttachment { node: NodeRef { handle, key }, generation, cell: self.clone(), keep: None };
+            return LanesAttachment { node: NodeRef { handle, key }, generation, cell: self.clone(), _keep: None };
         };
         let key = effect.key;
         handle.enter(|cell| {
@@ -167,7 +167,7 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
                 }
             });
         });
-        LanesAttachment { node: (*effect).clone(), generation, cell: self.clone(), keep: None }
+        LanesAttachment { node: (*effect).clone(), generation, cell: self.clone(), _keep: None }
     }
 }
 
@@ -183,7 +183,7 @@ pub struct LanesAttachment<K: 'static, T: 'static, F: Flavor> {
     generation: Generation,
     cell: LanesCellOf<K, T, F>,
     /// What must live while the attachment does (an async cell's timer).
-    pub(super) keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+    pub(super) _keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesAttachment<K, T, F> {
