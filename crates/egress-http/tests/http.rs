@@ -56,6 +56,18 @@ async fn settled(cell: &AsyncLanesCell<Lane, HttpRequest>) {
     .await;
 }
 
+/// Waits until the sender's connection reads offline, and returns that state.
+async fn reconnecting(sender: &HttpSender<Lane>) -> ConnectionState<HttpError> {
+    egress_testkit::until(
+        || match sender.connection().get_untracked() {
+            s @ ConnectionState::Reconnecting { .. } => Some(s),
+            _ => None,
+        },
+        || format!("{:?}", sender.connection().get_untracked()),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_record_is_applied_once_in_its_lanes_order_within_its_lanes_window() {
     let server = Homeserver::start(Chaos::none()).await.unwrap();
@@ -180,14 +192,7 @@ async fn a_server_that_is_gone_reads_offline_with_the_error_and_the_records_wait
     let cell = cell(&cx, 10);
     let sender = HttpSender::start(&cell, HttpConfig::new(&format!("http://{addr}/")).unwrap()).unwrap();
     cell.enqueue(Lane::ToDevice, request(&Lane::ToDevice, 1)).unwrap();
-    let state = egress_testkit::until(
-        || match sender.connection().get_untracked() {
-            s @ ConnectionState::Reconnecting { .. } => Some(s),
-            _ => None,
-        },
-        || format!("{:?}", sender.connection().get_untracked()),
-    )
-    .await;
+    let state = reconnecting(&sender).await;
     assert!(matches!(state.error(), Some(HttpError::Transport(_))), "{state:?}");
     assert!(state.to_string().starts_with("offline: "), "{state}");
     assert_eq!((cell.parked_len().get(), cell.pending_len().get()), (1, 0));
@@ -207,14 +212,7 @@ async fn a_429_holds_the_record_for_at_least_what_the_server_asked_and_reads_off
     let sender = HttpSender::start(&cell, HttpConfig::new(&server.url()).unwrap()).unwrap();
     cell.enqueue(Lane::AccountData, request(&Lane::AccountData, 1)).unwrap();
     cell.enqueue(Lane::AccountData, request(&Lane::AccountData, 2)).unwrap();
-    let state = egress_testkit::until(
-        || match sender.connection().get_untracked() {
-            s @ ConnectionState::Reconnecting { .. } => Some(s),
-            _ => None,
-        },
-        || format!("{:?}", sender.connection().get_untracked()),
-    )
-    .await;
+    let state = reconnecting(&sender).await;
     assert_eq!(state.error(), Some(&HttpError::RateLimited { retry_after_ms: Some(60_000) }));
     assert!(
         state.to_string().starts_with("offline: rate limited (429); retry after 60000 ms; retrying in "),
