@@ -835,3 +835,32 @@ async fn a_journal_asks_whether_its_stream_was_taken_over_at_most_every_100_ms()
     tokio::time::advance(Duration::from_millis(1)).await;
     assert!(matches!(journal.keep().await, Err(StoreError::Fenced { .. })));
 }
+
+/// An application that drops its context before its relay: the cell's
+/// readers are gone, the relay is not. It goes on adopting and writing what
+/// the cell holds until it is shut down, and never panics reading a reader
+/// the context took with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_outlives_its_context_without_a_panic_and_loses_nothing() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable(&cx, dir.db(), "orders", Policy::default(), CellOptions::new(), config()).await.unwrap();
+    let cell = durable.cell.clone();
+    let _ = cell.enqueue(Bytes::from_static(b"mine"));
+    egress_testkit::until(
+        || (cell.durable_through().get_untracked() == Some(Sequence(0))).then_some(()),
+        || "written".into(),
+    )
+    .await;
+    drop(cx);
+    let app = rusqlite::Connection::open(dir.db()).unwrap();
+    let _ = Outbox::new("orders").append(&app, b"theirs").unwrap();
+    let relay = &durable.relay;
+    egress_testkit::until(|| (relay.stats().adopted == 1).then_some(()), || format!("{:?}", relay.stats())).await;
+    let stats = durable.relay.shutdown().await;
+    assert_eq!((stats.appended, stats.adopted), (1, 1), "{stats:?}");
+    let mut store = egress_store::SqliteStore::open(dir.db()).unwrap();
+    let loaded = store.load("orders").unwrap();
+    let held: Vec<Bytes> = loaded.restored.records.iter().map(|e| e.payload.clone()).collect();
+    assert_eq!(held, vec![Bytes::from_static(b"mine"), Bytes::from_static(b"theirs")]);
+}

@@ -250,7 +250,8 @@ async fn a_codec_that_panics_decoding_stops_adoption_there_and_the_cell_says_why
     let app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
     Outbox::new("chat").append(&app, b"boom").expect("appends");
     until_stats(&durable.relay, |s| s.undecodable >= 1).await;
-    assert_eq!(durable.relay.stats().undecodable, 1, "adoption stopped at it; the relay lives");
+    // Adoption stopped at it, and the relay lives (a later poll may meet
+    // the record again: each meeting is counted).
     assert_eq!(cell.next_sequence(), Sequence(0));
     // The cell's own record meets it under sequence 0: the cell shows the
     // record that cannot be read, not "another writer".

@@ -125,6 +125,10 @@ impl Counters {
 /// takes the stream over ([`SqliteStore::load`] elsewhere), the relay
 /// shows the error and stops.
 ///
+/// The relay reads the cell's core, never its readers: an application
+/// that drops its context first (the readers with it) leaves the relay
+/// adopting and writing until it is shut down or dropped.
+///
 /// Each commit runs in a task of its own that reports it to the cell, so
 /// dropping the relay (which aborts its task) never leaves a commit
 /// unreported. [`shutdown`](Self::shutdown) writes what is pending first.
@@ -306,7 +310,7 @@ impl Relay {
         let (stop, stop_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
         let span = tracing::info_span!("egress_relay", stream = store.stream());
-        let (stored, stored_ack) = watch::channel(cell.acked_through().get_untracked());
+        let (stored, stored_ack) = watch::channel(cell.with_core(|c| c.acked_through()));
         let lease = store.lease();
         let store = Arc::new(tokio::sync::Mutex::new(store));
         let written = Written { counters: counters.clone(), stored: Arc::new(stored), codec };

@@ -117,7 +117,9 @@ async fn adopt<S: JournalStore, T: Clone + Send + Sync + 'static>(
     written: &Written<T>,
 ) -> Result<bool, StoreError> {
     let counters = &written.counters;
-    if cell.unpersisted_len().get_untracked() != 0 {
+    // From the core, not the reader: the application may have dropped its
+    // context (and the readers with it) while the relay goes on.
+    if cell.with_core(|c| c.unpersisted_len()) != 0 {
         return Ok(false);
     }
     let from = cell.next_sequence();
