@@ -72,8 +72,9 @@ pub use crate::durable::{AdoptOutcome, DeadMark, MessageStatus, PersistError, Pe
 pub use crate::envelope::Envelope;
 pub use crate::ids::{Attempt, Delay, Epoch, FlushEpoch, Generation, Incarnation, Ordinal, Sequence, Time};
 pub use crate::lanes::{
-    CompleteOutcome, Enqueued, LaneEnvelope, LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, LanesPolicyError,
-    LanesReconnect, TooManyLanes,
+    CompleteOutcome, Enqueued, LaneEnvelope, LaneKey, LaneKind, LaneReady, Lanes, LanesClaim, LanesPersisted,
+    LanesPolicy, LanesPolicyError, LanesReady, LanesReconnect, LanesRestoreError, RestoredLane, RestoredLanes,
+    TooManyLanes,
 };
 pub use crate::outcome::{
     AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,

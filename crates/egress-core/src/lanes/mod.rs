@@ -2,12 +2,14 @@
 //! released in enqueue order across lanes. The state, its indexes and the
 //! send path live here; the other transitions in `transitions.rs`.
 
+mod durable;
 mod kind;
 mod outcome;
 mod transitions;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+pub use self::durable::{LaneReady, LanesPersisted, LanesReady, LanesRestoreError, RestoredLane, RestoredLanes};
 pub use self::kind::{LaneKey, LaneKind, LanesPolicy, LanesPolicyError};
 pub use self::outcome::{CompleteOutcome, Enqueued, LaneEnvelope, LanesClaim, LanesReconnect, TooManyLanes};
 use crate::changes::{Changes, Projection};
@@ -105,6 +107,8 @@ pub struct Lanes<K, T> {
     idle: BTreeSet<K>,
     /// The sums of every lane's counts.
     totals: Counts,
+    /// What the store was told, for durable lanes (see [`Lanes::restore`]).
+    journal: Option<Box<durable::LanesJournal<K>>>,
 }
 
 /// One lane: its core, the ordinal of each of its records, its
@@ -124,6 +128,8 @@ struct Lane<T> {
     due: Option<Time>,
     /// Whether it is in `Lanes::idle`.
     idle: bool,
+    /// Whether its journal is being written (a lane is not freed then).
+    writing: bool,
 }
 
 /// A lane's counts, or their sums over lanes.
@@ -186,6 +192,7 @@ impl<T> Lane<T> {
             ready: None,
             due: None,
             idle: false,
+            writing: false,
         }
     }
 
@@ -222,6 +229,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
             due: BTreeSet::new(),
             idle: BTreeSet::new(),
             totals: Counts { pending: 0, inflight: 0, parked: 0, exhausted: 0, gated: 0, outstanding: 0 },
+            journal: None,
         }
     }
 
@@ -391,11 +399,25 @@ impl<K: LaneKey, T> Lanes<K, T> {
             }
             // The lane is made before an idle one is freed: a key whose
             // `kind` panics leaves every lane where it was.
-            let mut core = EgressCore::with_generation(key.kind().policy(*self.policy.base()), self.generation);
+            let policy = key.kind().policy(*self.policy.base());
+            let mut core = match self.journal.as_deref() {
+                None => EgressCore::with_generation(policy, self.generation),
+                // Durable: a new stream, stored at the durable generation,
+                // moving to the current one through its journal.
+                Some(j) => {
+                    let stored = crate::Restored { generation: j.lane_generation(), ..crate::Restored::empty() };
+                    let mut core = EgressCore::restore(policy, stored).expect("an empty stream restores");
+                    let _ = core.reconnect(self.generation);
+                    core
+                }
+            };
             let _ = core.release(self.released);
             let lane = Lane::new(core);
             if full && let Some(idle) = self.idle.pop_first() {
                 freed = self.lanes.remove(&idle).map_or(Changes::NONE, |gone| gone.freed_changes());
+                if let Some(j) = self.journal.as_deref_mut() {
+                    j.freed(idle);
+                }
             }
             self.lanes.insert(key.clone(), lane);
         }
@@ -497,7 +519,10 @@ impl<K: LaneKey, T> Lanes<K, T> {
             }
             lane.due = due;
         }
-        let idle = after.is_idle();
+        if let Some(j) = self.journal.as_deref_mut() {
+            j.touched(key);
+        }
+        let idle = after.is_idle() && !lane.writing;
         if idle != lane.idle {
             if idle {
                 self.idle.insert(key.clone());
