@@ -38,6 +38,7 @@
 //! in groups) or from an [`Outbox`] inside the application's own
 //! transaction (the relay notices the commit and adopts them).
 
+mod lanes;
 mod sqlite;
 mod stored;
 
@@ -51,6 +52,7 @@ use std::ops::Range;
 
 use egress_core::{RestoreError, Sequence};
 
+pub use crate::lanes::{LoadedLanes, lane_stream};
 #[cfg(feature = "relay")]
 pub use crate::relay::{
     Durable, JournalStore, Relay, RelayConfig, RelayStats, SqliteJournal, open_durable, open_durable_with,
@@ -165,6 +167,15 @@ pub enum StoreError {
         stream: String,
         /// The sequence asked for.
         sequence: Sequence,
+    },
+    /// A lane key serde cannot write, or a stored one it cannot read as
+    /// the lanes' key type.
+    #[error("lanes {lanes}: a lane key: {reason}")]
+    LaneKey {
+        /// The lanes.
+        lanes: String,
+        /// Serde's reason (with the stored key, when reading).
+        reason: String,
     },
     /// The stream has no row.
     #[error("unknown stream {0}")]

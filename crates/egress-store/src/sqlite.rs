@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use egress_core::{Generation, Incarnation, Ready, Restored, RestoredRecord, Sequence};
+use egress_core::{Generation, Incarnation, Ordinal, Ready, Restored, RestoredRecord, Sequence};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::stored::{dead_code, dead_of, fresh_incarnation, incarnation_of, restorable_generation, to_i64, to_u64};
@@ -42,10 +42,23 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE egress_stream ADD COLUMN owner BLOB;
 ",
+    "
+    CREATE TABLE egress_lanes (
+        lanes TEXT PRIMARY KEY NOT NULL,
+        incarnation BLOB NOT NULL,
+        generation INTEGER NOT NULL,
+        next_ordinal INTEGER NOT NULL,
+        owner BLOB
+    ) STRICT;
+    ALTER TABLE egress_stream ADD COLUMN lanes TEXT;
+    ALTER TABLE egress_stream ADD COLUMN lane TEXT;
+    CREATE INDEX egress_stream_by_lanes ON egress_stream (lanes) WHERE lanes IS NOT NULL;
+    ALTER TABLE egress_outbox ADD COLUMN ordinal INTEGER;
+",
 ];
 
 /// The schema version this library writes.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Whether `stream`'s row still holds the owner token `mine`.
 fn still_owner(conn: &Connection, stream: &str, mine: &[u8; 16]) -> Result<(), StoreError> {
@@ -127,12 +140,14 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
 /// ([`StoreError::NotLoaded`]). So two producers never write one stream.
 #[derive(Debug)]
 pub struct SqliteStore {
-    conn: Connection,
+    pub(crate) conn: Connection,
     /// The `synchronous` setting now in force: 2 (FULL) or 1 (NORMAL).
     synchronous: u8,
     data_version: Option<i64>,
     /// The owner token this store wrote into each stream it loaded.
     owned: std::collections::HashMap<String, [u8; 16]>,
+    /// The owner token this store wrote into each lanes' row it loaded.
+    pub(crate) owned_lanes: std::collections::HashMap<String, [u8; 16]>,
 }
 
 /// What [`SqliteStore::load`] found for a stream: the incarnation of its
@@ -178,6 +193,134 @@ impl Loaded {
     }
 }
 
+/// A stream's stored records above `acked` (with each one's ordinal, `None`
+/// outside lanes), and the newest tombstones at or below it: dead letters
+/// the receiver skipped, whose status stays dead.
+pub(crate) fn stream_records(tx: &Connection, stream: &str, acked: Option<u64>) -> Result<StreamRecords, StoreError> {
+    let from = acked.map_or(0, |a| a.saturating_add(1));
+    let mut records = Vec::new();
+    let mut skipped = Vec::new();
+    let mut ordinals = Vec::new();
+    {
+        // A held flag other than 0 (or 1, excluded) is refused below.
+        let mut select = tx.prepare_cached(
+            "SELECT seq, dead_reason, dead_held FROM (
+                 SELECT seq, dead_reason, dead_held FROM egress_outbox
+                 WHERE stream = ?1 AND seq < ?2 AND dead_reason IS NOT NULL AND dead_held IS NOT 1
+                 ORDER BY seq DESC LIMIT ?3)
+             ORDER BY seq",
+        )?;
+        let memory = i64::try_from(egress_core::SKIPPED_MEMORY).unwrap_or(i64::MAX);
+        let mut rows = select.query(params![stream, to_i64("sequence", from)?, memory])?;
+        while let Some(row) = rows.next()? {
+            let sequence = Sequence(to_u64("seq", row.get(0)?)?);
+            if let Some(mark) = dead_of(row.get(1)?, row.get(2)?)? {
+                skipped.push((sequence, mark.reason));
+            }
+        }
+    }
+    let mut select = tx.prepare_cached(
+        "SELECT seq, payload, dead_reason, dead_held, ordinal FROM egress_outbox
+         WHERE stream = ?1 AND seq >= ?2 ORDER BY seq",
+    )?;
+    let mut rows = select.query(params![stream, to_i64("sequence", from)?])?;
+    while let Some(row) = rows.next()? {
+        let sequence = Sequence(to_u64("seq", row.get(0)?)?);
+        let payload: Vec<u8> = row.get(1)?;
+        let dead = dead_of(row.get(2)?, row.get(3)?)?;
+        let ordinal: Option<i64> = row.get(4)?;
+        ordinals.push(ordinal.map(|o| to_u64("ordinal", o).map(Ordinal)).transpose()?);
+        records.push(RestoredRecord { sequence, payload: Bytes::from(payload), dead });
+    }
+    Ok((records, skipped, ordinals))
+}
+
+/// What [`stream_records`] reads: the records, the skipped dead letters,
+/// each record's ordinal.
+pub(crate) type StreamRecords =
+    (Vec<RestoredRecord<Bytes>>, Vec<(Sequence, egress_core::DeadReason)>, Vec<Option<Ordinal>>);
+
+/// Refuses payloads that are not the appends of `ready`, one per sequence
+/// in order.
+pub(crate) fn check_appends(ready: &Ready, appends: &[(Sequence, Bytes)]) -> Result<(), StoreError> {
+    let range = ready.appends.clone();
+    let count = range.end.0.saturating_sub(range.start.0);
+    if appends.len() as u64 != count || appends.iter().zip(range.start.0..).any(|((s, _), e)| s.0 != e) {
+        return Err(StoreError::Appends { expected: range, given: appends.len() });
+    }
+    Ok(())
+}
+
+/// Writes one [`Ready`] of `stream` inside `tx` (see
+/// [`SqliteStore::apply`]), each append with its ordinal when `ordinals`
+/// (one per append) is given: a lane's.
+pub(crate) fn write_ready(
+    tx: &Connection,
+    stream: &str,
+    ready: &Ready,
+    appends: &[(Sequence, Bytes)],
+    ordinals: Option<&[Ordinal]>,
+) -> Result<(), StoreError> {
+    let range = ready.appends.clone();
+    let next = match stream_row(tx, stream) {
+        Ok((_, next, _)) => next,
+        Err(StoreError::UnknownStream(_)) => {
+            ensure_stream(tx, stream)?;
+            stream_row(tx, stream)?.1
+        }
+        Err(e) => return Err(e),
+    };
+    if !range.is_empty() {
+        if next == range.start.0 {
+            let mut insert =
+                tx.prepare_cached("INSERT INTO egress_outbox (stream, seq, payload, ordinal) VALUES (?1, ?2, ?3, ?4)")?;
+            for (i, (sequence, payload)) in appends.iter().enumerate() {
+                let ordinal = ordinals.and_then(|o| o.get(i)).map(|o| to_i64("ordinal", o.0)).transpose()?;
+                insert.execute(params![stream, to_i64("sequence", sequence.0)?, payload.as_ref(), ordinal])?;
+            }
+            tx.prepare_cached("UPDATE egress_stream SET next_sequence = ?2 WHERE stream = ?1")?
+                .execute(params![stream, to_i64("sequence", range.end.0)?])?;
+        } else {
+            return Err(StoreError::Conflict { stream: stream.to_owned(), stored: next, expected: range.start.0 });
+        }
+    }
+    if let Some(g) = ready.generation {
+        tx.prepare_cached("UPDATE egress_stream SET generation = MAX(generation, ?2) WHERE stream = ?1")?
+            .execute(params![stream, to_i64("generation", g.0)?])?;
+    }
+    for (sequence, mark) in &ready.dead {
+        tx.prepare_cached("UPDATE egress_outbox SET dead_reason = ?3, dead_held = ?4 WHERE stream = ?1 AND seq = ?2")?
+            .execute(params![
+                stream,
+                to_i64("sequence", sequence.0)?,
+                mark.map(|m| dead_code(m.reason)),
+                mark.map(|m| i64::from(m.held)),
+            ])?;
+    }
+    if let Some(a) = ready.acked_through {
+        let a = to_i64("acked_through", a.0)?;
+        tx.prepare_cached(
+            "UPDATE egress_stream SET acked_through = MAX(COALESCE(acked_through, -1), ?2) WHERE stream = ?1",
+        )?
+        .execute(params![stream, a])?;
+        // Tombstones stay, the newest SKIPPED_MEMORY of them: the
+        // receiver skipped them, and their status stays dead across a
+        // restart.
+        tx.prepare_cached(
+            "DELETE FROM egress_outbox WHERE stream = ?1 AND seq <= ?2
+             AND (dead_reason IS NULL OR dead_held IS NOT 0)",
+        )?
+        .execute(params![stream, a])?;
+        tx.prepare_cached(
+            "DELETE FROM egress_outbox WHERE stream = ?1 AND seq <= ?2 AND seq < (
+                 SELECT seq FROM egress_outbox WHERE stream = ?1 AND seq <= ?2
+                 ORDER BY seq DESC LIMIT 1 OFFSET ?3)",
+        )?
+        .execute(params![stream, a, i64::try_from(egress_core::SKIPPED_MEMORY - 1).unwrap_or(i64::MAX)])?;
+    }
+    Ok(())
+}
+
 /// Creates the stream's row if it has none (generation 0, nothing stored).
 fn ensure_stream(conn: &Connection, stream: &str) -> Result<(), StoreError> {
     conn.prepare_cached(
@@ -215,15 +358,20 @@ impl SqliteStore {
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::Pragma { name: "journal_mode", expected: "wal".into(), found: mode });
         }
-        let mut store =
-            SqliteStore { conn, synchronous: 0, data_version: None, owned: std::collections::HashMap::new() };
+        let mut store = SqliteStore {
+            conn,
+            synchronous: 0,
+            data_version: None,
+            owned: std::collections::HashMap::new(),
+            owned_lanes: std::collections::HashMap::new(),
+        };
         store.set_synchronous(true)?;
         migrate(&store.conn)?;
         Ok(store)
     }
 
     /// Sets `synchronous` to FULL (`sync`) or NORMAL, and checks it took.
-    fn set_synchronous(&mut self, sync: bool) -> Result<(), StoreError> {
+    pub(crate) fn set_synchronous(&mut self, sync: bool) -> Result<(), StoreError> {
         let want: u8 = if sync { 2 } else { 1 };
         if self.synchronous == want {
             return Ok(());
@@ -266,42 +414,7 @@ impl SqliteStore {
         let incarnation = incarnation_of(&incarnation)?;
         let (generation, next, acked) = stream_row(&tx, stream)?;
         let generation = restorable_generation(generation)?;
-        let from = acked.map_or(0, |a| a.saturating_add(1));
-        let mut records = Vec::new();
-        let mut skipped = Vec::new();
-        {
-            // The newest tombstones at or below the watermark: dead letters
-            // the receiver skipped, whose status stays dead.
-            // A held flag other than 0 (or 1, excluded) is refused below.
-            let mut select = tx.prepare_cached(
-                "SELECT seq, dead_reason, dead_held FROM (
-                     SELECT seq, dead_reason, dead_held FROM egress_outbox
-                     WHERE stream = ?1 AND seq < ?2 AND dead_reason IS NOT NULL AND dead_held IS NOT 1
-                     ORDER BY seq DESC LIMIT ?3)
-                 ORDER BY seq",
-            )?;
-            let memory = i64::try_from(egress_core::SKIPPED_MEMORY).unwrap_or(i64::MAX);
-            let mut rows = select.query(params![stream, to_i64("sequence", from)?, memory])?;
-            while let Some(row) = rows.next()? {
-                let sequence = Sequence(to_u64("seq", row.get(0)?)?);
-                if let Some(mark) = dead_of(row.get(1)?, row.get(2)?)? {
-                    skipped.push((sequence, mark.reason));
-                }
-            }
-        }
-        {
-            let mut select = tx.prepare(
-                "SELECT seq, payload, dead_reason, dead_held FROM egress_outbox
-                 WHERE stream = ?1 AND seq >= ?2 ORDER BY seq",
-            )?;
-            let mut rows = select.query(params![stream, to_i64("sequence", from)?])?;
-            while let Some(row) = rows.next()? {
-                let sequence = Sequence(to_u64("seq", row.get(0)?)?);
-                let payload: Vec<u8> = row.get(1)?;
-                let dead = dead_of(row.get(2)?, row.get(3)?)?;
-                records.push(RestoredRecord { sequence, payload: Bytes::from(payload), dead });
-            }
-        }
+        let (records, skipped, _) = stream_records(&tx, stream, acked)?;
         tx.commit()?;
         self.owned.insert(stream.to_owned(), owner);
         let mut loaded = Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), records);
@@ -329,11 +442,7 @@ impl SqliteStore {
     /// SQLite's error (a full disk, a locked database), a conflict, a
     /// fence, or a number out of range; nothing is written then.
     pub fn apply(&mut self, stream: &str, ready: &Ready, appends: &[(Sequence, Bytes)]) -> Result<(), StoreError> {
-        let range = ready.appends.clone();
-        let count = range.end.0.saturating_sub(range.start.0);
-        if appends.len() as u64 != count || appends.iter().zip(range.start.0..).any(|((s, _), e)| s.0 != e) {
-            return Err(StoreError::Appends { expected: range, given: appends.len() });
-        }
+        check_appends(ready, appends)?;
         // Every write is the owner's: a stream this store never loaded
         // may be another's (loaded or not), and is refused untouched.
         let Some(mine) = self.owned.get(stream).copied() else {
@@ -341,68 +450,8 @@ impl SqliteStore {
         };
         self.set_synchronous(ready.must_sync)?;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let next = match stream_row(&tx, stream) {
-            Ok((_, next, _)) => next,
-            Err(StoreError::UnknownStream(_)) => {
-                ensure_stream(&tx, stream)?;
-                stream_row(&tx, stream)?.1
-            }
-            Err(e) => return Err(e),
-        };
         still_owner(&tx, stream, &mine)?;
-        if !range.is_empty() {
-            if next == range.start.0 {
-                let mut insert =
-                    tx.prepare_cached("INSERT INTO egress_outbox (stream, seq, payload) VALUES (?1, ?2, ?3)")?;
-                for (sequence, payload) in appends {
-                    insert.execute(params![stream, to_i64("sequence", sequence.0)?, payload.as_ref()])?;
-                }
-                tx.prepare_cached("UPDATE egress_stream SET next_sequence = ?2 WHERE stream = ?1")?
-                    .execute(params![stream, to_i64("sequence", range.end.0)?])?;
-            } else {
-                return Err(StoreError::Conflict { stream: stream.to_owned(), stored: next, expected: range.start.0 });
-            }
-        }
-        if let Some(g) = ready.generation {
-            tx.prepare_cached("UPDATE egress_stream SET generation = MAX(generation, ?2) WHERE stream = ?1")?
-                .execute(params![stream, to_i64("generation", g.0)?])?;
-        }
-        for (sequence, mark) in &ready.dead {
-            tx.prepare_cached(
-                "UPDATE egress_outbox SET dead_reason = ?3, dead_held = ?4 WHERE stream = ?1 AND seq = ?2",
-            )?
-            .execute(params![
-                stream,
-                to_i64("sequence", sequence.0)?,
-                mark.map(|m| dead_code(m.reason)),
-                mark.map(|m| i64::from(m.held)),
-            ])?;
-        }
-        if let Some(a) = ready.acked_through {
-            let a = to_i64("acked_through", a.0)?;
-            tx.prepare_cached(
-                "UPDATE egress_stream SET acked_through = MAX(COALESCE(acked_through, -1), ?2) WHERE stream = ?1",
-            )?
-            .execute(params![stream, a])?;
-            // Tombstones stay, the newest SKIPPED_MEMORY of them: the
-            // receiver skipped them, and their status stays dead across a
-            // restart.
-            tx.prepare_cached(
-                "DELETE FROM egress_outbox WHERE stream = ?1 AND seq <= ?2
-                 AND (dead_reason IS NULL OR dead_held IS NOT 0)",
-            )?
-            .execute(params![stream, a])?;
-            tx.prepare_cached(
-                "DELETE FROM egress_outbox WHERE stream = ?1 AND seq <= ?2 AND seq < (
-                     SELECT seq FROM egress_outbox WHERE stream = ?1 AND seq <= ?2
-                     ORDER BY seq DESC LIMIT 1 OFFSET ?3)",
-            )?
-            .execute(params![
-                stream,
-                a,
-                i64::try_from(egress_core::SKIPPED_MEMORY - 1).unwrap_or(i64::MAX)
-            ])?;
-        }
+        write_ready(&tx, stream, ready, appends, None)?;
         tx.commit()?;
         Ok(())
     }

@@ -1,0 +1,268 @@
+//! Durable lanes on SQLite: `egress_core::Lanes` written through
+//! `SqliteStore::apply_lanes` and rebuilt from `load_lanes` after the
+//! process is gone (the store dropped without a close, as a SIGKILL leaves
+//! it: every commit is its own transaction).
+#![allow(clippy::unwrap_used)]
+
+use std::num::NonZeroUsize;
+
+use bytes::Bytes;
+use egress_core::{
+    Generation, LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, Ordinal, Policy, RestoredLanes, Sequence,
+};
+use egress_store::{Outbox, SqliteStore, StoreError, lane_stream};
+
+mod common;
+use common::TempDir;
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+enum Lane {
+    Room(String),
+    ToDevice,
+    AccountData,
+    Other,
+}
+
+impl LaneKey for Lane {
+    fn kind(&self) -> LaneKind {
+        match self {
+            Lane::Room(_) | Lane::ToDevice => LaneKind::Serial,
+            Lane::AccountData => LaneKind::Strict,
+            Lane::Other => LaneKind::Unordered(NonZeroUsize::new(4).unwrap()),
+        }
+    }
+}
+
+fn room(name: &str) -> Lane {
+    Lane::Room(name.to_owned())
+}
+
+fn policy(max_lanes: usize) -> LanesPolicy {
+    LanesPolicy::new(Policy::default(), max_lanes).unwrap()
+}
+
+const NAME: &str = "client";
+
+/// Writes everything the lanes have to write, one `LanesReady` at a time.
+fn write(store: &mut SqliteStore, lanes: &mut Lanes<Lane, Bytes>) -> Result<(), StoreError> {
+    while let Some(ready) = lanes.poll_ready() {
+        let appends: Vec<Vec<(Sequence, Bytes)>> = ready
+            .lanes
+            .iter()
+            .map(|l| {
+                let core = lanes.lane(&l.lane).unwrap();
+                core.unwritten(l.ready.appends.clone()).map(|(s, p)| (s, p.clone())).collect()
+            })
+            .collect();
+        match store.apply_lanes(NAME, &ready, &appends) {
+            Ok(()) => {
+                let _ = lanes.persisted(ready.epoch);
+            }
+            Err(e) => {
+                let _ = lanes.persist_failed(ready.epoch, e.to_string());
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn open(dir: &TempDir, max_lanes: usize) -> (SqliteStore, Lanes<Lane, Bytes>) {
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let loaded = store.load_lanes::<Lane>(NAME).unwrap();
+    let lanes = Lanes::restore(policy(max_lanes), loaded.restored).unwrap();
+    (store, lanes)
+}
+
+fn text(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+/// Claims and completes everything, round by round, and returns the
+/// payloads in claim order.
+fn drain(lanes: &mut Lanes<Lane, Bytes>) -> Vec<String> {
+    let mut order = Vec::new();
+    loop {
+        let g = lanes.generation();
+        let mut claimed = Vec::new();
+        while let LanesClaim::Claimed(e) = lanes.claim(g).outcome {
+            claimed.push((e.lane.clone(), e.envelope.sequence, e.envelope.payload.clone()));
+        }
+        if claimed.is_empty() {
+            return order;
+        }
+        for (lane, sequence, payload) in claimed {
+            let _ = lanes.complete(g, &lane, sequence);
+            order.push(String::from_utf8(payload.to_vec()).unwrap());
+        }
+    }
+}
+
+/// The test: interleaved lanes, a part sent and acknowledged, a
+/// part in flight, a reconnect; the process dies; the restart holds every
+/// unacknowledged record, nothing in flight, and releases them in the
+/// original global order.
+#[test]
+fn the_order_across_lanes_survives_a_restart() {
+    let dir = TempDir::new();
+    let plan = [
+        (room("a"), "a0"),
+        (room("b"), "b0"),
+        (Lane::ToDevice, "t0"),
+        (room("a"), "a1"),
+        (Lane::AccountData, "d0"),
+        (Lane::Other, "o0"),
+        (room("b"), "b1"),
+        (Lane::AccountData, "d1"),
+        (Lane::ToDevice, "t1"),
+        (room("a"), "a2"),
+    ];
+    let expected_ordinals;
+    {
+        let (mut store, mut lanes) = open(&dir, 16);
+        for (lane, payload) in plan.iter().take(7) {
+            lanes.enqueue(lane.clone(), text(payload)).outcome.unwrap();
+        }
+        write(&mut store, &mut lanes).unwrap();
+        let g = lanes.generation();
+        let mut sent = Vec::new();
+        while let LanesClaim::Claimed(e) = lanes.claim(g).outcome {
+            sent.push((e.lane.clone(), e.envelope.sequence));
+        }
+        // a0 and t0 delivered; the rest of what went out is in flight.
+        let _ = lanes.complete(g, &room("a"), Sequence(0));
+        let _ = lanes.complete(g, &Lane::ToDevice, Sequence(0));
+        for (lane, payload) in plan.iter().skip(7) {
+            lanes.enqueue(lane.clone(), text(payload)).outcome.unwrap();
+        }
+        let _ = lanes.reconnect(Generation(g.0 + 1));
+        write(&mut store, &mut lanes).unwrap();
+        expected_ordinals = lanes.ordinal(&room("a"), Sequence(2));
+        // The process dies: no close, no checkpoint.
+        std::mem::forget(store);
+    }
+    let (mut store, mut lanes) = open(&dir, 16);
+    assert_eq!(lanes.generation(), Generation(1));
+    assert_eq!(lanes.inflight_len(), 0);
+    assert_eq!(lanes.pending_len(), 8);
+    assert_eq!(lanes.next_ordinal(), Ordinal(10));
+    assert_eq!(lanes.ordinal(&room("a"), Sequence(2)), expected_ordinals);
+    assert!(lanes.lane(&room("a")).unwrap().acked_through().is_some(), "a0's acknowledgement was stored");
+    // Not claimable until the restart's generation is stored.
+    let _ = lanes.reconnect(Generation(2));
+    assert!(drain(&mut lanes).is_empty());
+    write(&mut store, &mut lanes).unwrap();
+    assert_eq!(drain(&mut lanes), ["b0", "a1", "d0", "o0", "t1", "b1", "d1", "a2"]);
+}
+
+#[test]
+fn a_freed_lane_leaves_the_store_and_its_key_starts_again_with_fresh_ordinals() {
+    let dir = TempDir::new();
+    let (mut store, mut lanes) = open(&dir, 1);
+    lanes.enqueue(room("a"), text("a0")).outcome.unwrap();
+    write(&mut store, &mut lanes).unwrap();
+    assert_eq!(drain(&mut lanes), ["a0"]);
+    write(&mut store, &mut lanes).unwrap();
+    lanes.enqueue(room("b"), text("b0")).outcome.unwrap();
+    write(&mut store, &mut lanes).unwrap();
+    let a = lane_stream(NAME, &room("a")).unwrap();
+    let rows: i64 = store
+        .connection()
+        .query_row("SELECT COUNT(*) FROM egress_stream WHERE stream = ?1", [&a], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 0, "room a's stream is gone");
+    assert_eq!(drain(&mut lanes), ["b0"]);
+    write(&mut store, &mut lanes).unwrap();
+    let again = lanes.enqueue(room("a"), text("a-again")).outcome.unwrap();
+    assert_eq!((again.sequence, again.ordinal), (Sequence(0), Ordinal(2)));
+    write(&mut store, &mut lanes).unwrap();
+    drop(store);
+    let (_store, mut lanes) = open(&dir, 1);
+    assert_eq!(lanes.next_ordinal(), Ordinal(3));
+    assert_eq!(lanes.ordinal(&room("a"), Sequence(0)), Some(Ordinal(2)));
+    assert_eq!(drain(&mut lanes), ["a-again"]);
+}
+
+#[test]
+fn a_refused_commit_writes_nothing_is_shown_and_goes_through_when_it_can() {
+    let dir = TempDir::new();
+    let (mut store, mut lanes) = open(&dir, 8);
+    lanes.enqueue(room("a"), text("a0")).outcome.unwrap();
+    write(&mut store, &mut lanes).unwrap();
+    // The database refuses the next commit, at its very end.
+    store
+        .connection()
+        .execute_batch("CREATE TRIGGER refuse BEFORE UPDATE ON egress_lanes BEGIN SELECT RAISE(ABORT, 'refused'); END;")
+        .unwrap();
+    lanes.enqueue(room("a"), text("a1")).outcome.unwrap();
+    lanes.enqueue(room("b"), text("b0")).outcome.unwrap();
+    let e = write(&mut store, &mut lanes).unwrap_err();
+    assert!(e.to_string().contains("refused"), "{e}");
+    assert!(lanes.persist_error().is_some_and(|p| p.reason.contains("refused")));
+    let b = lane_stream(NAME, &room("b")).unwrap();
+    let (streams, records): (i64, i64) = store
+        .connection()
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM egress_stream WHERE stream = ?1), (SELECT COUNT(*) FROM egress_outbox)",
+            [&b],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((streams, records), (0, 1), "nothing of the refused commit");
+    assert_eq!(drain(&mut lanes), ["a0"], "nothing not durable goes out");
+    store.connection().execute_batch("DROP TRIGGER refuse").unwrap();
+    write(&mut store, &mut lanes).unwrap();
+    assert!(lanes.persist_error().is_none());
+    assert_eq!(drain(&mut lanes), ["a1", "b0"]);
+}
+
+#[test]
+fn another_store_that_loads_the_lanes_fences_this_one() {
+    let dir = TempDir::new();
+    let (mut store, mut lanes) = open(&dir, 8);
+    lanes.enqueue(room("a"), text("a0")).outcome.unwrap();
+    write(&mut store, &mut lanes).unwrap();
+    let (_other, _) = open(&dir, 8);
+    lanes.enqueue(room("a"), text("a1")).outcome.unwrap();
+    match write(&mut store, &mut lanes) {
+        Err(StoreError::Fenced { stream }) => assert_eq!(stream, NAME),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    assert!(matches!(store.owns_lanes(NAME), Err(StoreError::Fenced { .. })));
+    let never = SqliteStore::open(dir.db()).unwrap();
+    assert!(matches!(never.owns_lanes(NAME), Err(StoreError::NotLoaded { .. })));
+    let nothing = RestoredLanes::<Lane, Bytes>::empty();
+    let ready = Lanes::restore(policy(2), nothing).unwrap().poll_ready();
+    assert!(ready.is_none(), "fresh lanes have nothing to write");
+}
+
+#[test]
+fn what_a_store_cannot_read_is_a_typed_error_not_a_panic() {
+    let dir = TempDir::new();
+    let (mut store, mut lanes) = open(&dir, 8);
+    lanes.enqueue(room("a"), text("a0")).outcome.unwrap();
+    write(&mut store, &mut lanes).unwrap();
+    drop(store);
+    // Another program with another key type.
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    match store.load_lanes::<u32>(NAME) {
+        Err(StoreError::LaneKey { lanes, reason }) => {
+            assert_eq!(lanes, NAME);
+            assert!(reason.contains("Room"), "{reason}");
+        }
+        other => panic!("expected LaneKey, got {other:?}"),
+    }
+    // A lane's record without its ordinal (written by hand).
+    let a = lane_stream(NAME, &room("a")).unwrap();
+    store.connection().execute("UPDATE egress_outbox SET ordinal = NULL WHERE stream = ?1", [&a]).unwrap();
+    assert!(matches!(store.load_lanes::<Lane>(NAME), Err(StoreError::OutOfRange { .. })));
+    // A lane's counter moved by an outbox append: the lanes' next write to
+    // it is refused, whole.
+    store.connection().execute("UPDATE egress_outbox SET ordinal = 0 WHERE stream = ?1", [&a]).unwrap();
+    let loaded = store.load_lanes::<Lane>(NAME).unwrap();
+    let mut lanes = Lanes::restore(policy(8), loaded.restored).unwrap();
+    let app = rusqlite::Connection::open(dir.db()).unwrap();
+    let _ = Outbox::new(a.clone()).append(&app, b"stranger").unwrap();
+    lanes.enqueue(room("a"), text("a1")).outcome.unwrap();
+    assert!(matches!(write(&mut store, &mut lanes), Err(StoreError::Conflict { .. })));
+}
