@@ -55,7 +55,8 @@ use egress_core::{RestoreError, Sequence};
 pub use crate::lanes::{LoadedLanes, lane_stream};
 #[cfg(feature = "relay")]
 pub use crate::relay::{
-    Durable, JournalStore, Relay, RelayConfig, RelayStats, SqliteJournal, open_durable, open_durable_with,
+    Durable, DurableLanes, JournalStore, LanesRelay, Relay, RelayConfig, RelayStats, SqliteJournal, open_durable,
+    open_durable_lanes, open_durable_lanes_raw, open_durable_with,
 };
 pub use crate::sqlite::{Loaded, Outbox, ReceivedLog, SCHEMA_VERSION, SqliteStore, migrate};
 
@@ -184,6 +185,10 @@ pub enum StoreError {
     /// range).
     #[error("the stored stream cannot be restored: {0}")]
     Restore(#[from] RestoreError),
+    /// Stored lanes break the core's rules (ordinals out of order or
+    /// twice, more lanes than the policy allows, a lane's stream).
+    #[error("the stored lanes cannot be restored: {0}")]
+    LanesRestore(#[from] egress_core::LanesRestoreError),
     /// A message serde could not encode.
     #[error("encode: {0}")]
     Encode(serde_json::Error),

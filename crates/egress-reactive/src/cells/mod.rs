@@ -38,8 +38,8 @@ pub use inner::{AttachRun, Inner, State};
 #[cfg(feature = "async")]
 pub use lanes::AsyncLanesCell;
 pub use lanes::{
-    Aggregate, LaneItem, LaneProject, LaneReaders, LanesAttachment, LanesCell, LanesCellOf, LanesFlavor, LanesInner,
-    LanesRefused, LanesRun, LanesState, LanesTransport, ThreadSafeLanesCell,
+    Aggregate, LaneItem, LaneProject, LaneReaders, LanesAppends, LanesAttachment, LanesCell, LanesCellOf, LanesFlavor,
+    LanesInner, LanesRefused, LanesRun, LanesState, LanesTransport, ThreadSafeLanesCell,
 };
 pub use options::{CellOptions, Refused, SizeCheck};
 pub use readers::{ParkedRecord, Project, Snapshot};

@@ -2,11 +2,13 @@
 //! store, and adopts what applications appended through the outbox.
 
 mod journal;
+mod lanes;
 mod report;
 mod task;
 
 pub(crate) use journal::Appends;
 pub use journal::{JournalStore, SqliteJournal};
+pub use lanes::{DurableLanes, LanesRelay, open_durable_lanes, open_durable_lanes_raw};
 use report::Written;
 use task::run;
 

@@ -243,6 +243,6 @@ pub(super) async fn run<S: JournalStore, T: Clone + Send + Sync + 'static>(
 }
 
 /// `retry_base * 2^failures`, capped at `retry_max`.
-fn backoff(config: &RelayConfig, failures: u32) -> Duration {
+pub(super) fn backoff(config: &RelayConfig, failures: u32) -> Duration {
     config.retry_base.saturating_mul(1u32 << failures.min(20)).min(config.retry_max)
 }

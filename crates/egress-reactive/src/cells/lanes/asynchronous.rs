@@ -4,7 +4,7 @@ use std::ops::Deref;
 use std::panic::Location;
 use std::sync::Arc;
 
-use egress_core::{LaneKey, LanesPolicy, Time};
+use egress_core::{LaneKey, Lanes, LanesPolicy, Time};
 
 use super::super::asynchronous::{Timed, Timer, TimerTask};
 use super::super::clock::TokioClock;
@@ -87,8 +87,31 @@ impl<K: LaneKey + Send + Sync + 'static, T: Clone + Send + Sync + 'static> Async
     #[track_caller]
     pub fn with_options(cx: &AsyncContext, policy: LanesPolicy, mut options: CellOptions) -> Self {
         let clock = options.take_clock(|| Arc::new(TokioClock::new()));
+        let lanes = Lanes::with_generation(policy, options.generation);
+        Self::build(cx, lanes, options, clock, Location::caller())
+    }
+
+    /// A lanes cell over `lanes` as they are (see
+    /// [`LanesCellOf::from_lanes`]), its timer spawned on the current tokio
+    /// runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    #[track_caller]
+    pub fn from_lanes(cx: &AsyncContext, lanes: Lanes<K, T>, mut options: CellOptions) -> Self {
+        let clock = options.take_clock(|| Arc::new(TokioClock::new()));
+        Self::build(cx, lanes, options, clock, Location::caller())
+    }
+
+    fn build(
+        cx: &AsyncContext,
+        lanes: Lanes<K, T>,
+        options: CellOptions,
+        clock: Arc<dyn super::super::clock::Clock>,
+        at: &'static Location<'static>,
+    ) -> Self {
         let handle: &Handle<Threaded> = cx;
-        let cell = LanesCellOf::build(handle, policy, &options, clock, Location::caller());
+        let cell = LanesCellOf::build(handle, lanes, &options, clock, at);
         let shared = &cell.shared;
         let timer = TimerTask::start(handle, &shared.scope, cell.parked_len().clone(), shared.inner.clone());
         AsyncLanesCell { cell, timer }

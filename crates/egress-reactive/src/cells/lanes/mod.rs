@@ -13,9 +13,9 @@ use std::panic::Location;
 use std::sync::Arc;
 
 use egress_core::{
-    AckOutcome, Changes, CompleteOutcome, Enqueued, FailOutcome, FailureKind, FlushEpoch, Generation, Incarnation,
-    JitterSample, LaneKey, Lanes, LanesClaim, LanesPolicy, LanesReconnect, Projection, ReceivedOutcome,
-    ScheduleOutcome, Sequence, Time, TooManyLanes,
+    AckOutcome, Changes, CompleteOutcome, Enqueued, Epoch, FailOutcome, FailureKind, FlushEpoch, Generation,
+    Incarnation, JitterSample, LaneKey, Lanes, LanesClaim, LanesPersisted, LanesPolicy, LanesReady, LanesReconnect,
+    PersistError, Projection, ReceivedOutcome, ScheduleOutcome, Sequence, Time, TooManyLanes,
 };
 
 #[cfg(feature = "async")]
@@ -47,6 +47,9 @@ pub trait LanesFlavor<K: LaneKey + 'static, T: Clone + 'static>:
     + Holds<LaneReader<K, T, usize, Self>>
     + Holds<ComputedObj<Generation, Aggregate<K, T, Generation, Self>, ByEq, Self>>
     + Holds<ComputedObj<FlushEpoch, Aggregate<K, T, FlushEpoch, Self>, ByEq, Self>>
+    + Holds<ComputedObj<usize, Aggregate<K, T, usize, Self>, ByEq, Self>>
+    + Holds<ComputedObj<bool, Aggregate<K, T, bool, Self>, ByEq, Self>>
+    + Holds<ComputedObj<Option<PersistError>, Aggregate<K, T, Option<PersistError>, Self>, ByEq, Self>>
 {
     /// The clock of a cell built without one.
     fn default_clock() -> Arc<dyn Clock> {
@@ -103,6 +106,9 @@ pub struct LanesInner<K: 'static, T: 'static, F: Flavor> {
     /// Notified when a transition not made by an attachment makes a claim
     /// possible: what attachments track.
     wake: Key,
+    /// Notified, for durable lanes, by every transition: what the journal
+    /// may have to write, and its readers.
+    journal: Key,
     counts: [Computed<usize, F>; LANE_COUNTS],
     clock: Arc<dyn Clock>,
 }
@@ -115,6 +121,7 @@ impl<K: 'static, T: 'static, F: Flavor> Clone for LanesInner<K, T, F> {
             generation: self.generation,
             released: self.released,
             wake: self.wake,
+            journal: self.journal,
             counts: self.counts.clone(),
             clock: self.clock.clone(),
         }
@@ -127,20 +134,22 @@ pub(super) struct Touched<K> {
     lanes: Vec<(K, Changes)>,
     generation: bool,
     released: bool,
+    /// A report of the journal (which may touch no lane).
+    journal: bool,
 }
 
 impl<K> Touched<K> {
-    const NOTHING: Self = Touched { lanes: Vec::new(), generation: false, released: false };
+    const NOTHING: Self = Touched { lanes: Vec::new(), generation: false, released: false, journal: false };
 
     fn lane(key: K, changes: Changes) -> Self {
         if changes.is_empty() {
             return Self::NOTHING;
         }
-        Touched { lanes: vec![(key, changes)], generation: false, released: false }
+        Touched { lanes: vec![(key, changes)], generation: false, released: false, journal: false }
     }
 
     fn is_empty(&self) -> bool {
-        self.lanes.is_empty() && !self.generation && !self.released
+        self.lanes.is_empty() && !self.generation && !self.released && !self.journal
     }
 }
 
@@ -221,6 +230,9 @@ impl<K: LaneKey + 'static, T: 'static, F: Flavor> LanesInner<K, T, F> {
         if wake {
             keys.push(self.wake);
         }
+        if s.lanes.is_journaled() {
+            keys.push(self.journal);
+        }
         keys
     }
 
@@ -231,7 +243,7 @@ impl<K: LaneKey + 'static, T: 'static, F: Flavor> LanesInner<K, T, F> {
             let t = s.lanes.handle_timeout(now);
             let changes = t.changes;
             let lanes = t.outcome.iter().map(|(k, _)| (k.clone(), changes)).collect();
-            (t.outcome, Touched { lanes, generation: false, released: false })
+            (t.outcome, Touched { lanes, generation: false, released: false, journal: false })
         })
     }
 
@@ -291,6 +303,9 @@ pub(super) struct Shared<K: 'static, T: 'static, F: Flavor> {
     inner: LanesInner<K, T, F>,
     generation: Computed<Generation, F>,
     released: Computed<FlushEpoch, F>,
+    persist_error: Computed<Option<PersistError>, F>,
+    unpersisted_len: Computed<usize, F>,
+    generation_durable: Computed<bool, F>,
     /// The live attachments, by the generation each captured.
     attachments: F::Cell<Vec<(Generation, Key)>>,
     /// Owns every node of the cell.
@@ -440,19 +455,30 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
     #[track_caller]
     pub fn with_options(cx: &Handle<F>, policy: LanesPolicy, mut options: CellOptions) -> Self {
         let clock = options.take_clock(F::default_clock);
-        Self::build(cx, policy, &options, clock, Location::caller())
+        let lanes = Lanes::with_generation(policy, options.generation);
+        Self::build(cx, lanes, &options, clock, Location::caller())
     }
 
-    fn build(
+    /// A lanes cell over `lanes` as they are: durable lanes a store
+    /// restored ([`Lanes::restore`]), with their generation (the options'
+    /// is not used) and, for their ordinals, the store's incarnation in
+    /// `options`. Drive their journal with [`poll_ready`](Self::poll_ready)
+    /// (egress-store's lanes relay does).
+    #[track_caller]
+    pub fn from_lanes(cx: &Handle<F>, lanes: Lanes<K, T>, mut options: CellOptions) -> Self {
+        let clock = options.take_clock(F::default_clock);
+        Self::build(cx, lanes, &options, clock, Location::caller())
+    }
+
+    pub(super) fn build(
         cx: &Handle<F>,
-        policy: LanesPolicy,
+        lanes: Lanes<K, T>,
         options: &CellOptions,
         clock: Arc<dyn Clock>,
         at: &'static Location<'static>,
     ) -> Self {
-        let lanes = Lanes::with_generation(policy, options.generation);
         let (incarnation, rng) = options.identity();
-        let (scope, (inner, generation, released)) = cx.scope(|| {
+        let (scope, (inner, generation, released, journal)) = cx.scope(|| {
             let counts = std::array::from_fn(|which| cx.pushed(count(&lanes, which), at));
             let state = F::ptr(ValueCell::new(LanesState { lanes, rng, triggers: BTreeMap::new() }));
             let inner = LanesInner {
@@ -461,6 +487,7 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
                 generation: cx.trigger(at),
                 released: cx.trigger(at),
                 wake: cx.trigger(at),
+                journal: cx.trigger(at),
                 counts,
                 clock,
             };
@@ -468,12 +495,30 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
             let generation = cx.make_computed(ByEq, generation, at);
             let released = Aggregate { inner: inner.clone(), trigger: inner.released, project: Lanes::released };
             let released = cx.make_computed(ByEq, released, at);
-            (inner, generation, released)
+            let persist_error = Aggregate {
+                inner: inner.clone(),
+                trigger: inner.journal,
+                project: |l: &Lanes<K, T>| l.persist_error().cloned(),
+            };
+            let unpersisted =
+                Aggregate { inner: inner.clone(), trigger: inner.journal, project: Lanes::unpersisted_len };
+            let durable =
+                Aggregate { inner: inner.clone(), trigger: inner.journal, project: Lanes::generation_durable };
+            let journal = (
+                cx.make_computed(ByEq, persist_error, at),
+                cx.make_computed(ByEq, unpersisted, at),
+                cx.make_computed(ByEq, durable, at),
+            );
+            (inner, generation, released, journal)
         });
+        let (persist_error, unpersisted_len, generation_durable) = journal;
         let shared = Shared {
             inner,
             generation,
             released,
+            persist_error,
+            unpersisted_len,
+            generation_durable,
             attachments: ValueCell::new(Vec::new()),
             scope,
             incarnation,
@@ -533,7 +578,7 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
             let changes = t.changes;
             let lanes = t.outcome.iter().map(|(k, _)| (k.clone(), changes)).collect();
             let released = !changes.is_empty();
-            (t.outcome, Touched { lanes, generation: false, released })
+            (t.outcome, Touched { lanes, generation: false, released, journal: false })
         })
     }
 
@@ -615,7 +660,7 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
             let t = s.lanes.reconnect(generation);
             let touched = match &t.outcome {
                 LanesReconnect::Advanced { lanes, .. } => {
-                    Touched { lanes: lanes.clone(), generation: true, released: false }
+                    Touched { lanes: lanes.clone(), generation: true, released: false, journal: false }
                 }
                 _ => Touched::NOTHING,
             };
@@ -639,6 +684,91 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
             }
         }
         outcome
+    }
+
+    // ----- the journal (durable lanes) ---------------------------------
+
+    /// What the store must write next, with the payloads of each lane's
+    /// appends (cloned, in the order of `ready.lanes`). See
+    /// [`Lanes::poll_ready`]; `None` without a journal.
+    ///
+    /// A payload whose `Clone` panics fails the epoch (the journal does
+    /// not wait for a report that never comes), then the panic goes on.
+    pub fn poll_ready(&self) -> Option<(LanesReady<K>, LanesAppends<T>)> {
+        let (ready, panic) = self.shared.inner.apply(By::Caller, |s| {
+            let Some(ready) = s.lanes.poll_ready() else { return ((None, None), Touched::NOTHING) };
+            let copied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                ready
+                    .lanes
+                    .iter()
+                    .map(|part| {
+                        s.lanes.lane(&part.lane).map_or_else(Vec::new, |core| {
+                            core.unwritten(part.ready.appends.clone()).map(|(q, p)| (q, p.clone())).collect()
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            }));
+            match copied {
+                Ok(appends) => ((Some((ready, appends)), None), Touched::NOTHING),
+                Err(panic) => {
+                    let t = s.lanes.persist_failed(ready.epoch, "a payload's Clone panicked");
+                    ((None, Some(panic)), touched_by_journal(&t.outcome, t.changes))
+                }
+            }
+        });
+        if let Some(panic) = panic {
+            std::panic::resume_unwind(panic);
+        }
+        ready
+    }
+
+    /// The store wrote `epoch`. See [`Lanes::persisted`]; wakes the
+    /// attachments when records became claimable.
+    pub fn persisted(&self, epoch: Epoch) -> LanesPersisted<K> {
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.lanes.persisted(epoch);
+            let touched = touched_by_journal(&t.outcome, t.changes);
+            (t.outcome, touched)
+        })
+    }
+
+    /// The store could not write `epoch`. See [`Lanes::persist_failed`].
+    pub fn persist_failed(&self, epoch: Epoch, reason: impl Into<String>) -> LanesPersisted<K> {
+        let reason = reason.into();
+        tracing::warn!(epoch = ?epoch, %reason, "egress lanes: the store could not write");
+        self.shared.inner.apply(By::Caller, |s| {
+            let t = s.lanes.persist_failed(epoch, reason);
+            let touched = touched_by_journal(&t.outcome, t.changes);
+            (t.outcome, touched)
+        })
+    }
+
+    /// The last failure to write the lanes, until a later write succeeds
+    /// (`None` without a journal).
+    pub fn persist_error(&self) -> &Computed<Option<PersistError>, F> {
+        &self.shared.persist_error
+    }
+
+    /// Records enqueued and not yet durable, over every lane (0 without a
+    /// journal). Reading it sums over the lanes.
+    pub fn unpersisted_len(&self) -> &Computed<usize, F> {
+        &self.shared.unpersisted_len
+    }
+
+    /// Makes the running effect or computed depend on every transition of
+    /// durable lanes (none for lanes without a journal): a store's relay
+    /// reads this in an effect to learn that the journal may have
+    /// something to write (an append, an acknowledgement, a dead letter, a
+    /// generation).
+    pub fn track_journal(&self) {
+        let inner = &self.shared.inner;
+        inner.handle.enter(|cell| Handle::track(cell, inner.journal));
+    }
+
+    /// Whether the current generation is stored (always without a
+    /// journal): nothing is claimed under it before.
+    pub fn generation_durable(&self) -> &Computed<bool, F> {
+        &self.shared.generation_durable
     }
 
     fn on_lane<O>(&self, lane: &K, op: impl FnOnce(&mut Lanes<K, T>) -> egress_core::Transition<O>) -> O {
@@ -745,6 +875,25 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
     pub fn in_scope<R>(&self, f: impl FnOnce(&Handle<F>) -> R) -> Result<R, crate::ReadError> {
         let handle = &self.shared.inner.handle;
         self.shared.scope.try_run(|| f(handle))
+    }
+}
+
+/// The payloads of a [`LanesReady`]'s appends: for each of its lanes, in
+/// order, each appended record's sequence and payload.
+pub type LanesAppends<T> = Vec<Vec<(Sequence, T)>>;
+
+/// What a report of the journal touched: each lane of the epoch with the
+/// union of the changes, and the journal's readers (an epoch may write a
+/// generation and touch no lane).
+fn touched_by_journal<K: Clone>(outcome: &LanesPersisted<K>, changes: Changes) -> Touched<K> {
+    match outcome {
+        LanesPersisted::Recorded { lanes } => Touched {
+            lanes: lanes.iter().map(|k| (k.clone(), changes)).collect(),
+            generation: false,
+            released: false,
+            journal: true,
+        },
+        _ => Touched::NOTHING,
     }
 }
 

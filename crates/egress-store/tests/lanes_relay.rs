@@ -1,0 +1,173 @@
+//! Durable lanes as an application uses them: `open_durable_lanes` gives
+//! an `AsyncLanesCell` restored from SQLite and the relay that writes its
+//! journal; a transport attached to the cell sends only what is durable.
+#![allow(clippy::unwrap_used)]
+
+use std::num::NonZeroUsize;
+
+use egress_codec::Json;
+use egress_core::{Generation, LaneKey, LaneKind, LanesPolicy, Ordinal, Policy, Sequence};
+use egress_reactive::{AsyncContext, CellOptions, LaneItem, LanesTransport, SendError};
+use egress_store::{DurableLanes, RelayConfig, open_durable_lanes};
+use tokio::sync::mpsc;
+
+mod common;
+use common::{TempDir, config};
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+enum Lane {
+    Room(String),
+    ToDevice,
+    Other,
+}
+
+impl LaneKey for Lane {
+    fn kind(&self) -> LaneKind {
+        match self {
+            Lane::Room(_) | Lane::ToDevice => LaneKind::Serial,
+            Lane::Other => LaneKind::Unordered(NonZeroUsize::new(4).unwrap()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Msg(String);
+
+fn room(name: &str) -> Lane {
+    Lane::Room(name.to_owned())
+}
+
+/// Hands each item to a channel.
+struct Wire(mpsc::UnboundedSender<LaneItem<Lane, Msg>>);
+
+impl LanesTransport<Lane, Msg> for Wire {
+    fn send(&mut self, item: LaneItem<Lane, Msg>) -> Result<(), SendError> {
+        self.0.send(item).map_err(|_| SendError::transient("gone"))
+    }
+}
+
+async fn open(cx: &AsyncContext, dir: &TempDir, relay: RelayConfig) -> DurableLanes<Lane, Msg> {
+    let policy = LanesPolicy::new(Policy::default(), 16).unwrap();
+    open_durable_lanes(cx, dir.db(), "client", Json, policy, CellOptions::new(), relay).await.unwrap()
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    egress_testkit::until(|| f().then_some(()), || what.to_owned()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_go_out_once_durable_and_come_back_in_order_after_the_process_is_gone() {
+    let dir = TempDir::new();
+    let incarnation;
+    {
+        let cx = AsyncContext::new();
+        let durable = open(&cx, &dir, config()).await;
+        incarnation = durable.cell.incarnation();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let link = durable.cell.attach(Wire(tx));
+        for (lane, text) in [(room("a"), "a0"), (room("b"), "b0"), (room("a"), "a1"), (Lane::ToDevice, "t0")] {
+            durable.cell.enqueue(lane, Msg(text.into())).unwrap();
+        }
+        // Sent only once written: the first three heads.
+        let mut sent = Vec::new();
+        while sent.len() < 3 {
+            let item = rx.recv().await.unwrap();
+            sent.push((item.lane, item.ordinal, item.envelope.payload.0));
+        }
+        assert_eq!(
+            sent,
+            vec![
+                (room("a"), Ordinal(0), "a0".to_owned()),
+                (room("b"), Ordinal(1), "b0".to_owned()),
+                (Lane::ToDevice, Ordinal(3), "t0".to_owned())
+            ]
+        );
+        assert_eq!(durable.cell.unpersisted_len().get_untracked(), 0);
+        // a0 delivered (its acknowledgement written next), the rest lost
+        // with the process.
+        let _ = link.complete(&room("a"), Sequence(0));
+        let cell = durable.cell.clone();
+        until("a1 sent", || cell.with_lanes(|l| l.lane(&room("a")).is_some_and(|c| c.inflight_len() == 1))).await;
+        let db = rusqlite::Connection::open(dir.db()).unwrap();
+        let a = egress_store::lane_stream("client", &room("a")).unwrap();
+        until("a0's acknowledgement written", || {
+            let acked: Option<i64> = db
+                .query_row("SELECT acked_through FROM egress_stream WHERE stream = ?1", [&a], |r| r.get(0))
+                .unwrap_or(None);
+            acked == Some(0)
+        })
+        .await;
+        durable.cell.enqueue(Lane::Other, Msg("o0".into())).unwrap();
+        until("o0 written", || cell.unpersisted_len().get_untracked() == 0).await;
+        // No shutdown: the relay is aborted, the store is not closed.
+        drop(durable);
+    }
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &dir, config()).await;
+    assert_eq!(durable.cell.incarnation(), incarnation, "the lanes' incarnation is kept");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _link = durable.cell.attach(Wire(tx));
+    let mut again = Vec::new();
+    while again.len() < 4 {
+        let item = rx.recv().await.unwrap();
+        again.push((item.ordinal, item.envelope.payload.0));
+    }
+    // a1 (2), b0 (1), t0 (3), o0 (4): every head again, in ordinal order;
+    // a0 (0) was acknowledged.
+    assert_eq!(
+        again,
+        vec![
+            (Ordinal(1), "b0".into()),
+            (Ordinal(2), "a1".into()),
+            (Ordinal(3), "t0".into()),
+            (Ordinal(4), "o0".into())
+        ]
+    );
+    assert_eq!(durable.cell.generation().get_untracked(), Generation(0));
+    let stats = durable.relay.shutdown().await;
+    assert!(!stats.fenced);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_commit_is_shown_retried_and_nothing_unwritten_goes_out() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &dir, config()).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _link = durable.cell.attach(Wire(tx));
+    let app = rusqlite::Connection::open(dir.db()).unwrap();
+    app.execute_batch(
+        "CREATE TRIGGER refuse BEFORE UPDATE ON egress_lanes BEGIN SELECT RAISE(ABORT, 'disk says no'); END;",
+    )
+    .unwrap();
+    durable.cell.enqueue(room("a"), Msg("a0".into())).unwrap();
+    let cell = durable.cell.clone();
+    until("the error shown", || cell.persist_error().get_untracked().is_some()).await;
+    let error = durable.cell.persist_error().get_untracked().unwrap();
+    assert!(error.reason.contains("disk says no"), "{}", error.reason);
+    let relay = &durable.relay;
+    until("tried again", || relay.stats().failures >= 2).await;
+    assert!(rx.try_recv().is_err(), "nothing unwritten is sent");
+    assert_eq!(durable.cell.unpersisted_len().get_untracked(), 1);
+    app.execute_batch("DROP TRIGGER refuse").unwrap();
+    let item = rx.recv().await.unwrap();
+    assert_eq!(item.envelope.payload, Msg("a0".into()));
+    until("the error cleared", || cell.persist_error().get_untracked().is_none()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_on_the_same_lanes_fences_the_first() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let first = open(&cx, &dir, config()).await;
+    first.cell.enqueue(room("a"), Msg("a0".into())).unwrap();
+    let cell = first.cell.clone();
+    until("a0 written", || cell.unpersisted_len().get_untracked() == 0).await;
+    let second = open(&cx, &dir, config()).await;
+    assert_eq!(second.cell.pending_len().get_untracked(), 1, "the second has a0");
+    let relay = &first.relay;
+    until("the first fenced", || relay.stats().fenced).await;
+    first.cell.enqueue(room("a"), Msg("a1".into())).unwrap();
+    assert_eq!(first.cell.unpersisted_len().get_untracked(), 1, "the fenced relay writes nothing more");
+    drop(second);
+}
