@@ -46,8 +46,12 @@ pub async fn egress(n: usize) -> Duration {
     let sender = HttpSender::start(&cell, HttpConfig::new(&server.url()).expect("a URL")).expect("started");
     let t = Instant::now();
     for i in 0..n {
-        let request =
-            HttpRequest { method: Method::PUT, path: path(i), body: body(i), content_type: Some("application/json") };
+        let request = HttpRequest {
+            method: Method::PUT,
+            path: path(i),
+            body: body(i),
+            content_type: Some("application/json".into()),
+        };
         cell.enqueue(Room(i % CONCURRENCY), request).expect("a lane");
         if i % 1_024 == 0 {
             tokio::task::yield_now().await;

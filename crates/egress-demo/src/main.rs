@@ -12,6 +12,7 @@
 //! ```
 
 mod apart;
+mod http;
 mod nats;
 mod restarts;
 mod workers;
@@ -88,6 +89,16 @@ enum Command {
     /// One worker process (started by `workers`).
     #[command(hide = true)]
     Worker(workers::WorkerArgs),
+    /// A chat client's outgoing queue over HTTP: durable lanes (rooms,
+    /// to-device, account data, unordered calls) sent by egress-http to a
+    /// homeserver with seeded chaos (429s, 5xx, dropped connections), the
+    /// client process SIGKILLed and restarted at random; checks every
+    /// message was applied exactly once, each lane in order, never two of
+    /// a serial lane in flight.
+    Http(http::HttpArgs),
+    /// One client process (started by `http`).
+    #[command(hide = true)]
+    HttpClient(http::HttpClientArgs),
 }
 
 /// What every run takes.
@@ -332,6 +343,8 @@ async fn main() -> anyhow::Result<()> {
         }
         Some(Command::Workers(a)) => workers::run(a).await,
         Some(Command::Worker(a)) => workers::worker(a).await,
+        Some(Command::Http(a)) => http::run(a).await,
+        Some(Command::HttpClient(a)) => http::client(a).await,
         Some(Command::Send(a)) => {
             let (url, db, token, ca) = (Some(a.url), a.db, a.token, a.ca);
             apart::send(Options { url, db, token, ca, ..Options::new(a.common, a.pace.per_second()) }).await

@@ -92,9 +92,14 @@ fn the_default_run_is_paced_for_a_person_to_watch() {
 
 #[test]
 fn every_command_answers_help_and_version() {
-    for args in
-        [&["--help"][..], &["restarts", "--help"], &["receive", "--help"], &["send", "--help"], &["help", "send"]]
-    {
+    for args in [
+        &["--help"][..],
+        &["restarts", "--help"],
+        &["receive", "--help"],
+        &["send", "--help"],
+        &["help", "send"],
+        &["http", "--help"],
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_egress-demo")).args(args).output().expect("runs");
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
         let text = String::from_utf8_lossy(&out.stdout);
@@ -396,4 +401,24 @@ fn a_sender_whose_stream_another_send_took_over_stops_with_why_instead_of_hangin
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{db_arg}{suffix}"));
     }
+}
+
+/// The chat client's outgoing queue over HTTP: durable lanes on SQLite, the
+/// client process SIGKILLed three times and started again, against a
+/// homeserver that answers 429s and 5xx and drops connections before and
+/// after applying. Every message applied exactly once under its ordinal's
+/// key, each serial lane in order and never two of one in flight, the
+/// unordered calls within their window.
+#[test]
+fn the_http_client_killed_three_times_has_every_message_applied_once_in_lane_order() {
+    let s = together("http", &["http", "--messages", "3000", "--kills", "3", "--kill-ms", "400", "--seed", "11"]);
+    assert_eq!(s["ok"], true, "{s}");
+    assert_eq!(s["client_kills"], 3, "every kill landed before the client finished: {s}");
+    assert_eq!(s["applied"], 3000, "{s}");
+    assert_eq!((s["missing"].as_u64(), s["applied_twice"].as_u64()), (Some(0), Some(0)), "{s}");
+    assert_eq!(s["incarnations"], 1, "every run continued the stored lanes: {s}");
+    assert_eq!(s["out_of_order"], 0, "{s}");
+    assert_eq!(s["most_in_flight_serial_lane"], 1, "{s}");
+    assert!(s["most_in_flight_unordered"].as_u64() <= s["unordered_window"].as_u64(), "{s}");
+    assert!(s["duplicates_recognized"].as_u64() > Some(0), "answers were lost and their retries recognized: {s}");
 }

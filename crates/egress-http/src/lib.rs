@@ -29,7 +29,7 @@ mod request;
 mod response;
 mod sender;
 
-pub use request::HttpRequest;
+pub use request::{HttpCodec, HttpRequest};
 pub use reqwest::Method;
 pub use response::HttpError;
 pub use sender::{ConfigError, HttpConfig, HttpSender, HttpStats, IDEMPOTENCY_KEY, Rejection, StartError};

@@ -231,7 +231,7 @@ impl<K: LaneKey + Send + Sync + 'static> LanesTransport<K, HttpRequest> for Tran
         let made = self.base.join(request.path.trim_start_matches('/')).map_err(|e| format!("{}: {e}", request.path));
         let content_type = request
             .content_type
-            .map(|t| HeaderValue::from_str(t).map_err(|_| format!("the content type {t:?}")))
+            .map(|t| HeaderValue::from_str(&t).map_err(|_| format!("the content type {t:?}")))
             .transpose();
         let (url, content_type) = match (made, content_type) {
             (Ok(url), Ok(content_type)) => (url, content_type),

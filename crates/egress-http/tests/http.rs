@@ -247,7 +247,7 @@ async fn a_request_that_cannot_be_made_or_a_redirect_is_a_dead_letter_and_the_re
     let sender = HttpSender::start(&cell, HttpConfig::new(&server.url()).unwrap()).unwrap();
     let a = Lane::Room("a".into());
     let mut bad_type = request(&a, 0);
-    bad_type.content_type = Some("text/plain\n");
+    bad_type.content_type = Some("text/plain\n".into());
     cell.enqueue(a.clone(), bad_type).unwrap();
     cell.enqueue(a.clone(), HttpRequest::new(Method::PUT, "status/303/moved")).unwrap();
     cell.enqueue(a.clone(), request(&a, 2)).unwrap();
