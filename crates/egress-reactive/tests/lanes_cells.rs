@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use common::Counter;
 use egress_core::{
-    CompleteOutcome, DeadLetters, Delay, FailOutcome, FailureKind, Generation, JitterSample, LaneKey, LaneKind,
-    LanesClaim, LanesPolicy, LanesReconnect, Policy, Sequence, Time,
+    CompleteOutcome, DeadLetters, Delay, FailOutcome, FailureKind, Generation, Incarnation, JitterSample, LaneKey,
+    LaneKind, Lanes, LanesClaim, LanesPersisted, LanesPolicy, LanesReconnect, Policy, RestoredLanes, Sequence, Time,
 };
 use egress_reactive::{CellOptions, LaneItem, LanesCellOf, LanesRefused, LanesTransport, ManualClock, SendError};
 
@@ -418,6 +418,101 @@ each_flavour! {
         let given: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), given);
         assert_eq!(given.incarnation(), egress_core::Incarnation(0xfeed));
     }
+
+    fn durable_lanes_send_only_what_is_written_and_their_readers_show_the_journal(cx) {
+        let lanes = Lanes::restore(policy(4), RestoredLanes::empty()).expect("nothing restores");
+        let options = CellOptions::new().incarnation(Incarnation(9));
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::from_lanes(&cx.handle(), lanes, options);
+        assert_eq!(cell.incarnation(), Incarnation(9));
+        let wire = Wire::default();
+        let _link = cell.attach(wire.clone());
+        let unpersisted = watch!(cx, cell.unpersisted_len());
+        let error = watch!(cx, cell.persist_error());
+        let durable = watch!(cx, cell.generation_durable());
+        let journal = Counter::new();
+        let _ = cx.effect({
+            let (cell, journal) = (cell.clone(), journal.clone());
+            move || {
+                cell.track_journal();
+                journal.hit();
+            }
+        });
+        journal.reset();
+        cell.enqueue(Lane::Room(1), 1).expect("room");
+        cell.enqueue(Lane::Room(2), 2).expect("room");
+        assert!(wire.sent().is_empty(), "nothing goes out before it is written");
+        assert_eq!(cell.unpersisted_len().get(), 2);
+        assert!(unpersisted.get() >= 1 && journal.get() >= 2, "{} {}", unpersisted.get(), journal.get());
+        let (ready, appends) = cell.poll_ready().expect("two appends");
+        assert_eq!(appends, vec![vec![(Sequence(0), 1)], vec![(Sequence(0), 2)]]);
+        assert!(cell.poll_ready().is_none(), "one epoch at a time");
+        let both = LanesPersisted::Recorded { lanes: vec![Lane::Room(1), Lane::Room(2)] };
+        error.reset();
+        assert_eq!(cell.persist_failed(ready.epoch, "disk full"), both);
+        assert_eq!(cell.persist_error().get().map(|e| e.reason), Some("disk full".to_owned()));
+        assert_eq!(error.get(), 1, "the error's reader heard of it");
+        assert!(wire.sent().is_empty());
+        let (again, appends) = cell.poll_ready().expect("written again");
+        assert_eq!(appends.len(), 2);
+        unpersisted.reset();
+        assert_eq!(cell.persisted(again.epoch), both);
+        assert_eq!(wire.payloads(), [1, 2], "sent once written, in enqueue order");
+        assert_eq!((cell.persist_error().get(), cell.unpersisted_len().get()), (None, 0));
+        assert!(unpersisted.get() >= 1);
+        assert_eq!(cell.persisted(again.epoch), LanesPersisted::UnknownEpoch { epoch: again.epoch });
+        // A new generation is stored before anything goes under it.
+        durable.reset();
+        let _ = cell.reconnect(Generation(1));
+        assert!(!cell.generation_durable().get());
+        let (stored, _) = cell.poll_ready().expect("the generation");
+        assert_eq!(stored.generation, Some(Generation(1)));
+        let _ = cell.persisted(stored.epoch);
+        assert!(cell.generation_durable().get());
+        assert_eq!(durable.get(), 2, "not durable, then durable");
+    }
+
+    fn lanes_without_a_journal_have_nothing_to_write(cx) {
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::new(&cx.handle(), policy(4));
+        cell.enqueue(Lane::Room(1), 1).expect("room");
+        assert!(cell.poll_ready().is_none());
+        assert_eq!((cell.persist_error().get(), cell.unpersisted_len().get()), (None, 0));
+        assert!(cell.generation_durable().get());
+        let epoch = egress_core::Epoch(0);
+        assert_eq!(cell.persisted(epoch), LanesPersisted::UnknownEpoch { epoch });
+        assert_eq!(cell.persist_failed(epoch, "no"), LanesPersisted::UnknownEpoch { epoch });
+        assert_eq!(cell.persist_error().get(), None);
+    }
+}
+
+/// A payload whose `Clone` panics while `FRAGILE` is set.
+#[derive(Debug, PartialEq)]
+struct Fragile(u32);
+
+static FRAGILE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl Clone for Fragile {
+    fn clone(&self) -> Self {
+        assert!(!FRAGILE.load(std::sync::atomic::Ordering::SeqCst), "no clone today");
+        Fragile(self.0)
+    }
+}
+
+#[test]
+fn a_payload_clone_that_panics_in_poll_ready_fails_the_epoch_which_is_offered_again() {
+    let cx = egress_reactive::Context::new();
+    let lanes = Lanes::restore(policy(4), RestoredLanes::empty()).expect("nothing restores");
+    let cell: LanesCellOf<Lane, Fragile, _> = LanesCellOf::from_lanes(&cx.handle(), lanes, CellOptions::new());
+    cell.enqueue(Lane::Room(1), Fragile(1)).expect("room");
+    FRAGILE.store(true, std::sync::atomic::Ordering::SeqCst);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.poll_ready()));
+    FRAGILE.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(panicked.is_err(), "the panic goes on");
+    let error = cell.persist_error().get().expect("shown");
+    assert!(error.reason.contains("Clone panicked"), "{}", error.reason);
+    let (ready, appends) = cell.poll_ready().expect("offered again");
+    assert_eq!(appends, vec![vec![(Sequence(0), Fragile(1))]]);
+    let _ = cell.persisted(ready.epoch);
+    assert_eq!(cell.persist_error().get(), None);
 }
 
 #[test]
