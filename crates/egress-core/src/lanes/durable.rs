@@ -330,8 +330,9 @@ impl<K: LaneKey, T> Lanes<K, T> {
         }
         let generation = (self.generation > j.written_generation).then_some(self.generation);
         let forget = std::mem::take(&mut j.forget);
-        let ordinal_moved = self.next_ordinal > j.written_ordinal;
-        if lanes.is_empty() && forget.is_empty() && generation.is_none() && !ordinal_moved {
+        // The next ordinal alone (records enqueued behind a flush gate,
+        // not written) is not worth a write: it goes with the next one.
+        if lanes.is_empty() && forget.is_empty() && generation.is_none() {
             return None;
         }
         let epoch = j.next_epoch;
