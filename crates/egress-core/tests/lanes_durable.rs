@@ -414,3 +414,36 @@ fn lanes_kept_in_memory_have_no_journal() {
     assert!(lanes.generation_durable());
     assert_eq!(claim_all(&mut lanes).len(), 1);
 }
+
+/// What `persisted` and `persist_failed` change when an epoch holds no
+/// lane: a generation alone (durable moves), a forget alone (nothing but
+/// the error moves).
+#[test]
+fn an_epoch_without_lanes_changes_exactly_what_it_wrote() {
+    use egress_core::{FlushEpoch, Projection};
+    let mut lanes = fresh(1);
+    let _ = lanes.reconnect(Generation(1));
+    let failed = lanes.poll_ready().expect("the generation");
+    assert!(failed.lanes.is_empty());
+    let t = lanes.persist_failed(failed.epoch, "locked");
+    assert!(t.changes.contains(Projection::PersistError), "the error shows, with no lane to show it: {:?}", t.changes);
+    assert!(!t.changes.contains(Projection::Durable));
+    let again = lanes.poll_ready().expect("again");
+    let t = lanes.persisted(again.epoch);
+    assert!(t.changes.contains(Projection::Durable), "the generation became durable: {:?}", t.changes);
+    assert!(t.changes.contains(Projection::PersistError), "the error cleared");
+    // A forget alone: a room freed for a write behind a flush gate (not
+    // written until released).
+    lanes.enqueue(Lane::Room("a"), "a0".to_owned()).outcome.unwrap();
+    let ready = lanes.poll_ready().unwrap();
+    let _ = lanes.persisted(ready.epoch);
+    let _ = drain(&mut lanes);
+    let ready = lanes.poll_ready().unwrap();
+    let _ = lanes.persisted(ready.epoch);
+    lanes.enqueue_after(Lane::Room("b"), "b0".to_owned(), FlushEpoch(1)).outcome.unwrap();
+    let forget = lanes.poll_ready().expect("the forget");
+    assert_eq!((forget.forget.len(), forget.lanes.len(), forget.generation), (1, 0, None));
+    let t = lanes.persisted(forget.epoch);
+    assert!(t.changes.is_empty(), "nothing a reader shows moved: {:?}", t.changes);
+    assert_eq!(t.outcome, LanesPersisted::Recorded { lanes: Vec::new() });
+}
