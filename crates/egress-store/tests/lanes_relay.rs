@@ -153,6 +153,30 @@ async fn a_refused_commit_is_shown_retried_and_nothing_unwritten_goes_out() {
     let item = rx.recv().await.unwrap();
     assert_eq!(item.envelope.payload, Msg("a0".into()));
     until("the error cleared", || cell.persist_error().get_untracked().is_none()).await;
+    let stats = durable.relay.shutdown().await;
+    assert!(stats.failures >= 2 && stats.commits >= 1, "{stats:?}");
+    assert_eq!((stats.appended, stats.fenced), (1, false), "{stats:?}");
+}
+
+/// A relay holds its cell while it lives, and lets it go when dropped (its
+/// task aborted, its effect disposed); it says what it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_relay_lets_its_cell_go() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &dir, config()).await;
+    let shown = format!("{durable:?}");
+    assert!(shown.starts_with("DurableLanes { cell: AsyncLanesCell(LanesCell {"), "{shown}");
+    assert!(shown.contains("relay: LanesRelay { stats: RelayStats { commits: "), "{shown}");
+    durable.cell.enqueue(room("a"), Msg("a0".into())).unwrap();
+    let cell = durable.cell.clone();
+    until("a0 written", || cell.unpersisted_len().get_untracked() == 0).await;
+    let pending = durable.cell.pending_len().clone();
+    let DurableLanes { cell: mine, relay } = durable;
+    drop((cell, mine));
+    assert!(!pending.is_disposed(), "the relay still holds the cell");
+    drop(relay);
+    until("the cell let go", || pending.is_disposed()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
