@@ -195,3 +195,46 @@ async fn a_second_process_on_the_same_lanes_fences_the_first() {
     assert_eq!(first.cell.unpersisted_len().get_untracked(), 1, "the fenced relay writes nothing more");
     drop(second);
 }
+
+/// What a program cannot restore refuses the open, with the reason, and
+/// leaves the store as it was: a record its codec cannot read, more lanes
+/// than its policy allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_that_cannot_restore_says_why_and_changes_nothing() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let policy = LanesPolicy::new(Policy::default(), 16).unwrap();
+    let raw: DurableLanes<Lane> =
+        egress_store::open_durable_lanes_raw(&cx, dir.db(), "client", policy, CellOptions::new(), config())
+            .await
+            .unwrap();
+    raw.cell.enqueue(room("a"), bytes::Bytes::from_static(b"not JSON")).unwrap();
+    raw.cell.enqueue(room("b"), bytes::Bytes::from_static(b"\"b0\"")).unwrap();
+    let _ = raw.relay.shutdown().await;
+    let policy = LanesPolicy::new(Policy::default(), 16).unwrap();
+    let typed =
+        open_durable_lanes::<Lane, Msg>(&cx, dir.db(), "client", Json, policy, CellOptions::new(), config()).await;
+    match typed {
+        Err(egress_store::StoreError::Undecodable { stream, sequence, .. }) => {
+            assert_eq!(stream, egress_store::lane_stream("client", &room("a")).unwrap());
+            assert_eq!(sequence, Sequence(0));
+        }
+        other => panic!("expected Undecodable, got {other:?}"),
+    }
+    let narrow = LanesPolicy::new(Policy::default(), 1).unwrap();
+    let opened =
+        egress_store::open_durable_lanes_raw::<Lane>(&cx, dir.db(), "client", narrow, CellOptions::new(), config())
+            .await;
+    match opened {
+        Err(egress_store::StoreError::LanesRestore(egress_core::LanesRestoreError::TooManyLanes { stored, limit })) => {
+            assert_eq!((stored, limit), (2, 1));
+        }
+        other => panic!("expected LanesRestore, got {other:?}"),
+    }
+    let policy = LanesPolicy::new(Policy::default(), 16).unwrap();
+    let again =
+        egress_store::open_durable_lanes_raw::<Lane>(&cx, dir.db(), "client", policy, CellOptions::new(), config())
+            .await
+            .unwrap();
+    assert_eq!(again.cell.pending_len().get_untracked(), 2, "both records are still there");
+}
