@@ -139,6 +139,8 @@ mod tests {
             HttpRequest::json(Method::PUT, "rooms/a/send/m/1", &serde_json::json!({"body": "hi"}))
                 .unwrap_or_else(|e| panic!("{e}")),
             HttpRequest::new(Method::DELETE, ""),
+            // A content type and no body: the last part ends the bytes.
+            HttpRequest { content_type: Some("application/json".into()), ..HttpRequest::new(Method::POST, "p") },
             HttpRequest {
                 method: Method::from_bytes(b"PATCHY").unwrap_or_else(|e| panic!("{e}")),
                 path: "x?y=é".into(),
