@@ -434,9 +434,13 @@ impl<K: LaneKey + Send + Sync + 'static> HttpSender<K> {
 }
 
 impl<K: 'static> Drop for HttpSender<K> {
+    /// Aborts the requests running (their records stay in flight for the
+    /// next sender); the connection state reads stopped, as after a
+    /// shutdown.
     fn drop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
+            self.connection.set(ConnectionState::Stopped { error: None });
         }
     }
 }
@@ -587,5 +591,6 @@ mod tests {
         let config =
             config.producer("phone-1").map(|c| c.excerpt(1 << 30).rejections(3)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((config.producer.as_str(), config.excerpt, config.rejections), ("phone-1", ERROR_BODY_LIMIT, 3));
+        assert_eq!(ERROR_BODY_LIMIT, 65_536, "an error's body is read up to 64 KiB (docs/http.md)");
     }
 }

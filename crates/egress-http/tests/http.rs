@@ -193,7 +193,9 @@ async fn a_server_that_is_gone_reads_offline_with_the_error_and_the_records_wait
     let sender = HttpSender::start(&cell, HttpConfig::new(&format!("http://{addr}/")).unwrap()).unwrap();
     cell.enqueue(Lane::ToDevice, request(&Lane::ToDevice, 1)).unwrap();
     let state = reconnecting(&sender).await;
-    assert!(matches!(state.error(), Some(HttpError::Transport(_))), "{state:?}");
+    // The error says why, through its sources (reqwest's own message says
+    // only that sending failed).
+    assert!(matches!(state.error(), Some(HttpError::Transport(t)) if t.contains("refused")), "{state:?}");
     assert!(state.to_string().starts_with("offline: "), "{state}");
     assert_eq!((cell.parked_len().get(), cell.pending_len().get()), (1, 0));
     // The server comes up on that port: the record goes once due.
@@ -220,6 +222,12 @@ async fn a_429_holds_the_record_for_at_least_what_the_server_asked_and_reads_off
     );
     let due = cell.poll_timeout().expect("parked");
     assert!(due.0 >= cell.now().0 + 59_000, "at least the server's minute: due {due:?}, now {:?}", cell.now());
+    match &state {
+        ConnectionState::Reconnecting { retry_at, .. } => {
+            assert!(*retry_at >= std::time::Instant::now() + Duration::from_secs(30), "retrying ahead, not behind");
+        }
+        other => panic!("{other:?}"),
+    }
     // The strict lane's second write does not overtake the first.
     assert_eq!((cell.parked_len().get(), cell.pending_len().get(), server.requests()), (1, 1, 1));
     assert!(server.applied().is_empty());
@@ -307,4 +315,63 @@ async fn a_429_asking_for_ages_waits_at_most_the_limit_and_a_later_sender_fences
     )
     .await;
     assert!(!matches!(second.connection().get_untracked(), ConnectionState::Stopped { .. }));
+}
+
+/// The rejections keep the newest `rejections(n)` (none for 0), while the
+/// stats count every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rejections_keep_the_newest_as_many_as_asked() {
+    let server = Homeserver::start(Chaos::none()).await.unwrap();
+    for kept in [0usize, 1] {
+        let cx = AsyncContext::new();
+        let cell = cell(&cx, 2);
+        let config = HttpConfig::new(&server.url()).unwrap().rejections(kept);
+        let sender = HttpSender::start(&cell, config).unwrap();
+        for _ in 0..3 {
+            cell.enqueue(Lane::Other, HttpRequest::new(Method::POST, "status/403/no")).unwrap();
+        }
+        settled(&cell).await;
+        let ordinals: Vec<u64> = sender.rejections().get_untracked().iter().map(|r| r.ordinal.0).collect();
+        let newest: Vec<u64> = (3 - kept as u64..3).collect();
+        assert_eq!(ordinals, newest, "kept {kept}");
+        assert_eq!(sender.stats().rejected, 3);
+        assert_eq!(format!("{sender:?}"), "HttpSender { .. }");
+        // Dropped, it reads stopped.
+        let connection = sender.connection().clone();
+        drop(sender);
+        assert_eq!(connection.get_untracked(), ConnectionState::Stopped { error: None });
+    }
+}
+
+/// An error's body is read up to 64 KiB, and kept up to the excerpt: a
+/// body of many chunks is read past its first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_body_of_many_chunks_is_read_up_to_64_kib() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = [0u8; 4096];
+        let _ = socket.read(&mut request).await.unwrap();
+        let body = vec![b'x'; 100_000];
+        let head = format!("HTTP/1.1 403 Forbidden\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+        socket.write_all(head.as_bytes()).await.unwrap();
+        for piece in body.chunks(1_000) {
+            socket.write_all(piece).await.unwrap();
+            socket.flush().await.unwrap();
+        }
+    });
+    let cx = AsyncContext::new();
+    let cell = cell(&cx, 2);
+    let config = HttpConfig::new(&format!("http://{addr}/")).unwrap().excerpt(usize::MAX);
+    let sender = HttpSender::start(&cell, config).unwrap();
+    cell.enqueue(Lane::Other, HttpRequest::new(Method::POST, "big")).unwrap();
+    settled(&cell).await;
+    let rejections = sender.rejections().get_untracked();
+    match &rejections[0].error {
+        HttpError::Status { status: 403, body } => assert_eq!(body.len(), 65_536),
+        other => panic!("{other:?}"),
+    }
+    server.abort();
 }
