@@ -96,18 +96,36 @@ impl SqliteStore {
     ///
     /// # Errors
     /// SQLite's error; a stored number out of range; a lane key serde
-    /// cannot read as a `K` ([`StoreError::LaneKey`]); a record of a lane
-    /// without its ordinal ([`StoreError::OutOfRange`]).
-    pub fn load_lanes<K: serde::de::DeserializeOwned>(&mut self, lanes: &str) -> Result<LoadedLanes<K>, StoreError> {
+    /// cannot read as a `K`, or one that does not read back as stored
+    /// ([`StoreError::LaneKey`]: its lane's stream is named by the key as
+    /// written, so a key must serialize as it was stored); a record of a
+    /// lane without its ordinal ([`StoreError::OutOfRange`]).
+    pub fn load_lanes<K: serde::Serialize + serde::de::DeserializeOwned>(
+        &mut self,
+        lanes: &str,
+    ) -> Result<LoadedLanes<K>, StoreError> {
+        self.load_lanes_then(lanes, Ok)
+    }
+
+    /// [`load_lanes`](Self::load_lanes), handing what it read to `restore`
+    /// inside the same transaction: the lanes are taken over only when
+    /// `restore` succeeds. An open that cannot restore (a record its codec
+    /// cannot read, more lanes than its policy allows) changes nothing,
+    /// and fences no store that holds the lanes.
+    ///
+    /// # Errors
+    /// [`load_lanes`](Self::load_lanes)'s, and `restore`'s.
+    pub fn load_lanes_then<K: serde::Serialize + serde::de::DeserializeOwned, R>(
+        &mut self,
+        lanes: &str,
+        restore: impl FnOnce(LoadedLanes<K>) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         tx.prepare_cached(
             "INSERT INTO egress_lanes (lanes, incarnation, generation, next_ordinal) VALUES (?1, ?2, 0, 0)
              ON CONFLICT (lanes) DO NOTHING",
         )?
         .execute(params![lanes, fresh_incarnation().as_slice()])?;
-        let owner = fresh_incarnation();
-        tx.prepare_cached("UPDATE egress_lanes SET owner = ?2 WHERE lanes = ?1")?
-            .execute(params![lanes, owner.as_slice()])?;
         let (incarnation, generation, next_ordinal): (Vec<u8>, i64, i64) = tx.query_row(
             "SELECT incarnation, generation, next_ordinal FROM egress_lanes WHERE lanes = ?1",
             [lanes],
@@ -128,6 +146,11 @@ impl SqliteStore {
         for (stream, key, g, next, acked) in streams {
             let lane: K = serde_json::from_str(&key)
                 .map_err(|e| StoreError::LaneKey { lanes: lanes.to_owned(), reason: format!("{key}: {e}") })?;
+            let again = key_json(lanes, &lane)?;
+            if again != key || stream != stream_of(lanes, &key) {
+                let reason = format!("the stored key {key} reads back as {again}: a key must serialize as stored");
+                return Err(StoreError::LaneKey { lanes: lanes.to_owned(), reason });
+            }
             generation = generation.max(to_u64("generation", g)?);
             let acked = acked.map(|a| to_u64("acked_through", a)).transpose()?;
             let (records, skipped, ordinals) = stream_records(&tx, &stream, acked)?;
@@ -147,16 +170,22 @@ impl SqliteStore {
             };
             stored.push(RestoredLane { lane, restored, ordinals });
         }
-        tx.commit()?;
-        self.owned_lanes.insert(lanes.to_owned(), owner);
-        Ok(LoadedLanes {
+        let loaded = LoadedLanes {
             incarnation,
             restored: RestoredLanes {
                 generation: restorable_generation(generation)?,
                 next_ordinal: Ordinal(next_ordinal),
                 lanes: stored,
             },
-        })
+        };
+        // Dropped without a commit on an error: nothing taken, nothing made.
+        let restored = restore(loaded)?;
+        let owner = fresh_incarnation();
+        tx.prepare_cached("UPDATE egress_lanes SET owner = ?2 WHERE lanes = ?1")?
+            .execute(params![lanes, owner.as_slice()])?;
+        tx.commit()?;
+        self.owned_lanes.insert(lanes.to_owned(), owner);
+        Ok(restored)
     }
 
     /// Writes one [`LanesReady`] of `lanes` as one transaction: the

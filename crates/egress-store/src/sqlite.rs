@@ -270,6 +270,15 @@ pub(crate) fn write_ready(
         }
         Err(e) => return Err(e),
     };
+    // An acknowledgement of a record the stream never held (a core never
+    // says one; a stream named wrongly would) is refused, not stored.
+    let counter = if range.is_empty() { next } else { range.end.0 };
+    if let Some(a) = ready.acked_through.filter(|a| a.0 >= counter) {
+        return Err(StoreError::OutOfRange {
+            what: "acked_through (at or above the stream's counter)",
+            value: a.0.into(),
+        });
+    }
     if !range.is_empty() {
         if next == range.start.0 {
             let mut insert =

@@ -271,3 +271,34 @@ fn what_a_store_cannot_read_is_a_typed_error_not_a_panic() {
     lanes.enqueue(room("a"), text("a1")).outcome.unwrap();
     assert!(matches!(write(&mut store, &mut lanes), Err(StoreError::Conflict { .. })));
 }
+
+/// The same lanes read through a key type whose serde reads the stored key
+/// but writes it otherwise (an alias): the lane's stream is named by the
+/// key as stored, so such a key is refused at the load, nothing changed
+/// (found by a hostile review: its lane became unwritable, and one
+/// acknowledgement made the store refuse to open).
+#[test]
+fn a_key_that_does_not_serialize_as_stored_is_refused_at_the_load() {
+    #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+    enum Renamed {
+        #[serde(alias = "Room")]
+        Chat(String),
+    }
+    impl LaneKey for Renamed {
+        fn kind(&self) -> LaneKind {
+            LaneKind::Serial
+        }
+    }
+    let dir = TempDir::new();
+    let (mut store, mut lanes) = open(&dir, 4);
+    lanes.enqueue(room("a"), text("a0")).outcome.unwrap();
+    write(&mut store, &mut lanes).unwrap();
+    drop(store);
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    match store.load_lanes::<Renamed>(NAME) {
+        Err(StoreError::LaneKey { reason, .. }) => assert!(reason.contains("reads back as"), "{reason}"),
+        other => panic!("expected LaneKey, got {other:?}"),
+    }
+    let (_store, lanes) = open(&dir, 4);
+    assert_eq!(lanes.pending_len(), 1, "nothing changed");
+}

@@ -238,3 +238,90 @@ async fn an_open_that_cannot_restore_says_why_and_changes_nothing() {
             .unwrap();
     assert_eq!(again.cell.pending_len().get_untracked(), 2, "both records are still there");
 }
+
+async fn open_with(
+    cx: &AsyncContext,
+    dir: &TempDir,
+    max_lanes: usize,
+) -> Result<DurableLanes<Lane, Msg>, egress_store::StoreError> {
+    let policy = LanesPolicy::new(Policy::default(), max_lanes).unwrap();
+    open_durable_lanes(cx, dir.db(), "client", Json, policy, CellOptions::new(), config()).await
+}
+
+/// An open that cannot restore takes nothing over: the process that holds
+/// the lanes goes on writing (found by a hostile review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_open_does_not_fence_the_process_that_holds_the_lanes() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let first = open_with(&cx, &dir, 16).await.unwrap();
+    first.cell.enqueue(room("a"), Msg("a0".into())).unwrap();
+    first.cell.enqueue(room("b"), Msg("b0".into())).unwrap();
+    let cell = first.cell.clone();
+    until("written", || cell.unpersisted_len().get_untracked() == 0).await;
+    let refused = open_with(&cx, &dir, 1).await;
+    assert!(matches!(refused, Err(egress_store::StoreError::LanesRestore(_))), "{refused:?}");
+    first.cell.enqueue(room("a"), Msg("a1".into())).unwrap();
+    until("a1 written by the first", || cell.unpersisted_len().get_untracked() == 0).await;
+    assert!(!first.relay.stats().fenced);
+    assert_eq!(first.cell.persist_error().get_untracked(), None);
+}
+
+/// A relay fenced while it had nothing to write says so on the cell at
+/// its next record, which stays unwritten with the reason (found by a
+/// hostile review: it stayed "saving" with no error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_fenced_while_idle_shows_why_on_the_cell() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let first = open_with(&cx, &dir, 16).await.unwrap();
+    first.cell.enqueue(room("a"), Msg("a0".into())).unwrap();
+    let cell = first.cell.clone();
+    until("written", || cell.unpersisted_len().get_untracked() == 0).await;
+    let _second = open_with(&cx, &dir, 16).await.unwrap();
+    let relay = &first.relay;
+    until("fenced", || relay.stats().fenced).await;
+    first.cell.enqueue(room("a"), Msg("a1".into())).unwrap();
+    until("the fence shown", || cell.persist_error().get_untracked().is_some()).await;
+    let error = first.cell.persist_error().get_untracked().unwrap();
+    assert!(
+        error.reason.contains("taken over") && error.reason.contains("nothing more is written"),
+        "{}",
+        error.reason
+    );
+    assert_eq!(first.cell.unpersisted_len().get_untracked(), 1);
+}
+
+static PANIC_ONCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A payload whose `Clone` panics (once, when told to).
+#[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Flaky(String);
+
+impl Clone for Flaky {
+    fn clone(&self) -> Self {
+        assert!(!PANIC_ONCE.swap(false, std::sync::atomic::Ordering::SeqCst), "the clone panicked, once");
+        Flaky(self.0.clone())
+    }
+}
+
+/// A payload's `Clone` that panics while the relay takes a write fails
+/// that write, which goes through on the next try; the relay lives on
+/// (found by a hostile review: its task died, and nothing was written
+/// again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_clone_that_panics_once_fails_one_write_not_the_relay() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let policy = LanesPolicy::new(Policy::default(), 16).unwrap();
+    let durable: DurableLanes<Lane, Flaky> =
+        open_durable_lanes(&cx, dir.db(), "client", Json, policy, CellOptions::new(), config()).await.unwrap();
+    let cell = durable.cell.clone();
+    PANIC_ONCE.store(true, std::sync::atomic::Ordering::SeqCst);
+    durable.cell.enqueue(room("b"), Flaky("b0".into())).unwrap();
+    until("b0 written on the next try", || cell.with_lanes(|l| l.unpersisted_len()) == 0).await;
+    assert!(durable.relay.stats().failures >= 1, "{:?}", durable.relay.stats());
+    durable.cell.enqueue(room("c"), Flaky("c0".into())).unwrap();
+    until("c0 written", || cell.with_lanes(|l| l.unpersisted_len()) == 0).await;
+    assert_eq!(durable.cell.persist_error().get_untracked(), None);
+}

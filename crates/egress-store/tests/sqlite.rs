@@ -864,3 +864,39 @@ async fn a_relay_outlives_its_context_without_a_panic_and_loses_nothing() {
     let held: Vec<Bytes> = loaded.restored.records.iter().map(|e| e.payload.clone()).collect();
     assert_eq!(held, vec![Bytes::from_static(b"mine"), Bytes::from_static(b"theirs")]);
 }
+
+/// An acknowledgement of a record the stream never held is refused, and
+/// nothing of its transaction is written: the stream still restores.
+#[test]
+fn an_acknowledgement_above_the_streams_counter_is_refused_whole() {
+    let dir = TempDir::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let _ = store.load("s").unwrap();
+    let append = egress_core::Ready {
+        epoch: egress_core::Epoch(0),
+        appends: Sequence(0)..Sequence(1),
+        acked_through: None,
+        generation: None,
+        dead: Vec::new(),
+        must_sync: true,
+    };
+    store.apply("s", &append, &[(Sequence(0), Bytes::from_static(b"a"))]).unwrap();
+    for (appends, acked) in [(Sequence(1)..Sequence(1), 1), (Sequence(1)..Sequence(2), 2)] {
+        let payloads: Vec<(Sequence, Bytes)> =
+            (appends.start.0..appends.end.0).map(|s| (Sequence(s), Bytes::from_static(b"b"))).collect();
+        let beyond = egress_core::Ready { appends, acked_through: Some(Sequence(acked)), ..append.clone() };
+        match store.apply("s", &beyond, &payloads) {
+            Err(StoreError::OutOfRange { what, value }) => {
+                assert!(what.starts_with("acked_through"), "{what}");
+                assert_eq!(value, i128::from(acked));
+            }
+            other => panic!("expected OutOfRange, got {other:?}"),
+        }
+    }
+    let at_the_last =
+        egress_core::Ready { appends: Sequence(1)..Sequence(1), acked_through: Some(Sequence(0)), ..append };
+    store.apply("s", &at_the_last, &[]).unwrap();
+    let loaded = store.load("s").unwrap();
+    assert_eq!((loaded.restored.next_sequence, loaded.restored.acked_through), (Sequence(1), Some(Sequence(0))));
+    assert!(loaded.restored.records.is_empty());
+}

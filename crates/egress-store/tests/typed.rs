@@ -291,3 +291,61 @@ fn a_synchronous_typed_cell_moves_behind_an_outbox_append_and_says_when_it_canno
     let error = cell.persist_error().get().expect("shown");
     assert!(error.reason.contains("record #2 does not decode"), "{}", error.reason);
 }
+
+/// A relay fenced while it had nothing to write says so on the cell at its
+/// next record, which stays unwritten with the reason (as the lanes relay
+/// does; found there by a hostile review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_fenced_while_idle_shows_why_on_the_cell() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("opens");
+    let cell: AsyncEgressCell<Line> = durable.cell.clone();
+    cell.enqueue(line("first"));
+    until(&cell, |c| c.durable_through().get_untracked() == Some(Sequence(0))).await;
+    let mut other = egress_store::SqliteStore::open(dir.db()).expect("opens");
+    let _ = other.load("chat").expect("takes the stream over");
+    until_stats(&durable.relay, |s| s.fenced).await;
+    cell.enqueue(line("second"));
+    until(&cell, |c| c.persist_error().get_untracked().is_some()).await;
+    let error = cell.persist_error().get_untracked().expect("shown");
+    assert!(
+        error.reason.contains("taken over") && error.reason.contains("nothing more is written"),
+        "{}",
+        error.reason
+    );
+    assert_eq!(cell.unpersisted_len().get_untracked(), 1);
+}
+
+static PANIC_ONCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A payload whose `Clone` panics (once, when told to).
+#[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Flaky(String);
+
+impl Clone for Flaky {
+    fn clone(&self) -> Self {
+        assert!(!PANIC_ONCE.swap(false, std::sync::atomic::Ordering::SeqCst), "the clone panicked, once");
+        Flaky(self.0.clone())
+    }
+}
+
+/// A payload's `Clone` that panics while the relay takes a write fails
+/// that write, which goes through on the next try: the relay lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_clone_that_panics_once_fails_one_write_not_the_relay() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("opens");
+    let cell: AsyncEgressCell<Flaky> = durable.cell.clone();
+    PANIC_ONCE.store(true, std::sync::atomic::Ordering::SeqCst);
+    cell.enqueue(Flaky("a".into()));
+    until(&cell, |c| c.with_core(|core| core.durable_through()) == Some(Sequence(0))).await;
+    assert!(durable.relay.stats().failures >= 1, "{:?}", durable.relay.stats());
+    cell.enqueue(Flaky("b".into()));
+    until(&cell, |c| c.with_core(|core| core.durable_through()) == Some(Sequence(1))).await;
+}

@@ -94,6 +94,9 @@ impl LanesRelay {
 /// continues the lanes' incarnation, generation and ordinals. `codec`
 /// writes the payloads and reads them back ([`Raw`] for bytes).
 ///
+/// An open that fails changes nothing: the lanes are taken over (a
+/// process holding them fenced) only once they restore.
+///
 /// # Errors
 /// The store's ([`SqliteStore::open`], [`SqliteStore::load_lanes`]), a
 /// stored record `codec` cannot read ([`StoreError::Undecodable`]), or
@@ -115,17 +118,24 @@ where
     T: Clone + Send + Sync + 'static,
 {
     let (path, name) = (path.as_ref().to_owned(), lanes.to_owned());
+    // Read, decoded and restored in the store's transaction: the lanes are
+    // taken over only once they restore (an open that cannot changes
+    // nothing, and fences no process that holds them).
     let opened = tokio::task::spawn_blocking(move || {
-        let mut store = SqliteStore::open(path)?;
-        let loaded = store.load_lanes::<K>(&name)?;
-        Ok::<_, StoreError>((store, loaded))
+        let restored = SqliteStore::open(path).and_then(|mut store| {
+            let restored = store.load_lanes_then::<K, _>(&name, |loaded| {
+                let loaded = loaded.decode(&name, &codec)?;
+                Ok((loaded.incarnation, Lanes::restore(policy, loaded.restored)?))
+            })?;
+            Ok((store, restored))
+        });
+        (codec, restored)
     })
     .await
     .map_err(|e| StoreError::Task(e.to_string()))?;
-    let (store, loaded) = opened?;
-    let loaded = loaded.decode(lanes, &codec)?;
-    let restored = Lanes::restore(policy, loaded.restored)?;
-    let cell = AsyncLanesCell::from_lanes(cx, restored, options.incarnation(loaded.incarnation));
+    let (codec, restored) = opened;
+    let (store, (incarnation, restored)) = restored?;
+    let cell = AsyncLanesCell::from_lanes(cx, restored, options.incarnation(incarnation));
     let relay = LanesRelay::spawn(cx, &cell, store, lanes, codec, config);
     Ok(DurableLanes { cell, relay })
 }
@@ -214,7 +224,9 @@ where
     async fn run(self, config: RelayConfig, bell: Arc<Notify>, mut stop: watch::Receiver<bool>) {
         let mut failures: u32 = 0;
         let mut check_at = tokio::time::Instant::now();
-        loop {
+        // The loop ends only at a fence (a stop returns from it); its bell
+        // wait is dropped by then, so the fence's own wait hears the bell.
+        let fence = loop {
             let rung = bell.notified();
             tokio::pin!(rung);
             rung.as_mut().enable();
@@ -229,8 +241,7 @@ where
                 let (store, name) = (self.store.clone(), self.name.clone());
                 let owns = tokio::task::spawn_blocking(move || store.lock().owns_lanes(&name)).await;
                 if let Ok(Err(e @ StoreError::Fenced { .. })) = owns {
-                    self.fenced(&e);
-                    return;
+                    break e;
                 }
             }
             match self.write_once().await {
@@ -238,10 +249,7 @@ where
                     failures = 0;
                     continue;
                 }
-                Some(Err(e @ StoreError::Fenced { .. })) => {
-                    self.fenced(&e);
-                    return;
-                }
+                Some(Err(e @ StoreError::Fenced { .. })) => break e,
                 Some(Err(_)) => {
                     let wait = super::task::backoff(&config, failures);
                     failures = failures.saturating_add(1);
@@ -258,18 +266,57 @@ where
                 () = tokio::time::sleep(config.poll_interval.max(OWNER_CHECK)) => {}
                 _ = stop.changed() => {}
             }
-        }
+        };
+        self.fenced(&fence, &bell, &mut stop).await;
     }
 
-    fn fenced(&self, why: &StoreError) {
+    /// Another store took the lanes: nothing more is written here. The
+    /// next epoch the cell offers (at once, or at its next transition) is
+    /// failed with why, so the cell shows it (and keeps showing it: no
+    /// later epoch is persisted) rather than hold what comes next as
+    /// "saving" with no reason; then the task ends.
+    async fn fenced(&self, why: &StoreError, bell: &Notify, stop: &mut watch::Receiver<bool>) {
         tracing::error!(error = %why, "egress lanes relay: another store took the lanes over; stopping");
         self.counters.fenced.store(true, Ordering::Relaxed);
+        loop {
+            let rung = bell.notified();
+            tokio::pin!(rung);
+            rung.as_mut().enable();
+            if *stop.borrow() {
+                return;
+            }
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.cell.poll_ready())) {
+                Ok(Some((ready, _))) => {
+                    let _ = self.cell.persist_failed(ready.epoch, format!("{why}: nothing more is written"));
+                    return;
+                }
+                Ok(None) => {}
+                // A payload's Clone panicked: the cell failed the epoch
+                // and shows that; the fence goes unsaid, the writes stop.
+                Err(_) => return,
+            }
+            tokio::select! {
+                () = &mut rung => {}
+                _ = stop.changed() => {}
+            }
+        }
     }
 
     /// Commits one `LanesReady` if the journal has one: whether it did, and
     /// the error if the commit failed.
     async fn write_once(&self) -> Option<Result<(), StoreError>> {
-        let (ready, appends) = self.cell.poll_ready()?;
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.cell.poll_ready()));
+        let (ready, appends) = match polled {
+            Ok(polled) => polled?,
+            // A payload's Clone panicked: the cell failed the epoch (and
+            // shows it); it is offered again after the backoff.
+            Err(panic) => {
+                let what = egress_core::panic_message(&*panic).unwrap_or_default();
+                tracing::warn!(%what, "egress lanes relay: a payload's Clone panicked");
+                self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                return Some(Err(StoreError::Task(format!("a payload's Clone panicked: {what}"))));
+            }
+        };
         let epoch = ready.epoch;
         let count: usize = appends.iter().map(Vec::len).sum();
         let task = tokio::spawn(commit(

@@ -125,7 +125,8 @@ impl Counters {
 /// cell's (never written, never sent) behind them
 /// ([`rebase`](egress_reactive::EgressCellOf::rebase)). When another store
 /// takes the stream over ([`SqliteStore::load`] elsewhere), the relay
-/// shows the error and stops.
+/// shows the error (at once if a write was refused, else at the cell's
+/// next record, which stays unwritten) and stops.
 ///
 /// The relay reads the cell's core, never its readers: an application
 /// that drops its context first (the readers with it) leaves the relay

@@ -60,7 +60,17 @@ async fn write_once<S: JournalStore, T: Clone + Send + Sync + 'static>(
     store: &Arc<tokio::sync::Mutex<S>>,
     written: &Written<T>,
 ) -> Option<Result<(), StoreError>> {
-    let (ready, appends) = cell.poll_ready()?;
+    let (ready, appends) = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.poll_ready())) {
+        Ok(polled) => polled?,
+        // A payload's Clone panicked: the cell failed the `Ready` (and
+        // shows it); it is offered again after the backoff.
+        Err(panic) => {
+            let what = egress_core::panic_message(&*panic).unwrap_or_default();
+            tracing::warn!(%what, "egress relay: a payload's Clone panicked");
+            written.counters.failures.fetch_add(1, Ordering::Relaxed);
+            return Some(Err(StoreError::Task(format!("a payload's Clone panicked: {what}"))));
+        }
+    };
     let epoch = ready.epoch;
     let counters = &written.counters;
     let started = std::time::Instant::now();
@@ -179,6 +189,40 @@ fn fenced(counters: &Counters, why: &StoreError) {
     counters.fenced.store(true, Ordering::Relaxed);
 }
 
+/// After a fence: nothing more is written. The next `Ready` the cell
+/// offers (at once, or at its next transition) is failed with why, so the
+/// cell shows it (and keeps showing it: no later one is persisted) rather
+/// than hold what comes next unwritten with no reason.
+async fn refuse<T: Clone + Send + Sync + 'static>(
+    cell: &AsyncEgressCell<T>,
+    why: &StoreError,
+    bell: &Notify,
+    stop: &mut watch::Receiver<bool>,
+) {
+    loop {
+        let rung = bell.notified();
+        tokio::pin!(rung);
+        rung.as_mut().enable();
+        if *stop.borrow() {
+            return;
+        }
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.poll_ready())) {
+            Ok(Some((ready, _))) => {
+                let _ = cell.persist_failed(ready.epoch, format!("{why}: nothing more is written"));
+                return;
+            }
+            Ok(None) => {}
+            // A payload's Clone panicked: the cell failed the `Ready` and
+            // shows that; the writes stop all the same.
+            Err(_) => return,
+        }
+        tokio::select! {
+            () = &mut rung => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
 pub(super) async fn run<S: JournalStore, T: Clone + Send + Sync + 'static>(
     cell: AsyncEgressCell<T>,
     store: Arc<tokio::sync::Mutex<S>>,
@@ -190,7 +234,9 @@ pub(super) async fn run<S: JournalStore, T: Clone + Send + Sync + 'static>(
     let counters = written.counters.clone();
     let mut failures: u32 = 0;
     let mut more = true;
-    loop {
+    // The loop ends only at a fence (a stop returns from it); its bell wait
+    // is dropped by then, so the fence's own wait hears the bell.
+    let fence = loop {
         let rung = bell.notified();
         tokio::pin!(rung);
         rung.as_mut().enable();
@@ -200,18 +246,14 @@ pub(super) async fn run<S: JournalStore, T: Clone + Send + Sync + 'static>(
             return;
         }
         if let Err(e @ (StoreError::Fenced { .. } | StoreError::Closed)) = store.lock().await.keep().await {
-            fenced(&counters, &e);
-            return;
+            break e;
         }
         match write_once(&cell, &store, &written).await {
             Some(Ok(())) => {
                 failures = 0;
                 continue;
             }
-            Some(Err(e @ (StoreError::Fenced { .. } | StoreError::Closed))) => {
-                fenced(&counters, &e);
-                return;
-            }
+            Some(Err(e @ (StoreError::Fenced { .. } | StoreError::Closed))) => break e,
             Some(Err(_)) => {
                 let wait = backoff(&config, failures);
                 failures = failures.saturating_add(1);
@@ -239,7 +281,9 @@ pub(super) async fn run<S: JournalStore, T: Clone + Send + Sync + 'static>(
             () = tokio::time::sleep(config.poll_interval) => {}
             _ = stop.changed() => {}
         }
-    }
+    };
+    fenced(&counters, &fence);
+    refuse(&cell, &fence, &bell, &mut stop).await;
 }
 
 /// `retry_base * 2^failures`, capped at `retry_max`.
