@@ -327,8 +327,9 @@ async fn the_rejections_keep_the_newest_as_many_as_asked() {
         let cell = cell(&cx, 2);
         let config = HttpConfig::new(&server.url()).unwrap().rejections(kept);
         let sender = HttpSender::start(&cell, config).unwrap();
+        // One serial lane: the refusals come in their order.
         for _ in 0..3 {
-            cell.enqueue(Lane::Other, HttpRequest::new(Method::POST, "status/403/no")).unwrap();
+            cell.enqueue(Lane::ToDevice, HttpRequest::new(Method::POST, "status/403/no")).unwrap();
         }
         settled(&cell).await;
         let ordinals: Vec<u64> = sender.rejections().get_untracked().iter().map(|r| r.ordinal.0).collect();
