@@ -90,8 +90,8 @@ pub struct Applied {
     pub body: Bytes,
 }
 
-/// What the server saw.
-#[derive(Debug, Default)]
+/// What the server saw, and the generator of its chaos.
+#[derive(Debug)]
 struct Ledger {
     applied: Vec<Applied>,
     by_key: HashMap<String, usize>,
@@ -99,7 +99,8 @@ struct Ledger {
     duplicates: u64,
     in_flight: HashMap<String, usize>,
     most_in_flight: BTreeMap<String, usize>,
-    rng: Option<egress_reactive::Xorshift>,
+    /// The generator the transports' seeded draws share.
+    rng: egress_reactive::Xorshift,
 }
 
 struct Shared {
@@ -136,7 +137,15 @@ impl Homeserver {
     pub async fn start_on(addr: SocketAddr, chaos: Chaos) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let ledger = Ledger { rng: Some(egress_reactive::Xorshift::new(chaos.seed)), ..Ledger::default() };
+        let ledger = Ledger {
+            applied: Vec::new(),
+            by_key: HashMap::new(),
+            requests: 0,
+            duplicates: 0,
+            in_flight: HashMap::new(),
+            most_in_flight: BTreeMap::new(),
+            rng: egress_reactive::Xorshift::new(chaos.seed),
+        };
         let shared = Arc::new(Shared { ledger: Mutex::new(ledger), chaos });
         let task = tokio::spawn(serve(listener, shared.clone()));
         Ok(Homeserver { addr, shared, task })
@@ -253,8 +262,7 @@ async fn handle(
         let now = *n;
         let most = ledger.most_in_flight.entry(class.clone()).or_insert(0);
         *most = (*most).max(now);
-        // The generator the transports' seeded draws share.
-        let r = ledger.rng.get_or_insert(egress_reactive::Xorshift::new(0)).next_f64();
+        let r = ledger.rng.next_f64();
         let mut edge = 0.0;
         let mut fate = Fate::Plain;
         for (p, f) in [

@@ -67,3 +67,24 @@ async fn a_dropped_homeserver_takes_no_more_connections() {
     )
     .await;
 }
+
+/// The fates of a run of requests, one at a time, under `seed`.
+async fn fates(seed: u64) -> Vec<u16> {
+    let chaos = Chaos { seed, server_error: 0.5, ..Chaos::none() };
+    let server = Homeserver::start(chaos).await.unwrap();
+    let mut statuses = Vec::new();
+    for i in 0..32 {
+        statuses.push(put(&server, &format!("p/{i}"), &format!("k{i}")).await.unwrap().status().as_u16());
+    }
+    statuses
+}
+
+/// The chaos is drawn from its seed: the same seed, the same fates; another
+/// seed, others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_seed_gives_the_same_fates_and_another_seed_others() {
+    let (one, again, two) = (fates(1).await, fates(1).await, fates(2).await);
+    assert_eq!(one, again);
+    assert_ne!(one, two);
+    assert!(one.contains(&500) && one.contains(&200), "{one:?}");
+}
