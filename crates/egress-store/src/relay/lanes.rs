@@ -278,44 +278,22 @@ where
     async fn fenced(&self, why: &StoreError, bell: &Notify, stop: &mut watch::Receiver<bool>) {
         tracing::error!(error = %why, "egress lanes relay: another store took the lanes over; stopping");
         self.counters.fenced.store(true, Ordering::Relaxed);
-        loop {
-            let rung = bell.notified();
-            tokio::pin!(rung);
-            rung.as_mut().enable();
-            if *stop.borrow() {
-                return;
+        let fail_offered = || {
+            let offered = self.cell.poll_ready();
+            if let Some((ready, _)) = &offered {
+                let _ = self.cell.persist_failed(ready.epoch, format!("{why}: nothing more is written"));
             }
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.cell.poll_ready())) {
-                Ok(Some((ready, _))) => {
-                    let _ = self.cell.persist_failed(ready.epoch, format!("{why}: nothing more is written"));
-                    return;
-                }
-                Ok(None) => {}
-                // A payload's Clone panicked: the cell failed the epoch
-                // and shows that; the fence goes unsaid, the writes stop.
-                Err(_) => return,
-            }
-            tokio::select! {
-                () = &mut rung => {}
-                _ = stop.changed() => {}
-            }
-        }
+            offered.is_some()
+        };
+        super::task::refuse(fail_offered, bell, stop).await;
     }
 
     /// Commits one `LanesReady` if the journal has one: whether it did, and
     /// the error if the commit failed.
     async fn write_once(&self) -> Option<Result<(), StoreError>> {
-        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.cell.poll_ready()));
-        let (ready, appends) = match polled {
-            Ok(polled) => polled?,
-            // A payload's Clone panicked: the cell failed the epoch (and
-            // shows it); it is offered again after the backoff.
-            Err(panic) => {
-                let what = egress_core::panic_message(&*panic).unwrap_or_default();
-                tracing::warn!(%what, "egress lanes relay: a payload's Clone panicked");
-                self.counters.failures.fetch_add(1, Ordering::Relaxed);
-                return Some(Err(StoreError::Task(format!("a payload's Clone panicked: {what}"))));
-            }
+        let (ready, appends) = match super::task::poll_caught(|| self.cell.poll_ready(), &self.counters)? {
+            Ok(polled) => polled,
+            Err(e) => return Some(Err(e)),
         };
         let epoch = ready.epoch;
         let count: usize = appends.iter().map(Vec::len).sum();

@@ -60,16 +60,9 @@ async fn write_once<S: JournalStore, T: Clone + Send + Sync + 'static>(
     store: &Arc<tokio::sync::Mutex<S>>,
     written: &Written<T>,
 ) -> Option<Result<(), StoreError>> {
-    let (ready, appends) = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.poll_ready())) {
-        Ok(polled) => polled?,
-        // A payload's Clone panicked: the cell failed the `Ready` (and
-        // shows it); it is offered again after the backoff.
-        Err(panic) => {
-            let what = egress_core::panic_message(&*panic).unwrap_or_default();
-            tracing::warn!(%what, "egress relay: a payload's Clone panicked");
-            written.counters.failures.fetch_add(1, Ordering::Relaxed);
-            return Some(Err(StoreError::Task(format!("a payload's Clone panicked: {what}"))));
-        }
+    let (ready, appends) = match poll_caught(|| cell.poll_ready(), &written.counters)? {
+        Ok(polled) => polled,
+        Err(e) => return Some(Err(e)),
     };
     let epoch = ready.epoch;
     let counters = &written.counters;
@@ -189,16 +182,14 @@ fn fenced(counters: &Counters, why: &StoreError) {
     counters.fenced.store(true, Ordering::Relaxed);
 }
 
-/// After a fence: nothing more is written. The next `Ready` the cell
-/// offers (at once, or at its next transition) is failed with why, so the
-/// cell shows it (and keeps showing it: no later one is persisted) rather
-/// than hold what comes next unwritten with no reason.
-async fn refuse<T: Clone + Send + Sync + 'static>(
-    cell: &AsyncEgressCell<T>,
-    why: &StoreError,
-    bell: &Notify,
-    stop: &mut watch::Receiver<bool>,
-) {
+/// After a fence: nothing more is written. `fail_offered` asks the cell
+/// for what it would have written next and fails it with why (true when
+/// it did): called now, then at each ring of `bell` until it did (or a
+/// stop), so the cell shows why once and keeps showing it (no later epoch
+/// is persisted) rather than hold what comes next unwritten with no
+/// reason. A payload's `Clone` that panics in it ends the wait: the cell
+/// failed that epoch itself and shows that.
+pub(super) async fn refuse(fail_offered: impl Fn() -> bool, bell: &Notify, stop: &mut watch::Receiver<bool>) {
     loop {
         let rung = bell.notified();
         tokio::pin!(rung);
@@ -206,19 +197,27 @@ async fn refuse<T: Clone + Send + Sync + 'static>(
         if *stop.borrow() {
             return;
         }
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.poll_ready())) {
-            Ok(Some((ready, _))) => {
-                let _ = cell.persist_failed(ready.epoch, format!("{why}: nothing more is written"));
-                return;
-            }
-            Ok(None) => {}
-            // A payload's Clone panicked: the cell failed the `Ready` and
-            // shows that; the writes stop all the same.
-            Err(_) => return,
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(&fail_offered)).unwrap_or(true) {
+            return;
         }
         tokio::select! {
             () = &mut rung => {}
             _ = stop.changed() => {}
+        }
+    }
+}
+
+/// `poll` (a cell's `poll_ready`), with a payload's `Clone` that panics in
+/// it caught: the cell failed that epoch (and shows it), the failure is
+/// counted, and the epoch is offered again after the backoff.
+pub(super) fn poll_caught<R>(poll: impl FnOnce() -> Option<R>, counters: &Counters) -> Option<Result<R, StoreError>> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(poll)) {
+        Ok(polled) => polled.map(Ok),
+        Err(panic) => {
+            let what = egress_core::panic_message(&*panic).unwrap_or_default();
+            tracing::warn!(%what, "egress relay: a payload's Clone panicked");
+            counters.failures.fetch_add(1, Ordering::Relaxed);
+            Some(Err(StoreError::Task(format!("a payload's Clone panicked: {what}"))))
         }
     }
 }
@@ -283,7 +282,14 @@ pub(super) async fn run<S: JournalStore, T: Clone + Send + Sync + 'static>(
         }
     };
     fenced(&counters, &fence);
-    refuse(&cell, &fence, &bell, &mut stop).await;
+    let fail_offered = || {
+        let offered = cell.poll_ready();
+        if let Some((ready, _)) = &offered {
+            let _ = cell.persist_failed(ready.epoch, format!("{fence}: nothing more is written"));
+        }
+        offered.is_some()
+    };
+    refuse(fail_offered, &bell, &mut stop).await;
 }
 
 /// `retry_base * 2^failures`, capped at `retry_max`.
