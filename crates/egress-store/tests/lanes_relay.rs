@@ -325,3 +325,45 @@ async fn a_payload_clone_that_panics_once_fails_one_write_not_the_relay() {
     until("c0 written", || cell.with_lanes(|l| l.unpersisted_len()) == 0).await;
     assert_eq!(durable.cell.persist_error().get_untracked(), None);
 }
+
+/// JSON, except that it refuses to write the message "bad".
+struct Picky;
+
+impl egress_codec::Encode<Msg> for Picky {
+    fn encode(&self, value: &Msg) -> Result<bytes::Bytes, egress_codec::CodecError> {
+        if value.0 == "bad" {
+            return Err("no".into());
+        }
+        egress_codec::Encode::encode(&Json, value)
+    }
+}
+
+impl egress_codec::Codec<Msg> for Picky {
+    fn decode(&self, bytes: &bytes::Bytes) -> Result<Msg, egress_codec::CodecError> {
+        egress_codec::Codec::decode(&Json, bytes)
+    }
+}
+
+/// A record the codec cannot write fails its write, every lane's part of
+/// it: shown, tried again, and nothing of it written or sent (the table
+/// of docs/lanes.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_codec_cannot_write_holds_every_lanes_writes_visibly() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let policy = LanesPolicy::new(Policy::default(), 16).unwrap();
+    let durable: DurableLanes<Lane, Msg> =
+        open_durable_lanes(&cx, dir.db(), "client", Picky, policy, CellOptions::new(), config()).await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _link = durable.cell.attach(Wire(tx));
+    durable.cell.enqueue(room("a"), Msg("bad".into())).unwrap();
+    durable.cell.enqueue(room("b"), Msg("fine".into())).unwrap();
+    let cell = durable.cell.clone();
+    until("the error shown", || cell.persist_error().get_untracked().is_some()).await;
+    let relay = &durable.relay;
+    until("tried again", || relay.stats().failures >= 2).await;
+    assert_eq!(durable.cell.unpersisted_len().get_untracked(), 2, "room b's record waits with room a's");
+    assert!(rx.try_recv().is_err(), "nothing unwritten is sent");
+    let error = durable.cell.persist_error().get_untracked().unwrap();
+    assert!(error.reason.contains("does not encode"), "{}", error.reason);
+}
