@@ -175,7 +175,9 @@ pub struct HttpStats {
     pub completed: u64,
     /// Requests that failed and were retried later.
     pub retried: u64,
-    /// Records that became dead letters.
+    /// Records that became dead letters. Counted once
+    /// [`HttpSender::rejections`] lists them: a count read says the list
+    /// holds them (the newest it keeps).
     pub rejected: u64,
 }
 
@@ -417,7 +419,7 @@ impl<K: LaneKey + Send + Sync + 'static> HttpSender<K> {
         HttpStats {
             completed: c.completed.load(Ordering::Relaxed),
             retried: c.retried.load(Ordering::Relaxed),
-            rejected: c.rejected.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Acquire),
         }
     }
 
@@ -518,7 +520,6 @@ impl<K: LaneKey + Send + Sync + 'static> Run<K> {
                 self.connection.set(ConnectionState::Reconnecting { retry_at, failures: self.failures, error });
             }
             FailOutcome::Exhausted(_) => {
-                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(?lane, ordinal = ordinal.0, %error, "egress http sender: a dead letter");
                 if error.answered() {
                     self.online(generation);
@@ -529,6 +530,8 @@ impl<K: LaneKey + Send + Sync + 'static> Run<K> {
                     let skip = (list.len() + 1).saturating_sub(kept);
                     *list = list.iter().skip(skip).cloned().chain((kept > 0).then_some(rejection)).collect();
                 });
+                // Counted once listed: a count read says the list has it.
+                self.counters.rejected.fetch_add(1, Ordering::Release);
             }
             // Fenced (a later sender took over) or already settled.
             FailOutcome::UnknownSequence { .. } | FailOutcome::StaleGeneration { .. } => {}

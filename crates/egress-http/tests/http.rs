@@ -56,6 +56,13 @@ async fn settled(cell: &AsyncLanesCell<Lane, HttpRequest>) {
     .await;
 }
 
+/// Waits until the sender has counted `n` dead letters (and so listed
+/// them): it does so just after the cell takes each, so a settled cell
+/// alone does not say the list is complete.
+async fn rejected(sender: &HttpSender<Lane>, n: u64) {
+    egress_testkit::until(|| (sender.stats().rejected >= n).then_some(()), || format!("{:?}", sender.stats())).await;
+}
+
 /// Waits until the sender's connection reads offline, and returns that state.
 async fn reconnecting(sender: &HttpSender<Lane>) -> ConnectionState<HttpError> {
     egress_testkit::until(
@@ -169,6 +176,7 @@ async fn a_refused_request_is_a_dead_letter_with_the_status_and_the_body() {
     cell.enqueue(Lane::Other, at("status/503/down")).unwrap();
     cell.enqueue(Lane::ToDevice, request(&Lane::ToDevice, 1)).unwrap();
     settled(&cell).await;
+    rejected(&sender, 3).await;
     let rejections = sender.rejections().get_untracked();
     let errors: Vec<_> = rejections.iter().map(|r| (r.ordinal.0, r.error.clone())).collect();
     assert_eq!(errors.len(), 3, "{errors:?}");
@@ -262,6 +270,7 @@ async fn a_request_that_cannot_be_made_or_a_redirect_is_a_dead_letter_and_the_re
     cell.enqueue(a.clone(), HttpRequest::new(Method::PUT, "status/303/moved")).unwrap();
     cell.enqueue(a.clone(), request(&a, 2)).unwrap();
     settled(&cell).await;
+    rejected(&sender, 2).await;
     let errors: Vec<_> = sender.rejections().get_untracked().iter().map(|r| r.error.clone()).collect();
     assert!(
         matches!(&errors[..], [HttpError::Unsendable(why), HttpError::Status { status: 303, .. }] if why.contains("content type")),
@@ -334,6 +343,7 @@ async fn the_rejections_keep_the_newest_as_many_as_asked() {
             cell.enqueue(Lane::ToDevice, HttpRequest::new(Method::POST, "status/403/no")).unwrap();
         }
         settled(&cell).await;
+        rejected(&sender, 3).await;
         let ordinals: Vec<u64> = sender.rejections().get_untracked().iter().map(|r| r.ordinal.0).collect();
         let newest: Vec<u64> = (3 - kept as u64..3).collect();
         assert_eq!(ordinals, newest, "kept {kept}");
@@ -371,6 +381,7 @@ async fn an_error_body_of_many_chunks_is_read_up_to_64_kib() {
     let sender = HttpSender::start(&cell, config).unwrap();
     cell.enqueue(Lane::Other, HttpRequest::new(Method::POST, "big")).unwrap();
     settled(&cell).await;
+    rejected(&sender, 1).await;
     let rejections = sender.rejections().get_untracked();
     match &rejections[0].error {
         HttpError::Status { status: 403, body } => assert_eq!(body.len(), 65_536),
