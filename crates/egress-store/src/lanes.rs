@@ -5,12 +5,15 @@
 //!
 //! A lane's stream is named `{lanes}\u{1f}{key}`, its key as JSON (serde),
 //! and marked with the lanes' name: it is written only through its lanes
-//! (an [`Outbox`](crate::Outbox) append to it would move its counter under
-//! the lanes, and their next write to it would be refused with
-//! [`StoreError::Conflict`]).
+//! (an [`Outbox`](crate::Outbox) append to it is refused with
+//! [`StoreError::OtherKind`]: it would move the lane's counter under the
+//! core that assigns it).
 
 use bytes::Bytes;
-use egress_core::{Generation, Incarnation, LanesReady, Ordinal, Restored, RestoredLane, RestoredLanes, Sequence};
+use egress_core::{
+    DeadReason, Generation, Incarnation, LanesReady, Ordinal, Restored, RestoredLane, RestoredLanes, RestoredRecord,
+    Sequence,
+};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::StoreError;
@@ -25,12 +28,12 @@ pub fn lane_stream<K: serde::Serialize>(lanes: &str, key: &K) -> Result<String, 
     Ok(stream_of(lanes, &key_json(lanes, key)?))
 }
 
-fn stream_of(lanes: &str, key: &str) -> String {
+pub(crate) fn stream_of(lanes: &str, key: &str) -> String {
     format!("{lanes}\u{1f}{key}")
 }
 
 /// The lane key as stored: JSON.
-fn key_json<K: serde::Serialize>(lanes: &str, key: &K) -> Result<String, StoreError> {
+pub(crate) fn key_json<K: serde::Serialize>(lanes: &str, key: &K) -> Result<String, StoreError> {
     serde_json::to_string(key).map_err(|e| StoreError::LaneKey { lanes: lanes.to_owned(), reason: e.to_string() })
 }
 
@@ -72,6 +75,99 @@ impl<K> LoadedLanes<K> {
             restored: RestoredLanes { generation, next_ordinal, lanes: decoded },
         })
     }
+}
+
+/// One lane's stream as a store read it, before its key is read.
+pub(crate) struct StoredLane {
+    pub(crate) stream: String,
+    /// The key as stored (JSON).
+    pub(crate) key: String,
+    pub(crate) generation: u64,
+    pub(crate) next_sequence: u64,
+    pub(crate) acked: Option<u64>,
+    pub(crate) records: Vec<RestoredRecord<Bytes>>,
+    pub(crate) skipped: Vec<(Sequence, DeadReason)>,
+    /// One per record: `None` for a record written without one.
+    pub(crate) ordinals: Vec<Option<Ordinal>>,
+}
+
+/// The lanes a store read (their row's incarnation, generation and next
+/// ordinal, and each lane's stream) as [`LoadedLanes`], in every store
+/// the same way: each key read as a `K` and refused unless it writes back
+/// as stored (its stream is named by it), the generation the highest
+/// stored, the next ordinal past every stored one, a record without its
+/// ordinal refused.
+pub(crate) fn assemble<K: serde::Serialize + serde::de::DeserializeOwned>(
+    lanes: &str,
+    incarnation: Incarnation,
+    mut generation: u64,
+    mut next_ordinal: u64,
+    stored: Vec<StoredLane>,
+) -> Result<LoadedLanes<K>, StoreError> {
+    let mut restored_lanes = Vec::with_capacity(stored.len());
+    for StoredLane { stream, key, generation: g, next_sequence, acked, records, skipped, ordinals } in stored {
+        let lane: K = serde_json::from_str(&key)
+            .map_err(|e| StoreError::LaneKey { lanes: lanes.to_owned(), reason: format!("{key}: {e}") })?;
+        let again = key_json(lanes, &lane)?;
+        if again != key || stream != stream_of(lanes, &key) {
+            let reason = format!("the stored key {key} reads back as {again}: a key must serialize as stored");
+            return Err(StoreError::LaneKey { lanes: lanes.to_owned(), reason });
+        }
+        generation = generation.max(g);
+        let ordinals = ordinals
+            .into_iter()
+            .map(|o| o.ok_or(StoreError::OutOfRange { what: "ordinal (a lane's record without one)", value: -1 }))
+            .collect::<Result<Vec<Ordinal>, _>>()?;
+        if let Some(last) = ordinals.last() {
+            next_ordinal = next_ordinal.max(last.0.saturating_add(1));
+        }
+        let restored = Restored {
+            generation: Generation(0),
+            next_sequence: Sequence(next_sequence),
+            acked_through: acked.map(Sequence),
+            records,
+            skipped,
+        };
+        restored_lanes.push(RestoredLane { lane, restored, ordinals });
+    }
+    Ok(LoadedLanes {
+        incarnation,
+        restored: RestoredLanes {
+            generation: restorable_generation(generation)?,
+            next_ordinal: Ordinal(next_ordinal),
+            lanes: restored_lanes,
+        },
+    })
+}
+
+/// The streams a [`LanesReady`] writes (with each lane's key as stored)
+/// and those it forgets, once its appends are checked: one list of
+/// payloads per lane, each matching its lane's appends and ordinals.
+pub(crate) type LaneNames = (Vec<(String, String)>, Vec<String>);
+
+/// See [`LaneNames`].
+pub(crate) fn checked_names<K: serde::Serialize>(
+    lanes: &str,
+    ready: &LanesReady<K>,
+    appends: &[Vec<(Sequence, Bytes)>],
+) -> Result<LaneNames, StoreError> {
+    if appends.len() != ready.lanes.len() {
+        return Err(StoreError::Appends {
+            expected: ready.lanes.first().map_or(Sequence(0)..Sequence(0), |l| l.ready.appends.clone()),
+            given: appends.len(),
+        });
+    }
+    let mut names = Vec::with_capacity(ready.lanes.len());
+    for (part, payloads) in ready.lanes.iter().zip(appends) {
+        crate::sqlite::check_appends(&part.ready, payloads)?;
+        if part.ordinals.len() != payloads.len() {
+            return Err(StoreError::Appends { expected: part.ready.appends.clone(), given: part.ordinals.len() });
+        }
+        let key = key_json(lanes, &part.lane)?;
+        names.push((stream_of(lanes, &key), key));
+    }
+    let forget = ready.forget.iter().map(|k| lane_stream(lanes, k)).collect::<Result<Vec<_>, _>>()?;
+    Ok((names, forget))
 }
 
 /// Whether the lanes' row still holds the owner token `mine`.
@@ -132,8 +228,8 @@ impl SqliteStore {
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?;
         let incarnation = incarnation_of(&incarnation)?;
-        let mut generation = to_u64("generation", generation)?;
-        let mut next_ordinal = to_u64("next_ordinal", next_ordinal)?;
+        let generation = to_u64("generation", generation)?;
+        let next_ordinal = to_u64("next_ordinal", next_ordinal)?;
         let streams: Vec<(String, String, i64, i64, Option<i64>)> = {
             let mut select = tx.prepare_cached(
                 "SELECT stream, lane, generation, next_sequence, acked_through FROM egress_stream
@@ -144,40 +240,20 @@ impl SqliteStore {
         };
         let mut stored = Vec::with_capacity(streams.len());
         for (stream, key, g, next, acked) in streams {
-            let lane: K = serde_json::from_str(&key)
-                .map_err(|e| StoreError::LaneKey { lanes: lanes.to_owned(), reason: format!("{key}: {e}") })?;
-            let again = key_json(lanes, &lane)?;
-            if again != key || stream != stream_of(lanes, &key) {
-                let reason = format!("the stored key {key} reads back as {again}: a key must serialize as stored");
-                return Err(StoreError::LaneKey { lanes: lanes.to_owned(), reason });
-            }
-            generation = generation.max(to_u64("generation", g)?);
             let acked = acked.map(|a| to_u64("acked_through", a)).transpose()?;
             let (records, skipped, ordinals) = stream_records(&tx, &stream, acked)?;
-            let ordinals = ordinals
-                .into_iter()
-                .map(|o| o.ok_or(StoreError::OutOfRange { what: "ordinal (a lane's record without one)", value: -1 }))
-                .collect::<Result<Vec<Ordinal>, _>>()?;
-            if let Some(last) = ordinals.last() {
-                next_ordinal = next_ordinal.max(last.0.saturating_add(1));
-            }
-            let restored = Restored {
-                generation: Generation(0),
-                next_sequence: Sequence(to_u64("next_sequence", next)?),
-                acked_through: acked.map(Sequence),
+            stored.push(StoredLane {
+                generation: to_u64("generation", g)?,
+                next_sequence: to_u64("next_sequence", next)?,
+                stream,
+                key,
+                acked,
                 records,
                 skipped,
-            };
-            stored.push(RestoredLane { lane, restored, ordinals });
+                ordinals,
+            });
         }
-        let loaded = LoadedLanes {
-            incarnation,
-            restored: RestoredLanes {
-                generation: restorable_generation(generation)?,
-                next_ordinal: Ordinal(next_ordinal),
-                lanes: stored,
-            },
-        };
+        let loaded = assemble(lanes, incarnation, generation, next_ordinal, stored)?;
         // Dropped without a commit on an error: nothing taken, nothing made.
         let restored = restore(loaded)?;
         let owner = fresh_incarnation();
@@ -208,22 +284,7 @@ impl SqliteStore {
         ready: &LanesReady<K>,
         appends: &[Vec<(Sequence, Bytes)>],
     ) -> Result<(), StoreError> {
-        if appends.len() != ready.lanes.len() {
-            return Err(StoreError::Appends {
-                expected: ready.lanes.first().map_or(Sequence(0)..Sequence(0), |l| l.ready.appends.clone()),
-                given: appends.len(),
-            });
-        }
-        let mut names = Vec::with_capacity(ready.lanes.len());
-        for (part, payloads) in ready.lanes.iter().zip(appends) {
-            crate::sqlite::check_appends(&part.ready, payloads)?;
-            if part.ordinals.len() != payloads.len() {
-                return Err(StoreError::Appends { expected: part.ready.appends.clone(), given: part.ordinals.len() });
-            }
-            let key = key_json(lanes, &part.lane)?;
-            names.push((stream_of(lanes, &key), key));
-        }
-        let forget = ready.forget.iter().map(|k| lane_stream(lanes, k)).collect::<Result<Vec<_>, _>>()?;
+        let (names, forget) = checked_names(lanes, ready, appends)?;
         let Some(mine) = self.owned_lanes.get(lanes).copied() else {
             return Err(StoreError::NotLoaded { stream: lanes.to_owned() });
         };

@@ -55,8 +55,8 @@ use egress_core::{RestoreError, Sequence};
 pub use crate::lanes::{LoadedLanes, lane_stream};
 #[cfg(feature = "relay")]
 pub use crate::relay::{
-    Durable, DurableLanes, JournalStore, LanesRelay, Relay, RelayConfig, RelayStats, SqliteJournal, open_durable,
-    open_durable_lanes, open_durable_lanes_raw, open_durable_with,
+    Durable, DurableLanes, JournalStore, LanesJournal, LanesRelay, Relay, RelayConfig, RelayStats, SqliteJournal,
+    SqliteLanes, open_durable, open_durable_lanes, open_durable_lanes_raw, open_durable_with,
 };
 pub use crate::sqlite::{Loaded, Outbox, ReceivedLog, SCHEMA_VERSION, SqliteStore, migrate};
 
@@ -168,6 +168,18 @@ pub enum StoreError {
         stream: String,
         /// The sequence asked for.
         sequence: Sequence,
+    },
+    /// The name is of the other kind: a plain stream asked for as lanes
+    /// (`lanes` is `None`), or lanes or a lane's stream asked for as a
+    /// plain stream (`lanes` names them). Nothing was taken.
+    #[error("{stream}: {}", lanes.as_ref().map_or_else(
+        || "a plain stream, not lanes".to_owned(),
+        |l| format!("belongs to the lanes {l}: take the lanes")))]
+    OtherKind {
+        /// The name asked for.
+        stream: String,
+        /// The lanes it belongs to, if any.
+        lanes: Option<String>,
     },
     /// A lane key serde cannot write, or a stored one it cannot read as
     /// the lanes' key type.

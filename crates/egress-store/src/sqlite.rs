@@ -641,19 +641,25 @@ impl Outbox {
     /// SQLite's error (the schema missing: call [`migrate`] first), the
     /// counter out of range, a payload above the
     /// [limit](Self::max_payload) ([`StoreError::TooLarge`]) or an append
-    /// past the [capacity](Self::capacity) ([`StoreError::Full`]); nothing
-    /// is appended then.
+    /// past the [capacity](Self::capacity) ([`StoreError::Full`]), or a
+    /// lane's stream ([`StoreError::OtherKind`]: lanes are written only
+    /// through their lanes); nothing is appended then.
     pub fn append(&self, conn: &Connection, payload: &[u8]) -> Result<Sequence, StoreError> {
         self.admission.size(payload.len())?;
         conn.execute_batch("SAVEPOINT egress_append")?;
         let result = (|| {
             ensure_stream(conn, &self.stream)?;
-            let (sequence, acked): (i64, Option<i64>) = conn.query_row(
+            let (sequence, acked, lanes): (i64, Option<i64>, Option<String>) = conn.query_row(
                 "UPDATE egress_stream SET next_sequence = next_sequence + 1 WHERE stream = ?1
-                 RETURNING next_sequence - 1, acked_through",
+                 RETURNING next_sequence - 1, acked_through, lanes",
                 [&self.stream],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )?;
+            // A lane's stream is written only through its lanes (its
+            // counter is the core's): refused, and taken back below.
+            if let Some(lanes) = lanes {
+                return Err(StoreError::OtherKind { stream: self.stream.clone(), lanes: Some(lanes) });
+            }
             let acked = acked.map(|a| to_u64("acked_through", a)).transpose()?;
             self.admission.room(&self.stream, to_u64("sequence", sequence)?, acked)?;
             conn.execute(

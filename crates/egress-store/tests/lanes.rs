@@ -4,42 +4,13 @@
 //! it: every commit is its own transaction).
 #![allow(clippy::unwrap_used)]
 
-use std::num::NonZeroUsize;
-
 use bytes::Bytes;
-use egress_core::{
-    Generation, LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, Ordinal, Policy, RestoredLanes, Sequence,
-};
+use egress_core::{Generation, LaneKey, LaneKind, Lanes, LanesClaim, Ordinal, RestoredLanes, Sequence};
 use egress_store::{Outbox, SqliteStore, StoreError, lane_stream};
 
 mod common;
 use common::TempDir;
-
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-enum Lane {
-    Room(String),
-    ToDevice,
-    AccountData,
-    Other,
-}
-
-impl LaneKey for Lane {
-    fn kind(&self) -> LaneKind {
-        match self {
-            Lane::Room(_) | Lane::ToDevice => LaneKind::Serial,
-            Lane::AccountData => LaneKind::Strict,
-            Lane::Other => LaneKind::Unordered(NonZeroUsize::new(4).unwrap()),
-        }
-    }
-}
-
-fn room(name: &str) -> Lane {
-    Lane::Room(name.to_owned())
-}
-
-fn policy(max_lanes: usize) -> LanesPolicy {
-    LanesPolicy::new(Policy::default(), max_lanes).unwrap()
-}
+use common::lanes::{Lane, drain, policy, room, text};
 
 const NAME: &str = "client";
 
@@ -73,31 +44,6 @@ fn open(dir: &TempDir, max_lanes: usize) -> (SqliteStore, Lanes<Lane, Bytes>) {
     let loaded = store.load_lanes::<Lane>(NAME).unwrap();
     let lanes = Lanes::restore(policy(max_lanes), loaded.restored).unwrap();
     (store, lanes)
-}
-
-fn text(s: &str) -> Bytes {
-    Bytes::copy_from_slice(s.as_bytes())
-}
-
-/// Claims and completes everything, round by round, and returns the
-/// payloads in claim order.
-fn drain(lanes: &mut Lanes<Lane, Bytes>) -> Vec<String> {
-    let mut order = Vec::new();
-    for _ in 0..1_000 {
-        let g = lanes.generation();
-        let mut claimed = Vec::new();
-        while let LanesClaim::Claimed(e) = lanes.claim(g).outcome {
-            claimed.push((e.lane.clone(), e.envelope.sequence, e.envelope.payload.clone()));
-        }
-        if claimed.is_empty() {
-            return order;
-        }
-        for (lane, sequence, payload) in claimed {
-            let _ = lanes.complete(g, &lane, sequence);
-            order.push(String::from_utf8(payload.to_vec()).unwrap());
-        }
-    }
-    panic!("still claiming after 1,000 rounds");
 }
 
 /// The issue's test: interleaved lanes, a part sent and acknowledged, a
@@ -261,15 +207,34 @@ fn what_a_store_cannot_read_is_a_typed_error_not_a_panic() {
         Err(StoreError::OutOfRange { what, value: -1 }) => assert!(what.contains("without one"), "{what}"),
         other => panic!("expected OutOfRange, got {other:?}"),
     }
-    // A lane's counter moved by an outbox append: the lanes' next write to
-    // it is refused, whole.
+    // An outbox append to a lane's stream is refused, nothing appended.
     store.connection().execute("UPDATE egress_outbox SET ordinal = 0 WHERE stream = ?1", [&a]).unwrap();
     let loaded = store.load_lanes::<Lane>(NAME).unwrap();
     let mut lanes = Lanes::restore(policy(8), loaded.restored).unwrap();
     let app = rusqlite::Connection::open(dir.db()).unwrap();
-    let _ = Outbox::new(a.clone()).append(&app, b"stranger").unwrap();
+    match Outbox::new(a.clone()).append(&app, b"stranger") {
+        Err(StoreError::OtherKind { stream, lanes }) => assert_eq!((stream, lanes.as_deref()), (a.clone(), Some(NAME))),
+        other => panic!("expected OtherKind, got {other:?}"),
+    }
+    let (next, records): (i64, i64) = app
+        .query_row(
+            "SELECT next_sequence, (SELECT COUNT(*) FROM egress_outbox WHERE stream = ?1) FROM egress_stream
+             WHERE stream = ?1",
+            [&a],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((next, records), (1, 1), "the refused append took nothing");
+    // A lane's counter moved by hand: the lanes' next write to it is
+    // refused, whole.
+    app.execute("UPDATE egress_stream SET next_sequence = next_sequence + 1 WHERE stream = ?1", [&a]).unwrap();
     lanes.enqueue(room("a"), text("a1")).outcome.unwrap();
+    lanes.enqueue(room("b"), text("b0")).outcome.unwrap();
     assert!(matches!(write(&mut store, &mut lanes), Err(StoreError::Conflict { .. })));
+    let b = lane_stream(NAME, &room("b")).unwrap();
+    let b_rows: i64 =
+        app.query_row("SELECT COUNT(*) FROM egress_stream WHERE stream = ?1", [&b], |r| r.get(0)).unwrap();
+    assert_eq!(b_rows, 0, "no part of the refused write");
 }
 
 /// The same lanes read through a key type whose serde reads the stored key

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use egress_core::{RestoredRecord, Sequence};
+use egress_core::{Ordinal, RestoredRecord, Sequence};
 
 use super::store::Shared;
 use super::{PgStore, busy_or, ensure_stream};
@@ -44,6 +44,16 @@ pub(super) enum Renewal {
     Busy,
     /// Another store took the stream (its number is not the lease's).
     Lost,
+}
+
+/// What [`PgStore::load_ranges`] read of one stream: its records in
+/// order, each one's ordinal (`None` outside lanes), the dead letters it
+/// skipped.
+#[derive(Debug, Default)]
+pub(super) struct StreamRead {
+    pub(super) records: Vec<RestoredRecord<Bytes>>,
+    pub(super) ordinals: Vec<Option<Ordinal>>,
+    pub(super) skipped: Vec<(Sequence, egress_core::DeadReason)>,
 }
 
 /// One stream a [`PgStore::take_many`] took: its name, and its lease and
@@ -81,8 +91,10 @@ impl PgStore {
     /// it is still running (or this store's own).
     ///
     /// # Errors
-    /// PostgreSQL's error, a stored value out of range, or
-    /// [`StoreError::NoLease`] for a stream whose lease row was deleted.
+    /// PostgreSQL's error, a stored value out of range,
+    /// [`StoreError::NoLease`] for a stream whose lease row was deleted, or
+    /// [`StoreError::OtherKind`] for lanes or a lane's stream (taken with
+    /// [`take_lanes`](Self::take_lanes)).
     pub async fn take_stream(&self, stream: &str, lease: Duration) -> Result<Option<(Lease, Loaded)>, StoreError> {
         ensure_stream(&self.shared.client, stream).await.map_err(|e| match e {
             StoreError::Postgres(e) => busy_or(stream, e),
@@ -93,8 +105,15 @@ impl PgStore {
             let row = self
                 .shared
                 .client
-                .query_one("SELECT EXISTS (SELECT 1 FROM egress_lease WHERE stream = $1)", &[&stream])
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM egress_lease WHERE stream = $1),
+                            (SELECT lanes FROM egress_stream WHERE stream = $1)",
+                    &[&stream],
+                )
                 .await?;
+            if let Some(lanes) = row.get::<_, Option<String>>(1) {
+                return Err(StoreError::OtherKind { stream: stream.to_owned(), lanes: Some(lanes) });
+            }
             if !row.get::<_, bool>(0) {
                 return Err(StoreError::NoLease { stream: stream.to_owned() });
             }
@@ -108,21 +127,11 @@ impl PgStore {
     /// transaction ends), and only the lease holder prunes, so the load
     /// needs no transaction shared with the take.
     async fn take_where(&self, stream: Option<&str>, max: usize, lease: Duration) -> Result<Vec<Taken>, StoreError> {
-        let Shared { client, statements, worker, .. } = &*self.shared;
-        let millis = lease_millis(lease);
-        let max = i64::try_from(max).unwrap_or(i64::MAX);
-        let sent = tokio::time::Instant::now();
-        let rows = client.query(&statements.take, &[worker, &millis, &stream, &max]).await?;
-        let mut numbers: HashMap<String, Result<u64, StoreError>> = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let stream: String = row.get(0);
-            let (before, expired) = (row.get::<_, Option<&str>>(2), row.get::<_, Option<i64>>(3));
-            taken_from(&stream, worker, before, expired);
-            numbers.insert(stream, to_u64("lease", row.get(1)));
-        }
+        let (sent, mut numbers) = self.take_leases(stream, None, max, lease).await?;
         if numbers.is_empty() {
             return Ok(Vec::new());
         }
+        let Shared { client, statements, .. } = &*self.shared;
         // The streams' state, read once the take committed (a write of the
         // previous owner share-locks the lease row, so the take skipped
         // any stream with a write in progress, and no later write of the
@@ -132,7 +141,7 @@ impl PgStore {
         // Each stream read on its own, so that a value out of range fails
         // that stream only; the ranges to load of those read well.
         let mut taken: Vec<Taken> = Vec::with_capacity(states.len());
-        let (mut names, mut from, mut to, mut index) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut ranges = Vec::new();
         for row in &states {
             let stream: String = row.get(0);
             let Some(number) = numbers.remove(&stream) else { continue };
@@ -142,59 +151,126 @@ impl PgStore {
                 let generation = restorable_generation(to_u64("generation", row.get(2))?)?;
                 let next = to_u64("next_sequence", row.get(3))?;
                 let acked = row.get::<_, Option<i64>>(4).map(|a| to_u64("acked_through", a)).transpose()?;
-                let first = to_i64("sequence", acked.map_or(0, |a| a.saturating_add(1)))?;
                 let loaded = Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), Vec::new());
-                Ok((Lease { stream: stream.clone(), number, sent }, loaded, first, row.get::<_, i64>(3)))
+                Ok((Lease { stream: stream.clone(), number, sent }, loaded, acked))
             };
-            let read = read().map(|(lease, loaded, first, until)| {
-                names.push(stream.clone());
-                from.push(first);
-                to.push(until);
-                index.push(taken.len());
+            let read = read().map(|(lease, loaded, acked)| {
+                ranges.push((stream.clone(), acked, loaded.restored.next_sequence.0));
                 (lease, loaded)
             });
             taken.push((stream, read));
         }
-        if !names.is_empty() {
-            // In one statement; matched by name, not by the order of both
-            // lists (the database's collation need not sort names as Rust
-            // does).
-            let at: HashMap<&str, usize> = names.iter().map(String::as_str).zip(index).collect();
-            for row in client.query(&statements.load, &[&names, &from, &to]).await? {
-                let Some(&i) = at.get(row.get::<_, &str>(0)) else { continue };
-                let record = || {
-                    let sequence = Sequence(to_u64("seq", row.get(1))?);
-                    let reason = row.get::<_, Option<i16>>(3).map(i64::from);
-                    let dead = dead_of(reason, row.get::<_, Option<bool>>(4).map(i64::from))?;
-                    let payload = Bytes::from(row.get::<_, Vec<u8>>(2));
-                    Ok::<_, StoreError>(RestoredRecord { sequence, payload, dead })
-                };
-                if let Ok((_, loaded)) = &mut taken[i].1 {
-                    match record() {
-                        Ok(record) => loaded.restored.records.push(record),
-                        Err(e) => taken[i].1 = Err(e),
-                    }
+        let mut read = self.load_ranges(&ranges).await?;
+        for (stream, taken) in &mut taken {
+            let Ok((_, loaded)) = taken else { continue };
+            match read.remove(stream.as_str()) {
+                Some(Ok(records)) => {
+                    loaded.restored.records = records.records;
+                    loaded.restored.skipped = records.skipped;
                 }
-            }
-            let memory = i64::try_from(egress_core::SKIPPED_MEMORY).unwrap_or(i64::MAX);
-            for row in client.query(&statements.skipped, &[&names, &from, &memory]).await? {
-                let Some(&i) = at.get(row.get::<_, &str>(0)) else { continue };
-                let skipped = || {
-                    let sequence = Sequence(to_u64("seq", row.get(1))?);
-                    let held = row.get::<_, Option<bool>>(3).map(i64::from);
-                    let dead = dead_of(Some(i64::from(row.get::<_, i16>(2))), held)?;
-                    Ok::<_, StoreError>((sequence, dead.map_or(egress_core::DeadReason::Permanent, |d| d.reason)))
-                };
-                if let Ok((_, loaded)) = &mut taken[i].1 {
-                    match skipped() {
-                        Ok(entry) => loaded.restored.skipped.push(entry),
-                        Err(e) => taken[i].1 = Err(e),
-                    }
-                }
+                Some(Err(e)) => *taken = Err(e),
+                None => {}
             }
         }
         taken.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(taken)
+    }
+
+    /// Takes up to `max` leases (of `stream` only, when given) of streams
+    /// whose `lanes` column is `lanes` (plain streams for `None`), with one
+    /// statement: when it was sent, and each stream's new lease number.
+    pub(super) async fn take_leases(
+        &self,
+        stream: Option<&str>,
+        lanes: Option<&str>,
+        max: usize,
+        lease: Duration,
+    ) -> Result<(tokio::time::Instant, HashMap<String, Result<u64, StoreError>>), StoreError> {
+        let Shared { client, statements, worker, .. } = &*self.shared;
+        let millis = lease_millis(lease);
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let sent = tokio::time::Instant::now();
+        let rows = client.query(&statements.take, &[worker, &millis, &stream, &max, &lanes]).await?;
+        let mut numbers = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let stream: String = row.get(0);
+            let (before, expired) = (row.get::<_, Option<&str>>(2), row.get::<_, Option<i64>>(3));
+            taken_from(&stream, worker, before, expired);
+            numbers.insert(stream, to_u64("lease", row.get(1)));
+        }
+        Ok((sent, numbers))
+    }
+
+    /// The records of each stream above its watermark (`acked`) and below
+    /// its counter, with their ordinals, and the dead letters it skipped
+    /// (the newest [`SKIPPED_MEMORY`](egress_core::SKIPPED_MEMORY) at or
+    /// below the watermark): two statements for all of them. A stream
+    /// with a stored value out of range reads as its error.
+    pub(super) async fn load_ranges(
+        &self,
+        ranges: &[(String, Option<u64>, u64)],
+    ) -> Result<HashMap<String, Result<StreamRead, StoreError>>, StoreError> {
+        let Shared { client, statements, .. } = &*self.shared;
+        let mut read: HashMap<String, Result<StreamRead, StoreError>> = HashMap::with_capacity(ranges.len());
+        let (mut names, mut from, mut to) = (Vec::new(), Vec::new(), Vec::new());
+        for (stream, acked, next) in ranges {
+            let range = to_i64("sequence", acked.map_or(0, |a| a.saturating_add(1)))
+                .and_then(|first| Ok((first, to_i64("next_sequence", *next)?)));
+            match range {
+                Ok((first, until)) => {
+                    names.push(stream.as_str());
+                    from.push(first);
+                    to.push(until);
+                    read.insert(stream.clone(), Ok(StreamRead::default()));
+                }
+                Err(e) => {
+                    read.insert(stream.clone(), Err(e));
+                }
+            }
+        }
+        if names.is_empty() {
+            return Ok(read);
+        }
+        // In one statement; matched by name, not by the order of both
+        // lists (the database's collation need not sort names as Rust
+        // does).
+        for row in client.query(&statements.load, &[&names, &from, &to]).await? {
+            let Some(Ok(stream)) = read.get_mut(row.get::<_, &str>(0)) else { continue };
+            let record = || {
+                let sequence = Sequence(to_u64("seq", row.get(1))?);
+                let reason = row.get::<_, Option<i16>>(3).map(i64::from);
+                let dead = dead_of(reason, row.get::<_, Option<bool>>(4).map(i64::from))?;
+                let payload = Bytes::from(row.get::<_, Vec<u8>>(2));
+                let ordinal = row.get::<_, Option<i64>>(5).map(|o| to_u64("ordinal", o).map(Ordinal)).transpose()?;
+                Ok::<_, StoreError>((RestoredRecord { sequence, payload, dead }, ordinal))
+            };
+            match record() {
+                Ok((record, ordinal)) => {
+                    stream.records.push(record);
+                    stream.ordinals.push(ordinal);
+                }
+                Err(e) => {
+                    read.insert(row.get::<_, &str>(0).to_owned(), Err(e));
+                }
+            }
+        }
+        let memory = i64::try_from(egress_core::SKIPPED_MEMORY).unwrap_or(i64::MAX);
+        for row in client.query(&statements.skipped, &[&names, &from, &memory]).await? {
+            let Some(Ok(stream)) = read.get_mut(row.get::<_, &str>(0)) else { continue };
+            let skipped = || {
+                let sequence = Sequence(to_u64("seq", row.get(1))?);
+                let held = row.get::<_, Option<bool>>(3).map(i64::from);
+                let dead = dead_of(Some(i64::from(row.get::<_, i16>(2))), held)?;
+                Ok::<_, StoreError>((sequence, dead.map_or(egress_core::DeadReason::Permanent, |d| d.reason)))
+            };
+            match skipped() {
+                Ok(entry) => stream.skipped.push(entry),
+                Err(e) => {
+                    read.insert(row.get::<_, &str>(0).to_owned(), Err(e));
+                }
+            }
+        }
+        Ok(read)
     }
 
     /// Extends `lease` to `duration` from now, waiting for no lock. A

@@ -28,6 +28,10 @@
 //! polling fallback in the relay: `NOTIFY` does not pass a
 //! transaction-mode pooler).
 //!
+//! **Lanes** ([`PgStore::take_lanes`], [`open_durable_lanes`]): the lanes'
+//! own row is a stream whose lease fences every lane; each lane is a
+//! stream of theirs that no plain take takes.
+//!
 //! **Dead letters stay.** A record that died (its handler failed
 //! permanently, or its retries ran out) keeps its row when the stream's
 //! watermark passes it: [`PgStore::dead_letters`] (or the
@@ -37,6 +41,7 @@
 mod dead_letters;
 mod journal;
 mod keeper;
+mod lanes;
 mod leases;
 mod outbox;
 mod schema;
@@ -46,6 +51,8 @@ pub use dead_letters::DeadLetter;
 #[cfg(feature = "relay")]
 pub use journal::{PgJournal, open_durable, open_durable_many, open_durable_with};
 pub use keeper::LeaseStats;
+#[cfg(feature = "relay")]
+pub use lanes::{PgLanes, open_durable_lanes};
 pub use leases::{Lease, MAX_LEASE, MIN_LEASE, Taken, lease_for};
 pub use outbox::PgOutbox;
 pub use schema::{PG_SCHEMA_VERSION, migrate};

@@ -58,7 +58,9 @@ impl PgOutbox {
     /// PostgreSQL's error (the schema missing: call [`migrate`](super::migrate) first), the
     /// counter out of range, a payload above the
     /// [limit](Self::max_payload) or an append past the
-    /// [capacity](Self::capacity); nothing is appended then.
+    /// [capacity](Self::capacity), or a stream of lanes
+    /// ([`StoreError::OtherKind`]: lanes are written only through their
+    /// lanes); nothing is appended then.
     pub async fn append(&self, tx: &Transaction<'_>, payload: &[u8]) -> Result<Sequence, StoreError> {
         self.admission.size(payload.len())?;
         tx.batch_execute("SAVEPOINT egress_append").await?;
@@ -70,14 +72,20 @@ impl PgOutbox {
                     "WITH counter AS (
                          INSERT INTO egress_stream (stream, incarnation, next_sequence) VALUES ($1, $2, 1)
                          ON CONFLICT (stream) DO UPDATE SET next_sequence = egress_stream.next_sequence + 1
-                         RETURNING next_sequence - 1 AS seq, acked_through),
+                         RETURNING next_sequence - 1 AS seq, acked_through, lanes),
                      record AS (
                          INSERT INTO egress_outbox (stream, seq, payload) SELECT $1, seq, $3 FROM counter
                          RETURNING seq)
-                     SELECT record.seq, pg_notify($4, $1)::text, counter.acked_through FROM record, counter",
+                     SELECT record.seq, pg_notify($4, $1)::text, counter.acked_through, counter.lanes
+                     FROM record, counter",
                     &[&self.stream, &fresh_incarnation().as_slice(), &payload, &CHANNEL],
                 )
                 .await?;
+            // Lanes are written only through their lanes (their counters
+            // are the core's): refused, and taken back below.
+            if let Some(lanes) = row.get::<_, Option<String>>(3) {
+                return Err(StoreError::OtherKind { stream: self.stream.clone(), lanes: Some(lanes) });
+            }
             let sequence = to_u64("sequence", row.get(0))?;
             let acked = row.get::<_, Option<i64>>(2).map(|a| to_u64("acked_through", a)).transpose()?;
             // Refused, the savepoint takes back the counter, the record and

@@ -203,6 +203,202 @@ const MIGRATIONS: &[&str] = &[
         RETURN stored;
     END $$;
 ",
+    "
+    -- Durable lanes. The lanes' own row is a stream named after them
+    -- (lanes = stream, lane NULL): its lease row fences every lane, its
+    -- generation is theirs, and its next_sequence is their next ordinal.
+    -- Each lane is a stream marked with its lanes and its key (JSON), with
+    -- no lease row of its own; each of its records keeps its ordinal. A
+    -- plain take never takes lanes (egress_stream.lanes must match).
+    ALTER TABLE egress_stream ADD COLUMN lanes text, ADD COLUMN lane text;
+    ALTER TABLE egress_outbox ADD COLUMN ordinal bigint CHECK (ordinal >= 0);
+    CREATE INDEX egress_stream_lanes ON egress_stream (lanes) WHERE lanes IS NOT NULL;
+    CREATE OR REPLACE FUNCTION egress_lease_row() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NEW.lane IS NULL THEN
+            INSERT INTO egress_lease (stream) VALUES (NEW.stream) ON CONFLICT (stream) DO NOTHING;
+        END IF;
+        RETURN NULL;
+    END $$;
+
+    -- The write of one stream's Ready once its writer is known to hold it
+    -- (egress_apply's lease, or egress_apply_lanes's): NULL when the stream
+    -- has no row; otherwise the stored next sequence, and the appends were
+    -- written only if it is where they start. The stream must belong to
+    -- p_lanes (NULL: to no lanes). Arguments that break the store's rules
+    -- raise (nothing written).
+    CREATE FUNCTION egress_write(
+        p_stream text, p_lanes text, p_start bigint, p_seqs bigint[], p_payloads bytea[], p_ordinals bigint[],
+        p_generation bigint, p_dead_seqs bigint[], p_dead_reasons smallint[], p_dead_held boolean[],
+        p_acked bigint)
+    RETURNS bigint LANGUAGE plpgsql AS $$
+    DECLARE
+        stored bigint;
+        owner_lanes text;
+        appended bigint := coalesce(cardinality(p_seqs), 0);
+    BEGIN
+        IF coalesce(cardinality(p_payloads), 0) <> appended
+           OR p_ordinals IS NOT NULL AND coalesce(cardinality(p_ordinals), 0) <> appended
+           OR p_seqs IS DISTINCT FROM ARRAY(SELECT generate_series(p_start, p_start + appended - 1)) AND appended > 0
+        THEN
+            RAISE EXCEPTION 'egress_write: the appends are not % payloads from %', appended, p_start;
+        END IF;
+        IF coalesce(cardinality(p_dead_seqs), 0) <> coalesce(cardinality(p_dead_reasons), 0)
+           OR coalesce(cardinality(p_dead_seqs), 0) <> coalesce(cardinality(p_dead_held), 0)
+        THEN
+            RAISE EXCEPTION 'egress_write: the dead letters'' arrays differ in length';
+        END IF;
+        SELECT next_sequence, lanes INTO stored, owner_lanes FROM egress_stream
+        WHERE stream = p_stream FOR UPDATE NOWAIT;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        IF owner_lanes IS DISTINCT FROM p_lanes THEN
+            RAISE EXCEPTION 'egress_write: stream % belongs to lanes %, not %', p_stream, owner_lanes, p_lanes;
+        END IF;
+        IF p_acked IS NOT NULL AND p_acked >= stored + appended THEN
+            RAISE EXCEPTION 'egress_write: acknowledged through % but the next sequence is %', p_acked, stored + appended;
+        END IF;
+        IF appended > 0 THEN
+            IF stored <> p_start THEN
+                RETURN stored;
+            END IF;
+            INSERT INTO egress_outbox (stream, seq, payload, ordinal)
+            SELECT p_stream, u.seq, u.payload, u.ordinal
+            FROM unnest(p_seqs, p_payloads, coalesce(p_ordinals, array_fill(NULL::bigint, ARRAY[appended::int])))
+                 AS u(seq, payload, ordinal);
+        END IF;
+        IF appended > 0 OR p_generation IS NOT NULL OR p_acked IS NOT NULL THEN
+            UPDATE egress_stream SET
+                next_sequence = next_sequence + appended,
+                generation = GREATEST(generation, coalesce(p_generation, generation)),
+                acked_through = CASE WHEN p_acked IS NULL THEN acked_through
+                                     ELSE GREATEST(coalesce(acked_through, -1), p_acked) END
+            WHERE stream = p_stream;
+        END IF;
+        IF coalesce(cardinality(p_dead_seqs), 0) > 0 THEN
+            UPDATE egress_outbox o SET dead_reason = d.reason, dead_held = d.held
+            FROM unnest(p_dead_seqs, p_dead_reasons, p_dead_held) AS d(seq, reason, held)
+            WHERE o.stream = p_stream AND o.seq = d.seq;
+        END IF;
+        IF p_acked IS NOT NULL THEN
+            -- Dead letters stay, below the watermark too, until requeued
+            -- or discarded.
+            DELETE FROM egress_outbox WHERE stream = p_stream AND seq <= p_acked AND dead_reason IS NULL;
+        END IF;
+        RETURN stored;
+    END $$;
+
+    -- As version 3's, its write egress_write's: a plain stream only.
+    CREATE OR REPLACE FUNCTION egress_apply(
+        p_stream text, p_lease bigint, p_start bigint, p_seqs bigint[], p_payloads bytea[],
+        p_generation bigint, p_dead_seqs bigint[], p_dead_reasons smallint[], p_dead_held boolean[],
+        p_acked bigint, p_sync boolean)
+    RETURNS bigint LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NOT p_sync THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
+        PERFORM 1 FROM egress_lease WHERE stream = p_stream AND lease = p_lease FOR SHARE NOWAIT;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        RETURN egress_write(p_stream, NULL, p_start, p_seqs, p_payloads, NULL, p_generation,
+                            p_dead_seqs, p_dead_reasons, p_dead_held, p_acked);
+    END $$;
+
+    -- One LanesReady of the lanes p_lanes as one statement, fenced by the
+    -- lanes' lease: fenced true (nothing written) when the lease is not
+    -- theirs any more; conflict and stored set (nothing written) when a
+    -- lane's stored counter is not where its appends start; otherwise
+    -- every part written. The streams of p_forget go first; then each
+    -- lane i (p_streams[i], its key p_keys[i]) gets its next p_counts[i]
+    -- appends of the flat p_seqs, p_payloads and p_ordinals, its
+    -- generation and watermark, and the dead letters whose p_dead_lanes is
+    -- i; then the lanes' next ordinal and generation rise.
+    CREATE FUNCTION egress_apply_lanes(
+        p_lanes text, p_lease bigint, p_forget text[],
+        p_streams text[], p_keys text[], p_starts bigint[], p_counts integer[], p_generations bigint[],
+        p_acked bigint[], p_seqs bigint[], p_payloads bytea[], p_ordinals bigint[],
+        p_dead_lanes integer[], p_dead_seqs bigint[], p_dead_reasons smallint[], p_dead_held boolean[],
+        p_next_ordinal bigint, p_generation bigint, p_sync boolean,
+        OUT fenced boolean, OUT conflict text, OUT stored bigint)
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        n integer := coalesce(cardinality(p_streams), 0);
+        at integer := 1;
+        got bigint;
+        owner_lanes text;
+        i integer;
+    BEGIN
+        fenced := false;
+        IF coalesce(cardinality(p_keys), 0) <> n OR coalesce(cardinality(p_starts), 0) <> n
+           OR coalesce(cardinality(p_counts), 0) <> n OR coalesce(cardinality(p_generations), 0) <> n
+           OR coalesce(cardinality(p_acked), 0) <> n
+           OR coalesce(cardinality(p_seqs), 0) <> (SELECT coalesce(sum(c), 0) FROM unnest(p_counts) AS c)
+           OR EXISTS (SELECT 1 FROM unnest(p_counts) AS c WHERE c < 0)
+           OR coalesce(cardinality(p_dead_lanes), 0) <> coalesce(cardinality(p_dead_seqs), 0)
+           OR EXISTS (SELECT 1 FROM unnest(p_dead_lanes) AS d WHERE d IS NULL OR d < 1 OR d > n)
+        THEN
+            RAISE EXCEPTION 'egress_apply_lanes: the lanes'' arrays do not match';
+        END IF;
+        IF NOT p_sync THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
+        PERFORM 1 FROM egress_lease WHERE stream = p_lanes AND lease = p_lease FOR SHARE NOWAIT;
+        IF NOT FOUND THEN
+            fenced := true;
+            RETURN;
+        END IF;
+        PERFORM 1 FROM egress_stream WHERE stream = p_lanes AND lanes = p_lanes FOR UPDATE NOWAIT;
+        IF NOT FOUND THEN
+            fenced := true;
+            RETURN;
+        END IF;
+        -- Every lane's counter checked (and its row locked) before anything
+        -- is written: a forgotten lane starts again at 0.
+        FOR i IN 1 .. n LOOP
+            SELECT next_sequence, lanes INTO got, owner_lanes FROM egress_stream
+            WHERE stream = p_streams[i] FOR UPDATE NOWAIT;
+            IF NOT FOUND OR p_streams[i] = ANY(coalesce(p_forget, '{}')) THEN
+                got := 0;
+                owner_lanes := p_lanes;
+            END IF;
+            IF owner_lanes IS DISTINCT FROM p_lanes THEN
+                RAISE EXCEPTION 'egress_apply_lanes: stream % is not a lane of %', p_streams[i], p_lanes;
+            END IF;
+            IF p_counts[i] > 0 AND got <> p_starts[i] THEN
+                conflict := p_streams[i];
+                stored := got;
+                RETURN;
+            END IF;
+        END LOOP;
+        DELETE FROM egress_outbox o USING egress_stream s
+        WHERE o.stream = s.stream AND s.stream = ANY(p_forget) AND s.lanes = p_lanes AND s.lane IS NOT NULL;
+        DELETE FROM egress_stream WHERE stream = ANY(p_forget) AND lanes = p_lanes AND lane IS NOT NULL;
+        FOR i IN 1 .. n LOOP
+            INSERT INTO egress_stream (stream, incarnation, lanes, lane)
+            SELECT p_streams[i], l.incarnation, p_lanes, p_keys[i] FROM egress_stream l WHERE l.stream = p_lanes
+            ON CONFLICT (stream) DO NOTHING;
+            PERFORM egress_write(
+                p_streams[i], p_lanes, p_starts[i],
+                p_seqs[at:at + p_counts[i] - 1], p_payloads[at:at + p_counts[i] - 1],
+                p_ordinals[at:at + p_counts[i] - 1], p_generations[i],
+                ARRAY(SELECT p_dead_seqs[j] FROM generate_subscripts(p_dead_lanes, 1) AS j
+                      WHERE p_dead_lanes[j] = i ORDER BY j),
+                ARRAY(SELECT p_dead_reasons[j] FROM generate_subscripts(p_dead_lanes, 1) AS j
+                      WHERE p_dead_lanes[j] = i ORDER BY j),
+                ARRAY(SELECT p_dead_held[j] FROM generate_subscripts(p_dead_lanes, 1) AS j
+                      WHERE p_dead_lanes[j] = i ORDER BY j),
+                p_acked[i]);
+            at := at + p_counts[i];
+        END LOOP;
+        UPDATE egress_stream SET
+            next_sequence = GREATEST(next_sequence, p_next_ordinal),
+            generation = GREATEST(generation, coalesce(p_generation, generation))
+        WHERE stream = p_lanes;
+    END $$;
+",
 ];
 
 /// How long a store's statement waits for a row lock an application's
@@ -210,7 +406,7 @@ const MIGRATIONS: &[&str] = &[
 pub(super) const LOCK_TIMEOUT_MS: u32 = 50;
 
 /// The PostgreSQL schema version this library writes.
-pub const PG_SCHEMA_VERSION: u32 = 3;
+pub const PG_SCHEMA_VERSION: u32 = 4;
 
 /// Installs (or upgrades) egress's tables, in one transaction, under an
 /// advisory lock so that workers starting together migrate once.

@@ -47,6 +47,7 @@ pub(super) struct Statements {
     pub(super) appended: Statement,
     pub(super) renew: Statement,
     pub(super) release: Statement,
+    pub(super) apply_lanes: Statement,
 }
 
 pub(super) struct Shared {
@@ -149,6 +150,9 @@ impl PgStore {
                              WHERE (owner IS NULL OR until IS NULL OR until < clock_timestamp())
                                AND ($3::text IS NULL OR stream = $3)
                                AND lease < 9223372036854775807
+                               -- Lanes only by their own take; a plain take only plain streams.
+                               AND (SELECT s.lanes FROM egress_stream s WHERE s.stream = egress_lease.stream)
+                                   IS NOT DISTINCT FROM $5::text
                              ORDER BY until NULLS FIRST, stream
                              LIMIT $4::bigint
                              FOR UPDATE SKIP LOCKED)
@@ -172,7 +176,7 @@ impl PgStore {
                     .await?,
                 load: client
                     .prepare(
-                        "SELECT o.stream, o.seq, o.payload, o.dead_reason, o.dead_held
+                        "SELECT o.stream, o.seq, o.payload, o.dead_reason, o.dead_held, o.ordinal
                          FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS t(stream, lo, hi)
                          JOIN egress_outbox o ON o.stream = t.stream AND o.seq >= t.lo AND o.seq < t.hi
                          ORDER BY o.stream, o.seq",
@@ -231,6 +235,14 @@ impl PgStore {
                     .prepare(
                         "UPDATE egress_lease SET owner = NULL, until = NULL
                          WHERE stream = $1::text AND lease = $2::bigint",
+                    )
+                    .await?,
+                apply_lanes: client
+                    .prepare(
+                        "SELECT fenced, conflict, stored FROM egress_apply_lanes(
+                             $1::text, $2::bigint, $3::text[], $4::text[], $5::text[], $6::bigint[], $7::integer[],
+                             $8::bigint[], $9::bigint[], $10::bigint[], $11::bytea[], $12::bigint[], $13::integer[],
+                             $14::bigint[], $15::smallint[], $16::boolean[], $17::bigint, $18::bigint, $19::boolean)",
                     )
                     .await?,
             })

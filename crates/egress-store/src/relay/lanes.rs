@@ -1,7 +1,7 @@
 //! Durable lanes with their relay: an [`AsyncLanesCell`] restored from a
-//! SQLite store ([`SqliteStore::load_lanes`]), and the one task that writes
-//! its journal ([`SqliteStore::apply_lanes`]), as [`Relay`](super::Relay)
-//! does for one stream.
+//! store (SQLite's [`SqliteStore::load_lanes`], or PostgreSQL's
+//! `PgStore::take_lanes`), and the one task that writes its journal through
+//! a [`LanesJournal`], as [`Relay`](super::Relay) does for one stream.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -35,6 +35,84 @@ impl<K: LaneKey + 'static, T: 'static> std::fmt::Debug for DurableLanes<K, T> {
     }
 }
 
+/// Where a [`LanesRelay`] writes durable lanes: one [`LanesReady`] as one
+/// transaction, fenced so that only the store that took the lanes last
+/// writes them. [`SqliteLanes`] on SQLite; `egress_store::postgres::PgLanes`
+/// on PostgreSQL (feature `postgres`).
+pub trait LanesJournal<K>: Send + Sync + 'static {
+    /// The lanes' name.
+    fn lanes(&self) -> &str;
+
+    /// Writes `ready` as one transaction, `appends[i]` the encoded
+    /// payloads of `ready.lanes[i]`'s appends, in order. Nothing is
+    /// written on an error; [`StoreError::Fenced`] stops the relay.
+    fn apply(
+        &self,
+        ready: LanesReady<K>,
+        appends: Vec<Vec<(Sequence, Bytes)>>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether the lanes are still this journal's: [`StoreError::Fenced`]
+    /// once another store took them (asked when the relay has nothing to
+    /// write, at most every 100 ms).
+    fn owns(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Called once when the relay stops after writing what was pending
+    /// (SQLite checkpoints its WAL; PostgreSQL gives the lease up).
+    fn close(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// Lanes of a [`SqliteStore`] as a [`LanesJournal`]: each write on a
+/// blocking thread ([`SqliteStore::apply_lanes`]), the owner asked with
+/// [`SqliteStore::owns_lanes`].
+pub struct SqliteLanes {
+    store: Arc<Mutex<SqliteStore>>,
+    name: Arc<str>,
+}
+
+impl std::fmt::Debug for SqliteLanes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteLanes").field("lanes", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl SqliteLanes {
+    /// The lanes `lanes` of `store`, which loaded them
+    /// ([`SqliteStore::load_lanes`]).
+    pub fn new(store: SqliteStore, lanes: &str) -> Self {
+        SqliteLanes { store: Arc::new(Mutex::new(store)), name: lanes.into() }
+    }
+
+    /// Runs `f` on the store on a blocking thread.
+    async fn blocking<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut SqliteStore, &str) -> Result<R, StoreError> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let (store, name) = (self.store.clone(), self.name.clone());
+        tokio::task::spawn_blocking(move || f(&mut store.lock(), &name))
+            .await
+            .map_err(|e| StoreError::Task(e.to_string()))?
+    }
+}
+
+impl<K: serde::Serialize + Send + Sync + 'static> LanesJournal<K> for SqliteLanes {
+    fn lanes(&self) -> &str {
+        &self.name
+    }
+
+    async fn apply(&self, ready: LanesReady<K>, appends: Vec<Vec<(Sequence, Bytes)>>) -> Result<(), StoreError> {
+        self.blocking(move |store, name| store.apply_lanes(name, &ready, &appends)).await
+    }
+
+    async fn owns(&self) -> Result<(), StoreError> {
+        self.blocking(|store, name| store.owns_lanes(name)).await
+    }
+
+    async fn close(&self) {
+        let _ = self.blocking(|store, _| store.checkpoint()).await;
+    }
+}
+
 /// The task that makes a lanes cell's records durable: whenever any lane's
 /// journal has something to write (records enqueued, a generation, an
 /// acknowledgement, a dead letter, a lane freed), it takes one
@@ -46,7 +124,9 @@ impl<K: LaneKey + 'static, T: 'static> std::fmt::Debug for DurableLanes<K, T> {
 ///
 /// Each commit is reported by a task of its own, so dropping the relay
 /// (which aborts its task) never leaves a commit unreported.
-/// [`shutdown`](Self::shutdown) writes what is pending first.
+/// [`shutdown`](Self::shutdown) writes what is pending first. The store is
+/// a [`LanesJournal`]: [`spawn`](Self::spawn) takes a SQLite store,
+/// [`spawn_with`](Self::spawn_with) any journal.
 pub struct LanesRelay {
     task: Option<JoinHandle<()>>,
     effect: Effect<Threaded>,
@@ -76,8 +156,8 @@ impl LanesRelay {
         self.counters.snapshot()
     }
 
-    /// Writes what the journal holds, checkpoints SQLite's WAL, and stops;
-    /// returns the stats.
+    /// Writes what the journal holds, closes it (SQLite checkpoints its
+    /// WAL; PostgreSQL releases the lease), and stops; returns the stats.
     pub async fn shutdown(mut self) -> RelayStats {
         let _ = self.stop.send(true);
         if let Some(task) = self.task.take() {
@@ -162,10 +242,9 @@ where
 }
 
 /// What the relay's task holds.
-struct Run<K: 'static, T: 'static> {
+struct Run<K: 'static, T: 'static, J> {
     cell: AsyncLanesCell<K, T>,
-    store: Arc<Mutex<SqliteStore>>,
-    name: Arc<str>,
+    journal: Arc<J>,
     codec: Arc<dyn Codec<T>>,
     counters: Arc<Counters>,
 }
@@ -192,6 +271,26 @@ impl LanesRelay {
         K: LaneKey + serde::Serialize + Send + Sync + 'static,
         T: Clone + Send + Sync + 'static,
     {
+        Self::spawn_with(cx, cell, SqliteLanes::new(store, lanes), codec, config)
+    }
+
+    /// Starts the relay of `cell` (lanes restored from what `journal`
+    /// writes) on the current tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn_with<K, T, J>(
+        cx: &AsyncContext,
+        cell: &AsyncLanesCell<K, T>,
+        journal: J,
+        codec: impl Codec<T>,
+        config: RelayConfig,
+    ) -> LanesRelay
+    where
+        K: LaneKey + serde::Serialize + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+        J: LanesJournal<K>,
+    {
         let bell = Arc::new(Notify::new());
         // Every transition of durable lanes may leave something to write.
         let effect = cx.effect({
@@ -203,23 +302,19 @@ impl LanesRelay {
         });
         let (stop, stop_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
-        let run = Run {
-            cell: cell.clone(),
-            store: Arc::new(Mutex::new(store)),
-            name: lanes.into(),
-            codec: Arc::new(codec),
-            counters: counters.clone(),
-        };
-        let span = tracing::info_span!("egress_lanes_relay", lanes);
+        let span = tracing::info_span!("egress_lanes_relay", lanes = journal.lanes());
+        let run =
+            Run { cell: cell.clone(), journal: Arc::new(journal), codec: Arc::new(codec), counters: counters.clone() };
         let task = tokio::spawn(tracing::Instrument::instrument(run.run(config, bell, stop_rx), span));
         LanesRelay { task: Some(task), effect, stop, counters }
     }
 }
 
-impl<K, T> Run<K, T>
+impl<K, T, J> Run<K, T, J>
 where
     K: LaneKey + serde::Serialize + Send + Sync + 'static,
     T: Clone + Send + Sync + 'static,
+    J: LanesJournal<K>,
 {
     async fn run(self, config: RelayConfig, bell: Arc<Notify>, mut stop: watch::Receiver<bool>) {
         let mut failures: u32 = 0;
@@ -232,15 +327,12 @@ where
             rung.as_mut().enable();
             if *stop.borrow() {
                 while let Some(Ok(())) = self.write_once().await {}
-                let store = self.store.clone();
-                let _ = tokio::task::spawn_blocking(move || store.lock().checkpoint()).await;
+                self.journal.close().await;
                 return;
             }
             if tokio::time::Instant::now() >= check_at {
                 check_at = tokio::time::Instant::now() + OWNER_CHECK;
-                let (store, name) = (self.store.clone(), self.name.clone());
-                let owns = tokio::task::spawn_blocking(move || store.lock().owns_lanes(&name)).await;
-                if let Ok(Err(e @ StoreError::Fenced { .. })) = owns {
+                if let Err(e @ StoreError::Fenced { .. }) = self.journal.owns().await {
                     break e;
                 }
             }
@@ -297,14 +389,7 @@ where
         };
         let epoch = ready.epoch;
         let count: usize = appends.iter().map(Vec::len).sum();
-        let task = tokio::spawn(commit(
-            self.cell.clone(),
-            self.store.clone(),
-            self.name.clone(),
-            self.codec.clone(),
-            ready,
-            appends,
-        ));
+        let task = tokio::spawn(commit(self.cell.clone(), self.journal.clone(), self.codec.clone(), ready, appends));
         let result = match task.await {
             Ok(result) => result,
             // The commit's task ended without answering (a panic under the
@@ -331,10 +416,9 @@ where
 }
 
 /// Encodes, writes and reports one `LanesReady`, in a task of its own.
-async fn commit<K, T>(
+async fn commit<K, T, J>(
     cell: AsyncLanesCell<K, T>,
-    store: Arc<Mutex<SqliteStore>>,
-    name: Arc<str>,
+    journal: Arc<J>,
     codec: Arc<dyn Codec<T>>,
     ready: LanesReady<K>,
     appends: LanesAppends<T>,
@@ -342,15 +426,15 @@ async fn commit<K, T>(
 where
     K: LaneKey + serde::Serialize + Send + Sync + 'static,
     T: Clone + Send + Sync + 'static,
+    J: LanesJournal<K>,
 {
     let epoch = ready.epoch;
     let result = async {
         let mut bytes: Vec<Vec<(Sequence, Bytes)>> = Vec::with_capacity(appends.len());
         for (part, payloads) in ready.lanes.iter().zip(&appends) {
-            bytes.push(encode_all(&*codec, &lane_stream(&name, &part.lane)?, payloads)?);
+            bytes.push(encode_all(&*codec, &lane_stream(journal.lanes(), &part.lane)?, payloads)?);
         }
-        let blocking = tokio::task::spawn_blocking(move || store.lock().apply_lanes(&name, &ready, &bytes));
-        blocking.await.map_err(|e| StoreError::Task(e.to_string()))?
+        journal.apply(ready, bytes).await
     }
     .await;
     match &result {

@@ -8,7 +8,7 @@ mod task;
 
 pub(crate) use journal::Appends;
 pub use journal::{JournalStore, SqliteJournal};
-pub use lanes::{DurableLanes, LanesRelay, open_durable_lanes, open_durable_lanes_raw};
+pub use lanes::{DurableLanes, LanesJournal, LanesRelay, SqliteLanes, open_durable_lanes, open_durable_lanes_raw};
 use report::Written;
 use task::run;
 

@@ -1,6 +1,6 @@
 //! What the store's integration tests share beyond egress-testkit: a
 //! transport into a channel, a relay configuration with short waits.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::time::Duration;
 
@@ -9,6 +9,8 @@ use egress_store::RelayConfig;
 use tokio::sync::mpsc;
 
 pub use egress_testkit::TempDir;
+
+pub mod lanes;
 
 /// A transport that hands each envelope's sequence and payload to a
 /// channel.
