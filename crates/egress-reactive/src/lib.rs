@@ -128,10 +128,10 @@ mod signal;
 pub use asynchronous::{AsyncContext, AsyncEffect, EffectCx, Readable, Watch};
 pub use cells::{
     Aggregate, AsyncTransport, AttachRun, Attachment, Backoff, CellFlavor, CellOptions, Clock, EgressCell,
-    EgressCellOf, Inner, LaneItem, LaneProject, LaneReaders, LanesAppends, LanesAttachment, LanesCell, LanesCellOf,
-    LanesFlavor, LanesInner, LanesRefused, LanesRun, LanesState, LanesTransport, ManualClock, MonotonicClock,
-    ParkedRecord, Project, Refused, SendError, SizeCheck, Snapshot, State, ThreadSafeEgressCell, ThreadSafeLanesCell,
-    Transport, Xorshift, delay,
+    EgressCellOf, EncodeCheck, Inner, LaneItem, LaneProject, LaneReaders, LanesAppends, LanesAttachment, LanesCell,
+    LanesCellOf, LanesFlavor, LanesInner, LanesRefused, LanesRun, LanesState, LanesTransport, ManualClock,
+    MonotonicClock, ParkedRecord, Project, Refused, SendError, SizeCheck, Snapshot, State, ThreadSafeEgressCell,
+    ThreadSafeLanesCell, Transport, Xorshift, delay,
 };
 #[cfg(feature = "async")]
 pub use cells::{

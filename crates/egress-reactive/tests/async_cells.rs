@@ -363,6 +363,32 @@ async fn an_enqueue_waiting_for_room_that_is_dropped_queues_nothing() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn a_payload_its_store_cannot_encode_is_refused_at_once_and_comes_back() {
+    use egress_reactive::Refused;
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<Vec<u8>> = AsyncEgressCell::new(&cx, policy(8));
+    let check: egress_reactive::EncodeCheck<Vec<u8>> =
+        std::sync::Arc::new(|p: &Vec<u8>| if p.is_empty() { Err("nothing to encode".into()) } else { Ok(()) });
+    cell.set_encode_check(Some(check));
+    let refused = cell.try_enqueue(Vec::new());
+    assert_eq!(refused, Err(Refused::Unencodable { payload: Vec::new(), reason: "nothing to encode".into() }));
+    let shown = format!("{:?} / {}", refused.clone().unwrap_err(), refused.clone().unwrap_err());
+    assert_eq!(
+        shown,
+        "Unencodable { reason: \"nothing to encode\", .. } / the payload does not encode: nothing to encode"
+    );
+    assert_eq!(refused.unwrap_err().into_payload(), Vec::<u8>::new(), "the payload comes back");
+    assert_eq!(cell.next_sequence(), Sequence(0), "nothing queued");
+    // Waiting for room never waits for a payload that cannot be written.
+    assert!(matches!(cell.enqueue_when_room(Vec::new()).await, Err(Refused::Unencodable { .. })));
+    assert_eq!(cell.try_enqueue(vec![1]), Ok(Sequence(0)));
+    // Plain enqueue never checks; removed, nothing is refused.
+    assert_eq!(cell.enqueue(Vec::new()), Sequence(1));
+    cell.set_encode_check(None);
+    assert_eq!(cell.try_enqueue(Vec::new()), Ok(Sequence(2)));
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn a_payload_above_the_transports_limit_is_refused_at_once_and_comes_back() {
     use egress_reactive::Refused;
     let cx = AsyncContext::new();

@@ -370,6 +370,25 @@ each_flavour! {
         cell.try_enqueue(Lane::Room(3), 5).expect("room again");
     }
 
+    fn try_enqueue_refuses_what_the_store_cannot_encode_and_gives_it_back(cx) {
+        let clock = ManualClock::new();
+        let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let check: egress_reactive::EncodeCheck<u32> =
+            std::sync::Arc::new(|v: &u32| if *v == 13 { Err(format!("{v} has no encoding")) } else { Ok(()) });
+        cell.set_encode_check(Some(check));
+        let refused = cell.try_enqueue(Lane::Room(1), 13).expect_err("13 does not encode");
+        assert_eq!(format!("{refused:?}"), "Unencodable { reason: \"13 has no encoding\" }");
+        assert_eq!(refused.to_string(), "the payload does not encode: 13 has no encoding");
+        assert!(matches!(refused, LanesRefused::Unencodable { payload: 13, .. }));
+        assert_eq!((cell.pending_len().get(), cell.lane_count().get()), (0, 0), "nothing changed, no lane made");
+        cell.try_enqueue(Lane::Room(1), 12).expect("12 encodes");
+        // Removed, nothing is refused; plain enqueue never checks.
+        cell.enqueue(Lane::Room(1), 13).expect("unchecked");
+        cell.set_encode_check(None);
+        cell.try_enqueue(Lane::Room(1), 13).expect("no check");
+        assert_eq!(cell.pending_len().get(), 3);
+    }
+
     fn a_panicking_transport_fails_its_record_which_goes_out_again(cx) {
         let clock = ManualClock::new();
         let cell: LanesCellOf<Lane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));

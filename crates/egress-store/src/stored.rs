@@ -132,6 +132,13 @@ pub(crate) fn encode_all<T: 'static>(
         .collect()
 }
 
+/// The check a cell's `try_enqueue` applies for a relay writing with
+/// `codec`: `Err(why)` for a value `codec` refuses or panics on.
+#[cfg(feature = "relay")]
+pub(crate) fn encode_check<T: 'static>(codec: std::sync::Arc<dyn Codec<T>>) -> egress_reactive::EncodeCheck<T> {
+    std::sync::Arc::new(move |value: &T| guarded(|| codec.encode(value)).map(|_| ()).map_err(|e| e.to_string()))
+}
+
 /// One payload's bytes, for an outbox append (no sequence yet).
 pub(crate) fn encode_one<T: 'static>(
     codec: &impl egress_codec::Encode<T>,

@@ -7,7 +7,7 @@ use std::num::NonZeroUsize;
 
 use egress_codec::Json;
 use egress_core::{Generation, LaneKey, LaneKind, LanesPolicy, Ordinal, Policy, Sequence};
-use egress_reactive::{AsyncContext, CellOptions, LaneItem, LanesTransport, SendError};
+use egress_reactive::{AsyncContext, CellOptions, LaneItem, LanesRefused, LanesTransport, SendError};
 use egress_store::{DurableLanes, RelayConfig, open_durable_lanes};
 use tokio::sync::mpsc;
 
@@ -344,9 +344,10 @@ impl egress_codec::Codec<Msg> for Picky {
     }
 }
 
-/// A record the codec cannot write fails its write, every lane's part of
-/// it: shown, tried again, and nothing of it written or sent (the table
-/// of docs/lanes.md).
+/// A value the codec cannot write is refused by `try_enqueue`; through
+/// `enqueue`, its record fails its write, every lane's part of it: shown,
+/// tried again, and nothing of it written or sent (the table of
+/// docs/lanes.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_the_codec_cannot_write_holds_every_lanes_writes_visibly() {
     let dir = TempDir::new();
@@ -356,6 +357,17 @@ async fn a_record_the_codec_cannot_write_holds_every_lanes_writes_visibly() {
         open_durable_lanes(&cx, dir.db(), "client", Picky, policy, CellOptions::new(), config()).await.unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let _link = durable.cell.attach(Wire(tx));
+    // The relay's codec checks what try_enqueue takes: refused at once,
+    // the payload back, nothing queued.
+    match durable.cell.try_enqueue(room("a"), Msg("bad".into())) {
+        Err(LanesRefused::Unencodable { payload, reason }) => {
+            assert_eq!(payload, Msg("bad".into()));
+            assert!(reason.contains("no"), "{reason}");
+        }
+        other => panic!("expected Unencodable, got {other:?}"),
+    }
+    assert_eq!(durable.cell.pending_len().get_untracked(), 0);
+    // Plain enqueue does not check: the record stops every lane's writes.
     durable.cell.enqueue(room("a"), Msg("bad".into())).unwrap();
     durable.cell.enqueue(room("b"), Msg("fine".into())).unwrap();
     let cell = durable.cell.clone();

@@ -166,6 +166,15 @@ async fn a_value_the_codec_cannot_write_stops_the_journal_there_visibly_and_noth
     let _link = cell.attach(Channel(tx));
     cell.enqueue(line("first"));
     assert_eq!(rx.recv().await, Some((0, line("first"))));
+    // The relay's codec checks what try_enqueue takes: refused at once.
+    match cell.try_enqueue(line("refused")) {
+        Err(egress_reactive::Refused::Unencodable { payload, reason }) => {
+            assert_eq!((payload, reason.as_str()), (line("refused"), "this line has no encoding"));
+        }
+        other => panic!("expected Unencodable, got {other:?}"),
+    }
+    assert_eq!(cell.next_sequence(), Sequence(1), "nothing queued");
+    // Plain enqueue does not check: the record stops the journal there.
     cell.enqueue(line("refused"));
     cell.enqueue(line("third"));
     until(&cell, |c| c.persist_error().get_untracked().is_some()).await;

@@ -21,7 +21,7 @@ use super::inner::{
     By, EXHAUSTED_LEN, INFLIGHT_LEN, Inner, Keys, PARKED_LEN, PENDING_LEN, State, UNPERSISTED_LEN, WINDOW_ROOM, count,
     unacknowledged,
 };
-use super::options::{CellOptions, Refused, SizeCheck};
+use super::options::{CellOptions, EncodeCheck, Refused, SizeCheck};
 use super::readers::{ParkedRecord, Reader, Readers, Snapshot, StatusOf, Statuses, list, parked_records, reader};
 use crate::computed::{ByEq, ComputedObj, Never};
 use crate::context::{Handle, Scope};
@@ -65,6 +65,8 @@ pub(super) struct Shared<T: 'static, F: Flavor> {
     pub(super) capacity: Option<usize>,
     /// See [`EgressCellOf::set_size_check`].
     pub(super) size_check: parking_lot::Mutex<Option<SizeCheck<T>>>,
+    /// See [`EgressCellOf::set_encode_check`].
+    pub(super) encode_check: parking_lot::Mutex<Option<EncodeCheck<T>>>,
     /// See [`EgressCellOf::status`].
     pub(super) statuses: parking_lot::Mutex<Statuses<F>>,
 }
@@ -248,6 +250,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             incarnation,
             capacity,
             size_check: parking_lot::Mutex::new(None),
+            encode_check: parking_lot::Mutex::new(None),
             statuses: parking_lot::Mutex::new(Statuses::new()),
         };
         EgressCellOf { shared: F::ptr(shared) }
@@ -266,18 +269,26 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
 
     /// [`enqueue`](Self::enqueue), unless the payload is larger than the
     /// cell's transport carries ([`Refused::TooLarge`], see
-    /// [`set_size_check`](Self::set_size_check)) or the cell holds its
+    /// [`set_size_check`](Self::set_size_check)), does not encode with its
+    /// store's codec ([`Refused::Unencodable`], see
+    /// [`set_encode_check`](Self::set_encode_check)), or the cell holds its
     /// [capacity](CellOptions::capacity) of unacknowledged records
     /// ([`Refused::Full`]): then the payload comes back and nothing
-    /// changes. ([`enqueue`](Self::enqueue) takes a payload too large: it
-    /// becomes a dead letter when it is sent, and reads so.)
+    /// changes. ([`enqueue`](Self::enqueue) checks none of these: a payload
+    /// too large becomes a dead letter when it is sent, and reads so; one
+    /// that does not encode stops a durable cell's writes, see
+    /// `egress_store::open_durable_with`.)
     ///
     /// # Errors
-    /// [`Refused`]: too large, or at capacity.
+    /// [`Refused`]: too large, not encodable, or at capacity.
     pub fn try_enqueue(&self, payload: T) -> Result<Sequence, Refused<T>> {
         let check = self.shared.size_check.lock().clone();
         if let Some((size, limit)) = check.and_then(|check| check(&payload)) {
             return Err(Refused::TooLarge { payload, size, limit });
+        }
+        let check = self.shared.encode_check.lock().clone();
+        if let Some(Err(reason)) = check.map(|check| check(&payload)) {
+            return Err(Refused::Unencodable { payload, reason });
         }
         let capacity = self.shared.capacity;
         self.shared.inner.apply(By::Caller, |s| match capacity {
@@ -299,6 +310,17 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// once rather than told later of a dead letter.
     pub fn set_size_check(&self, check: Option<SizeCheck<T>>) {
         *self.shared.size_check.lock() = check;
+    }
+
+    /// Sets (or, with `None`, removes) the check that a payload encodes
+    /// that [`try_enqueue`](Self::try_enqueue) applies: a durable cell's
+    /// store installs its codec's (`egress_store::open_durable_with` does),
+    /// so that a value its codec refuses (or panics on) is refused at once
+    /// with why, rather than left unwritten, holding every record after it.
+    /// It runs on the caller's thread, before the cell is touched; a check
+    /// that panics is the caller's panic.
+    pub fn set_encode_check(&self, check: Option<EncodeCheck<T>>) {
+        *self.shared.encode_check.lock() = check;
     }
 
     /// Removes `check` if it is the one installed (a transport that goes

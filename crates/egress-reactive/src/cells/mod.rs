@@ -41,6 +41,6 @@ pub use lanes::{
     Aggregate, LaneItem, LaneProject, LaneReaders, LanesAppends, LanesAttachment, LanesCell, LanesCellOf, LanesFlavor,
     LanesInner, LanesRefused, LanesRun, LanesState, LanesTransport, ThreadSafeLanesCell,
 };
-pub use options::{CellOptions, Refused, SizeCheck};
+pub use options::{CellOptions, EncodeCheck, Refused, SizeCheck};
 pub use readers::{ParkedRecord, Project, Snapshot};
 pub use transport::{AsyncTransport, SendError, Transport};

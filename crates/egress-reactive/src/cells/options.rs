@@ -147,13 +147,25 @@ pub enum Refused<T> {
         /// The largest the transport carries.
         limit: usize,
     },
+    /// The payload does not encode with the codec of the cell's store (see
+    /// [`set_encode_check`](crate::EgressCellOf::set_encode_check)): it
+    /// could never be written, and so never sent.
+    #[error("the payload does not encode: {reason}")]
+    Unencodable {
+        /// The payload refused.
+        payload: T,
+        /// The codec's error (or its panic).
+        reason: String,
+    },
 }
 
 impl<T> Refused<T> {
     /// The payload refused, back to the caller.
     pub fn into_payload(self) -> T {
         match self {
-            Refused::Full { payload, .. } | Refused::TooLarge { payload, .. } => payload,
+            Refused::Full { payload, .. }
+            | Refused::TooLarge { payload, .. }
+            | Refused::Unencodable { payload, .. } => payload,
         }
     }
 }
@@ -167,6 +179,9 @@ impl<T> std::fmt::Debug for Refused<T> {
             Refused::TooLarge { size, limit, .. } => {
                 f.debug_struct("TooLarge").field("size", size).field("limit", limit).finish_non_exhaustive()
             }
+            Refused::Unencodable { reason, .. } => {
+                f.debug_struct("Unencodable").field("reason", reason).finish_non_exhaustive()
+            }
         }
     }
 }
@@ -175,6 +190,11 @@ impl<T> std::fmt::Debug for Refused<T> {
 /// `Some((size, limit))` when the payload is above the largest it carries
 /// (see [`EgressCellOf::set_size_check`](crate::EgressCellOf::set_size_check)).
 pub type SizeCheck<T> = Arc<dyn Fn(&T) -> Option<(usize, usize)> + Send + Sync>;
+
+/// A store's check that a payload encodes with its codec: `Err(why)` when
+/// it does not (see
+/// [`EgressCellOf::set_encode_check`](crate::EgressCellOf::set_encode_check)).
+pub type EncodeCheck<T> = Arc<dyn Fn(&T) -> Result<(), String> + Send + Sync>;
 
 #[cfg(test)]
 mod tests {

@@ -275,7 +275,9 @@ impl LanesRelay {
     }
 
     /// Starts the relay of `cell` (lanes restored from what `journal`
-    /// writes) on the current tokio runtime.
+    /// writes) on the current tokio runtime. Installs `codec`'s check on
+    /// the cell ([`set_encode_check`](AsyncLanesCell::set_encode_check)):
+    /// its `try_enqueue` refuses a value `codec` cannot write.
     ///
     /// # Panics
     /// Outside a tokio runtime.
@@ -303,8 +305,9 @@ impl LanesRelay {
         let (stop, stop_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
         let span = tracing::info_span!("egress_lanes_relay", lanes = journal.lanes());
-        let run =
-            Run { cell: cell.clone(), journal: Arc::new(journal), codec: Arc::new(codec), counters: counters.clone() };
+        let codec: Arc<dyn Codec<T>> = Arc::new(codec);
+        cell.set_encode_check(Some(crate::stored::encode_check(codec.clone())));
+        let run = Run { cell: cell.clone(), journal: Arc::new(journal), codec, counters: counters.clone() };
         let task = tokio::spawn(tracing::Instrument::instrument(run.run(config, bell, stop_rx), span));
         LanesRelay { task: Some(task), effect, stop, counters }
     }

@@ -278,7 +278,10 @@ impl Relay {
     }
 
     /// [`spawn_on`](Self::spawn_on) for a cell of `T`, whose records
-    /// `codec` writes and reads back (see [`open_durable_with`]).
+    /// `codec` writes and reads back (see [`open_durable_with`]). Installs
+    /// `codec`'s check on the cell
+    /// ([`set_encode_check`](egress_reactive::EgressCellOf::set_encode_check)):
+    /// its `try_enqueue` refuses a value `codec` cannot write.
     ///
     /// # Panics
     /// Outside a tokio runtime.
@@ -290,6 +293,7 @@ impl Relay {
         config: RelayConfig,
     ) -> Relay {
         let codec: Arc<dyn Codec<T>> = Arc::new(codec);
+        cell.set_encode_check(Some(crate::stored::encode_check(codec.clone())));
         let bell = Arc::new(Notify::new());
         // Whatever the journal may have to write moves one of these.
         let effect = cx.effect({

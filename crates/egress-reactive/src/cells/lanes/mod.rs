@@ -25,7 +25,7 @@ pub use self::readers::{LaneProject, LaneReaders};
 use self::readers::{LaneReader, LaneReaderCache};
 use super::clock::{Clock, MonotonicClock};
 use super::inner::{By, TRIGGERS, next_jitter, trace_failure};
-use super::options::CellOptions;
+use super::options::{CellOptions, EncodeCheck};
 use super::readers::{ParkedRecord, Snapshot};
 use crate::computed::{ByEq, Computed, ComputedObj};
 use crate::context::{Handle, Scope};
@@ -312,6 +312,8 @@ pub(super) struct Shared<K: 'static, T: 'static, F: Flavor> {
     scope: Scope<F>,
     incarnation: Incarnation,
     capacity: Option<usize>,
+    /// See [`LanesCellOf::set_encode_check`].
+    encode_check: parking_lot::Mutex<Option<EncodeCheck<T>>>,
     readers: parking_lot::Mutex<LaneReaderCache<K, T, F>>,
 }
 
@@ -429,6 +431,16 @@ pub enum LanesRefused<T> {
     /// Every lane is busy and the key needs a new one.
     #[error(transparent)]
     TooManyLanes(TooManyLanes<T>),
+    /// The payload does not encode with the codec of the cell's store (see
+    /// [`LanesCellOf::set_encode_check`]): it could never be written, and
+    /// so never sent.
+    #[error("the payload does not encode: {reason}")]
+    Unencodable {
+        /// The payload, back.
+        payload: T,
+        /// The codec's error (or its panic).
+        reason: String,
+    },
 }
 
 impl<T> std::fmt::Debug for LanesRefused<T> {
@@ -436,6 +448,7 @@ impl<T> std::fmt::Debug for LanesRefused<T> {
         match self {
             LanesRefused::Full { capacity, .. } => f.debug_struct("Full").field("capacity", capacity).finish(),
             LanesRefused::TooManyLanes(t) => f.debug_tuple("TooManyLanes").field(&t.limit).finish(),
+            LanesRefused::Unencodable { reason, .. } => f.debug_struct("Unencodable").field("reason", reason).finish(),
         }
     }
 }
@@ -523,12 +536,23 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
             scope,
             incarnation,
             capacity: options.capacity,
+            encode_check: parking_lot::Mutex::new(None),
             readers: parking_lot::Mutex::new(LaneReaderCache::new()),
         };
         LanesCellOf { shared: F::ptr(shared) }
     }
 
     // ----- mutators --------------------------------------------------
+
+    /// Sets (or, with `None`, removes) the check that a payload encodes
+    /// that [`try_enqueue`](Self::try_enqueue) applies: durable lanes'
+    /// store installs its codec's (`egress_store::open_durable_lanes`
+    /// does), so that a value its codec refuses (or panics on) is refused
+    /// at once with why, rather than left unwritten, holding every lane's
+    /// writes. It runs on the caller's thread, before the cell is touched.
+    pub fn set_encode_check(&self, check: Option<EncodeCheck<T>>) {
+        *self.shared.encode_check.lock() = check;
+    }
 
     /// Queues `payload` in `lane` (see [`Lanes::enqueue`]). Wakes the
     /// attachments when it can go now.
@@ -540,13 +564,21 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
         self.shared.inner.apply(By::Caller, |s| enqueue_in(s, lane, |l, k| l.enqueue(k, payload)))
     }
 
-    /// [`enqueue`](Self::enqueue), unless the lanes hold the cell's
-    /// [capacity](CellOptions::capacity) of records not yet acknowledged:
-    /// then the payload comes back and nothing changes.
+    /// [`enqueue`](Self::enqueue), unless the payload does not encode
+    /// with its store's codec (see [`set_encode_check`](Self::set_encode_check))
+    /// or the lanes hold the cell's [capacity](CellOptions::capacity) of
+    /// records not yet acknowledged: then the payload comes back and
+    /// nothing changes. ([`enqueue`](Self::enqueue) checks neither: a
+    /// payload that does not encode stops durable lanes' writes, every
+    /// lane's, see `egress_store::open_durable_lanes`.)
     ///
     /// # Errors
-    /// [`LanesRefused`]: at capacity, or too many lanes.
+    /// [`LanesRefused`]: not encodable, at capacity, or too many lanes.
     pub fn try_enqueue(&self, lane: K, payload: T) -> Result<Enqueued, LanesRefused<T>> {
+        let check = self.shared.encode_check.lock().clone();
+        if let Some(Err(reason)) = check.map(|check| check(&payload)) {
+            return Err(LanesRefused::Unencodable { payload, reason });
+        }
         let capacity = self.shared.capacity;
         self.shared.inner.apply(By::Caller, |s| {
             let held = s.lanes.pending_len() + s.lanes.inflight_len() + s.lanes.parked_len() + s.lanes.exhausted_len();
