@@ -97,6 +97,13 @@ number_space!(
     "o"
 );
 number_space!(
+    /// The version of a key's value in a [`Latest`](crate::Latest)
+    /// projection (the design's "epoch"): the caller's, rising with each
+    /// newer value of the key; a higher version replaces a lower one.
+    Version(u64),
+    "v"
+);
+number_space!(
     /// A span of time in the same ticks as [`Time`].
     Delay(u64),
     "+"

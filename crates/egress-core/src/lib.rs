@@ -55,6 +55,7 @@ mod failures;
 mod fencing;
 mod ids;
 mod lanes;
+mod latest;
 mod outcome;
 mod panic;
 mod parked;
@@ -70,11 +71,15 @@ pub use crate::completions::Completions;
 pub use crate::core::{EgressCore, Isolation, SKIPPED_MEMORY};
 pub use crate::durable::{AdoptOutcome, DeadMark, MessageStatus, PersistError, PersistOutcome, Ready, RebaseOutcome};
 pub use crate::envelope::Envelope;
-pub use crate::ids::{Attempt, Delay, Epoch, FlushEpoch, Generation, Incarnation, Ordinal, Sequence, Time};
+pub use crate::ids::{Attempt, Delay, Epoch, FlushEpoch, Generation, Incarnation, Ordinal, Sequence, Time, Version};
 pub use crate::lanes::{
     CompleteOutcome, Enqueued, LaneEnvelope, LaneKey, LaneKind, LaneReady, Lanes, LanesClaim, LanesPersisted,
     LanesPolicy, LanesPolicyError, LanesReady, LanesReconnect, LanesRestoreError, RestoredLane, RestoredLanes,
     TooManyLanes,
+};
+pub use crate::latest::{
+    Applied, Failed, ForgetRefused, KeyChanges, KeyProjection, KeyTransition, Latest, LatestClaim, LatestEnvelope,
+    LatestReconnect, LatestRestoreError, RestoredKey, TooManyKeys, Upserted,
 };
 pub use crate::outcome::{
     AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,
