@@ -378,4 +378,8 @@ async fn a_record_the_codec_cannot_write_holds_every_lanes_writes_visibly() {
     assert!(rx.try_recv().is_err(), "nothing unwritten is sent");
     let error = durable.cell.persist_error().get_untracked().unwrap();
     assert!(error.reason.contains("does not encode"), "{}", error.reason);
+    let stream = egress_store::lane_stream("client", &room("a")).unwrap();
+    assert!(error.reason.contains(&stream), "{} names the lane's stream {stream:?}", error.reason);
+    let journal = egress_store::SqliteLanes::new(egress_store::SqliteStore::open(dir.db()).unwrap(), "client");
+    assert_eq!(format!("{journal:?}"), r#"SqliteLanes { lanes: "client", .. }"#);
 }

@@ -264,3 +264,135 @@ async fn open_durable_lanes_writes_before_sending_and_hands_over_on_shutdown() {
     assert_eq!(again.cell.pending_len().get_untracked(), 3);
     let _ = again.relay.shutdown().await;
 }
+
+/// Dead letters of several lanes land in their own lanes' streams (one
+/// held by the strict lane, one tombstone of a room) and come back with
+/// the lanes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_of_several_lanes_are_written_to_their_own_streams_and_restored() {
+    let Some(url) = database().await else { return };
+    let store = PgStore::connect(&url, "w1").await.unwrap();
+    let (lease, mut lanes) = take(&store, LONG, 8).await;
+    for (lane, payload) in [(room("a"), "a0"), (Lane::AccountData, "d0"), (room("a"), "a1")] {
+        lanes.enqueue(lane, text(payload)).outcome.unwrap();
+    }
+    write(&store, &lease, &mut lanes).await.unwrap();
+    let g = lanes.generation();
+    while let LanesClaim::Claimed(_) = lanes.claim(g).outcome {}
+    for lane in [room("a"), Lane::AccountData] {
+        let kind = egress_core::FailureKind::Permanent;
+        let _ = lanes.fail(g, &lane, Sequence(0), kind, egress_core::Time(0), egress_core::JitterSample::ZERO);
+    }
+    assert_eq!(lanes.exhausted_len(), 1, "the strict lane holds its dead letter");
+    write(&store, &lease, &mut lanes).await.unwrap();
+    let dead = |stream: String| {
+        let store = store.clone();
+        async move {
+            store
+                .client()
+                .query(
+                    "SELECT seq, dead_held FROM egress_outbox WHERE stream = $1 AND dead_reason IS NOT NULL",
+                    &[&stream],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| (r.get::<_, i64>(0), r.get::<_, Option<bool>>(1)))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(dead(lane_stream(NAME, &Lane::AccountData).unwrap()).await, [(0, Some(true))]);
+    assert_eq!(dead(lane_stream(NAME, &room("a")).unwrap()).await, [(0, Some(false))]);
+    store.release(&lease).await.unwrap();
+    let (_lease, lanes) = take(&store, LONG, 8).await;
+    assert_eq!(lanes.exhausted_len(), 1, "the held dead letter is back");
+    assert_eq!(lanes.lane(&Lane::AccountData).unwrap().exhausted_len(), 1);
+    let a = lanes.lane(&room("a")).unwrap();
+    let dead = Some(egress_core::MessageStatus::Dead(egress_core::DeadReason::Permanent));
+    assert_eq!((a.status(Sequence(0)), a.pending_len()), (dead, 2), "a0 goes again as its tombstone, a1 after it");
+}
+
+/// JSON-free bytes, except that it refuses to encode `bad`.
+struct Picky;
+
+impl egress_codec::Encode<Bytes> for Picky {
+    fn encode(&self, value: &Bytes) -> Result<Bytes, egress_codec::CodecError> {
+        if value.as_ref() == b"bad" {
+            return Err("no".into());
+        }
+        Ok(value.clone())
+    }
+}
+
+impl egress_codec::Codec<Bytes> for Picky {
+    fn decode(&self, bytes: &Bytes) -> Result<Bytes, egress_codec::CodecError> {
+        Ok(bytes.clone())
+    }
+}
+
+async fn open_with(
+    cx: &egress_reactive::AsyncContext,
+    store: &PgStore,
+    lease: Duration,
+    codec: impl egress_codec::Codec<Bytes>,
+) -> Option<egress_store::DurableLanes<Lane, Bytes>> {
+    let options = egress_reactive::CellOptions::new();
+    let config = RelayConfig::default();
+    open_durable_lanes(cx, store, NAME, lease, codec, policy(8), options, config).await.unwrap()
+}
+
+/// A record the codec cannot write (through plain `enqueue`) is shown
+/// with its lane's stream; `try_enqueue` refuses it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_codec_cannot_write_is_refused_or_shown_with_its_lane() {
+    let Some(url) = database().await else { return };
+    let store = PgStore::connect(&url, "w1").await.unwrap();
+    let cx = egress_reactive::AsyncContext::new();
+    let durable = open_with(&cx, &store, LONG, Picky).await.unwrap();
+    let refused = durable.cell.try_enqueue(room("a"), text("bad"));
+    assert!(matches!(refused, Err(egress_reactive::LanesRefused::Unencodable { .. })), "{refused:?}");
+    durable.cell.enqueue(room("a"), text("bad")).unwrap();
+    let cell = durable.cell.clone();
+    egress_testkit::until(|| cell.persist_error().get_untracked(), || format!("{cell:?}")).await;
+    let error = cell.persist_error().get_untracked().unwrap();
+    let stream = lane_stream(NAME, &room("a")).unwrap();
+    assert!(error.reason.contains(&stream), "{} names {stream:?}", error.reason);
+}
+
+/// A relay with nothing to write notices at once that its lease was lost
+/// (no round trip: the keeper's renewal found it) and says so on the cell
+/// at the next record, which stays unwritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_while_idle_stops_the_relay_and_the_cell_says_why() {
+    let Some(url) = database().await else { return };
+    let store = PgStore::connect(&url, "w1").await.unwrap();
+    let cx = egress_reactive::AsyncContext::new();
+    let durable = open_with(&cx, &store, Duration::from_secs(1), egress_codec::Raw).await.unwrap();
+    // Another worker's take, as the database sees it: a new lease number.
+    store.client().execute("UPDATE egress_lease SET lease = lease + 1 WHERE stream = $1", &[&NAME]).await.unwrap();
+    let relay = &durable.relay;
+    egress_testkit::until(|| relay.stats().fenced.then_some(()), || format!("{:?}", relay.stats())).await;
+    durable.cell.enqueue(room("a"), text("a0")).unwrap();
+    let cell = durable.cell.clone();
+    egress_testkit::until(|| cell.persist_error().get_untracked(), || format!("{cell:?}")).await;
+    assert_eq!(durable.cell.unpersisted_len().get_untracked(), 1);
+}
+
+/// Lanes whose relay is dropped without a shutdown (the process's task
+/// aborted, the store's connection alive) stop being renewed: another
+/// worker takes them once the lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_lanes_stop_being_renewed_and_another_worker_takes_them() {
+    let Some(url) = database().await else { return };
+    let store = PgStore::connect(&url, "w1").await.unwrap();
+    let cx = egress_reactive::AsyncContext::new();
+    let durable = open_with(&cx, &store, Duration::from_secs(1), egress_codec::Raw).await.unwrap();
+    durable.cell.enqueue(room("a"), text("a0")).unwrap();
+    let cell = durable.cell.clone();
+    egress_testkit::until(|| (cell.unpersisted_len().get_untracked() == 0).then_some(()), || format!("{cell:?}")).await;
+    drop(durable);
+    let other = PgStore::connect(&url, "w2").await.unwrap();
+    let (_lease, lanes) = take(&other, LONG, 8).await;
+    assert_eq!(lanes.pending_len(), 1);
+    assert!(!store.is_closed(), "the first worker's connection lives on");
+}

@@ -180,11 +180,11 @@ impl PgStore {
             )
             .await
             .map_err(|e| busy_or(lanes, e))?;
-        if row.get::<_, bool>(0) {
+        if row.try_get::<_, bool>(0)? {
             return Err(StoreError::Fenced { stream: lanes.to_owned() });
         }
-        if let Some(stream) = row.get::<_, Option<String>>(1) {
-            let stored = to_u64("next_sequence", row.get::<_, Option<i64>>(2).unwrap_or(-1))?;
+        if let Some(stream) = row.try_get::<_, Option<String>>(1)? {
+            let stored = to_u64("next_sequence", row.try_get::<_, i64>(2)?)?;
             let expected = names
                 .iter()
                 .zip(&ready.lanes)
