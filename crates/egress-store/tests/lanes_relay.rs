@@ -383,3 +383,24 @@ async fn a_record_the_codec_cannot_write_holds_every_lanes_writes_visibly() {
     let journal = egress_store::SqliteLanes::new(egress_store::SqliteStore::open(dir.db()).unwrap(), "client");
     assert_eq!(format!("{journal:?}"), r#"SqliteLanes { lanes: "client", .. }"#);
 }
+
+/// A shutdown writes what is pending and checkpoints SQLite's WAL (the
+/// journal's close): with another connection open, so that closing the
+/// relay's store does not checkpoint it anyway, the WAL is empty after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_writes_what_is_pending_and_checkpoints_the_wal() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &dir, config()).await;
+    let app = rusqlite::Connection::open(dir.db()).unwrap();
+    // Read once: the connection opens the database (SQLite opens lazily).
+    let lanes: i64 = app.query_row("SELECT COUNT(*) FROM egress_lanes", [], |r| r.get(0)).unwrap();
+    assert_eq!(lanes, 1);
+    durable.cell.enqueue(room("a"), Msg("a0".into())).unwrap();
+    let stats = durable.relay.shutdown().await;
+    assert_eq!(stats.appended, 1, "{stats:?}");
+    let wal = std::fs::metadata(format!("{}-wal", dir.db().display())).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(wal, 0, "the WAL was checkpointed");
+    let stored: i64 = app.query_row("SELECT COUNT(*) FROM egress_outbox", [], |r| r.get(0)).unwrap();
+    assert_eq!(stored, 1);
+}
