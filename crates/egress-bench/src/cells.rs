@@ -33,6 +33,8 @@ pub const LIBS: &[(&str, &str, Workload)] = &[
     ("lanes-1", "Lanes, 1 lane (no graph)", lanes_1),
     ("lanes-16", "Lanes, 16 lanes (no graph)", lanes_16),
     ("lanes-1000", "Lanes, 1,000 lanes (no graph)", lanes_1000),
+    ("latest", "Latest upserts, 1,000 keys (no graph)", latest_upserts),
+    ("hashmap", "HashMap inserts, 1,000 keys (baseline for latest)", hashmap_inserts),
     ("egress", "egress EgressCell", egress_local),
     ("egress-ts", "egress ThreadSafeEgressCell", egress_thread_safe),
     ("egress-async", "egress AsyncEgressCell", egress_async),
@@ -156,6 +158,43 @@ fn lanes_core(n: usize, lanes: u32) -> Duration {
     std::hint::black_box(ui);
     let ordinals: Vec<u64> = sent.iter().map(|s| s.2).collect();
     check(&ordinals, n, l.pending_len() + l.inflight_len());
+    elapsed
+}
+
+// ---- the latest-value projection ------------------------------------------
+
+/// Keys of the projection workload.
+const LATEST_KEYS: u64 = 1_000;
+
+/// `n` upserts of `egress_core::Latest` over 1,000 keys, round-robin, each
+/// a newer version of its key (every one accepted, replacing the desire
+/// not yet claimed). Checked after: each key desires its last value.
+fn latest_upserts(n: usize) -> Duration {
+    let keys = std::num::NonZeroUsize::new(LATEST_KEYS as usize).expect("keys");
+    let mut latest: egress_core::Latest<u64, u64> = egress_core::Latest::new(policy(), keys);
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        let _ = latest.upsert(i % LATEST_KEYS, egress_core::Version(i / LATEST_KEYS + 1), i);
+    }
+    let elapsed = t.elapsed();
+    for key in 0..LATEST_KEYS.min(n as u64) {
+        let last = (n as u64 - 1 - key) / LATEST_KEYS * LATEST_KEYS + key;
+        assert_eq!(latest.desired(&key).map(|(_, v)| *v), Some(last), "key {key} desires its last value");
+    }
+    elapsed
+}
+
+/// The baseline of [`latest_upserts`]: the same `(version, value)` per key
+/// into a plain `HashMap`, no checks.
+fn hashmap_inserts(n: usize) -> Duration {
+    let mut map: std::collections::HashMap<u64, (u64, u64)> = std::collections::HashMap::new();
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        map.insert(i % LATEST_KEYS, (i / LATEST_KEYS + 1, i));
+    }
+    let elapsed = t.elapsed();
+    assert_eq!(map.len() as u64, LATEST_KEYS.min(n as u64));
+    std::hint::black_box(&map);
     elapsed
 }
 

@@ -386,6 +386,16 @@ async fn a_payload_its_store_cannot_encode_is_refused_at_once_and_comes_back() {
     assert_eq!(cell.enqueue(Vec::new()), Sequence(1));
     cell.set_encode_check(None);
     assert_eq!(cell.try_enqueue(Vec::new()), Ok(Sequence(2)));
+    // Once the graph is gone, a wait for room queues at once, still
+    // checked (a hostile review found it skipped the checks there).
+    let check: egress_reactive::EncodeCheck<Vec<u8>> =
+        std::sync::Arc::new(|p: &Vec<u8>| if p.is_empty() { Err("nothing to encode".into()) } else { Ok(()) });
+    cell.set_encode_check(Some(check));
+    cell.set_size_check(Some(std::sync::Arc::new(|p: &Vec<u8>| (p.len() > 4).then_some((p.len(), 4)))));
+    cell.dispose();
+    assert!(matches!(cell.enqueue_when_room(Vec::new()).await, Err(Refused::Unencodable { .. })));
+    assert!(matches!(cell.enqueue_when_room(vec![0; 5]).await, Err(Refused::TooLarge { .. })));
+    assert_eq!(cell.enqueue_when_room(vec![1]).await, Ok(Sequence(3)));
 }
 
 #[tokio::test(flavor = "current_thread")]

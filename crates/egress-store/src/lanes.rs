@@ -32,6 +32,21 @@ pub(crate) fn stream_of(lanes: &str, key: &str) -> String {
     format!("{lanes}\u{1f}{key}")
 }
 
+/// Refuses a plain stream's name, or a set of lanes' name, that holds
+/// U+001F: that character names a lane's stream (`{lanes}\u{1f}{key}`), so
+/// a plain stream under such a name could squat a lane (the lanes' next
+/// write to it refused, every lane's with it) and lanes under it could
+/// collide with another's lane.
+///
+/// # Errors
+/// [`StoreError::OtherKind`], naming the lanes the name belongs to.
+pub(crate) fn plain_name(name: &str) -> Result<(), StoreError> {
+    match name.split_once('\u{1f}') {
+        Some((lanes, _)) => Err(StoreError::OtherKind { stream: name.to_owned(), lanes: Some(lanes.to_owned()) }),
+        None => Ok(()),
+    }
+}
+
 /// The lane key as stored: JSON.
 pub(crate) fn key_json<K: serde::Serialize>(lanes: &str, key: &K) -> Result<String, StoreError> {
     serde_json::to_string(key).map_err(|e| StoreError::LaneKey { lanes: lanes.to_owned(), reason: e.to_string() })
@@ -130,6 +145,9 @@ pub(crate) fn assemble<K: serde::Serialize + serde::de::DeserializeOwned>(
         };
         restored_lanes.push(RestoredLane { lane, restored, ordinals });
     }
+    // Every ordinal handed out from here must be storable: refused now,
+    // not at the first write.
+    to_i64("next_ordinal", next_ordinal)?;
     Ok(LoadedLanes {
         incarnation,
         restored: RestoredLanes {
@@ -216,6 +234,7 @@ impl SqliteStore {
         lanes: &str,
         restore: impl FnOnce(LoadedLanes<K>) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
+        plain_name(lanes)?;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         tx.prepare_cached(
             "INSERT INTO egress_lanes (lanes, incarnation, generation, next_ordinal) VALUES (?1, ?2, 0, 0)

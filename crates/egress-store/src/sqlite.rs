@@ -410,9 +410,12 @@ impl SqliteStore {
     /// memory by the core, so this is as large as what is unacknowledged.
     ///
     /// # Errors
-    /// SQLite's error, or a stored value out of range (a generation at or
-    /// above `i64::MAX`, which no handshake could go above).
+    /// SQLite's error, a stored value out of range (a generation at or
+    /// above `i64::MAX`, which no handshake could go above), or a name
+    /// holding U+001F, which only lanes' streams hold
+    /// ([`StoreError::OtherKind`]: a lane is loaded with its lanes).
     pub fn load(&mut self, stream: &str) -> Result<Loaded, StoreError> {
+        crate::lanes::plain_name(stream)?;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         ensure_stream(&tx, stream)?;
         let owner = fresh_incarnation();
@@ -645,6 +648,7 @@ impl Outbox {
     /// lane's stream ([`StoreError::OtherKind`]: lanes are written only
     /// through their lanes); nothing is appended then.
     pub fn append(&self, conn: &Connection, payload: &[u8]) -> Result<Sequence, StoreError> {
+        crate::lanes::plain_name(&self.stream)?;
         self.admission.size(payload.len())?;
         conn.execute_batch("SAVEPOINT egress_append")?;
         let result = (|| {

@@ -267,3 +267,33 @@ fn a_key_that_does_not_serialize_as_stored_is_refused_at_the_load() {
     let (_store, lanes) = open(&dir, 4);
     assert_eq!(lanes.pending_len(), 1, "nothing changed");
 }
+
+/// A plain load of a lane's stream (or of a lane not made yet) squatted
+/// the lane: a plain write into it, then the lanes no longer restored, or
+/// a lane's record went to a plain stream and was lost to the lanes (a
+/// hostile review). Names holding U+001F are lanes' only.
+#[test]
+fn a_plain_load_of_a_lane_or_a_future_lane_is_refused() {
+    let dir = TempDir::new();
+    let (mut store, mut lanes) = open(&dir, 8);
+    lanes.enqueue(room("a"), text("a0")).outcome.unwrap();
+    write(&mut store, &mut lanes).unwrap();
+    for key in ["a", "z"] {
+        let stream = lane_stream(NAME, &room(key)).unwrap();
+        match store.load(&stream) {
+            Err(StoreError::OtherKind { stream: s, lanes }) => {
+                assert_eq!((&s, lanes.as_deref()), (&stream, Some(NAME)))
+            }
+            other => panic!("expected OtherKind, got {other:?}"),
+        }
+        match store.load_lanes::<Lane>(&stream) {
+            Err(StoreError::OtherKind { lanes, .. }) => assert_eq!(lanes.as_deref(), Some(NAME)),
+            other => panic!("expected OtherKind, got {other:?}"),
+        }
+    }
+    lanes.enqueue(room("z"), text("z0")).outcome.unwrap();
+    write(&mut store, &mut lanes).unwrap();
+    drop(store);
+    let (_store, mut lanes) = open(&dir, 8);
+    assert_eq!(drain(&mut lanes), ["a0", "z0"]);
+}

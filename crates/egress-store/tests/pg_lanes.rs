@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use egress_core::{Generation, Lanes, LanesClaim, Ordinal, Sequence};
+use egress_core::{Generation, Lanes, LanesClaim, Ordinal, Policy, Sequence};
 use egress_store::postgres::{Lease, PgOutbox, PgStore, open_durable_lanes};
 use egress_store::{RelayConfig, StoreError, lane_stream};
 
@@ -395,4 +395,101 @@ async fn dropped_lanes_stop_being_renewed_and_another_worker_takes_them() {
     let (_lease, lanes) = take(&other, LONG, 8).await;
     assert_eq!(lanes.pending_len(), 1);
     assert!(!store.is_closed(), "the first worker's connection lives on");
+}
+
+fn other_kind(result: Result<impl std::fmt::Debug, StoreError>, lanes: Option<&str>) {
+    match result {
+        Err(StoreError::OtherKind { lanes: l, .. }) => assert_eq!(l.as_deref(), lanes),
+        other => panic!("expected OtherKind, got {other:?}"),
+    }
+}
+
+/// A hostile review's findings, each refused with a typed error: a
+/// requeue or discard on a lane's stream (a requeue raised the lane's
+/// counter and stored a record without an ordinal: every lane stalled,
+/// and the lanes no longer restored), a plain take or append squatting a
+/// lane not made yet (every later write of the lanes refused, untyped), a
+/// forged plain write on the lanes' row (refused, untyped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_operations_on_a_lane_or_a_future_lane_are_refused_with_a_typed_error() {
+    let Some(url) = database().await else { return };
+    let store = PgStore::connect(&url, "w1").await.unwrap();
+    let (lease, mut lanes) = take(&store, LONG, 8).await;
+    lanes.enqueue(room("a"), text("a0")).outcome.unwrap();
+    write(&store, &lease, &mut lanes).await.unwrap();
+    let (a, z) = (lane_stream(NAME, &room("a")).unwrap(), lane_stream(NAME, &room("z")).unwrap());
+    other_kind(store.requeue(&a, Sequence(0)).await, Some(NAME));
+    other_kind(store.discard(&a, Sequence(0)).await, Some(NAME));
+    let other = PgStore::connect(&url, "w2").await.unwrap();
+    other_kind(other.take_stream(&z, LONG).await.map(|t| t.is_some()), Some(NAME));
+    let (mut app, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let tx = app.transaction().await.unwrap();
+    other_kind(PgOutbox::new(z.clone()).append(&tx, b"squat").await, Some(NAME));
+    tx.commit().await.unwrap();
+    // Lanes named like a lane's stream are refused too.
+    other_kind(store.take_lanes::<Lane>(&z, LONG).await.map(|t| t.is_some()), Some(NAME));
+    // A forged plain write on the lanes' own row.
+    let stored = egress_core::Restored {
+        next_sequence: Sequence(1),
+        acked_through: Some(Sequence(0)),
+        ..egress_core::Restored::empty()
+    };
+    let mut core = egress_core::EgressCore::restore(Policy::default(), stored).unwrap();
+    let _ = core.enqueue(text("forged"));
+    let ready = core.poll_ready().unwrap();
+    let appends: Vec<(Sequence, Bytes)> = core.unwritten(ready.appends.clone()).map(|(s, p)| (s, p.clone())).collect();
+    other_kind(store.apply(&lease, &ready, &appends).await, Some(NAME));
+    // The lanes go on: room z is a lane like any other.
+    lanes.enqueue(room("z"), text("z0")).outcome.unwrap();
+    write(&store, &lease, &mut lanes).await.unwrap();
+    assert_eq!(count(&store, "SELECT COUNT(*) FROM egress_outbox WHERE stream = $1", &z).await, 1);
+}
+
+/// The dead letters' view lists a lane's, with its lanes' owner; freeing
+/// the lane deletes its tombstones with its stream (as documented).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lanes_dead_letters_are_listed_with_their_owner_until_the_lane_is_freed() {
+    let Some(url) = database().await else { return };
+    let store = PgStore::connect(&url, "w1").await.unwrap();
+    let (lease, mut lanes) = take(&store, LONG, 1).await;
+    lanes.enqueue(room("a"), text("a0")).outcome.unwrap();
+    write(&store, &lease, &mut lanes).await.unwrap();
+    let g = lanes.generation();
+    while let LanesClaim::Claimed(_) = lanes.claim(g).outcome {}
+    let kind = egress_core::FailureKind::Permanent;
+    let _ = lanes.fail(g, &room("a"), Sequence(0), kind, egress_core::Time(0), egress_core::JitterSample::ZERO);
+    write(&store, &lease, &mut lanes).await.unwrap();
+    let a = lane_stream(NAME, &room("a")).unwrap();
+    let listed = store.client().query("SELECT stream, owner FROM egress_dead_letters", &[]).await.unwrap();
+    let listed: Vec<(String, Option<String>)> = listed.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(listed, [(a.clone(), Some("w1".to_owned()))]);
+    assert_eq!(store.dead_letters(None, 10).await.unwrap().len(), 1, "the same rows as the view");
+    // The tombstone goes out and is acknowledged; the idle lane is freed
+    // for room b, and its stream goes with its dead letter.
+    assert_eq!(drain(&mut lanes), ["a0"]);
+    write(&store, &lease, &mut lanes).await.unwrap();
+    lanes.enqueue(room("b"), text("b0")).outcome.unwrap();
+    write(&store, &lease, &mut lanes).await.unwrap();
+    assert!(store.dead_letters(None, 10).await.unwrap().is_empty());
+    assert_eq!(count(&store, "SELECT COUNT(*) FROM egress_stream WHERE stream = $1", &a).await, 0);
+}
+
+/// A stored ordinal at `i64::MAX` leaves no ordinal to hand out: refused
+/// at the take, typed, not at the first write (which every write after
+/// would meet too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordinal_at_the_end_of_the_range_is_refused_at_the_take() {
+    let Some(url) = database().await else { return };
+    let store = PgStore::connect(&url, "w1").await.unwrap();
+    let (lease, mut lanes) = take(&store, LONG, 8).await;
+    lanes.enqueue(room("a"), text("a0")).outcome.unwrap();
+    write(&store, &lease, &mut lanes).await.unwrap();
+    store.release(&lease).await.unwrap();
+    let a = lane_stream(NAME, &room("a")).unwrap();
+    store.client().execute("UPDATE egress_outbox SET ordinal = $2 WHERE stream = $1", &[&a, &i64::MAX]).await.unwrap();
+    match store.take_lanes::<Lane>(NAME, LONG).await {
+        Err(StoreError::OutOfRange { what, .. }) => assert_eq!(what, "next_ordinal"),
+        other => panic!("expected OutOfRange, got {:?}", other.map(|t| t.is_some())),
+    }
 }

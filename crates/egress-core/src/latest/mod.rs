@@ -362,17 +362,16 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
         };
         match &slot.inflight {
             Some(f) if f.generation == generation && f.version == version => {
+                // A flight is always above the frontier (an upsert at or
+                // below it is refused), so the frontier moves to it.
                 slot.inflight = None;
                 slot.failures = 0;
-                let moved = slot.durable_through.is_none_or(|d| d < version);
-                let durable_through = slot.durable_through.map_or(version, |d| d.max(version));
-                slot.durable_through = Some(durable_through);
+                slot.durable_through = Some(version);
                 if slot.claimable() {
                     self.ready.insert(key.clone());
                 }
-                let changes =
-                    KeyChanges::NONE.with(KeyProjection::Inflight).with_if(KeyProjection::DurableThrough, moved);
-                KeyTransition::new(Applied::Advanced { durable_through }, changes)
+                let changes = KeyChanges::NONE.with(KeyProjection::Inflight).with(KeyProjection::DurableThrough);
+                KeyTransition::new(Applied::Advanced { durable_through: version }, changes)
             }
             _ if slot.durable_through.is_some_and(|d| version <= d) => KeyTransition::unchanged(Applied::Unchanged),
             _ => KeyTransition::unchanged(Applied::UnknownVersion { version }),
@@ -383,7 +382,9 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
     /// `generation`, failed at `now` in a way worth retrying: the value is
     /// the desire again (unless a newer one exists, which replaces it) and
     /// the key waits for the backoff of its failures in a row (at least
-    /// `hint`, the sink's own "retry after"), spread by `jitter`.
+    /// `hint`, the sink's own "retry after", which is not capped here: a
+    /// sink effect bounds what a peer may ask, as the HTTP sender's
+    /// `max_retry_after` does), spread by `jitter`.
     ///
     /// Changes: the key's flight and backoff, and its desire when the
     /// value went back to it.

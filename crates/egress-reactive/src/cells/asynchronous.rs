@@ -244,7 +244,11 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
     /// # Errors
     /// [`Refused::TooLarge`](crate::Refused::TooLarge) with the payload,
     /// at once, for a payload the cell's transport would not carry (no
-    /// room would ever make it fit); never `Full`.
+    /// room would ever make it fit), and
+    /// [`Refused::Unencodable`](crate::Refused::Unencodable) for one its
+    /// store's codec cannot write; never `Full`. (Once the cell's graph is
+    /// gone, nothing will make room: the payload is queued anyway, checked
+    /// as these say.)
     pub async fn enqueue_when_room(&self, payload: T) -> Result<Sequence, crate::Refused<T>> {
         let mut payload = payload;
         loop {
@@ -252,7 +256,7 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
             // and the wait is a change the watch still yields.
             // Owned by the cell: its disposal ends the stream.
             let Ok(mut acked) = self.cell.in_scope(|graph| graph.watch(self.cell.acked_through())) else {
-                return Ok(self.cell.enqueue(payload));
+                return self.cell.checked(payload).map(|p| self.cell.enqueue(p));
             };
             let _ = acked.next().await; // the value now
             match self.cell.try_enqueue(payload) {
@@ -262,8 +266,8 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
             }
             if acked.next().await.is_none() {
                 // The graph is gone: nothing will make room. Queue it
-                // anyway rather than wait forever.
-                return Ok(self.cell.enqueue(payload));
+                // anyway (checked) rather than wait forever.
+                return self.cell.checked(payload).map(|p| self.cell.enqueue(p));
             }
         }
     }

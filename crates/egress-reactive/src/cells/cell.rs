@@ -282,14 +282,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// # Errors
     /// [`Refused`]: too large, not encodable, or at capacity.
     pub fn try_enqueue(&self, payload: T) -> Result<Sequence, Refused<T>> {
-        let check = self.shared.size_check.lock().clone();
-        if let Some((size, limit)) = check.and_then(|check| check(&payload)) {
-            return Err(Refused::TooLarge { payload, size, limit });
-        }
-        let check = self.shared.encode_check.lock().clone();
-        if let Some(Err(reason)) = check.map(|check| check(&payload)) {
-            return Err(Refused::Unencodable { payload, reason });
-        }
+        let payload = self.checked(payload)?;
         let capacity = self.shared.capacity;
         self.shared.inner.apply(By::Caller, |s| match capacity {
             Some(capacity) if unacknowledged(&s.core) >= capacity => {
@@ -310,6 +303,21 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// once rather than told later of a dead letter.
     pub fn set_size_check(&self, check: Option<SizeCheck<T>>) {
         *self.shared.size_check.lock() = check;
+    }
+
+    /// `payload` back if the cell's checks take it: not larger than its
+    /// transport carries, and encodable by its store's codec (the checks of
+    /// [`try_enqueue`](Self::try_enqueue) but its capacity).
+    pub(crate) fn checked(&self, payload: T) -> Result<T, Refused<T>> {
+        let check = self.shared.size_check.lock().clone();
+        if let Some((size, limit)) = check.and_then(|check| check(&payload)) {
+            return Err(Refused::TooLarge { payload, size, limit });
+        }
+        let check = self.shared.encode_check.lock().clone();
+        if let Some(Err(reason)) = check.map(|check| check(&payload)) {
+            return Err(Refused::Unencodable { payload, reason });
+        }
+        Ok(payload)
     }
 
     /// Sets (or, with `None`, removes) the check that a payload encodes

@@ -70,8 +70,11 @@ impl PgStore {
     ///
     /// # Errors
     /// [`StoreError::NotDead`] when the record is not a dead letter the
-    /// stream has passed (nothing changed), or PostgreSQL's error.
+    /// stream has passed (nothing changed), [`StoreError::OtherKind`] for a
+    /// lane's stream (its counter is its lanes' core's: a record appended
+    /// here would stop every lane's writes), or PostgreSQL's error.
     pub async fn requeue(&self, stream: &str, sequence: Sequence) -> Result<Sequence, StoreError> {
+        crate::lanes::plain_name(stream)?;
         // One statement (clones share the connection, so no transaction
         // may span statements): the dead letter's row goes, the counter
         // rises (an application's append in progress holds it: then this
@@ -106,8 +109,11 @@ impl PgStore {
     ///
     /// # Errors
     /// [`StoreError::NotDead`] when the record is not a dead letter the
-    /// stream has passed (nothing changed), or PostgreSQL's error.
+    /// stream has passed (nothing changed), [`StoreError::OtherKind`] for a
+    /// lane's stream (written only through its lanes, whose freeing deletes
+    /// it with its dead letters), or PostgreSQL's error.
     pub async fn discard(&self, stream: &str, sequence: Sequence) -> Result<(), StoreError> {
+        crate::lanes::plain_name(stream)?;
         let deleted = self
             .shared
             .client

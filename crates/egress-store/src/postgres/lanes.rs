@@ -36,6 +36,7 @@ impl PgStore {
         lanes: &str,
         lease: Duration,
     ) -> Result<Option<(Lease, LoadedLanes<K>)>, StoreError> {
+        crate::lanes::plain_name(lanes)?;
         let client = &self.shared.client;
         client
             .execute(
@@ -99,7 +100,9 @@ impl PgStore {
     /// does: the streams of the lanes it forgets deleted, each lane's
     /// `Ready` written with each append's ordinal, the lanes' next ordinal
     /// and generation raised. Commits with `synchronous_commit = off`
-    /// unless `ready.must_sync`. Dead letters stay, as a stream's do.
+    /// unless `ready.must_sync`. Dead letters stay, as a stream's do, until
+    /// their lane is freed: a lane is freed only when idle (a held dead
+    /// letter keeps it busy), and its stream goes with its tombstones.
     ///
     /// `appends[i]` are the payloads of `ready.lanes[i]`'s appends, in
     /// order.

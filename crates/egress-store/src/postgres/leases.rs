@@ -96,6 +96,7 @@ impl PgStore {
     /// [`StoreError::OtherKind`] for lanes or a lane's stream (taken with
     /// [`take_lanes`](Self::take_lanes)).
     pub async fn take_stream(&self, stream: &str, lease: Duration) -> Result<Option<(Lease, Loaded)>, StoreError> {
+        crate::lanes::plain_name(stream)?;
         ensure_stream(&self.shared.client, stream).await.map_err(|e| match e {
             StoreError::Postgres(e) => busy_or(stream, e),
             other => other,

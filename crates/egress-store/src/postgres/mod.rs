@@ -67,16 +67,27 @@ use crate::stored::fresh_incarnation;
 /// stream's name).
 pub const CHANNEL: &str = "egress_outbox";
 
-/// PostgreSQL's error, or [`StoreError::Busy`] when it is a lock that an
+/// PostgreSQL's error; [`StoreError::Busy`] when it is a lock that an
 /// application's transaction holds (`lock_not_available`: `NOWAIT`, or the
-/// connection's `lock_timeout`).
+/// connection's `lock_timeout`); [`StoreError::OtherKind`] when a write
+/// met a stream of other lanes, or of none (`EGR01`, raised by
+/// `egress_write` and `egress_apply_lanes` with the stream as its detail
+/// and the lanes it belongs to as its hint).
 fn busy_or(stream: &str, e: tokio_postgres::Error) -> StoreError {
     if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
-        StoreError::Busy { stream: stream.to_owned() }
-    } else {
-        StoreError::Postgres(e)
+        return StoreError::Busy { stream: stream.to_owned() };
     }
+    if e.code().is_some_and(|c| c.code() == OTHER_KIND)
+        && let Some(db) = e.as_db_error()
+    {
+        let lanes = db.hint().filter(|h| !h.is_empty()).map(str::to_owned);
+        return StoreError::OtherKind { stream: db.detail().unwrap_or(stream).to_owned(), lanes };
+    }
+    StoreError::Postgres(e)
 }
+
+/// The SQLSTATE of a write that met a stream of other lanes (or of none).
+const OTHER_KIND: &str = "EGR01";
 
 /// Creates the stream's row if it has none (generation 0, nothing stored,
 /// a fresh incarnation, held by no one).

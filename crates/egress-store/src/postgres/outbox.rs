@@ -62,6 +62,7 @@ impl PgOutbox {
     /// ([`StoreError::OtherKind`]: lanes are written only through their
     /// lanes); nothing is appended then.
     pub async fn append(&self, tx: &Transaction<'_>, payload: &[u8]) -> Result<Sequence, StoreError> {
+        crate::lanes::plain_name(&self.stream)?;
         self.admission.size(payload.len())?;
         tx.batch_execute("SAVEPOINT egress_append").await?;
         let result = async {

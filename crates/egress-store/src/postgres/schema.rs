@@ -254,7 +254,8 @@ const MIGRATIONS: &[&str] = &[
             RETURN NULL;
         END IF;
         IF owner_lanes IS DISTINCT FROM p_lanes THEN
-            RAISE EXCEPTION 'egress_write: stream % belongs to lanes %, not %', p_stream, owner_lanes, p_lanes;
+            RAISE EXCEPTION 'egress_write: stream % belongs to lanes %, not %', p_stream, owner_lanes, p_lanes
+                USING ERRCODE = 'EGR01', DETAIL = p_stream, HINT = coalesce(owner_lanes, '');
         END IF;
         IF p_acked IS NOT NULL AND p_acked >= stored + appended THEN
             RAISE EXCEPTION 'egress_write: acknowledged through % but the next sequence is %', p_acked, stored + appended;
@@ -365,7 +366,8 @@ const MIGRATIONS: &[&str] = &[
                 owner_lanes := p_lanes;
             END IF;
             IF owner_lanes IS DISTINCT FROM p_lanes THEN
-                RAISE EXCEPTION 'egress_apply_lanes: stream % is not a lane of %', p_streams[i], p_lanes;
+                RAISE EXCEPTION 'egress_apply_lanes: stream % is not a lane of %', p_streams[i], p_lanes
+                    USING ERRCODE = 'EGR01', DETAIL = p_streams[i], HINT = coalesce(owner_lanes, '');
             END IF;
             IF p_counts[i] > 0 AND got <> p_starts[i] THEN
                 conflict := p_streams[i];
@@ -398,6 +400,18 @@ const MIGRATIONS: &[&str] = &[
             generation = GREATEST(generation, coalesce(p_generation, generation))
         WHERE stream = p_lanes;
     END $$;
+
+    -- Dead letters of lanes too: a lane's stream has no lease row of its
+    -- own; its owner is its lanes' lease's.
+    DROP VIEW egress_dead_letters;
+    CREATE VIEW egress_dead_letters AS
+    SELECT o.stream, o.seq,
+           CASE o.dead_reason WHEN 0 THEN 'permanent' WHEN 1 THEN 'retries' WHEN 2 THEN 'replays' END AS reason,
+           o.dead_held AS held, length(o.payload) AS bytes, l.owner, l.until AS lease_until
+    FROM egress_outbox o
+    JOIN egress_stream s USING (stream)
+    LEFT JOIN egress_lease l ON l.stream = coalesce(s.lanes, o.stream)
+    WHERE o.dead_reason IS NOT NULL;
 ",
 ];
 
