@@ -348,6 +348,13 @@ proptest! {
                         (Some((g, v)), true) => (Generation(g.0 + 1), v),
                         (None, _) => (generation, Version(3)),
                     };
+                    // Another version of a key in flight is never its
+                    // flight: refused, nothing changed.
+                    if let Some((fg, fv)) = flight.filter(|_| !stale) {
+                        let other = l.ack_applied(fg, &k, Version(fv.0 + 1));
+                        prop_assert_eq!(other.changes, KeyChanges::NONE);
+                        prop_assert!(matches!(other.outcome, Applied::UnknownVersion { .. }), "{:?}", other.outcome);
+                    }
                     let t = l.ack_applied(g, &k, v);
                     if stale && flight.is_some() {
                         prop_assert!(t.changes.is_empty(), "a stale generation's report is a no-op");
@@ -362,6 +369,9 @@ proptest! {
                         (None, _) => Version(1),
                     };
                     let t = l.fail_retryable(generation, &k, v, Time(now), Some(Delay(hint)), JitterSample::ZERO);
+                    if stale && flight.is_some() {
+                        prop_assert!(matches!(t.outcome, Failed::UnknownVersion { .. }), "{:?}", t.outcome);
+                    }
                     if let Failed::Pending { retry_at } | Failed::Superseded { retry_at } = t.outcome {
                         prop_assert!(retry_at.0 >= now + hint.max(1), "never sooner than the hint or the base");
                         prop_assert!(l.desired(&k).is_some(), "a failure keeps a desire");

@@ -361,7 +361,9 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             return KeyTransition::unchanged(Applied::UnknownVersion { version });
         };
         match &slot.inflight {
-            Some(f) if f.generation == generation && f.version == version => {
+            // Every flight is of the current generation (a reconnect takes
+            // them all back), which `generation` is: the version names it.
+            Some(f) if f.version == version => {
                 // A flight is always above the frontier (an upsert at or
                 // below it is refused), so the frontier moves to it.
                 slot.inflight = None;
@@ -403,7 +405,8 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
         let Some(slot) = self.keys.get_mut(key) else {
             return KeyTransition::unchanged(Failed::UnknownVersion { version });
         };
-        if !slot.inflight.as_ref().is_some_and(|f| f.generation == generation && f.version == version) {
+        // As in `ack_applied`: the version names the flight.
+        if !slot.inflight.as_ref().is_some_and(|f| f.version == version) {
             return KeyTransition::unchanged(Failed::UnknownVersion { version });
         }
         let flight = slot.inflight.take().expect("in flight: checked above");
