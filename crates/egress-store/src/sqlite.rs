@@ -415,23 +415,41 @@ impl SqliteStore {
     /// holding U+001F, which only lanes' streams hold
     /// ([`StoreError::OtherKind`]: a lane is loaded with its lanes).
     pub fn load(&mut self, stream: &str) -> Result<Loaded, StoreError> {
+        self.load_then(stream, Ok)
+    }
+
+    /// [`load`](Self::load), handing what it read to `restore` inside the
+    /// same transaction: the stream is taken over only when `restore`
+    /// succeeds. An open that cannot restore (a record its codec cannot
+    /// read, records that break the core's rules) changes nothing, and
+    /// fences no store that holds the stream.
+    ///
+    /// # Errors
+    /// [`load`](Self::load)'s, and `restore`'s.
+    pub fn load_then<R>(
+        &mut self,
+        stream: &str,
+        restore: impl FnOnce(Loaded) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
         crate::lanes::plain_name(stream)?;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         ensure_stream(&tx, stream)?;
-        let owner = fresh_incarnation();
-        tx.prepare_cached("UPDATE egress_stream SET owner = ?2 WHERE stream = ?1")?
-            .execute(params![stream, owner.as_slice()])?;
         let incarnation: Vec<u8> =
             tx.query_row("SELECT incarnation FROM egress_stream WHERE stream = ?1", [stream], |r| r.get(0))?;
         let incarnation = incarnation_of(&incarnation)?;
         let (generation, next, acked) = stream_row(&tx, stream)?;
         let generation = restorable_generation(generation)?;
         let (records, skipped, _) = stream_records(&tx, stream, acked)?;
-        tx.commit()?;
-        self.owned.insert(stream.to_owned(), owner);
         let mut loaded = Loaded::new(incarnation, generation, Sequence(next), acked.map(Sequence), records);
         loaded.restored.skipped = skipped;
-        Ok(loaded)
+        // Dropped without a commit on an error: nothing taken, nothing made.
+        let restored = restore(loaded)?;
+        let owner = fresh_incarnation();
+        tx.prepare_cached("UPDATE egress_stream SET owner = ?2 WHERE stream = ?1")?
+            .execute(params![stream, owner.as_slice()])?;
+        tx.commit()?;
+        self.owned.insert(stream.to_owned(), owner);
+        Ok(restored)
     }
 
     /// Writes one [`Ready`] of `stream` as one transaction: the appends

@@ -108,6 +108,29 @@ async fn a_stored_record_the_codec_cannot_read_refuses_the_open_and_stays_for_a_
     raw.relay.shutdown().await;
 }
 
+/// An open that cannot decode what is stored takes nothing over: the
+/// process holding the stream goes on writing (before, the failed open had
+/// fenced it already).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_open_does_not_fence_the_process_that_holds_the_stream() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let running =
+        open_durable(&cx, dir.db(), "chat", Policy::default(), CellOptions::new(), config()).await.expect("opens");
+    let _ = running.cell.enqueue(Bytes::from_static(b"{not json"));
+    until(&running.cell, |c| c.unpersisted_len().get_untracked() == 0).await;
+    let refused =
+        open_durable_with::<Line>(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
+            .await
+            .expect_err("refused");
+    assert!(matches!(refused, StoreError::Undecodable { .. }), "{refused:?}");
+    let _ = running.cell.enqueue(Bytes::from_static(b"more"));
+    until(&running.cell, |c| c.unpersisted_len().get_untracked() == 0).await;
+    assert_eq!(running.cell.persist_error().get_untracked(), None);
+    let stats = running.relay.shutdown().await;
+    assert!(!stats.fenced, "{stats:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adoption_stops_at_a_record_the_codec_cannot_read_and_the_records_after_it_wait() {
     let dir = TempDir::new();

@@ -276,7 +276,8 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
     ///
     /// Changes: the key's desire, when accepted.
     pub fn upsert(&mut self, key: K, version: Version, value: V) -> KeyTransition<Result<Upserted, TooManyKeys<V>>> {
-        let Some(slot) = self.keys.get(&key) else {
+        // One walk of the tree for a key that exists: the common case.
+        let Some(slot) = self.keys.get_mut(&key) else {
             if self.keys.len() >= self.max_keys.get() {
                 return KeyTransition::unchanged(Err(TooManyKeys { limit: self.max_keys.get(), value }));
             }
@@ -299,9 +300,10 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             }
             _ => {}
         }
-        let slot = self.keys.get_mut(&key).expect("the key exists: read above");
         let replaced = slot.desired.replace((version, value)).map(|(v, _)| v);
-        if slot.claimable() {
+        // A key that had a desire is claimable as it was (in the ready set
+        // already, or busy, or waiting): only a first desire can make it so.
+        if replaced.is_none() && slot.claimable() {
             self.ready.insert(key);
         }
         KeyTransition::new(Ok(Upserted::Accepted { replaced }), KeyChanges::NONE.with(KeyProjection::Desired))

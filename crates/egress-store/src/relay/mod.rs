@@ -204,17 +204,18 @@ pub async fn open_durable(
 /// a sender the same codec (`egress_ws::Sender::spawn_typed`).
 ///
 /// A stored record that does not decode refuses the open
-/// ([`StoreError::Undecodable`], with its sequence): nothing is lost, and
-/// the stream opened with [`Raw`] shows its bytes. Of what the relay
-/// writes, a record that does not encode fails its commit
-/// ([`StoreError::Unencodable`], shown as the cell's `persist_error`) and
-/// the relay tries again after its backoff: nothing of that commit (the
-/// records grouped with it, before it too) and nothing after it is written
-/// or sent, and the cell holds them all unwritten; there is no way to take
-/// such a record out, so a codec whose `encode` can fail for a value the
-/// application enqueues wants a check before the enqueue
-/// ([`Encode::size`](egress_codec::Encode::size) is `None` for such a
-/// value). A codec that panics counts as one that refused.
+/// ([`StoreError::Undecodable`], with its sequence): nothing is lost, the
+/// stream is not taken over (a process holding it goes on), and the stream
+/// opened with [`Raw`] shows its bytes. A value the codec cannot encode is
+/// refused by the cell's `try_enqueue` (`Refused::Unencodable`: the relay
+/// installs its codec's check). Through plain `enqueue`, such a record
+/// fails its commit ([`StoreError::Unencodable`], shown as the cell's
+/// `persist_error`) and the relay tries again after its backoff: nothing
+/// of that commit (the records grouped with it, before it too) and nothing
+/// after it is written or sent, and the cell holds them all unwritten;
+/// there is no way to take such a record out, so enqueue through
+/// `try_enqueue` when the codec can refuse. A codec that panics counts as
+/// one that refused.
 ///
 /// # Errors
 /// [`open_durable`]'s, and [`StoreError::Undecodable`].
@@ -231,17 +232,24 @@ pub async fn open_durable_with<T: Clone + Send + Sync + 'static>(
     config: RelayConfig,
 ) -> Result<Durable<T>, StoreError> {
     let (path, name) = (path.as_ref().to_owned(), stream.to_owned());
+    // Read, decoded and restored in the store's transaction: the stream is
+    // taken over only once it restores (an open that cannot changes
+    // nothing, and fences no process that holds the stream).
     let opened = tokio::task::spawn_blocking(move || {
-        let mut store = SqliteStore::open(path)?;
-        let loaded = store.load(&name)?;
-        Ok::<_, StoreError>((store, loaded))
+        let restored = SqliteStore::open(path).and_then(|mut store| {
+            let restored = store.load_then(&name, |loaded| {
+                let loaded = loaded.decode(&name, &codec)?;
+                Ok((loaded.incarnation, EgressCore::restore(policy, loaded.restored)?))
+            })?;
+            Ok((store, restored))
+        });
+        (codec, restored)
     })
     .await
     .map_err(|e| StoreError::Task(e.to_string()))?;
-    let (store, loaded) = opened?;
-    let loaded = loaded.decode(stream, &codec)?;
-    let core = EgressCore::restore(policy, loaded.restored)?;
-    let cell = AsyncEgressCell::from_core(cx, core, options.incarnation(loaded.incarnation));
+    let (codec, restored) = opened;
+    let (store, (incarnation, core)) = restored?;
+    let cell = AsyncEgressCell::from_core(cx, core, options.incarnation(incarnation));
     let relay = Relay::spawn_with(cx, &cell, SqliteJournal::new(store, stream), codec, config);
     Ok(Durable { cell, relay })
 }
