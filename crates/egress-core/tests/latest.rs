@@ -235,6 +235,9 @@ fn changes_and_getters_say_what_they_hold() {
     assert_eq!(changes.iter().collect::<Vec<_>>(), [KeyProjection::Desired, KeyProjection::Backoff]);
     assert!(!changes.is_empty() && KeyChanges::NONE.is_empty());
     assert_eq!(KeyChanges::NONE.with_if(KeyProjection::Inflight, false), KeyChanges::NONE);
+    // Adding what is there already keeps it.
+    assert_eq!(changes.with(KeyProjection::Desired), changes);
+    assert_eq!(changes.union(changes), changes);
     let mut l = latest(3);
     assert!(l.is_empty() && l.is_settled());
     assert_eq!((l.max_keys().get(), l.policy().retry_base()), (3, Delay(100)));
