@@ -276,7 +276,7 @@ impl LanesRelay {
 
     /// Starts the relay of `cell` (lanes restored from what `journal`
     /// writes) on the current tokio runtime. Installs `codec`'s check on
-    /// the cell ([`set_encode_check`](AsyncLanesCell::set_encode_check)):
+    /// the cell ([`set_encode_check`](egress_reactive::LanesCellOf::set_encode_check)):
     /// its `try_enqueue` refuses a value `codec` cannot write.
     ///
     /// # Panics
