@@ -408,7 +408,7 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             return KeyTransition::unchanged(Failed::UnknownVersion { version });
         };
         // As in `ack_applied`: the version names the flight.
-        if !slot.inflight.as_ref().is_some_and(|f| f.version == version) {
+        if slot.inflight.as_ref().is_none_or(|f| f.version != version) {
             return KeyTransition::unchanged(Failed::UnknownVersion { version });
         }
         let flight = slot.inflight.take().expect("in flight: checked above");
