@@ -18,14 +18,7 @@ const NAME: &str = "client";
 fn write(store: &mut SqliteStore, lanes: &mut Lanes<Lane, Bytes>) -> Result<(), StoreError> {
     for _ in 0..16 {
         let Some(ready) = lanes.poll_ready() else { return Ok(()) };
-        let appends: Vec<Vec<(Sequence, Bytes)>> = ready
-            .lanes
-            .iter()
-            .map(|l| {
-                let core = lanes.lane(&l.lane).unwrap();
-                core.unwritten(l.ready.appends.clone()).map(|(s, p)| (s, p.clone())).collect()
-            })
-            .collect();
+        let appends = common::lanes::appends(lanes, &ready);
         match store.apply_lanes(NAME, &ready, &appends) {
             Ok(()) => {
                 let _ = lanes.persisted(ready.epoch);

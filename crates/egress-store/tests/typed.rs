@@ -259,6 +259,16 @@ async fn a_codec_that_panics_encoding_is_a_refusal_shown_and_retried_not_a_silen
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
     cell.enqueue(line("fine"));
     until(&cell, |c| c.durable_through().get_untracked() == Some(Sequence(0))).await;
+    // Through try_enqueue, the codec's panic is a refusal on the caller's
+    // side: caught, said, the value back, nothing queued, the cell usable.
+    match cell.try_enqueue(line("boom")) {
+        Err(egress_reactive::Refused::Unencodable { payload, reason }) => {
+            assert_eq!(payload, line("boom"));
+            assert!(reason.contains("panicked") && reason.contains("cannot take this"), "{reason}");
+        }
+        other => panic!("expected Unencodable, got {other:?}"),
+    }
+    assert_eq!(cell.next_sequence(), Sequence(1), "nothing queued");
     cell.enqueue(line("boom"));
     until(&cell, |c| c.persist_error().get_untracked().is_some()).await;
     let error = cell.persist_error().get_untracked().expect("an error");

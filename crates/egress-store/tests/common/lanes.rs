@@ -5,7 +5,7 @@
 use std::num::NonZeroUsize;
 
 use bytes::Bytes;
-use egress_core::{LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, Policy};
+use egress_core::{LaneKey, LaneKind, Lanes, LanesClaim, LanesPolicy, LanesReady, Policy, Sequence};
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum Lane {
@@ -56,4 +56,17 @@ pub fn drain(lanes: &mut Lanes<Lane, Bytes>) -> Vec<String> {
         }
     }
     panic!("still claiming after 1,000 rounds");
+}
+
+/// The payloads of each lane's appends in `ready`, as a store's
+/// `apply_lanes` takes them.
+pub fn appends(lanes: &Lanes<Lane, Bytes>, ready: &LanesReady<Lane>) -> Vec<Vec<(Sequence, Bytes)>> {
+    ready
+        .lanes
+        .iter()
+        .map(|l| {
+            let core = lanes.lane(&l.lane).unwrap();
+            core.unwritten(l.ready.appends.clone()).map(|(s, p)| (s, p.clone())).collect()
+        })
+        .collect()
 }
