@@ -210,6 +210,7 @@ fn a_restore_resumes_each_key_at_its_frontier_and_refuses_what_breaks_the_rules(
         Latest::restore(policy, two, Generation(3), vec![key(1, Some(5), Some(4)), key(2, None, Some(9))]).unwrap();
     assert_eq!(l.generation(), Generation(3));
     assert_eq!(l.claimable().copied().collect::<Vec<_>>(), [1]);
+    assert_eq!((l.desired_len(), l.inflight_len(), l.is_settled()), (1, 0, false), "the restored desire counts");
     assert_eq!(l.upsert(2, Version(9), 0).outcome, Ok(Upserted::AlreadyDurable { durable_through: Version(9) }));
     assert_eq!(claimed(&mut l, 1), (Version(5), 1));
     let refusals = [
@@ -418,6 +419,13 @@ proptest! {
                 let claimable = after.0.is_some() && after.1.is_none() && after.3.is_none();
                 prop_assert_eq!(l.claimable().any(|c| c == k), claimable);
             }
+            // The kept counts are the counts.
+            let views: Vec<View> = keys.iter().map(|k| view(&l, *k)).collect();
+            prop_assert_eq!(l.desired_len(), views.iter().filter(|v| v.0.is_some()).count());
+            prop_assert_eq!(l.inflight_len(), views.iter().filter(|v| v.1.is_some()).count());
+            prop_assert_eq!(l.waiting_len(), views.iter().filter(|v| v.3.is_some()).count());
+            prop_assert_eq!(l.claimable_len(), l.claimable().count());
+            prop_assert_eq!(l.is_settled(), views.iter().all(|v| v.0.is_none() && v.1.is_none()));
         }
         // Convergence: a sink that now always succeeds brings every key to
         // its newest accepted value.

@@ -128,14 +128,17 @@ mod signal;
 pub use asynchronous::{AsyncContext, AsyncEffect, EffectCx, Readable, Watch};
 pub use cells::{
     Aggregate, AsyncTransport, AttachRun, Attachment, Backoff, CellFlavor, CellOptions, Clock, EgressCell,
-    EgressCellOf, EncodeCheck, Inner, LaneItem, LaneProject, LaneReaders, LanesAppends, LanesAttachment, LanesCell,
-    LanesCellOf, LanesFlavor, LanesInner, LanesRefused, LanesRun, LanesState, LanesTransport, ManualClock,
-    MonotonicClock, ParkedRecord, Project, Refused, SendError, SizeCheck, Snapshot, State, ThreadSafeEgressCell,
-    ThreadSafeLanesCell, Transport, Xorshift, delay,
+    EgressCellOf, EncodeCheck, Inner, KeyProject, KeyReaders, LaneItem, LaneProject, LaneReaders, LanesAppends,
+    LanesAttachment, LanesCell, LanesCellOf, LanesFlavor, LanesInner, LanesRefused, LanesRun, LanesState,
+    LanesTransport, LatestAttachment, LatestCell, LatestCellOf, LatestFlavor, LatestInner, LatestItem, LatestRun,
+    LatestSink, LatestState, ManualClock, MonotonicClock, ParkedRecord, Project, Refused, SendError, SizeCheck,
+    Snapshot, State, ThreadSafeEgressCell, ThreadSafeLanesCell, ThreadSafeLatestCell, Transport, Written, Xorshift,
+    delay,
 };
 #[cfg(feature = "async")]
 pub use cells::{
-    AsyncEgressCell, AsyncLanesCell, CellScope, ConnectionState, ConnectionTracker, TokioClock, Undelivered,
+    AsyncEgressCell, AsyncLanesCell, AsyncLatestCell, CellScope, ConnectionState, ConnectionTracker, TokioClock,
+    Undelivered,
 };
 pub use computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never, SameBy, Slot};
 pub use context::{Context, Ctx, Handle, NodeRef, Runtime, Scope, ThreadSafeContext};

@@ -85,22 +85,6 @@ fn options(clock: &ManualClock) -> CellOptions {
     CellOptions::new().generation(Generation(1)).clock(clock.clone()).jitter_seed(7)
 }
 
-/// An effect over `reader`, counting its runs (reset after the first).
-macro_rules! watch {
-    ($cx:ident, $reader:expr) => {{
-        let hits = Counter::new();
-        let _ = $cx.effect({
-            let (r, hits) = ($reader.clone(), hits.clone());
-            move || {
-                r.with(|_| ());
-                hits.hit();
-            }
-        });
-        hits.reset();
-        hits
-    }};
-}
-
 each_flavour! {
     fn records_go_in_enqueue_order_across_lanes_within_each_lanes_window(cx) {
         let clock = ManualClock::new();

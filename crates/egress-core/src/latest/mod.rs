@@ -85,6 +85,10 @@ pub struct Latest<K, V> {
     ready: BTreeSet<K>,
     /// The keys waiting after a failure, by when.
     due: BTreeSet<(Time, K)>,
+    /// How many keys have a desire, and how many a flight: the counts a
+    /// shell reads after every transition, kept rather than counted.
+    desired_len: usize,
+    inflight_len: usize,
 }
 
 /// One key's state.
@@ -148,7 +152,18 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             keys: BTreeMap::new(),
             ready: BTreeSet::new(),
             due: BTreeSet::new(),
+            desired_len: 0,
+            inflight_len: 0,
         }
+    }
+
+    /// No keys, at `generation` (a producer that restarts without a store
+    /// picks one above any its sink saw).
+    #[must_use]
+    pub const fn with_generation(policy: Policy, max_keys: NonZeroUsize, generation: Generation) -> Self {
+        let mut latest = Self::new(policy, max_keys);
+        latest.generation = generation;
+        latest
     }
 
     /// The keys a store kept, at `generation` (a restart's: above every
@@ -168,7 +183,7 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
         if keys.len() > max_keys.get() {
             return Err(LatestRestoreError::TooManyKeys { found: keys.len(), limit: max_keys.get() });
         }
-        let mut latest = Self { generation, ..Self::new(policy, max_keys) };
+        let mut latest = Self::with_generation(policy, max_keys, generation);
         for (index, stored) in keys.into_iter().enumerate() {
             if let (Some((desired, _)), Some(durable_through)) = (&stored.desired, stored.durable_through)
                 && *desired <= durable_through
@@ -179,6 +194,7 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
                 return Err(LatestRestoreError::DuplicateKey { index });
             }
             let slot = Slot { desired: stored.desired, durable_through: stored.durable_through, ..Slot::empty() };
+            latest.desired_len += usize::from(slot.desired.is_some());
             if slot.claimable() {
                 latest.ready.insert(stored.key.clone());
             }
@@ -256,8 +272,32 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
     /// Whether every key's sink holds its newest value: no desire, no
     /// flight.
     #[must_use]
-    pub fn is_settled(&self) -> bool {
-        self.keys.values().all(|s| s.desired.is_none() && s.inflight.is_none())
+    pub const fn is_settled(&self) -> bool {
+        self.desired_len == 0 && self.inflight_len == 0
+    }
+
+    /// How many keys have a desire not yet claimed (O(1)).
+    #[must_use]
+    pub const fn desired_len(&self) -> usize {
+        self.desired_len
+    }
+
+    /// How many keys have a value in flight (O(1)).
+    #[must_use]
+    pub const fn inflight_len(&self) -> usize {
+        self.inflight_len
+    }
+
+    /// How many keys wait after a failure (O(1)).
+    #[must_use]
+    pub fn waiting_len(&self) -> usize {
+        self.due.len()
+    }
+
+    /// How many keys can be claimed now (O(1)).
+    #[must_use]
+    pub fn claimable_len(&self) -> usize {
+        self.ready.len()
     }
 
     /// The earliest time a key waiting after a failure may be claimed:
@@ -282,6 +322,7 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
                 return KeyTransition::unchanged(Err(TooManyKeys { limit: self.max_keys.get(), value }));
             }
             let slot = Slot { desired: Some((version, value)), ..Slot::empty() };
+            self.desired_len += 1;
             self.ready.insert(key.clone());
             self.keys.insert(key, slot);
             let changes = KeyChanges::NONE.with(KeyProjection::Desired);
@@ -301,6 +342,7 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             _ => {}
         }
         let replaced = slot.desired.replace((version, value)).map(|(v, _)| v);
+        self.desired_len += usize::from(replaced.is_none());
         // A key that had a desire is claimable as it was (in the ready set
         // already, or busy, or waiting): only a first desire can make it so.
         if replaced.is_none() && slot.claimable() {
@@ -332,6 +374,8 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
         let slot = self.keys.get_mut(key).expect("the key exists: read above");
         let (version, value) = slot.desired.take().expect("a desire: checked above");
         slot.inflight = Some(Flight { generation, version, value });
+        self.desired_len -= 1;
+        self.inflight_len += 1;
         let (key, slot) = self.keys.get_key_value(key).expect("the key exists: read above");
         let flight = slot.inflight.as_ref().expect("in flight: just set");
         let envelope = LatestEnvelope { key, version, generation, value: &flight.value };
@@ -369,6 +413,7 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
                 // A flight is always above the frontier (an upsert at or
                 // below it is refused), so the frontier moves to it.
                 slot.inflight = None;
+                self.inflight_len -= 1;
                 slot.failures = 0;
                 slot.durable_through = Some(version);
                 if slot.claimable() {
@@ -412,6 +457,7 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             return KeyTransition::unchanged(Failed::UnknownVersion { version });
         }
         let flight = slot.inflight.take().expect("in flight: checked above");
+        self.inflight_len -= 1;
         slot.failures = slot.failures.saturating_add(1);
         let retry_at = now.saturating_add(backoff(&self.policy, slot.failures, hint, jitter));
         slot.backoff = Some(retry_at);
@@ -421,6 +467,7 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             Failed::Superseded { retry_at }
         } else {
             slot.desired = Some((flight.version, flight.value));
+            self.desired_len += 1;
             changes = changes.with(KeyProjection::Desired);
             Failed::Pending { retry_at }
         };
@@ -478,6 +525,8 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             }
             keys.push((key.clone(), changes));
         }
+        self.inflight_len -= requeued + superseded;
+        self.desired_len += requeued;
         LatestReconnect::Advanced { generation, requeued, superseded, keys }
     }
 

@@ -364,12 +364,9 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
             }
         };
         let handle = self.cell.inner().handle.clone();
-        let Ok(effect) = self.cell.scope().try_run(|| handle.spawn_effect_async(run, at)) else {
-            return self.cell.fenced_attachment(generation);
-        };
-        self.cell.register(generation, effect.key);
+        let node = self.cell.attach_with(generation, || handle.spawn_effect_async(run, at));
         let keep: Arc<dyn std::any::Any + Send + Sync> = self.timer.clone();
-        Attachment { node: (*effect).clone(), generation, cell: self.cell.clone(), _keep: Some(keep) }
+        Attachment { node, generation, cell: self.cell.clone(), _keep: Some(keep) }
     }
 }
 

@@ -11,8 +11,7 @@ use super::inner::AttachRun;
 use super::transport::Transport;
 use crate::context::NodeRef;
 use crate::effect::EffectObj;
-use crate::flavor::{Entered, Flavor, Holds, ValueCell};
-use crate::graph::Key;
+use crate::flavor::{Flavor, Holds};
 
 impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     /// Attaches `transport` under the current generation: creates the one
@@ -29,33 +28,23 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         let inner = self.shared.inner.clone();
         let generation = self.with_core(EgressCore::generation);
         let run = AttachRun { inner, transport, generation };
-        let Ok(effect) = self.shared.scope.try_run(|| self.shared.inner.handle.make_effect(run, at)) else {
-            // A disposed cell: the transport is dropped, never used.
-            return self.fenced_attachment(generation);
-        };
-        self.register(generation, effect.key);
-        Attachment { node: (*effect).clone(), generation, cell: self.clone(), _keep: None }
+        let shared = &self.shared;
+        let node = shared
+            .attachments
+            .attach(&shared.scope, &shared.inner.handle, generation, || shared.inner.handle.make_effect(run, at));
+        Attachment { node, generation, cell: self.clone(), _keep: None }
     }
 
-    /// The attachment of a cell disposed before it could attach: fenced
-    /// from the start.
-    pub(crate) fn fenced_attachment(&self, generation: Generation) -> Attachment<T, F> {
-        let handle = self.shared.inner.handle.clone();
-        let key = handle.enter(|cell| cell.borrow().dead_key());
-        Attachment { node: NodeRef { handle, key }, generation, cell: self.clone(), _keep: None }
-    }
-
-    /// Records a new attachment (and forgets disposed ones).
-    pub(crate) fn register(&self, generation: Generation, key: Key) {
-        self.shared.inner.handle.enter(|cell| {
-            self.shared.attachments.with_mut(&Entered::by(cell), |list| {
-                let g = cell.borrow();
-                list.retain(|(_, k)| g.alive(*k));
-                if g.alive(key) {
-                    list.push((generation, key));
-                }
-            });
-        });
+    /// Makes an attachment's effect with `make` under `generation` (see
+    /// [`Attached::attach`](super::fences::Attached::attach)).
+    #[cfg(feature = "async")]
+    pub(crate) fn attach_with<E: std::ops::Deref<Target = NodeRef<F>>>(
+        &self,
+        generation: Generation,
+        make: impl FnOnce() -> E,
+    ) -> NodeRef<F> {
+        let shared = &self.shared;
+        shared.attachments.attach(&shared.scope, &shared.inner.handle, generation, make)
     }
 
     #[cfg(feature = "async")]

@@ -17,6 +17,7 @@ use egress_core::{
 };
 
 use super::clock::{Clock, MonotonicClock};
+use super::fences::Attached;
 use super::inner::{
     By, EXHAUSTED_LEN, INFLIGHT_LEN, Inner, Keys, PARKED_LEN, PENDING_LEN, State, UNPERSISTED_LEN, WINDOW_ROOM, count,
     unacknowledged,
@@ -26,7 +27,6 @@ use super::readers::{ParkedRecord, Reader, Readers, Snapshot, StatusOf, Statuses
 use crate::computed::{ByEq, ComputedObj, Never};
 use crate::context::{Handle, Scope};
 use crate::flavor::{Entered, Flavor, Holds, Local, Threaded, ValueCell};
-use crate::graph::Key;
 
 /// The flavours that can hold a cell of `T`: [`Local`] for any `T: Clone`,
 /// [`Threaded`] for `T: Clone + Send + Sync`. (It names the node types a
@@ -57,7 +57,7 @@ pub(super) struct Shared<T: 'static, F: Flavor> {
     pub(super) inner: Inner<T, F>,
     pub(super) readers: Readers<T, F>,
     /// The live attachments, by the generation each captured.
-    pub(super) attachments: F::Cell<Vec<(Generation, Key)>>,
+    pub(super) attachments: Attached<F>,
     /// Owns every node of the cell: its triggers, readers and attachments.
     pub(super) scope: Scope<F>,
     pub(super) incarnation: Incarnation,
@@ -245,7 +245,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         let shared = Shared {
             inner,
             readers,
-            attachments: ValueCell::new(Vec::new()),
+            attachments: Attached::new(),
             scope,
             incarnation,
             capacity,
@@ -479,14 +479,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
                     generation = generation.get(),
                     "egress cell: a new generation; earlier attachments fenced"
                 );
-                let fenced: Vec<Key> = self.shared.attachments.with_mut(&Entered::by(cell), |list| {
-                    let (old, kept) = list.drain(..).partition(|(g, _)| *g < generation);
-                    *list = kept;
-                    old.into_iter().map(|(_, key)| key).collect()
-                });
-                for key in fenced {
-                    inner.handle.dispose_node(key);
-                }
+                self.shared.attachments.fence_below(&inner.handle, generation);
             }
             inner.notify(cell, keys.as_slice());
             outcome

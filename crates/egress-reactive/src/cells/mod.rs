@@ -18,8 +18,11 @@ mod cell;
 mod clock;
 #[cfg(feature = "async")]
 mod connection;
+mod fences;
 mod inner;
+mod keyed;
 mod lanes;
+mod latest;
 mod options;
 mod readers;
 mod transport;
@@ -40,6 +43,12 @@ pub use lanes::AsyncLanesCell;
 pub use lanes::{
     Aggregate, LaneItem, LaneProject, LaneReaders, LanesAppends, LanesAttachment, LanesCell, LanesCellOf, LanesFlavor,
     LanesInner, LanesRefused, LanesRun, LanesState, LanesTransport, ThreadSafeLanesCell,
+};
+#[cfg(feature = "async")]
+pub use latest::AsyncLatestCell;
+pub use latest::{
+    KeyProject, KeyReaders, LatestAttachment, LatestCell, LatestCellOf, LatestFlavor, LatestInner, LatestItem,
+    LatestRun, LatestSink, LatestState, ThreadSafeLatestCell, Written,
 };
 pub use options::{CellOptions, EncodeCheck, Refused, SizeCheck};
 pub use readers::{ParkedRecord, Project, Snapshot};

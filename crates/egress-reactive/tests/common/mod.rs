@@ -62,3 +62,20 @@ macro_rules! each_flavour {
         }
     };
 }
+
+/// An effect over `reader`, counting its runs (reset after the first).
+#[macro_export]
+macro_rules! watch {
+    ($cx:ident, $reader:expr) => {{
+        let hits = $crate::common::Counter::new();
+        let _ = $cx.effect({
+            let (r, hits) = ($reader.clone(), hits.clone());
+            move || {
+                r.with(|_| ());
+                hits.hit();
+            }
+        });
+        hits.reset();
+        hits
+    }};
+}

@@ -16,7 +16,7 @@ use super::super::transport::SendError;
 use super::{LanesCellOf, LanesFlavor, LanesInner, LanesState, Touched};
 use crate::context::NodeRef;
 use crate::effect::{EffectObj, RunEffect};
-use crate::flavor::{Entered, Flavor, Holds, ValueCell};
+use crate::flavor::{Flavor, Holds};
 use crate::graph::Key;
 use crate::run;
 
@@ -152,22 +152,9 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
         let generation = inner.with_lanes(egress_core::Lanes::generation);
         let handle = inner.handle.clone();
         let run = LanesRun { inner, transport, generation };
-        let Ok(effect) = self.shared.scope.try_run(|| handle.make_effect(run, at)) else {
-            // A disposed cell: the transport is dropped, never used.
-            let key = handle.enter(|cell| cell.borrow().dead_key());
-            return LanesAttachment { node: NodeRef { handle, key }, generation, cell: self.clone(), _keep: None };
-        };
-        let key = effect.key;
-        handle.enter(|cell| {
-            self.shared.attachments.with_mut(&Entered::by(cell), |list| {
-                let g = cell.borrow();
-                list.retain(|(_, k)| g.alive(*k));
-                if g.alive(key) {
-                    list.push((generation, key));
-                }
-            });
-        });
-        LanesAttachment { node: (*effect).clone(), generation, cell: self.clone(), _keep: None }
+        let node =
+            self.shared.attachments.attach(&self.shared.scope, &handle, generation, || handle.make_effect(run, at));
+        LanesAttachment { node, generation, cell: self.clone(), _keep: None }
     }
 }
 

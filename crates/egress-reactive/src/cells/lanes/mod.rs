@@ -24,6 +24,7 @@ pub use self::attachment::{LaneItem, LanesAttachment, LanesRun, LanesTransport};
 pub use self::readers::{LaneProject, LaneReaders};
 use self::readers::{LaneReader, LaneReaderCache};
 use super::clock::{Clock, MonotonicClock};
+use super::fences::Attached;
 use super::inner::{By, TRIGGERS, next_jitter, trace_failure};
 use super::options::{CellOptions, EncodeCheck};
 use super::readers::{ParkedRecord, Snapshot};
@@ -307,7 +308,7 @@ pub(super) struct Shared<K: 'static, T: 'static, F: Flavor> {
     unpersisted_len: Computed<usize, F>,
     generation_durable: Computed<bool, F>,
     /// The live attachments, by the generation each captured.
-    attachments: F::Cell<Vec<(Generation, Key)>>,
+    attachments: Attached<F>,
     /// Owns every node of the cell.
     scope: Scope<F>,
     incarnation: Incarnation,
@@ -532,7 +533,7 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
             persist_error,
             unpersisted_len,
             generation_durable,
-            attachments: ValueCell::new(Vec::new()),
+            attachments: Attached::new(),
             scope,
             incarnation,
             capacity: options.capacity,
@@ -703,17 +704,7 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
                 generation = generation.get(),
                 "egress lanes: a new generation; earlier attachments fenced"
             );
-            let inner = &self.shared.inner;
-            let fenced: Vec<Key> = inner.handle.enter(|cell| {
-                self.shared.attachments.with_mut(&Entered::by(cell), |list| {
-                    let (old, kept) = list.drain(..).partition(|(g, _)| *g < generation);
-                    *list = kept;
-                    old.into_iter().map(|(_, key)| key).collect()
-                })
-            });
-            for key in fenced {
-                inner.handle.dispose_node(key);
-            }
+            self.shared.attachments.fence_below(&self.shared.inner.handle, generation);
         }
         outcome
     }

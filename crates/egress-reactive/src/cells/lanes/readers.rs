@@ -1,12 +1,12 @@
 //! A lanes cell's per-lane readers: lazy computeds over one projection of
 //! one lane's core, made on demand and kept while in use.
 
-use std::collections::BTreeMap;
 use std::panic::Location;
 
 use egress_core::{EgressCore, Envelope, LaneKey, Projection, Retry, Sequence};
 
 use super::super::inner::TRIGGERS;
+use super::super::keyed::{KeyedReaders, ReaderCache, readers_for};
 use super::super::readers::{ParkedRecord, Snapshot, list, parked_records};
 use super::{LanesCellOf, LanesFlavor, LanesInner};
 use crate::computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never};
@@ -176,9 +176,10 @@ impl<K: 'static, T: 'static, F: Flavor> LaneReaders<K, T, F> {
     pub fn gated_len(&self) -> &Computed<usize, F> {
         &self.gated_len
     }
+}
 
-    /// Every reader, to sweep or dispose.
-    fn each(&self, mut f: impl FnMut(bool, &crate::context::NodeRef<F>)) {
+impl<K: 'static, T: 'static, F: Flavor> KeyedReaders<F> for LaneReaders<K, T, F> {
+    fn each(&self, f: &mut dyn FnMut(bool, &crate::context::NodeRef<F>)) {
         macro_rules! each {
             ($($r:ident),*) => { $(f(self.$r.is_shared() || self.$r.has_subscribers(), &self.$r);)* };
         }
@@ -198,49 +199,13 @@ impl<K: 'static, T: 'static, F: Flavor> LaneReaders<K, T, F> {
         );
     }
 
-    /// Whether a reader is held by a handle, or read by a live computation.
-    fn in_use(&self) -> bool {
-        let mut used = false;
-        self.each(|in_use, _| used |= in_use);
-        used
-    }
-
-    fn dispose(&self, handle: &Handle<F>) {
-        self.each(|_, node| node.dispose());
-        for key in self.triggers {
-            handle.dispose_node(key);
-        }
+    fn triggers(&self) -> &[Key] {
+        &self.triggers
     }
 }
 
-/// The per-lane readers a lanes cell made, by lane: the same readers for
-/// the same lane while in use. Those no longer in use are disposed (with
-/// the lane's triggers) at a sweep, when the map has doubled since the
-/// last one, as a cell's status readers are.
-pub(super) struct LaneReaderCache<K: 'static, T: 'static, F: Flavor> {
-    by_lane: BTreeMap<K, LaneReaders<K, T, F>>,
-    sweep_at: usize,
-}
-
-/// The fewest lanes with readers at which the cache sweeps.
-const SWEEP_MIN: usize = 16;
-
-impl<K: LaneKey + 'static, T: 'static, F: Flavor> LaneReaderCache<K, T, F> {
-    pub(super) fn new() -> Self {
-        LaneReaderCache { by_lane: BTreeMap::new(), sweep_at: SWEEP_MIN }
-    }
-
-    /// Takes out the readers no longer in use, if a sweep is due.
-    fn sweep(&mut self) -> Vec<(K, LaneReaders<K, T, F>)> {
-        if self.by_lane.len() < self.sweep_at {
-            return Vec::new();
-        }
-        let unused: Vec<K> = self.by_lane.iter().filter(|(_, r)| !r.in_use()).map(|(k, _)| k.clone()).collect();
-        let out = unused.into_iter().filter_map(|k| self.by_lane.remove_entry(&k)).collect();
-        self.sweep_at = (self.by_lane.len() * 2).max(SWEEP_MIN);
-        out
-    }
-}
+/// The per-lane readers a lanes cell made, by lane.
+pub(super) type LaneReaderCache<K, T, F> = ReaderCache<K, LaneReaders<K, T, F>>;
 
 fn reader<K, T, P, F>(
     inner: &LanesInner<K, T, F>,
@@ -299,32 +264,15 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
                 _lane: std::marker::PhantomData,
             }
         };
-        // In the cell's scope, which holds the graph for the whole call: the
-        // cache is only ever locked inside the graph.
-        let found = self.shared.scope.try_run(|| {
-            let mut cache = self.shared.readers.lock();
-            if let Some(held) = cache.by_lane.get(lane)
-                && !held.pending.is_disposed()
-            {
-                return (held.clone(), Vec::new());
-            }
-            let unused = cache.sweep();
-            let made = make();
+        readers_for(&self.shared.scope, &self.shared.readers, &inner.handle, lane, make, |unused, made| {
             inner.handle.enter(|cell| {
                 inner.state.with_mut(&Entered::by(cell), |s| {
-                    for (gone, _) in &unused {
+                    for (gone, _) in unused {
                         s.triggers.remove(gone);
                     }
                     s.triggers.insert(lane.clone(), made.triggers);
                 });
             });
-            cache.by_lane.insert(lane.clone(), made.clone());
-            (made, unused)
-        });
-        let Ok((readers, unused)) = found else { return make() };
-        for (_, gone) in unused {
-            gone.dispose(&inner.handle);
-        }
-        readers
+        })
     }
 }

@@ -1,0 +1,325 @@
+//! The latest cell on every flavour: only the newest value of each key
+//! reaches the sink, one flight per key; exact invalidation per key and
+//! per projection; a failing sink backs off and never spins; a reconnect
+//! fences the old sink; panics in the sink; the bound on keys; the
+//! per-key readers' lifetime.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use common::Counter;
+use egress_core::{
+    Applied, Delay, Failed, ForgetRefused, Generation, JitterSample, Latest, LatestClaim, LatestReconnect, Policy,
+    RestoredKey, Time, Upserted, Version,
+};
+use egress_reactive::{CellOptions, LatestCellOf, LatestItem, LatestSink, ManualClock, SendError, Written};
+
+/// What a sink saw: key, version, generation, value.
+type Wrote = (u8, u64, u64, u32);
+
+/// A sink that records what it is given, and answers as scripted (one
+/// entry per write: `None` applies it at once), or takes it for a later
+/// report, or panics when told to.
+#[derive(Clone, Default)]
+struct Sink {
+    wrote: Arc<Mutex<Vec<Wrote>>>,
+    script: Arc<Mutex<std::collections::VecDeque<Option<SendError>>>>,
+    take: Arc<Mutex<bool>>,
+    panic_on: Arc<Mutex<Option<u32>>>,
+    /// What the sink holds, by key: the last value applied.
+    table: Arc<Mutex<BTreeMap<u8, u32>>>,
+}
+
+impl Sink {
+    fn wrote(&self) -> Vec<Wrote> {
+        self.wrote.lock().expect("sink").clone()
+    }
+    fn values(&self) -> Vec<u32> {
+        self.wrote().iter().map(|w| w.3).collect()
+    }
+    fn fail_next(&self, errors: impl IntoIterator<Item = Option<SendError>>) {
+        self.script.lock().expect("script").extend(errors);
+    }
+    fn taking(&self, take: bool) {
+        *self.take.lock().expect("take") = take;
+    }
+}
+
+impl LatestSink<u8, u32> for Sink {
+    fn write(&mut self, item: LatestItem<u8, u32>) -> Result<Written, SendError> {
+        if *self.panic_on.lock().expect("panic_on") == Some(item.value) {
+            panic!("the sink panicked on {}", item.value);
+        }
+        self.wrote.lock().expect("sink").push((item.key, item.version.0, item.generation.0, item.value));
+        if let Some(Some(error)) = self.script.lock().expect("script").pop_front() {
+            return Err(error);
+        }
+        if *self.take.lock().expect("take") {
+            return Ok(Written::Taken);
+        }
+        self.table.lock().expect("table").insert(item.key, item.value);
+        Ok(Written::Applied)
+    }
+}
+
+fn policy() -> Policy {
+    Policy::builder().retry_base(Delay(100)).retry_ceiling(Delay(1_000)).build().expect("valid policy")
+}
+
+fn options(clock: &ManualClock) -> CellOptions {
+    CellOptions::new().generation(Generation(1)).clock(clock.clone()).jitter_seed(7)
+}
+
+fn keys(n: usize) -> std::num::NonZeroUsize {
+    std::num::NonZeroUsize::new(n).expect("not zero")
+}
+
+each_flavour! {
+    fn only_the_newest_value_of_a_key_is_written_and_one_flight_per_key(cx) {
+        let clock = ManualClock::new();
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::with_options(&cx.handle(), policy(), keys(8), options(&clock));
+        let sink = Sink::default();
+        sink.taking(true);
+        let link = cell.attach(sink.clone());
+        assert_eq!(cell.upsert(1, Version(1), 10), Ok(Upserted::Accepted { replaced: None }));
+        assert_eq!(sink.wrote(), [(1, 1, 1, 10)], "written at once: the key was free");
+        // In flight: newer values replace each other as the desire, unwritten.
+        for (v, x) in [(2, 20), (3, 30)] {
+            assert!(matches!(cell.upsert(1, Version(v), x), Ok(Upserted::Accepted { .. })));
+        }
+        assert_eq!(cell.upsert(2, Version(1), 100), Ok(Upserted::Accepted { replaced: None }));
+        assert_eq!(sink.values(), [10, 100], "another key is not held back by the first's flight");
+        let one = cell.key(&1);
+        assert_eq!(one.inflight().get(), Some((Version(1), 10)));
+        assert_eq!(one.desired().get(), Some((Version(3), 30)));
+        assert_eq!((cell.desired_len().get(), cell.inflight_len().get(), cell.len().get()), (1, 2, 2));
+        // Applied: the frontier moves, and the newest desire goes next.
+        assert_eq!(link.applied(&1, Version(1)), Applied::Advanced { durable_through: Version(1) });
+        assert_eq!(sink.values(), [10, 100, 30], "20 was never written: 30 replaced it first");
+        assert_eq!(one.durable_through().get(), Some(Version(1)));
+        assert_eq!(link.applied(&1, Version(3)), Applied::Advanced { durable_through: Version(3) });
+        assert_eq!(link.applied(&2, Version(1)), Applied::Advanced { durable_through: Version(1) });
+        assert!(cell.is_settled().get());
+        // Stale and duplicate reports change nothing.
+        assert_eq!(link.applied(&1, Version(3)), Applied::Unchanged);
+        assert_eq!(link.applied(&1, Version(9)), Applied::UnknownVersion { version: Version(9) });
+        assert_eq!(cell.upsert(1, Version(2), 0), Ok(Upserted::AlreadyDurable { durable_through: Version(3) }));
+        assert_eq!(sink.wrote().len(), 3);
+    }
+
+    fn a_sink_that_applies_at_once_sees_only_the_last_value_of_a_batch(cx) {
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+        let sink = Sink::default();
+        let link = cell.attach(sink.clone());
+        let runs = link.runs();
+        cx.batch(|| {
+            for v in 1..=50 {
+                cell.upsert(v as u8 % 2, Version(u64::from(v)), v).expect("room");
+            }
+        });
+        assert_eq!(sink.values(), [50, 49], "one write per key: the newest, in key order");
+        assert_eq!(link.runs(), runs + 1, "one sink run for the batch");
+        assert_eq!(*sink.table.lock().expect("table"), BTreeMap::from([(0, 50), (1, 49)]));
+        assert_eq!(cell.key(&0).durable_through().get(), Some(Version(50)));
+        assert!(cell.is_settled().get() && !link.is_fenced());
+    }
+
+    fn a_transition_on_one_key_invalidates_only_what_it_changed(cx) {
+        let clock = ManualClock::new();
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::with_options(&cx.handle(), policy(), keys(8), options(&clock));
+        let (a, b) = (cell.key(&1), cell.key(&2));
+        let hits = [
+            watch!(cx, a.desired()),
+            watch!(cx, a.inflight()),
+            watch!(cx, a.durable_through()),
+            watch!(cx, a.backoff()),
+            watch!(cx, b.desired()),
+            watch!(cx, cell.desired_len()),
+            watch!(cx, cell.is_settled()),
+        ];
+        let counts = || hits.iter().map(Counter::get).collect::<Vec<_>>();
+        cell.upsert(1, Version(1), 10).expect("room");
+        assert_eq!(counts(), [1, 0, 0, 0, 0, 1, 1], "an upsert changes the key's desire, and the counts");
+        cell.upsert(1, Version(2), 20).expect("room");
+        assert_eq!(counts(), [2, 0, 0, 0, 0, 1, 1], "a replaced desire: only the desire");
+        let _ = cell.upsert(1, Version(1), 10);
+        let _ = cell.upsert(1, Version(2), 21);
+        assert_eq!(counts(), [2, 0, 0, 0, 0, 1, 1], "a stale version and a conflict change nothing");
+        let g = Generation(1);
+        let claimed = cell.claim_with(g, &1, |c| matches!(c, LatestClaim::Claimed(e) if *e.value == 20));
+        assert!(claimed);
+        assert_eq!(counts(), [3, 1, 0, 0, 0, 2, 1], "a claim: desire and flight");
+        let failed = cell.fail_retryable_with(g, &1, Version(2), None, JitterSample::ZERO);
+        assert_eq!(failed, Failed::Pending { retry_at: Time(100) });
+        assert_eq!(counts(), [4, 2, 0, 1, 0, 3, 1], "a failure: flight, desire back, backoff");
+        assert_eq!(a.backoff().get(), Some(Time(100)));
+        assert_eq!(cell.handle_timeout(Time(99)), Vec::<u8>::new());
+        assert_eq!(counts(), [4, 2, 0, 1, 0, 3, 1], "not yet due: nothing");
+        assert_eq!(cell.handle_timeout(Time(100)), [1]);
+        assert_eq!(counts(), [4, 2, 0, 2, 0, 3, 1], "due: the backoff only");
+        assert!(cell.claim_with(g, &1, |c| matches!(c, LatestClaim::Claimed(_))));
+        assert_eq!(cell.ack_applied(g, &1, Version(2)), Applied::Advanced { durable_through: Version(2) });
+        assert_eq!(counts(), [5, 4, 1, 2, 0, 4, 2], "applied: flight and frontier; settled");
+        assert_eq!(b.desired().get(), None, "the other key never moved");
+        assert_eq!(cell.forget(&1), Ok(Some(Version(2))));
+        assert_eq!(counts(), [5, 4, 2, 2, 0, 4, 2], "forgotten: the frontier reads None");
+        assert_eq!(a.durable_through().get(), None);
+        assert_eq!(cell.forget(&1), Err(ForgetRefused::Unknown));
+        assert_eq!(counts(), [5, 4, 2, 2, 0, 4, 2], "a refused forget changes nothing");
+    }
+
+    fn a_failing_sink_backs_off_on_the_schedule_and_never_spins(cx) {
+        let clock = ManualClock::new();
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::with_options(&cx.handle(), policy(), keys(8), options(&clock));
+        let sink = Sink::default();
+        sink.fail_next([
+            Some(SendError::transient("down")),
+            Some(SendError::retry_after(Delay(5_000), "429")),
+            Some(SendError::permanent("no")),
+        ]);
+        let link = cell.attach(sink.clone());
+        cell.upsert(1, Version(1), 10).expect("room");
+        cell.upsert(2, Version(1), 20).expect("room");
+        assert_eq!(sink.values(), [10, 20], "each key written once, then backed off: no spin");
+        assert_eq!((cell.waiting_len().get(), cell.desired_len().get(), cell.inflight_len().get()), (2, 2, 0));
+        let runs = link.runs();
+        // Upserts of a waiting key do not write it before its backoff.
+        cell.upsert(1, Version(2), 11).expect("room");
+        assert_eq!(sink.values(), [10, 20]);
+        let due_1 = cell.key(&1).backoff().get().expect("waits");
+        let due_2 = cell.key(&2).backoff().get().expect("waits");
+        assert!(due_2 >= Time(5_000), "the sink's retry-after is a floor: {due_2:?}");
+        assert!(due_1 < due_2);
+        assert_eq!(cell.poll_timeout(), Some(due_1));
+        clock.set(due_1);
+        assert_eq!(cell.handle_timeout(due_1), [1]);
+        assert_eq!(sink.values(), [10, 20, 11], "the newest desire of key 1 went at its due time, and failed");
+        // Key 1 failed permanently: a latest value has no dead letter, it
+        // waits its (second, longer) backoff and goes again.
+        let again = cell.poll_timeout().expect("key 1 waits");
+        assert!(again > due_1 && again < due_2, "{again:?}");
+        clock.set(again);
+        assert_eq!(cell.handle_timeout(again), [1]);
+        assert_eq!(sink.values(), [10, 20, 11, 11]);
+        assert_eq!(cell.key(&1).durable_through().get(), Some(Version(2)));
+        clock.set(due_2);
+        assert_eq!(cell.handle_timeout(due_2), [2]);
+        assert_eq!(sink.values(), [10, 20, 11, 11, 20]);
+        assert_eq!(cell.key(&2).durable_through().get(), Some(Version(1)));
+        assert!(cell.is_settled().get());
+        assert!(link.runs() <= runs + 3, "one run per wake: {} after {runs}", link.runs());
+    }
+
+    fn a_reconnect_fences_the_old_sink_and_the_new_one_writes_the_flight_again(cx) {
+        let clock = ManualClock::new();
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::with_options(&cx.handle(), policy(), keys(8), options(&clock));
+        let generation = watch!(cx, cell.generation());
+        let old_sink = Sink::default();
+        old_sink.taking(true);
+        let old = cell.attach(old_sink.clone());
+        cell.upsert(1, Version(1), 10).expect("room");
+        cell.upsert(2, Version(1), 20).expect("room");
+        cell.upsert(2, Version(2), 21).expect("room");
+        assert_eq!(old_sink.values(), [10, 20]);
+        let reconnect = cell.reconnect(Generation(2));
+        let LatestReconnect::Advanced { requeued, superseded, .. } = reconnect else { panic!("{reconnect:?}") };
+        assert_eq!((requeued, superseded), (1, 1), "key 2's flight was superseded by 21");
+        assert!(old.is_fenced() && old.runs() == 0, "the old sink's effect is gone");
+        assert_eq!(generation.get(), 1);
+        assert_eq!(cell.generation().get(), Generation(2));
+        assert_eq!(old.applied(&1, Version(1)), Applied::StaleGeneration { current: Generation(2) });
+        assert_eq!(old.fail(&1, Version(1), None), Failed::StaleGeneration { current: Generation(2) });
+        cell.upsert(3, Version(1), 30).expect("room");
+        assert_eq!(old_sink.values(), [10, 20], "a fenced sink never writes again");
+        let new_sink = Sink::default();
+        let new = cell.attach(new_sink.clone());
+        assert_eq!(new.generation(), Generation(2));
+        assert_eq!(new_sink.wrote(), [(1, 1, 2, 10), (2, 2, 2, 21), (3, 1, 2, 30)]);
+        assert!(cell.is_settled().get());
+        assert_eq!(cell.reconnect(Generation(2)), LatestReconnect::Unchanged);
+        assert_eq!(cell.reconnect(Generation(1)), LatestReconnect::StaleGeneration { current: Generation(2) });
+    }
+
+    fn a_panicking_sink_leaves_the_key_backed_off_not_in_flight(cx) {
+        let clock = ManualClock::new();
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::with_options(&cx.handle(), policy(), keys(8), options(&clock));
+        let sink = Sink::default();
+        *sink.panic_on.lock().expect("panic_on") = Some(10);
+        let _link = cell.attach(sink.clone());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.upsert(1, Version(1), 10)));
+        assert!(panicked.is_err(), "the panic reaches the caller");
+        assert_eq!((cell.inflight_len().get(), cell.waiting_len().get()), (0, 1), "failed, not left in flight");
+        assert_eq!(cell.key(&1).desired().get(), Some((Version(1), 10)), "the value is kept");
+        *sink.panic_on.lock().expect("panic_on") = None;
+        let due = cell.poll_timeout().expect("waits");
+        clock.set(due);
+        cell.handle_timeout(due);
+        assert_eq!(sink.values(), [10]);
+        assert!(cell.is_settled().get());
+    }
+
+    fn keys_are_bounded_with_the_value_back(cx) {
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(2));
+        cell.upsert(1, Version(1), 10).expect("room");
+        cell.upsert(2, Version(1), 20).expect("room");
+        let refused = cell.upsert(3, Version(1), 30).expect_err("a third key");
+        assert_eq!((refused.limit, refused.value), (2, 30));
+        assert_eq!(cell.len().get(), 2);
+        assert_eq!(cell.key(&3).desired().get(), None);
+        assert_eq!(cell.forget(&1), Err(ForgetRefused::Busy), "a key with a desire stays");
+        assert!(format!("{cell:?}").contains("keys: 2"), "{cell:?}");
+    }
+
+    fn per_key_readers_are_shared_while_used_and_swept_after(cx) {
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(64));
+        let held = cell.key(&0);
+        cell.upsert(0, Version(1), 1).expect("room");
+        assert_eq!(held.desired().get(), Some((Version(1), 1)));
+        let again = cell.key(&0);
+        cell.upsert(0, Version(2), 2).expect("room");
+        assert_eq!((held.desired().get(), again.desired().get()), (Some((Version(2), 2)), Some((Version(2), 2))));
+        // Readers of many keys made and dropped: swept, and made again on demand.
+        for k in 1..40u8 {
+            let r = cell.key(&k);
+            cell.upsert(k, Version(1), u32::from(k)).expect("room");
+            assert_eq!(r.desired().get(), Some((Version(1), u32::from(k))));
+        }
+        assert_eq!(cell.key(&5).desired().get(), Some((Version(1), 5)));
+        assert_eq!(held.desired().get(), Some((Version(2), 2)), "a held reader survives the sweep");
+        cell.upsert(0, Version(3), 3).expect("room");
+        assert_eq!(held.desired().get(), Some((Version(3), 3)), "and is still invalidated");
+    }
+
+    fn a_restored_projection_resumes_each_key_at_its_frontier(cx) {
+        let stored = vec![
+            RestoredKey { key: 1u8, desired: Some((Version(5), 50u32)), durable_through: Some(Version(4)) },
+            RestoredKey { key: 2, desired: None, durable_through: Some(Version(9)) },
+        ];
+        let latest = Latest::restore(policy(), keys(8), Generation(3), stored).expect("valid");
+        let cell = LatestCellOf::from_latest(&cx.handle(), latest, CellOptions::new());
+        assert_eq!((cell.generation().get(), cell.desired_len().get(), cell.len().get()), (Generation(3), 1, 2));
+        let sink = Sink::default();
+        let link = cell.attach(sink.clone());
+        assert_eq!(sink.wrote(), [(1, 5, 3, 50)], "the unapplied desire goes; the applied key does not");
+        assert_eq!(cell.upsert(2, Version(9), 0), Ok(Upserted::AlreadyDurable { durable_through: Version(9) }));
+        assert!(cell.is_settled().get());
+        drop(link);
+    }
+
+    fn a_disposed_cell_fences_new_sinks_and_keeps_its_keys(cx) {
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+        let readers = cell.key(&1);
+        cell.dispose();
+        assert!(cell.is_disposed());
+        let sink = Sink::default();
+        let link = cell.attach(sink.clone());
+        assert!(link.is_fenced(), "a disposed cell's attachment is fenced from the start");
+        cell.upsert(1, Version(1), 10).expect("room");
+        assert!(sink.wrote().is_empty(), "nothing is written by a fenced sink");
+        assert_eq!(cell.with_latest(|l| l.desired(&1).map(|(v, x)| (v, *x))), Some((Version(1), 10)));
+        assert!(readers.desired().try_get().is_err(), "its readers are disposed");
+        assert_eq!(cell.key(&1).desired().get(), Some((Version(1), 10)), "fresh readers read, unkept");
+    }
+}
