@@ -79,7 +79,7 @@ pub use crate::lanes::{
 };
 pub use crate::latest::{
     Applied, Failed, ForgetRefused, KeyChanges, KeyProjection, KeyTransition, Latest, LatestClaim, LatestEnvelope,
-    LatestReconnect, LatestRestoreError, RestoredKey, TooManyKeys, Upserted,
+    LatestPersisted, LatestReady, LatestReconnect, LatestRestoreError, LatestWrite, RestoredKey, TooManyKeys, Upserted,
 };
 pub use crate::outcome::{
     AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use common::Counter;
 use egress_core::{
-    Applied, Delay, Failed, ForgetRefused, Generation, JitterSample, Latest, LatestClaim, LatestReconnect, Policy,
-    RestoredKey, Time, Upserted, Version,
+    Applied, Delay, Failed, ForgetRefused, Generation, JitterSample, Latest, LatestClaim, LatestPersisted,
+    LatestReconnect, LatestWrite, Policy, RestoredKey, Time, Upserted, Version,
 };
 use egress_reactive::{CellOptions, LatestCellOf, LatestItem, LatestSink, ManualClock, SendError, Written};
 
@@ -321,5 +321,61 @@ each_flavour! {
         assert_eq!(cell.with_latest(|l| l.desired(&1).map(|(v, x)| (v, *x))), Some((Version(1), 10)));
         assert!(readers.desired().try_get().is_err(), "its readers are disposed");
         assert_eq!(cell.key(&1).desired().get(), Some((Version(1), 10)), "fresh readers read, unkept");
+    }
+
+    fn a_durable_cell_writes_a_desire_to_the_sink_only_once_the_store_holds_it(cx) {
+        let latest = Latest::restore_journaled(policy(), keys(8), Generation(1), Vec::new()).expect("empty");
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::from_latest(&cx.handle(), latest, CellOptions::new());
+        let unpersisted = watch!(cx, cell.unpersisted_len());
+        let errors = watch!(cx, cell.persist_error());
+        let sink = Sink::default();
+        let _link = cell.attach(sink.clone());
+        cell.upsert(1, Version(1), 10).expect("room");
+        cell.upsert(2, Version(1), 20).expect("room");
+        assert!(sink.wrote().is_empty(), "nothing reaches the sink before the store holds it");
+        assert_eq!((cell.unpersisted_len().get(), unpersisted.get()), (2, 2));
+        assert_eq!(cell.claimable_len().get(), 0);
+        let (ready, values) = cell.poll_ready().expect("two rows to write");
+        assert_eq!(values, [Some(10), Some(20)]);
+        assert!(cell.poll_ready().is_none(), "one epoch at a time");
+        assert_eq!(cell.persist_failed(ready.epoch, "disk full"), LatestPersisted::Recorded { claimable: vec![] });
+        assert_eq!(cell.persist_error().get().map(|e| e.reason), Some("disk full".to_owned()));
+        assert_eq!(errors.get(), 1);
+        assert!(sink.wrote().is_empty(), "a failed write stores nothing");
+        let (ready, values) = cell.poll_ready().expect("carried again");
+        assert_eq!(values, [Some(10), Some(20)]);
+        assert_eq!(cell.persisted(ready.epoch), LatestPersisted::Recorded { claimable: vec![1, 2] });
+        assert_eq!(sink.values(), [10, 20], "stored: the sink effect woke and wrote both");
+        assert_eq!((cell.persist_error().get(), errors.get()), (None, 2));
+        // The frontiers the sink applied are the next rows to write.
+        let (ready, values) = cell.poll_ready().expect("the frontiers");
+        let frontier = |key| LatestWrite::Put { key, newest: None, durable_through: Some(Version(1)) };
+        assert_eq!(ready.writes, [frontier(1), frontier(2)]);
+        assert_eq!(values, [None, None]);
+        let _ = cell.persisted(ready.epoch);
+        assert_eq!(cell.unpersisted_len().get(), 0);
+        assert!(cell.is_settled().get());
+    }
+
+    fn a_value_whose_clone_panics_fails_the_epoch_which_is_offered_again(cx) {
+        let latest = Latest::restore_journaled(policy(), keys(8), Generation(1), Vec::new()).expect("empty");
+        let cell: LatestCellOf<u8, Fragile, _> = LatestCellOf::from_latest(&cx.handle(), latest, CellOptions::new());
+        cell.upsert(1, Version(1), Fragile(true)).expect("room");
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.poll_ready()));
+        assert!(panicked.is_err(), "the panic goes on");
+        let error = cell.persist_error().get().expect("the epoch failed");
+        assert!(error.reason.contains("Clone panicked"), "{}", error.reason);
+        assert_eq!(cell.unpersisted_len().get(), 1, "carried again");
+    }
+}
+
+/// A value whose `Clone` panics when it says so.
+#[derive(Debug, PartialEq)]
+struct Fragile(bool);
+
+impl Clone for Fragile {
+    fn clone(&self) -> Self {
+        assert!(!self.0, "a fragile value");
+        Fragile(self.0)
     }
 }

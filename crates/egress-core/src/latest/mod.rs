@@ -2,11 +2,14 @@
 //! is to bring a sink to the newest desired value, not to deliver every
 //! value on the way: a slider, a cursor, a presence state, a setting.
 
+mod journal;
 mod outcome;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 
+use self::journal::Journal;
+pub use self::journal::{LatestPersisted, LatestReady, LatestWrite};
 pub use self::outcome::{
     Applied, Failed, ForgetRefused, KeyChanges, KeyProjection, KeyTransition, LatestClaim, LatestEnvelope,
     LatestReconnect, LatestRestoreError, TooManyKeys, Upserted,
@@ -89,6 +92,8 @@ pub struct Latest<K, V> {
     /// shell reads after every transition, kept rather than counted.
     desired_len: usize,
     inflight_len: usize,
+    /// With a store: what it must write, and what it wrote (`journal.rs`).
+    journal: Option<Box<Journal<K>>>,
 }
 
 /// One key's state.
@@ -101,6 +106,10 @@ struct Slot<V> {
     failures: u32,
     /// Until when it waits after a failure.
     backoff: Option<Time>,
+    /// The newest version of its desire the store holds (without a
+    /// journal, every desire's, at once): a desire is claimed only once
+    /// stored, so a crash never takes back a value the sink may have seen.
+    stored: Option<Version>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -112,7 +121,7 @@ struct Flight<V> {
 
 impl<V> Slot<V> {
     const fn empty() -> Self {
-        Self { desired: None, inflight: None, durable_through: None, failures: 0, backoff: None }
+        Self { desired: None, inflight: None, durable_through: None, failures: 0, backoff: None, stored: None }
     }
 
     /// The newest version of the key, desired or in flight.
@@ -124,8 +133,12 @@ impl<V> Slot<V> {
         }
     }
 
-    const fn claimable(&self) -> bool {
-        self.desired.is_some() && self.inflight.is_none() && self.backoff.is_none()
+    fn claimable(&self) -> bool {
+        let stored = match &self.desired {
+            Some((version, _)) => self.stored.is_some_and(|s| s >= *version),
+            None => false,
+        };
+        stored && self.inflight.is_none() && self.backoff.is_none()
     }
 }
 
@@ -154,6 +167,7 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             due: BTreeSet::new(),
             desired_len: 0,
             inflight_len: 0,
+            journal: None,
         }
     }
 
@@ -193,7 +207,13 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             if latest.keys.contains_key(&stored.key) {
                 return Err(LatestRestoreError::DuplicateKey { index });
             }
-            let slot = Slot { desired: stored.desired, durable_through: stored.durable_through, ..Slot::empty() };
+            let version = stored.desired.as_ref().map(|(v, _)| *v);
+            let slot = Slot {
+                desired: stored.desired,
+                durable_through: stored.durable_through,
+                stored: version,
+                ..Slot::empty()
+            };
             latest.desired_len += usize::from(slot.desired.is_some());
             if slot.claimable() {
                 latest.ready.insert(stored.key.clone());
@@ -321,9 +341,13 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             if self.keys.len() >= self.max_keys.get() {
                 return KeyTransition::unchanged(Err(TooManyKeys { limit: self.max_keys.get(), value }));
             }
-            let slot = Slot { desired: Some((version, value)), ..Slot::empty() };
+            let stored = if self.journal.is_some() { None } else { Some(version) };
+            let slot = Slot { desired: Some((version, value)), stored, ..Slot::empty() };
             self.desired_len += 1;
-            self.ready.insert(key.clone());
+            if slot.claimable() {
+                self.ready.insert(key.clone());
+            }
+            self.touch(&key);
             self.keys.insert(key, slot);
             let changes = KeyChanges::NONE.with(KeyProjection::Desired);
             return KeyTransition::new(Ok(Upserted::Accepted { replaced: None }), changes);
@@ -341,13 +365,24 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             }
             _ => {}
         }
+        let was = slot.claimable();
         let replaced = slot.desired.replace((version, value)).map(|(v, _)| v);
         self.desired_len += usize::from(replaced.is_none());
-        // A key that had a desire is claimable as it was (in the ready set
-        // already, or busy, or waiting): only a first desire can make it so.
-        if replaced.is_none() && slot.claimable() {
-            self.ready.insert(key);
+        if self.journal.is_none() {
+            slot.stored = Some(version);
         }
+        // Claimable as it was, but for a first desire (which may make it
+        // so) or one not yet stored (which unmakes it, until written).
+        match (was, slot.claimable()) {
+            (false, true) => {
+                self.ready.insert(key.clone());
+            }
+            (true, false) => {
+                self.ready.remove(&key);
+            }
+            _ => {}
+        }
+        self.touch(&key);
         KeyTransition::new(Ok(Upserted::Accepted { replaced }), KeyChanges::NONE.with(KeyProjection::Desired))
     }
 
@@ -368,6 +403,9 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
         }
         if let Some(until) = slot.backoff {
             return KeyTransition::unchanged(LatestClaim::Backoff { until });
+        }
+        if !slot.claimable() {
+            return KeyTransition::unchanged(LatestClaim::Unwritten);
         }
         self.ready.remove(key);
         let generation = self.generation;
@@ -419,6 +457,7 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
                 if slot.claimable() {
                     self.ready.insert(key.clone());
                 }
+                self.touch(key);
                 let changes = KeyChanges::NONE.with(KeyProjection::Inflight).with(KeyProjection::DurableThrough);
                 KeyTransition::new(Applied::Advanced { durable_through: version }, changes)
             }
@@ -541,9 +580,13 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
         if slot.desired.is_some() || slot.inflight.is_some() {
             return Err(ForgetRefused::Busy);
         }
+        if self.unwritten(key) {
+            return Err(ForgetRefused::Unwritten);
+        }
         if let Some(at) = slot.backoff {
             self.due.remove(&(at, key.clone()));
         }
+        self.touch(key);
         Ok(self.keys.remove(key).and_then(|s| s.durable_through))
     }
 }

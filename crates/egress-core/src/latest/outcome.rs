@@ -173,6 +173,9 @@ pub enum LatestClaim<'a, K, V> {
         /// When it may be claimed again.
         until: Time,
     },
+    /// The desire is not yet stored (a durable projection): it is
+    /// claimable once [`persisted`](super::Latest::persisted) says so.
+    Unwritten,
     /// Not the current generation: a fenced actor.
     StaleGeneration {
         /// The current generation.
@@ -274,6 +277,9 @@ pub enum ForgetRefused {
     Unknown,
     /// The key has a desire or a flight.
     Busy,
+    /// The key's row is not yet written as it is (a durable projection):
+    /// forget it once the store holds its frontier.
+    Unwritten,
 }
 
 /// Why [`Latest::restore`](super::Latest::restore) refused what a store

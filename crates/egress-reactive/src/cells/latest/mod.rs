@@ -14,8 +14,9 @@ use std::panic::Location;
 use std::sync::Arc;
 
 use egress_core::{
-    Applied, Delay, Failed, ForgetRefused, Generation, JitterSample, KeyChanges, KeyProjection, Latest, LatestClaim,
-    LatestReconnect, Policy, Time, TooManyKeys, Upserted, Version,
+    Applied, Delay, Epoch, Failed, ForgetRefused, Generation, JitterSample, KeyChanges, KeyProjection, Latest,
+    LatestClaim, LatestPersisted, LatestReady, LatestReconnect, LatestWrite, PersistError, Policy, Time, TooManyKeys,
+    Upserted, Version,
 };
 
 #[cfg(feature = "async")]
@@ -27,7 +28,7 @@ use super::clock::{Clock, MonotonicClock};
 use super::fences::Attached;
 use super::inner::{By, next_jitter};
 use super::options::CellOptions;
-use crate::computed::Computed;
+use crate::computed::{ByEq, Computed, ComputedObj};
 use crate::context::{Handle, Scope};
 use crate::flavor::{Entered, Flavor, Holds, Local, Threaded, ValueCell};
 use crate::graph::Key;
@@ -43,6 +44,8 @@ pub trait LatestFlavor<K: Ord + Clone + 'static, V: Clone + PartialEq + 'static>
     + Holds<KeyReader<K, V, Option<(Version, V)>, Self>>
     + Holds<KeyReader<K, V, Option<Version>, Self>>
     + Holds<KeyReader<K, V, Option<Time>, Self>>
+    + Holds<ComputedObj<usize, Journaled<K, V, usize, Self>, ByEq, Self>>
+    + Holds<ComputedObj<Option<PersistError>, Journaled<K, V, Option<PersistError>, Self>, ByEq, Self>>
 {
     /// The clock of a cell built without one.
     fn default_clock() -> Arc<dyn Clock> {
@@ -98,6 +101,9 @@ pub struct LatestInner<K: 'static, V: 'static, F: Flavor> {
     /// Notified when a transition not made by a sink effect makes a claim
     /// possible: what sink effects track.
     wake: Key,
+    /// Notified, for a durable projection, by every transition: what the
+    /// journal may have to write, and its readers.
+    journal: Key,
     counts: [Computed<usize, F>; COUNTS],
     settled: Computed<bool, F>,
     generation: Computed<Generation, F>,
@@ -110,6 +116,7 @@ impl<K: 'static, V: 'static, F: Flavor> Clone for LatestInner<K, V, F> {
             handle: self.handle.clone(),
             state: self.state.clone(),
             wake: self.wake,
+            journal: self.journal,
             counts: self.counts.clone(),
             settled: self.settled.clone(),
             generation: self.generation.clone(),
@@ -122,21 +129,23 @@ impl<K: 'static, V: 'static, F: Flavor> Clone for LatestInner<K, V, F> {
 /// for a no-op), and whether it moved the generation.
 pub(super) struct Touched<K> {
     keys: Vec<(K, KeyChanges)>,
-    generation: bool,
+    /// It moved the generation, or the journal (a report of the store's,
+    /// which changes no key's projections): the aggregates may change.
+    whole: bool,
 }
 
 impl<K> Touched<K> {
-    const NOTHING: Self = Touched { keys: Vec::new(), generation: false };
+    const NOTHING: Self = Touched { keys: Vec::new(), whole: false };
 
     fn key(key: K, changes: KeyChanges) -> Self {
         if changes.is_empty() {
             return Self::NOTHING;
         }
-        Touched { keys: vec![(key, changes)], generation: false }
+        Touched { keys: vec![(key, changes)], whole: false }
     }
 
     fn is_empty(&self) -> bool {
-        self.keys.is_empty() && !self.generation
+        self.keys.is_empty() && !self.whole
     }
 }
 
@@ -217,6 +226,9 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static, F: Flavor> LatestInner<K,
         if wake {
             keys.push(self.wake);
         }
+        if s.latest.is_journaled() {
+            keys.push(self.journal);
+        }
         keys
     }
 
@@ -225,7 +237,7 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static, F: Flavor> LatestInner<K,
         self.apply(By::Caller, |s| {
             let freed = s.latest.handle_timeout(now);
             let keys = freed.iter().map(|(k, _)| k.clone()).collect();
-            (keys, Touched { keys: freed, generation: false })
+            (keys, Touched { keys: freed, whole: false })
         })
     }
 
@@ -287,9 +299,31 @@ pub(super) fn fail_in<K: Ord + Clone, V: PartialEq>(
     (t.outcome, Touched::key(key.clone(), t.changes))
 }
 
+/// A reader of the journal's state: one value of the whole [`Latest`],
+/// after tracking the journal's trigger.
+#[doc(hidden)]
+pub struct Journaled<K: 'static, V: 'static, P, F: Flavor> {
+    inner: LatestInner<K, V, F>,
+    project: fn(&Latest<K, V>) -> P,
+}
+
+impl<K: Ord + Clone + 'static, V: PartialEq + 'static, P: 'static, F: Flavor> crate::computed::Compute<P>
+    for Journaled<K, V, P, F>
+{
+    fn compute(&self) -> P {
+        let inner = &self.inner;
+        inner.handle.enter(|cell| {
+            Handle::track(cell, inner.journal);
+            inner.state.with(&Entered::by(cell), |s| (self.project)(&s.latest))
+        })
+    }
+}
+
 /// What the clones of a latest cell share.
 pub(super) struct Shared<K: 'static, V: 'static, F: Flavor> {
     inner: LatestInner<K, V, F>,
+    persist_error: Computed<Option<PersistError>, F>,
+    unpersisted_len: Computed<usize, F>,
     /// The live sink effects, by the generation each captured.
     attachments: Attached<F>,
     /// Owns every node of the cell.
@@ -430,15 +464,22 @@ impl<K: Ord + Clone + 'static, V: Clone + PartialEq + 'static, F: LatestFlavor<K
         at: &'static Location<'static>,
     ) -> Self {
         let (_, rng) = options.identity();
-        let (scope, inner) = cx.scope(|| {
+        let (scope, (inner, persist_error, unpersisted_len)) = cx.scope(|| {
             let counts = std::array::from_fn(|which| cx.pushed(count(&latest, which), at));
             let settled = cx.pushed(latest.is_settled(), at);
             let generation = cx.pushed(latest.generation(), at);
             let state = F::ptr(ValueCell::new(LatestState { latest, rng, triggers: BTreeMap::new() }));
-            LatestInner { handle: cx.clone(), state, wake: cx.trigger(at), counts, settled, generation, clock }
+            let (wake, journal) = (cx.trigger(at), cx.trigger(at));
+            let inner = LatestInner { handle: cx.clone(), state, wake, journal, counts, settled, generation, clock };
+            let error = Journaled { inner: inner.clone(), project: |l: &Latest<K, V>| l.persist_error().cloned() };
+            let unpersisted = Journaled { inner: inner.clone(), project: Latest::unpersisted_len };
+            let (error, unpersisted) = (cx.make_computed(ByEq, error, at), cx.make_computed(ByEq, unpersisted, at));
+            (inner, error, unpersisted)
         });
         let shared = Shared {
             inner,
+            persist_error,
+            unpersisted_len,
             attachments: Attached::new(),
             scope,
             readers: parking_lot::Mutex::new(KeyReaderCache::new()),
@@ -514,7 +555,7 @@ impl<K: Ord + Clone + 'static, V: Clone + PartialEq + 'static, F: LatestFlavor<K
         let outcome = self.shared.inner.apply(By::Caller, |s| {
             let outcome = s.latest.reconnect(generation);
             let touched = match &outcome {
-                LatestReconnect::Advanced { keys, .. } => Touched { keys: keys.clone(), generation: true },
+                LatestReconnect::Advanced { keys, .. } => Touched { keys: keys.clone(), whole: true },
                 _ => Touched::NOTHING,
             };
             (outcome, touched)
@@ -538,10 +579,84 @@ impl<K: Ord + Clone + 'static, V: Clone + PartialEq + 'static, F: LatestFlavor<K
                 .with_if(KeyProjection::DurableThrough, s.latest.durable_through(key).is_some())
                 .with_if(KeyProjection::Backoff, s.latest.backoff(key).is_some());
             match s.latest.forget(key) {
-                Ok(frontier) => (Ok(frontier), Touched { keys: vec![(key.clone(), had)], generation: false }),
+                Ok(frontier) => (Ok(frontier), Touched { keys: vec![(key.clone(), had)], whole: false }),
                 Err(refused) => (Err(refused), Touched::NOTHING),
             }
         })
+    }
+
+    // ----- the journal (a durable projection) ---------------------------
+
+    /// What the store must write next, with the value of each write that
+    /// puts one (cloned, in the order of `ready.writes`). See
+    /// [`Latest::poll_ready`]; `None` without a journal.
+    ///
+    /// A value whose `Clone` panics fails the epoch (the journal does not
+    /// wait for a report that never comes), then the panic goes on.
+    pub fn poll_ready(&self) -> Option<(LatestReady<K>, Vec<Option<V>>)> {
+        let (ready, panic) = self.shared.inner.apply(By::Caller, |s| {
+            let Some(ready) = s.latest.poll_ready() else { return ((None, None), Touched::NOTHING) };
+            let copied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let value = |w: &LatestWrite<K>| match w {
+                    LatestWrite::Put { key, newest: Some(_), .. } => s.latest.newest(key).map(|(_, v)| v.clone()),
+                    _ => None,
+                };
+                ready.writes.iter().map(value).collect::<Vec<_>>()
+            }));
+            match copied {
+                Ok(values) => ((Some((ready, values)), None), Touched::NOTHING),
+                Err(panic) => {
+                    let _ = s.latest.persist_failed(ready.epoch, "a value's Clone panicked");
+                    ((None, Some(panic)), Touched { keys: Vec::new(), whole: true })
+                }
+            }
+        });
+        if let Some(panic) = panic {
+            std::panic::resume_unwind(panic);
+        }
+        ready
+    }
+
+    /// The store wrote `epoch`. See [`Latest::persisted`]; wakes the sink
+    /// effects when desires became claimable.
+    pub fn persisted(&self, epoch: Epoch) -> LatestPersisted<K> {
+        self.shared.inner.apply(By::Caller, |s| {
+            let outcome = s.latest.persisted(epoch);
+            let whole = matches!(outcome, LatestPersisted::Recorded { .. });
+            (outcome, Touched { keys: Vec::new(), whole })
+        })
+    }
+
+    /// The store could not write `epoch`. See [`Latest::persist_failed`].
+    pub fn persist_failed(&self, epoch: Epoch, reason: impl Into<String>) -> LatestPersisted<K> {
+        let reason = reason.into();
+        tracing::warn!(epoch = ?epoch, %reason, "egress latest: the store could not write");
+        self.shared.inner.apply(By::Caller, |s| {
+            let outcome = s.latest.persist_failed(epoch, reason);
+            let whole = matches!(outcome, LatestPersisted::Recorded { .. });
+            (outcome, Touched { keys: Vec::new(), whole })
+        })
+    }
+
+    /// The last failure to write the projection, until a later write
+    /// succeeds (`None` without a journal).
+    pub fn persist_error(&self) -> &Computed<Option<PersistError>, F> {
+        &self.shared.persist_error
+    }
+
+    /// Keys whose rows are not yet written as they are (0 without a
+    /// journal).
+    pub fn unpersisted_len(&self) -> &Computed<usize, F> {
+        &self.shared.unpersisted_len
+    }
+
+    /// Makes the running effect or computed depend on every transition of
+    /// a durable projection (none without a journal): a store's relay
+    /// reads this in an effect to learn that the journal may have
+    /// something to write.
+    pub fn track_journal(&self) {
+        let inner = &self.shared.inner;
+        inner.handle.enter(|cell| Handle::track(cell, inner.journal));
     }
 
     // ----- aggregate readers ------------------------------------------
