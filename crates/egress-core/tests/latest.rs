@@ -135,6 +135,20 @@ fn a_failure_keeps_the_desire_and_the_key_waits_its_backoff_without_a_spin() {
 }
 
 #[test]
+fn a_policy_with_no_base_still_waits_a_tick_between_tries() {
+    let policy = Policy::builder().retry_base(Delay(0)).retry_ceiling(Delay(0)).build().unwrap();
+    let mut l: Latest<u8, u32> = Latest::new(policy, NonZeroUsize::new(2).unwrap());
+    let _ = l.upsert(1, Version(1), 10);
+    for now in [5, 6, 7] {
+        let _ = claimed(&mut l, 1);
+        let t = l.fail_retryable(G0, &1, Version(1), Time(now), None, JitterSample::ZERO);
+        assert_eq!(t.outcome, Failed::Pending { retry_at: Time(now + 1) }, "no retry in the same instant");
+        assert!(l.handle_timeout(Time(now)).is_empty());
+        assert_eq!(l.handle_timeout(Time(now + 1)).len(), 1);
+    }
+}
+
+#[test]
 fn a_reconnect_requeues_unsuperseded_flights_and_fences_the_old_generation() {
     let mut l = latest(4);
     for key in [1, 2, 3] {

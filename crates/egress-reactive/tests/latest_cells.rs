@@ -367,6 +367,66 @@ each_flavour! {
         assert!(error.reason.contains("Clone panicked"), "{}", error.reason);
         assert_eq!(cell.unpersisted_len().get(), 1, "carried again");
     }
+
+    fn a_sink_that_panics_on_one_key_does_not_hold_back_the_others(cx) {
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+        let sink = Sink::default();
+        *sink.panic_on.lock().expect("panic_on") = Some(10);
+        let _link = cell.attach(sink.clone());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cx.batch(|| {
+                cell.upsert(1, Version(1), 10).expect("room");
+                cell.upsert(2, Version(1), 20).expect("room");
+            });
+        }));
+        assert!(panicked.is_err(), "the panic reaches the caller");
+        assert_eq!(sink.wrote(), [(2, 1, 0, 20)], "key 2 was written in the same run, after key 1 panicked");
+        assert_eq!((cell.waiting_len().get(), cell.inflight_len().get()), (1, 0), "key 1 failed, backs off");
+        assert_eq!(cell.key(&2).durable_through().get(), Some(Version(1)));
+    }
+
+    fn a_value_whose_clone_panics_at_the_claim_is_failed_and_the_others_go(cx) {
+        let cell: LatestCellOf<u8, Fragile, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+        let wrote = Arc::new(Mutex::new(Vec::new()));
+        let _link = cell.attach(Collect(wrote.clone()));
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cx.batch(|| {
+                cell.upsert(1, Version(1), Fragile(true)).expect("room");
+                cell.upsert(2, Version(1), Fragile(false)).expect("room");
+            });
+        }));
+        assert!(panicked.is_err(), "the panic goes on");
+        assert_eq!(*wrote.lock().expect("sink"), [2], "the other key went");
+        assert!(cell.with_latest(|l| l.inflight(&1).is_none()), "not left in flight");
+        assert_eq!((cell.waiting_len().get(), cell.desired_len().get()), (1, 1), "failed, its value kept");
+    }
+
+    fn a_key_whose_clone_panics_is_never_left_in_flight_and_the_counts_hold(cx) {
+        // The panic comes at every clone of the key in turn: wherever it
+        // lands, the key is not left in flight unwritten, and the readers
+        // show what the projection holds.
+        for at in 0..12 {
+            let cell: LatestCellOf<Bomb, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+            let wrote = Arc::new(Mutex::new(Vec::new()));
+            let _link = cell.attach(Collect(wrote.clone()));
+            BOMB.with(|b| b.set(Some(at)));
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.upsert(Bomb(1), Version(1), 10)));
+            BOMB.with(|b| b.set(None));
+            let (inflight, counts) = cell.with_latest(|l| {
+                let counts = (l.len(), l.desired_len(), l.inflight_len(), l.waiting_len(), l.claimable_len());
+                (l.inflight(&Bomb(1)).is_some(), counts)
+            });
+            assert!(!inflight, "clone #{at}: left in flight");
+            let read = (
+                cell.len().get(),
+                cell.desired_len().get(),
+                cell.inflight_len().get(),
+                cell.waiting_len().get(),
+                cell.claimable_len().get(),
+            );
+            assert_eq!(read, counts, "clone #{at}: the readers show the state");
+        }
+    }
 }
 
 /// A value whose `Clone` panics when it says so.
@@ -378,4 +438,64 @@ impl Clone for Fragile {
         assert!(!self.0, "a fragile value");
         Fragile(self.0)
     }
+}
+
+/// A sink that applies every value at once and records the keys.
+struct Collect<K>(Arc<Mutex<Vec<K>>>);
+
+impl<K: Clone + 'static, V> LatestSink<K, V> for Collect<K> {
+    fn write(&mut self, item: LatestItem<K, V>) -> Result<Written, SendError> {
+        self.0.lock().expect("sink").push(item.key);
+        Ok(Written::Applied)
+    }
+}
+
+thread_local! {
+    /// Counts down the clones of a [`Bomb`] on this thread: the clone at 0
+    /// panics.
+    static BOMB: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// A key whose `Clone` panics when [`BOMB`] counts down to it.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Bomb(u8);
+
+impl Clone for Bomb {
+    fn clone(&self) -> Self {
+        BOMB.with(|b| match b.get() {
+            Some(0) => {
+                b.set(None);
+                panic!("a key's Clone panicked");
+            }
+            Some(n) => b.set(Some(n - 1)),
+            None => {}
+        });
+        Bomb(self.0)
+    }
+}
+
+/// A reconnect that comes while a sink effect is being attached (here from
+/// the sink's first write, which runs as the effect is made; on another
+/// thread it may come between the attach's read of the generation and its
+/// record of the effect): the effect is disposed, not left alive under an
+/// old generation (the reconnect once fenced the list before the effect
+/// was in it, and the effect lived on, running at every wake).
+#[test]
+fn a_reconnect_while_a_sink_is_attached_leaves_no_live_effect_of_an_older_generation() {
+    struct Reconnects(std::rc::Rc<std::cell::RefCell<Option<egress_reactive::LatestCell<u8, u32>>>>);
+    impl LatestSink<u8, u32> for Reconnects {
+        fn write(&mut self, _: LatestItem<u8, u32>) -> Result<Written, SendError> {
+            if let Some(cell) = self.0.borrow_mut().take() {
+                let _ = cell.reconnect(Generation(1));
+            }
+            Ok(Written::Taken)
+        }
+    }
+    let cx = egress_reactive::Context::new();
+    let cell: egress_reactive::LatestCell<u8, u32> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+    cell.upsert(1, Version(1), 10).expect("room");
+    let link = cell.attach(Reconnects(std::rc::Rc::new(std::cell::RefCell::new(Some(cell.clone())))));
+    assert_eq!((link.generation(), cell.generation().get()), (Generation(0), Generation(1)));
+    assert_eq!(link.runs(), 0, "the sink effect of generation 0 is disposed");
+    assert!(link.is_fenced());
 }

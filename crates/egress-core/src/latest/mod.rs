@@ -63,8 +63,8 @@ use crate::retry::{JitterSample, backoff};
 ///   desire (unless a newer one exists, which goes instead) and holds the
 ///   key for a backoff (the [`Policy`]'s retry schedule: `retry_base`
 ///   doubling per failure in a row, up to `retry_ceiling`, spread by
-///   `jitter`, at least a hint the sink gave), so that a failing sink is
-///   not retried in a spin. [`handle_timeout`](Self::handle_timeout) at
+///   `jitter`, at least a hint the sink gave, and at least one tick), so
+///   that a failing sink is not retried in a spin. [`handle_timeout`](Self::handle_timeout) at
 ///   [`poll_timeout`](Self::poll_timeout) frees the key again; an applied
 ///   value resets the count.
 /// - **One generation fences the sink.** [`reconnect`](Self::reconnect)
@@ -78,6 +78,13 @@ use crate::retry::{JitterSample, backoff};
 ///
 /// Every transition on a key returns its outcome and exactly the
 /// projections of that key it changed ([`KeyChanges`]).
+///
+/// A key's `Ord` and `Clone` and a value's `PartialEq` must not panic: as
+/// in the standard library's ordered collections, a panic in them during a
+/// transition leaves the projection in a state that is memory-safe but
+/// otherwise unspecified (the key map and its indexes may disagree). The
+/// cells catch such a panic, show what the state then holds, and let it go
+/// on to the caller.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Latest<K, V> {
     policy: Policy,
@@ -343,12 +350,15 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
             }
             let stored = if self.journal.is_some() { None } else { Some(version) };
             let slot = Slot { desired: Some((version, value)), stored, ..Slot::empty() };
+            let claimable = slot.claimable();
+            // The map first, the indexes and counts after it (see the
+            // rules on a key's `Ord`).
+            self.keys.insert(key.clone(), slot);
             self.desired_len += 1;
-            if slot.claimable() {
+            if claimable {
                 self.ready.insert(key.clone());
             }
             self.touch(&key);
-            self.keys.insert(key, slot);
             let changes = KeyChanges::NONE.with(KeyProjection::Desired);
             return KeyTransition::new(Ok(Upserted::Accepted { replaced: None }), changes);
         };
@@ -407,13 +417,13 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
         if !slot.claimable() {
             return KeyTransition::unchanged(LatestClaim::Unwritten);
         }
-        self.ready.remove(key);
         let generation = self.generation;
         let slot = self.keys.get_mut(key).expect("the key exists: read above");
         let (version, value) = slot.desired.take().expect("a desire: checked above");
         slot.inflight = Some(Flight { generation, version, value });
         self.desired_len -= 1;
         self.inflight_len += 1;
+        self.ready.remove(key);
         let (key, slot) = self.keys.get_key_value(key).expect("the key exists: read above");
         let flight = slot.inflight.as_ref().expect("in flight: just set");
         let envelope = LatestEnvelope { key, version, generation, value: &flight.value };
@@ -498,7 +508,11 @@ impl<K: Ord + Clone, V: PartialEq> Latest<K, V> {
         let flight = slot.inflight.take().expect("in flight: checked above");
         self.inflight_len -= 1;
         slot.failures = slot.failures.saturating_add(1);
-        let retry_at = now.saturating_add(backoff(&self.policy, slot.failures, hint, jitter));
+        // At least one tick: a latest value has no retry budget, so a
+        // policy with no base would retry a failing key in the same
+        // instant without end.
+        let wait = Delay(backoff(&self.policy, slot.failures, hint, jitter).0.max(1));
+        let retry_at = now.saturating_add(wait);
         slot.backoff = Some(retry_at);
         self.due.insert((retry_at, key.clone()));
         let mut changes = KeyChanges::NONE.with(KeyProjection::Inflight).with(KeyProjection::Backoff);

@@ -28,23 +28,21 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         let inner = self.shared.inner.clone();
         let generation = self.with_core(EgressCore::generation);
         let run = AttachRun { inner, transport, generation };
-        let shared = &self.shared;
-        let node = shared
-            .attachments
-            .attach(&shared.scope, &shared.inner.handle, generation, || shared.inner.handle.make_effect(run, at));
+        let handle = &self.shared.inner.handle;
+        let node = self.attach_with(generation, || handle.make_effect(run, at));
         Attachment { node, generation, cell: self.clone(), _keep: None }
     }
 
     /// Makes an attachment's effect with `make` under `generation` (see
     /// [`Attached::attach`](super::fences::Attached::attach)).
-    #[cfg(feature = "async")]
     pub(crate) fn attach_with<E: std::ops::Deref<Target = NodeRef<F>>>(
         &self,
         generation: Generation,
         make: impl FnOnce() -> E,
     ) -> NodeRef<F> {
         let shared = &self.shared;
-        shared.attachments.attach(&shared.scope, &shared.inner.handle, generation, make)
+        let current = || self.with_core(EgressCore::generation);
+        shared.attachments.attach(&shared.scope, &shared.inner.handle, generation, make, current)
     }
 
     #[cfg(feature = "async")]

@@ -36,18 +36,27 @@ impl<F: Flavor> Attached<F> {
     /// records it under `generation`: the effect's node, or a node disposed
     /// from the start when the cell is (`make` not run: what it would have
     /// owned, a transport or a sink, is dropped unused).
+    ///
+    /// `current` reads the cell's generation once the effect is recorded: a
+    /// reconnect on another thread since `generation` was read may have
+    /// fenced the list before the effect was in it, so an effect of an
+    /// older generation than the cell's is disposed here.
     pub(crate) fn attach<E: std::ops::Deref<Target = NodeRef<F>>>(
         &self,
         scope: &Scope<F>,
         handle: &Handle<F>,
         generation: Generation,
         make: impl FnOnce() -> E,
+        current: impl FnOnce() -> Generation,
     ) -> NodeRef<F> {
         let Ok(effect) = scope.try_run(make) else {
             let key = handle.enter(|cell| cell.borrow().dead_key());
             return NodeRef { handle: handle.clone(), key };
         };
         self.register(handle, generation, effect.key);
+        if current() > generation {
+            handle.dispose_node(effect.key);
+        }
         (*effect).clone()
     }
 

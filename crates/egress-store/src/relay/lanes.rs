@@ -5,18 +5,16 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use bytes::Bytes;
 use egress_codec::{Codec, Raw};
-use egress_core::{LaneKey, Lanes, LanesPolicy, LanesReady, Sequence};
-use egress_reactive::{AsyncContext, AsyncLanesCell, CellOptions, Effect, LanesAppends, Threaded};
+use egress_core::{Epoch, LaneKey, Lanes, LanesPolicy, LanesReady, Sequence};
+use egress_reactive::{AsyncContext, AsyncLanesCell, CellOptions, LanesAppends};
 use parking_lot::Mutex;
-use tokio::sync::{Notify, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::Notify;
 
-use super::{Counters, RelayConfig, RelayStats};
+use super::link::{Link, Running};
+use super::{RelayConfig, RelayStats};
 use crate::stored::encode_all;
 use crate::{SqliteStore, StoreError, lane_stream};
 
@@ -127,12 +125,7 @@ impl<K: serde::Serialize + Send + Sync + 'static> LanesJournal<K> for SqliteLane
 /// [`shutdown`](Self::shutdown) writes what is pending first. The store is
 /// a [`LanesJournal`]: [`spawn`](Self::spawn) takes a SQLite store,
 /// [`spawn_with`](Self::spawn_with) any journal.
-pub struct LanesRelay {
-    task: Option<JoinHandle<()>>,
-    effect: Effect<Threaded>,
-    stop: watch::Sender<bool>,
-    counters: Arc<Counters>,
-}
+pub struct LanesRelay(Running);
 
 impl std::fmt::Debug for LanesRelay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -140,30 +133,17 @@ impl std::fmt::Debug for LanesRelay {
     }
 }
 
-impl Drop for LanesRelay {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
-        self.effect.dispose();
-    }
-}
-
 impl LanesRelay {
     /// What it has done (`adopted`, `rebases`, `adoption_stalls` and
     /// `undecodable` stay 0: lanes take no outbox appends).
     pub fn stats(&self) -> RelayStats {
-        self.counters.snapshot()
+        self.0.stats()
     }
 
     /// Writes what the journal holds, closes it (SQLite checkpoints its
     /// WAL; PostgreSQL releases the lease), and stops; returns the stats.
-    pub async fn shutdown(mut self) -> RelayStats {
-        let _ = self.stop.send(true);
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-        self.counters.snapshot()
+    pub async fn shutdown(self) -> RelayStats {
+        self.0.shutdown().await
     }
 }
 
@@ -241,18 +221,6 @@ where
     open_durable_lanes(cx, path, lanes, Raw, policy, options, config).await
 }
 
-/// What the relay's task holds.
-struct Run<K: 'static, T: 'static, J> {
-    cell: AsyncLanesCell<K, T>,
-    journal: Arc<J>,
-    codec: Arc<dyn Codec<T>>,
-    counters: Arc<Counters>,
-}
-
-/// How often a relay with nothing to write asks whether another store
-/// loaded its lanes (a write would find out at once).
-const OWNER_CHECK: Duration = Duration::from_millis(100);
-
 impl LanesRelay {
     /// Starts the relay of `cell` (lanes restored from `store`'s `lanes`)
     /// on the current tokio runtime.
@@ -302,151 +270,64 @@ impl LanesRelay {
                 bell.notify_one();
             }
         });
-        let (stop, stop_rx) = watch::channel(false);
-        let counters = Arc::new(Counters::default());
         let span = tracing::info_span!("egress_lanes_relay", lanes = journal.lanes());
         let codec: Arc<dyn Codec<T>> = Arc::new(codec);
         cell.set_encode_check(Some(crate::stored::encode_check(codec.clone())));
-        let run = Run { cell: cell.clone(), journal: Arc::new(journal), codec, counters: counters.clone() };
-        let task = tokio::spawn(tracing::Instrument::instrument(run.run(config, bell, stop_rx), span));
-        LanesRelay { task: Some(task), effect, stop, counters }
+        let link = LanesLink { cell: cell.clone(), journal, codec };
+        LanesRelay(Running::spawn(link, effect, bell, config, span))
     }
 }
 
-impl<K, T, J> Run<K, T, J>
-where
-    K: LaneKey + serde::Serialize + Send + Sync + 'static,
-    T: Clone + Send + Sync + 'static,
-    J: LanesJournal<K>,
-{
-    async fn run(self, config: RelayConfig, bell: Arc<Notify>, mut stop: watch::Receiver<bool>) {
-        let mut failures: u32 = 0;
-        let mut check_at = tokio::time::Instant::now();
-        // The loop ends only at a fence (a stop returns from it); its bell
-        // wait is dropped by then, so the fence's own wait hears the bell.
-        let fence = loop {
-            let rung = bell.notified();
-            tokio::pin!(rung);
-            rung.as_mut().enable();
-            if *stop.borrow() {
-                while let Some(Ok(())) = self.write_once().await {}
-                self.journal.close().await;
-                return;
-            }
-            if tokio::time::Instant::now() >= check_at {
-                check_at = tokio::time::Instant::now() + OWNER_CHECK;
-                if let Err(e @ StoreError::Fenced { .. }) = self.journal.owns().await {
-                    break e;
-                }
-            }
-            match self.write_once().await {
-                Some(Ok(())) => {
-                    failures = 0;
-                    continue;
-                }
-                Some(Err(e @ StoreError::Fenced { .. })) => break e,
-                Some(Err(_)) => {
-                    let wait = super::task::backoff(&config, failures);
-                    failures = failures.saturating_add(1);
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        _ = stop.changed() => {}
-                    }
-                    continue;
-                }
-                None => {}
-            }
-            tokio::select! {
-                () = &mut rung => {}
-                () = tokio::time::sleep(config.poll_interval.max(OWNER_CHECK)) => {}
-                _ = stop.changed() => {}
-            }
-        };
-        self.fenced(&fence, &bell, &mut stop).await;
-    }
-
-    /// Another store took the lanes: nothing more is written here. The
-    /// next epoch the cell offers (at once, or at its next transition) is
-    /// failed with why, so the cell shows it (and keeps showing it: no
-    /// later epoch is persisted) rather than hold what comes next as
-    /// "saving" with no reason; then the task ends.
-    async fn fenced(&self, why: &StoreError, bell: &Notify, stop: &mut watch::Receiver<bool>) {
-        tracing::error!(error = %why, "egress lanes relay: another store took the lanes over; stopping");
-        self.counters.fenced.store(true, Ordering::Relaxed);
-        let fail_offered = || {
-            let offered = self.cell.poll_ready();
-            if let Some((ready, _)) = &offered {
-                let _ = self.cell.persist_failed(ready.epoch, format!("{why}: nothing more is written"));
-            }
-            offered.is_some()
-        };
-        super::task::refuse(fail_offered, bell, stop).await;
-    }
-
-    /// Commits one `LanesReady` if the journal has one: whether it did, and
-    /// the error if the commit failed.
-    async fn write_once(&self) -> Option<Result<(), StoreError>> {
-        let (ready, appends) = match super::task::poll_caught(|| self.cell.poll_ready(), &self.counters)? {
-            Ok(polled) => polled,
-            Err(e) => return Some(Err(e)),
-        };
-        let epoch = ready.epoch;
-        let count: usize = appends.iter().map(Vec::len).sum();
-        let task = tokio::spawn(commit(self.cell.clone(), self.journal.clone(), self.codec.clone(), ready, appends));
-        let result = match task.await {
-            Ok(result) => result,
-            // The commit's task ended without answering (a panic under the
-            // store): answered here, so that the cell shows it and offers
-            // the write again.
-            Err(e) => {
-                let e = StoreError::Task(e.to_string());
-                let _ = self.cell.persist_failed(epoch, e.to_string());
-                Err(e)
-            }
-        };
-        match &result {
-            Ok(()) => {
-                self.counters.commits.fetch_add(1, Ordering::Relaxed);
-                self.counters.appended.fetch_add(count as u64, Ordering::Relaxed);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "egress lanes relay: a commit failed");
-                self.counters.failures.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        Some(result)
-    }
-}
-
-/// Encodes, writes and reports one `LanesReady`, in a task of its own.
-async fn commit<K, T, J>(
+/// A lanes cell's journal and the store that writes it.
+struct LanesLink<K: 'static, T: 'static, J> {
     cell: AsyncLanesCell<K, T>,
-    journal: Arc<J>,
+    journal: J,
     codec: Arc<dyn Codec<T>>,
-    ready: LanesReady<K>,
-    appends: LanesAppends<T>,
-) -> Result<(), StoreError>
+}
+
+impl<K, T, J> Link for LanesLink<K, T, J>
 where
     K: LaneKey + serde::Serialize + Send + Sync + 'static,
     T: Clone + Send + Sync + 'static,
     J: LanesJournal<K>,
 {
-    let epoch = ready.epoch;
-    let result = async {
+    type Offer = (LanesReady<K>, LanesAppends<T>);
+
+    const WHAT: &'static str = "lanes";
+
+    fn poll_ready(&self) -> Option<Self::Offer> {
+        self.cell.poll_ready()
+    }
+
+    fn epoch((ready, _): &Self::Offer) -> Epoch {
+        ready.epoch
+    }
+
+    fn appended((_, appends): &Self::Offer) -> u64 {
+        appends.iter().map(|a| a.len() as u64).sum()
+    }
+
+    fn persisted(&self, epoch: Epoch) {
+        let _ = self.cell.persisted(epoch);
+    }
+
+    fn persist_failed(&self, epoch: Epoch, reason: String) {
+        let _ = self.cell.persist_failed(epoch, reason);
+    }
+
+    async fn write(&self, (ready, appends): Self::Offer) -> Result<(), StoreError> {
         let mut bytes: Vec<Vec<(Sequence, Bytes)>> = Vec::with_capacity(appends.len());
         for (part, payloads) in ready.lanes.iter().zip(&appends) {
-            bytes.push(encode_all(&*codec, &lane_stream(journal.lanes(), &part.lane)?, payloads)?);
+            bytes.push(encode_all(&*self.codec, &lane_stream(self.journal.lanes(), &part.lane)?, payloads)?);
         }
-        journal.apply(ready, bytes).await
+        self.journal.apply(ready, bytes).await
     }
-    .await;
-    match &result {
-        Ok(()) => {
-            let _ = cell.persisted(epoch);
-        }
-        Err(e) => {
-            let _ = cell.persist_failed(epoch, e.to_string());
-        }
+
+    async fn owns(&self) -> Result<(), StoreError> {
+        self.journal.owns().await
     }
-    result
+
+    async fn close(&self) {
+        self.journal.close().await;
+    }
 }

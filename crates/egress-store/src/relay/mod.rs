@@ -3,6 +3,7 @@
 
 mod journal;
 mod lanes;
+mod link;
 mod report;
 mod task;
 

@@ -152,8 +152,13 @@ impl<K: LaneKey + 'static, T: Clone + 'static, F: LanesFlavor<K, T>> LanesCellOf
         let generation = inner.with_lanes(egress_core::Lanes::generation);
         let handle = inner.handle.clone();
         let run = LanesRun { inner, transport, generation };
-        let node =
-            self.shared.attachments.attach(&self.shared.scope, &handle, generation, || handle.make_effect(run, at));
+        let node = self.shared.attachments.attach(
+            &self.shared.scope,
+            &handle,
+            generation,
+            || handle.make_effect(run, at),
+            || self.with_lanes(egress_core::Lanes::generation),
+        );
         LanesAttachment { node, generation, cell: self.clone(), _keep: None }
     }
 }

@@ -158,7 +158,7 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static, F: Flavor> LatestInner<K,
         self.handle.enter(|cell| {
             let entered = Entered::by(cell);
             let (outcome, keys) = self.state.with_mut(&entered, |s| {
-                let (outcome, touched) = op(s);
+                let (outcome, touched) = caught(s, op);
                 let wake = by == By::Caller && !touched.is_empty() && s.latest.claimable_len() > 0;
                 (outcome, self.keys(&entered, s, &touched, wake))
             });
@@ -167,7 +167,7 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static, F: Flavor> LatestInner<K,
             {
                 panic!("{e}");
             }
-            outcome
+            outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
     }
 
@@ -178,14 +178,15 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static, F: Flavor> LatestInner<K,
         marks: &mut Vec<Key>,
         op: impl FnOnce(&mut LatestState<K, V>) -> (R, Touched<K>),
     ) -> R {
-        self.handle.enter(|cell| {
+        let outcome = self.handle.enter(|cell| {
             let entered = Entered::by(cell);
             self.state.with_mut(&entered, |s| {
-                let (outcome, touched) = op(s);
+                let (outcome, touched) = caught(s, op);
                 marks.extend(self.keys(&entered, s, &touched, false));
                 outcome
             })
-        })
+        });
+        outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
     /// Marks `keys` dirty without running effects (a sink effect's run
@@ -269,6 +270,21 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static, F: Flavor> LatestInner<K,
     ) -> Failed {
         let now = self.clock.now();
         self.apply(by, |s| fail_in(s, generation, key, version, now, hint, jitter))
+    }
+}
+
+/// Runs `op` on the state, catching a panic from user code inside it (a
+/// key's `Clone` or `Ord`, a value's `PartialEq`): the aggregate readers are
+/// then pushed from the state as it is (a panicking `Ord` may leave the
+/// projection inconsistent, see [`Latest`]; the readers at least show what
+/// it holds), and the panic goes on once they are.
+fn caught<K, V, R>(
+    s: &mut LatestState<K, V>,
+    op: impl FnOnce(&mut LatestState<K, V>) -> (R, Touched<K>),
+) -> (Result<R, run::Panic>, Touched<K>) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(s))) {
+        Ok((outcome, touched)) => (Ok(outcome), touched),
+        Err(panic) => (Err(panic), Touched { keys: Vec::new(), whole: true }),
     }
 }
 

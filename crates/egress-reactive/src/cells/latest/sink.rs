@@ -7,7 +7,7 @@ use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use egress_core::{Applied, Delay, Failed, FailureKind, Generation, Latest, LatestClaim, Time, Version};
 
 use super::super::clock::Clock;
-use super::super::inner::By;
+use super::super::inner::{By, next_jitter};
 use super::super::transport::SendError;
 use super::{LatestCellOf, LatestFlavor, LatestInner, LatestState, Touched, ack_in, fail_in};
 use crate::context::NodeRef;
@@ -90,33 +90,53 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static, F: Flavor> Drop for Marks
     }
 }
 
-/// A claim's copy of its value, and the panic of a copy that panicked.
-type Claimed<K, V> = (Option<LatestItem<K, V>>, Option<run::Panic>);
+/// What one claim of a sink run came to.
+enum Step<K, V> {
+    /// Nothing claimable.
+    Done,
+    /// A key claimed: a copy of the key to report on, and the item.
+    Claimed(K, LatestItem<K, V>),
+    /// A copy of the claimed value (or key) panicked: the key was failed
+    /// and backs off; the run goes on, then the panic does.
+    Failed(run::Panic),
+    /// A copy of the next key panicked before the claim: nothing changed,
+    /// and the run stops (the same key is next again) with the panic.
+    Stuck(run::Panic),
+}
 
-/// Claims the first claimable key and copies its value out. A copy that
-/// panics (a key or value whose `Clone` panics) fails the flight, so that
-/// it is not left in flight unwritten; the panic is returned, to be
-/// resumed once the readers know of both transitions.
+/// Claims the first claimable key and copies it and its value out. A copy
+/// that panics after the claim fails the flight, so that it is not left in
+/// flight unwritten; the panic is returned, to be resumed once the readers
+/// know of both transitions.
 fn claim_in<K: Ord + Clone, V: Clone + PartialEq>(
     s: &mut LatestState<K, V>,
     generation: Generation,
     clock: &dyn Clock,
-) -> (Claimed<K, V>, Touched<K>) {
-    let Some(t) = s.latest.claim_next(generation) else { return ((None, None), Touched::NOTHING) };
+) -> (Step<K, V>, Touched<K>) {
+    if generation != s.latest.generation() {
+        return (Step::Done, Touched::NOTHING);
+    }
+    // The key, copied before the claim: a `Clone` that panics here changes
+    // nothing.
+    let key = match catch_unwind(AssertUnwindSafe(|| s.latest.claimable().next().cloned())) {
+        Ok(Some(key)) => key,
+        Ok(None) => return (Step::Done, Touched::NOTHING),
+        Err(panic) => return (Step::Stuck(panic), Touched::NOTHING),
+    };
+    let t = s.latest.claim(generation, &key);
     let changes = t.changes;
-    let LatestClaim::Claimed(e) = t.outcome else { return ((None, None), Touched::NOTHING) };
-    let (key, version) = (e.key.clone(), e.version);
-    match catch_unwind(AssertUnwindSafe(|| e.value.clone())) {
-        Ok(value) => {
-            let item = LatestItem { key: key.clone(), version, generation, value };
-            ((Some(item), None), Touched::key(key, changes))
+    let LatestClaim::Claimed(e) = t.outcome else { return (Step::Done, Touched::NOTHING) };
+    let version = e.version;
+    match catch_unwind(AssertUnwindSafe(|| (key.clone(), key.clone(), e.value.clone()))) {
+        Ok((report, touched, value)) => {
+            let item = LatestItem { key, version, generation, value };
+            (Step::Claimed(report, item), Touched::key(touched, changes))
         }
         Err(panic) => {
             // A clock that panics too makes the key due at once.
             let now = catch_unwind(AssertUnwindSafe(|| clock.now())).unwrap_or(Time(0));
-            let (_, failed) = fail_in(s, generation, &key, version, now, None, None);
-            let changes = failed.keys.first().map_or(changes, |(_, c)| changes.union(*c));
-            ((None, Some(panic)), Touched::key(key, changes))
+            let failed = s.latest.fail_retryable(generation, &key, version, now, None, next_jitter(&mut s.rng));
+            (Step::Failed(panic), Touched::key(key, changes.union(failed.changes)))
         }
     }
 }
@@ -132,18 +152,28 @@ where
         self.inner.track_wake();
         let inner = self.inner.clone();
         let mut marks = Marks { inner: &inner, keys: Vec::new() };
+        // The first panic of the run (a sink's, a copy's), resumed once
+        // every other key claimable now was written.
+        let mut panicked = None;
         // Each pass claims every key claimable now, each once: a write
         // consumes the key's desire, and a failure backs the key off, so
-        // the pass ends. Keys are independent: one key's failure does not
-        // hold the others back.
+        // the pass ends. Keys are independent: one key's failure (or
+        // panic) does not hold the others back.
         loop {
             let clock = &*inner.clock;
-            let (item, panic) = inner.apply_quiet(&mut marks.keys, |s| claim_in(s, self.generation, clock));
-            if let Some(panic) = panic {
-                resume_unwind(panic);
-            }
-            let Some(item) = item else { break };
-            let (key, version) = (item.key.clone(), item.version);
+            let (key, item) = match inner.apply_quiet(&mut marks.keys, |s| claim_in(s, self.generation, clock)) {
+                Step::Done => break,
+                Step::Claimed(key, item) => (key, item),
+                Step::Failed(panic) => {
+                    panicked.get_or_insert(panic);
+                    continue;
+                }
+                Step::Stuck(panic) => {
+                    panicked.get_or_insert(panic);
+                    break;
+                }
+            };
+            let version = item.version;
             let sink = &mut self.sink;
             match catch_unwind(AssertUnwindSafe(|| sink.write(item))) {
                 Ok(Ok(Written::Applied)) => {
@@ -160,9 +190,12 @@ where
                     // not left in flight with nobody to write it.
                     let now = clock.now();
                     inner.apply_quiet(&mut marks.keys, |s| fail_in(s, self.generation, &key, version, now, None, None));
-                    resume_unwind(panic)
+                    panicked.get_or_insert(panic);
                 }
             }
+        }
+        if let Some(panic) = panicked {
+            resume_unwind(panic);
         }
     }
 }
@@ -184,8 +217,13 @@ impl<K: Ord + Clone + 'static, V: Clone + PartialEq + 'static, F: LatestFlavor<K
         let generation = inner.with_latest(Latest::generation);
         let handle = inner.handle.clone();
         let run = LatestRun { inner, sink, generation };
-        let node =
-            self.shared.attachments.attach(&self.shared.scope, &handle, generation, || handle.make_effect(run, at));
+        let node = self.shared.attachments.attach(
+            &self.shared.scope,
+            &handle,
+            generation,
+            || handle.make_effect(run, at),
+            || self.with_latest(Latest::generation),
+        );
         LatestAttachment { node, generation, cell: self.clone(), _keep: None }
     }
 }
