@@ -14,7 +14,9 @@ use egress_core::{
     Applied, Delay, Failed, ForgetRefused, Generation, JitterSample, Latest, LatestClaim, LatestPersisted,
     LatestReconnect, LatestWrite, Policy, RestoredKey, Time, Upserted, Version,
 };
-use egress_reactive::{CellOptions, LatestCellOf, LatestItem, LatestSink, ManualClock, SendError, Written};
+use egress_reactive::{
+    CellOptions, LatestCellOf, LatestItem, LatestRefused, LatestSink, ManualClock, SendError, Written,
+};
 
 /// What a sink saw: key, version, generation, value.
 type Wrote = (u8, u64, u64, u32);
@@ -265,6 +267,7 @@ each_flavour! {
         cell.upsert(1, Version(1), 10).expect("room");
         cell.upsert(2, Version(1), 20).expect("room");
         let refused = cell.upsert(3, Version(1), 30).expect_err("a third key");
+        let LatestRefused::TooManyKeys(refused) = refused else { panic!("{refused:?}") };
         assert_eq!((refused.limit, refused.value), (2, 30));
         assert_eq!(cell.len().get(), 2);
         assert_eq!(cell.key(&3).desired().get(), None);
@@ -426,6 +429,20 @@ each_flavour! {
             );
             assert_eq!(read, counts, "clone #{at}: the readers show the state");
         }
+    }
+
+    fn a_value_the_store_cannot_encode_is_refused_with_why_and_changes_nothing(cx) {
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+        let check: egress_reactive::EncodeCheck<u32> =
+            Arc::new(|v: &u32| if *v == 13 { Err("unlucky".to_owned()) } else { Ok(()) });
+        cell.set_encode_check(Some(check));
+        let refused = cell.upsert(1, Version(1), 13).expect_err("refused");
+        assert_eq!(refused, LatestRefused::Unencodable { value: 13, reason: "unlucky".to_owned() });
+        assert_eq!(format!("{refused:?}"), "Unencodable { reason: \"unlucky\" }");
+        assert_eq!((cell.len().get(), cell.key(&1).desired().get()), (0, None), "nothing changed");
+        assert_eq!(cell.upsert(1, Version(1), 12), Ok(Upserted::Accepted { replaced: None }));
+        cell.set_encode_check(None);
+        assert!(matches!(cell.upsert(1, Version(2), 13), Ok(Upserted::Accepted { .. })), "no check: taken");
     }
 }
 

@@ -39,6 +39,7 @@
 //! transaction (the relay notices the commit and adopts them).
 
 mod lanes;
+mod latest;
 mod sqlite;
 mod stored;
 
@@ -53,10 +54,12 @@ use std::ops::Range;
 use egress_core::{RestoreError, Sequence};
 
 pub use crate::lanes::{LoadedLanes, lane_stream};
+pub use crate::latest::LoadedLatest;
 #[cfg(feature = "relay")]
 pub use crate::relay::{
-    Durable, DurableLanes, JournalStore, LanesJournal, LanesRelay, Relay, RelayConfig, RelayStats, SqliteJournal,
-    SqliteLanes, open_durable, open_durable_lanes, open_durable_lanes_raw, open_durable_with,
+    Durable, DurableLanes, DurableLatest, JournalStore, LanesJournal, LanesRelay, LatestRelay, Relay, RelayConfig,
+    RelayStats, SqliteJournal, SqliteLanes, open_durable, open_durable_lanes, open_durable_lanes_raw,
+    open_durable_latest, open_durable_with,
 };
 pub use crate::sqlite::{Loaded, Outbox, ReceivedLog, SCHEMA_VERSION, SqliteStore, migrate};
 
@@ -190,6 +193,42 @@ pub enum StoreError {
         /// Serde's reason (with the stored key, when reading).
         reason: String,
     },
+    /// A latest projection's key serde cannot write, or a stored one it
+    /// cannot read as the projection's key type.
+    #[error("latest {name}: a key: {reason}")]
+    LatestKey {
+        /// The projection.
+        name: String,
+        /// Serde's reason (with the stored key, when reading).
+        reason: String,
+    },
+    /// A latest projection's value its codec cannot write (`encode`) or
+    /// read: nothing was written, or nothing restored.
+    #[error("latest {name}: the value of key {key} does not {}: {error}", if *encode { "encode" } else { "decode" })]
+    LatestValue {
+        /// The projection.
+        name: String,
+        /// The key, as JSON.
+        key: String,
+        /// Whether writing (or else reading) failed.
+        encode: bool,
+        /// The codec's reason.
+        #[source]
+        error: egress_codec::CodecError,
+    },
+    /// The values given for a `LatestReady` are not one per write, present
+    /// exactly for a `Put` with a newest version: nothing was written.
+    #[error("a LatestReady of {writes} writes was given {values} values that do not match them")]
+    LatestWrites {
+        /// The writes.
+        writes: usize,
+        /// The values given.
+        values: usize,
+    },
+    /// A stored latest projection breaks the core's rules (more keys than
+    /// the policy allows, a desire at or below its frontier).
+    #[error("the stored latest projection cannot be restored: {0}")]
+    LatestRestore(#[from] egress_core::LatestRestoreError),
     /// The stream has no row.
     #[error("unknown stream {0}")]
     UnknownStream(String),

@@ -55,10 +55,25 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX egress_stream_by_lanes ON egress_stream (lanes) WHERE lanes IS NOT NULL;
     ALTER TABLE egress_outbox ADD COLUMN ordinal INTEGER;
 ",
+    "
+    CREATE TABLE egress_latest (
+        name TEXT PRIMARY KEY NOT NULL,
+        generation INTEGER NOT NULL,
+        owner BLOB
+    ) STRICT;
+    CREATE TABLE egress_latest_key (
+        name TEXT NOT NULL,
+        key TEXT NOT NULL,
+        version INTEGER,
+        value BLOB,
+        durable_through INTEGER,
+        PRIMARY KEY (name, key)
+    ) STRICT, WITHOUT ROWID;
+",
 ];
 
 /// The schema version this library writes.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// Whether `stream`'s row still holds the owner token `mine`.
 fn still_owner(conn: &Connection, stream: &str, mine: &[u8; 16]) -> Result<(), StoreError> {
@@ -148,6 +163,9 @@ pub struct SqliteStore {
     owned: std::collections::HashMap<String, [u8; 16]>,
     /// The owner token this store wrote into each lanes' row it loaded.
     pub(crate) owned_lanes: std::collections::HashMap<String, [u8; 16]>,
+    /// The owner token this store wrote into each latest projection's row
+    /// it loaded.
+    pub(crate) owned_latest: std::collections::HashMap<String, [u8; 16]>,
 }
 
 /// What [`SqliteStore::load`] found for a stream: the incarnation of its
@@ -373,6 +391,7 @@ impl SqliteStore {
             data_version: None,
             owned: std::collections::HashMap::new(),
             owned_lanes: std::collections::HashMap::new(),
+            owned_latest: std::collections::HashMap::new(),
         };
         store.set_synchronous(true)?;
         migrate(&store.conn)?;

@@ -48,7 +48,7 @@ pub use lanes::{
 pub use latest::AsyncLatestCell;
 pub use latest::{
     KeyProject, KeyReaders, LatestAttachment, LatestCell, LatestCellOf, LatestFlavor, LatestInner, LatestItem,
-    LatestRun, LatestSink, LatestState, ThreadSafeLatestCell, Written,
+    LatestRefused, LatestRun, LatestSink, LatestState, ThreadSafeLatestCell, Written,
 };
 pub use options::{CellOptions, EncodeCheck, Refused, SizeCheck};
 pub use readers::{ParkedRecord, Project, Snapshot};

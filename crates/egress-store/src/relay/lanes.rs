@@ -10,10 +10,9 @@ use bytes::Bytes;
 use egress_codec::{Codec, Raw};
 use egress_core::{Epoch, LaneKey, Lanes, LanesPolicy, LanesReady, Sequence};
 use egress_reactive::{AsyncContext, AsyncLanesCell, CellOptions, LanesAppends};
-use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::link::{Link, Running};
+use super::link::{Blocking, Link, Running};
 use super::{RelayConfig, RelayStats};
 use crate::stored::encode_all;
 use crate::{SqliteStore, StoreError, lane_stream};
@@ -63,14 +62,11 @@ pub trait LanesJournal<K>: Send + Sync + 'static {
 /// Lanes of a [`SqliteStore`] as a [`LanesJournal`]: each write on a
 /// blocking thread ([`SqliteStore::apply_lanes`]), the owner asked with
 /// [`SqliteStore::owns_lanes`].
-pub struct SqliteLanes {
-    store: Arc<Mutex<SqliteStore>>,
-    name: Arc<str>,
-}
+pub struct SqliteLanes(Blocking);
 
 impl std::fmt::Debug for SqliteLanes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteLanes").field("lanes", &self.name).finish_non_exhaustive()
+        f.debug_struct("SqliteLanes").field("lanes", &self.0.name()).finish_non_exhaustive()
     }
 }
 
@@ -78,36 +74,25 @@ impl SqliteLanes {
     /// The lanes `lanes` of `store`, which loaded them
     /// ([`SqliteStore::load_lanes`]).
     pub fn new(store: SqliteStore, lanes: &str) -> Self {
-        SqliteLanes { store: Arc::new(Mutex::new(store)), name: lanes.into() }
-    }
-
-    /// Runs `f` on the store on a blocking thread.
-    async fn blocking<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut SqliteStore, &str) -> Result<R, StoreError> + Send + 'static,
-    ) -> Result<R, StoreError> {
-        let (store, name) = (self.store.clone(), self.name.clone());
-        tokio::task::spawn_blocking(move || f(&mut store.lock(), &name))
-            .await
-            .map_err(|e| StoreError::Task(e.to_string()))?
+        SqliteLanes(Blocking::new(store, lanes))
     }
 }
 
 impl<K: serde::Serialize + Send + Sync + 'static> LanesJournal<K> for SqliteLanes {
     fn lanes(&self) -> &str {
-        &self.name
+        self.0.name()
     }
 
     async fn apply(&self, ready: LanesReady<K>, appends: Vec<Vec<(Sequence, Bytes)>>) -> Result<(), StoreError> {
-        self.blocking(move |store, name| store.apply_lanes(name, &ready, &appends)).await
+        self.0.run(move |store, name| store.apply_lanes(name, &ready, &appends)).await
     }
 
     async fn owns(&self) -> Result<(), StoreError> {
-        self.blocking(|store, name| store.owns_lanes(name)).await
+        self.0.run(|store, name| store.owns_lanes(name)).await
     }
 
     async fn close(&self) {
-        let _ = self.blocking(|store, _| store.checkpoint()).await;
+        let _ = self.0.run(|store, _| store.checkpoint()).await;
     }
 }
 

@@ -14,7 +14,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use super::{Counters, RelayConfig, RelayStats};
-use crate::StoreError;
+use crate::{SqliteStore, StoreError};
 
 /// A durable cell's journal, linked to the store that writes it.
 pub(super) trait Link: Send + Sync + 'static {
@@ -219,5 +219,35 @@ impl<L: Link> Run<L> {
             }
         }
         Some(result)
+    }
+}
+
+/// A SQLite store and the name of what it writes, each call on a blocking
+/// thread: what the SQLite journals of lanes and of a latest projection
+/// hold.
+pub(super) struct Blocking {
+    store: Arc<parking_lot::Mutex<SqliteStore>>,
+    name: Arc<str>,
+}
+
+impl Blocking {
+    pub(super) fn new(store: SqliteStore, name: &str) -> Self {
+        Blocking { store: Arc::new(parking_lot::Mutex::new(store)), name: name.into() }
+    }
+
+    /// The name.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `f` on the store, with the name, on a blocking thread.
+    pub(super) async fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut SqliteStore, &str) -> Result<R, StoreError> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let (store, name) = (self.store.clone(), self.name.clone());
+        tokio::task::spawn_blocking(move || f(&mut store.lock(), &name))
+            .await
+            .map_err(|e| StoreError::Task(e.to_string()))?
     }
 }

@@ -27,7 +27,7 @@ pub use self::sink::{LatestAttachment, LatestItem, LatestRun, LatestSink, Writte
 use super::clock::{Clock, MonotonicClock};
 use super::fences::Attached;
 use super::inner::{By, next_jitter};
-use super::options::CellOptions;
+use super::options::{CellOptions, EncodeCheck};
 use crate::computed::{ByEq, Computed, ComputedObj};
 use crate::context::{Handle, Scope};
 use crate::flavor::{Entered, Flavor, Holds, Local, Threaded, ValueCell};
@@ -335,6 +335,33 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static, P: 'static, F: Flavor> cr
     }
 }
 
+/// Why [`LatestCellOf::upsert`] refused a value (it comes back).
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LatestRefused<V> {
+    /// Every key the projection holds exists and the key is new.
+    #[error(transparent)]
+    TooManyKeys(TooManyKeys<V>),
+    /// The value does not encode with the codec of the cell's store (see
+    /// [`LatestCellOf::set_encode_check`]): it could never be written.
+    #[error("the value does not encode: {reason}")]
+    Unencodable {
+        /// The value, back.
+        value: V,
+        /// The codec's error (or its panic).
+        reason: String,
+    },
+}
+
+impl<V> std::fmt::Debug for LatestRefused<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LatestRefused::TooManyKeys(t) => f.debug_tuple("TooManyKeys").field(&t.limit).finish(),
+            LatestRefused::Unencodable { reason, .. } => f.debug_struct("Unencodable").field("reason", reason).finish(),
+        }
+    }
+}
+
 /// What the clones of a latest cell share.
 pub(super) struct Shared<K: 'static, V: 'static, F: Flavor> {
     inner: LatestInner<K, V, F>,
@@ -345,6 +372,8 @@ pub(super) struct Shared<K: 'static, V: 'static, F: Flavor> {
     /// Owns every node of the cell.
     scope: Scope<F>,
     readers: parking_lot::Mutex<KeyReaderCache<K, V, F>>,
+    /// See [`LatestCellOf::set_encode_check`].
+    encode_check: parking_lot::Mutex<Option<EncodeCheck<V>>>,
 }
 
 /// The newest value of each key, brought to a sink, as signals: an
@@ -499,23 +528,41 @@ impl<K: Ord + Clone + 'static, V: Clone + PartialEq + 'static, F: LatestFlavor<K
             attachments: Attached::new(),
             scope,
             readers: parking_lot::Mutex::new(KeyReaderCache::new()),
+            encode_check: parking_lot::Mutex::new(None),
         };
         LatestCellOf { shared: F::ptr(shared) }
     }
 
     // ----- mutators --------------------------------------------------
 
+    /// Sets (or, with `None`, removes) the check that a value encodes,
+    /// which [`upsert`](Self::upsert) applies: a durable projection's store
+    /// installs its codec's (`egress_store::open_durable_latest` does), so
+    /// that a value its codec refuses (or panics on) is refused at once
+    /// with why, rather than accepted and never written, which would hold
+    /// every key's write back.
+    pub fn set_encode_check(&self, check: Option<EncodeCheck<V>>) {
+        *self.shared.encode_check.lock() = check;
+    }
+
     /// Desires `value` at `version` for `key`: newer wins (see
     /// [`Latest::upsert`] for the outcomes). Wakes the sink effects when
     /// the key can be written now.
     ///
     /// # Errors
-    /// [`TooManyKeys`] (the value back, nothing changed) for a new key
-    /// when `max_keys` keys exist.
-    pub fn upsert(&self, key: K, version: Version, value: V) -> Result<Upserted, TooManyKeys<V>> {
+    /// [`LatestRefused`] (the value back, nothing changed): a new key when
+    /// `max_keys` keys exist, or a value the store's codec cannot write
+    /// (see [`set_encode_check`](Self::set_encode_check)).
+    pub fn upsert(&self, key: K, version: Version, value: V) -> Result<Upserted, LatestRefused<V>> {
+        let check = self.shared.encode_check.lock().clone();
+        if let Some(check) = check
+            && let Err(reason) = check(&value)
+        {
+            return Err(LatestRefused::Unencodable { value, reason });
+        }
         self.shared.inner.apply(By::Caller, |s| {
             let t = s.latest.upsert(key.clone(), version, value);
-            (t.outcome, Touched::key(key, t.changes))
+            (t.outcome.map_err(LatestRefused::TooManyKeys), Touched::key(key, t.changes))
         })
     }
 

@@ -1,0 +1,270 @@
+//! A durable latest projection as an application uses it:
+//! `open_durable_latest` gives an `AsyncLatestCell` restored from SQLite
+//! and the relay that writes its journal; a sink attached to the cell is
+//! handed a value only once it is stored, and a restart (the process gone
+//! without a close) resumes each key at its stored frontier with its
+//! stored desire. And the store's refusals: a value the codec cannot
+//! write, a refused commit, a takeover, values that do not match a write.
+#![allow(clippy::unwrap_used)]
+
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use egress_codec::{Codec, CodecError, Encode, Json};
+use egress_core::{Delay, Epoch, Generation, LatestReady, LatestWrite, Policy, Upserted, Version};
+use egress_reactive::{AsyncContext, CellOptions, LatestItem, LatestRefused, LatestSink, SendError, Written};
+use egress_store::{DurableLatest, RelayConfig, SqliteStore, StoreError, open_durable_latest};
+
+mod common;
+use common::{TempDir, config};
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+enum Setting {
+    Volume,
+    Theme(String),
+}
+
+/// Keeps what it is handed: (key, version, value), applied at once.
+#[derive(Clone, Default)]
+struct Panel(Arc<Mutex<Vec<(Setting, u64, u32)>>>);
+
+impl Panel {
+    fn seen(&self) -> Vec<(Setting, u64, u32)> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl LatestSink<Setting, u32> for Panel {
+    fn write(&mut self, item: LatestItem<Setting, u32>) -> Result<Written, SendError> {
+        self.0.lock().unwrap().push((item.key, item.version.0, item.value));
+        Ok(Written::Applied)
+    }
+}
+
+/// Takes what it is handed, to be answered by the test.
+#[derive(Clone, Default)]
+struct Later(Arc<Mutex<Vec<(Setting, u64, u32)>>>);
+
+impl LatestSink<Setting, u32> for Later {
+    fn write(&mut self, item: LatestItem<Setting, u32>) -> Result<Written, SendError> {
+        self.0.lock().unwrap().push((item.key, item.version.0, item.value));
+        Ok(Written::Taken)
+    }
+}
+
+fn policy() -> Policy {
+    Policy::builder().retry_base(Delay(10)).retry_ceiling(Delay(100)).build().unwrap()
+}
+
+async fn open_with<C: Codec<u32>>(
+    cx: &AsyncContext,
+    dir: &TempDir,
+    codec: C,
+    relay: RelayConfig,
+) -> Result<DurableLatest<Setting, u32>, StoreError> {
+    let keys = NonZeroUsize::new(8).unwrap();
+    open_durable_latest(cx, dir.db(), "panel", codec, policy(), keys, CellOptions::new(), relay).await
+}
+
+async fn open(cx: &AsyncContext, dir: &TempDir) -> DurableLatest<Setting, u32> {
+    open_with(cx, dir, Json, config()).await.unwrap()
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    egress_testkit::until(|| f().then_some(()), || what.to_owned()).await;
+}
+
+fn theme(name: &str) -> Setting {
+    Setting::Theme(name.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_reaches_the_sink_once_stored_and_a_restart_resumes_each_key_at_its_frontier() {
+    let dir = TempDir::new();
+    let generation;
+    {
+        let cx = AsyncContext::new();
+        let durable = open(&cx, &dir).await;
+        generation = durable.cell.generation().get_untracked();
+        assert_eq!(generation, Generation(1), "a new projection's first open");
+        let panel = Later::default();
+        let link = durable.cell.attach(panel.clone());
+        durable.cell.upsert(Setting::Volume, Version(1), 10).unwrap();
+        durable.cell.upsert(theme("dark"), Version(1), 1).unwrap();
+        let seen = panel.clone();
+        until("both handed to the sink", || seen.0.lock().unwrap().len() == 2).await;
+        assert_eq!(durable.cell.unpersisted_len().get_untracked(), 0, "handed over only once stored");
+        // The volume is applied; newer values come while the theme's write
+        // is out: the volume's is handed over, the theme's waits its flight.
+        assert!(matches!(link.applied(&Setting::Volume, Version(1)), egress_core::Applied::Advanced { .. }));
+        durable.cell.upsert(Setting::Volume, Version(2), 20).unwrap();
+        durable.cell.upsert(theme("dark"), Version(2), 2).unwrap();
+        until("the volume's second value handed over", || seen.0.lock().unwrap().len() == 3).await;
+        let cell = durable.cell.clone();
+        until("every row written", || cell.unpersisted_len().get_untracked() == 0).await;
+        // No shutdown: the relay is aborted, the store is not closed, as a
+        // SIGKILL leaves it.
+        drop((link, durable));
+    }
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &dir).await;
+    assert!(durable.cell.generation().get_untracked() > generation, "a restart takes a later generation");
+    let cell = &durable.cell;
+    assert_eq!(cell.with_latest(|l| l.durable_through(&Setting::Volume)), Some(Version(1)));
+    // What the sink had not applied comes back as the desire, its newest:
+    // volume 2 (handed over, never applied) and theme 2 (never handed).
+    assert_eq!(cell.with_latest(|l| l.desired(&Setting::Volume).map(|(v, x)| (v, *x))), Some((Version(2), 20)));
+    assert_eq!(cell.with_latest(|l| l.desired(&theme("dark")).map(|(v, x)| (v, *x))), Some((Version(2), 2)));
+    assert_eq!(
+        cell.upsert(Setting::Volume, Version(1), 10),
+        Ok(Upserted::AlreadyDurable { durable_through: Version(1) })
+    );
+    let panel = Panel::default();
+    let _link = cell.attach(panel.clone());
+    let mut seen = panel.seen();
+    seen.sort();
+    assert_eq!(seen, [(Setting::Volume, 2, 20), (theme("dark"), 2, 2)], "each key's newest, once");
+    until("settled", || cell.is_settled().get_untracked()).await;
+    until("the frontiers written", || cell.unpersisted_len().get_untracked() == 0).await;
+    let stats = durable.relay.shutdown().await;
+    assert!(stats.commits >= 1 && stats.failures == 0, "{stats:?}");
+    // Once more: nothing left to write, the frontiers as applied.
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &dir).await;
+    assert!(durable.cell.is_settled().get_untracked());
+    assert_eq!(durable.cell.with_latest(|l| l.durable_through(&theme("dark"))), Some(Version(2)));
+}
+
+/// Refuses to encode 13, and decodes anything as its first byte.
+struct Unlucky;
+
+impl Encode<u32> for Unlucky {
+    fn encode(&self, value: &u32) -> Result<Bytes, CodecError> {
+        if *value == 13 {
+            return Err(CodecError::from("unlucky"));
+        }
+        Ok(Bytes::from(value.to_be_bytes().to_vec()))
+    }
+}
+
+impl Codec<u32> for Unlucky {
+    fn decode(&self, bytes: &Bytes) -> Result<u32, CodecError> {
+        let array: [u8; 4] = bytes.as_ref().try_into().map_err(|_| CodecError::from("not four bytes"))?;
+        Ok(u32::from_be_bytes(array))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_the_codec_cannot_write_is_refused_at_the_upsert_and_blocks_nothing() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_with(&cx, &dir, Unlucky, config()).await.unwrap();
+    let refused = durable.cell.upsert(Setting::Volume, Version(1), 13).unwrap_err();
+    assert!(matches!(&refused, LatestRefused::Unencodable { value: 13, reason } if reason.contains("unlucky")));
+    durable.cell.upsert(Setting::Volume, Version(1), 12).unwrap();
+    let cell = durable.cell.clone();
+    until("written", || cell.unpersisted_len().get_untracked() == 0).await;
+    assert_eq!(cell.persist_error().get_untracked(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_value_the_codec_cannot_read_refuses_the_open_and_fences_nobody() {
+    let dir = TempDir::new();
+    {
+        let cx = AsyncContext::new();
+        let durable = open(&cx, &dir).await;
+        durable.cell.upsert(Setting::Volume, Version(1), 10).unwrap();
+        durable.relay.shutdown().await;
+    }
+    let cx = AsyncContext::new();
+    let holder = open(&cx, &dir).await;
+    // JSON "10" is two bytes: the other codec cannot read it.
+    let refused = open_with(&cx, &dir, Unlucky, config()).await.unwrap_err();
+    assert!(matches!(&refused, StoreError::LatestValue { encode: false, .. }), "{refused:?}");
+    // The holder was not fenced: it still writes.
+    holder.cell.upsert(Setting::Volume, Version(2), 20).unwrap();
+    let cell = holder.cell.clone();
+    until("written", || cell.unpersisted_len().get_untracked() == 0).await;
+    assert_eq!(cell.persist_error().get_untracked(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_commit_is_shown_hands_nothing_over_and_is_tried_again() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let store = SqliteStore::open(dir.db()).unwrap();
+    store.connection().busy_timeout(std::time::Duration::from_millis(50)).unwrap();
+    drop(store);
+    let durable = open(&cx, &dir).await;
+    let panel = Panel::default();
+    let _link = durable.cell.attach(panel.clone());
+    // Another writer holds the database's write lock.
+    let blocker = rusqlite::Connection::open(dir.db()).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    durable.cell.upsert(Setting::Volume, Version(1), 10).unwrap();
+    let cell = durable.cell.clone();
+    until("the error shown", || cell.persist_error().get_untracked().is_some()).await;
+    assert!(panel.seen().is_empty(), "nothing handed over before it is stored");
+    assert_eq!(cell.unpersisted_len().get_untracked(), 1);
+    blocker.execute_batch("ROLLBACK").unwrap();
+    drop(blocker);
+    until("handed over once stored", || !panel.seen().is_empty()).await;
+    assert_eq!(panel.seen(), [(Setting::Volume, 1, 10)]);
+    until("the error cleared", || cell.persist_error().get_untracked().is_none()).await;
+    assert!(durable.relay.stats().failures >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_open_takes_the_projection_over_and_the_first_writes_no_more() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let first = open(&cx, &dir).await;
+    first.cell.upsert(Setting::Volume, Version(1), 10).unwrap();
+    let cell = first.cell.clone();
+    until("written", || cell.unpersisted_len().get_untracked() == 0).await;
+    let second = open(&cx, &dir).await;
+    assert_eq!(second.cell.with_latest(|l| l.desired(&Setting::Volume).map(|(v, _)| v)), Some(Version(1)));
+    first.cell.upsert(Setting::Volume, Version(2), 20).unwrap();
+    until("the fence shown", || cell.persist_error().get_untracked().is_some_and(|e| e.reason.contains("taken over")))
+        .await;
+    assert!(first.relay.stats().fenced);
+    // The second's rows are as it left them: version 2 never written.
+    let db = rusqlite::Connection::open(dir.db()).unwrap();
+    let version: i64 =
+        db.query_row("SELECT version FROM egress_latest_key WHERE name = 'panel'", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, 1);
+}
+
+#[test]
+fn the_store_refuses_values_that_do_not_match_the_writes_and_writes_it_never_loaded() {
+    let dir = TempDir::new();
+    let mut store = SqliteStore::open(dir.db()).unwrap();
+    let ready = LatestReady {
+        epoch: Epoch(1),
+        writes: vec![
+            LatestWrite::Put { key: 1u8, newest: Some(Version(1)), durable_through: None },
+            LatestWrite::Delete { key: 2u8 },
+        ],
+    };
+    let value = Some(Bytes::from_static(b"x"));
+    assert!(matches!(store.apply_latest("p", &ready, &[value.clone(), None]), Err(StoreError::NotLoaded { .. })));
+    let loaded = store.load_latest::<u8>("p").unwrap();
+    assert_eq!((loaded.generation, loaded.keys.len()), (Generation(1), 0));
+    for values in [vec![value.clone()], vec![None, None], vec![value.clone(), value.clone()]] {
+        let refused = store.apply_latest("p", &ready, &values).unwrap_err();
+        assert!(matches!(refused, StoreError::LatestWrites { writes: 2, .. }), "{refused:?}");
+    }
+    store.apply_latest("p", &ready, &[value, None]).unwrap();
+    store.owns_latest("p").unwrap();
+    // A stored row that breaks the rules: a version without its value.
+    store.connection().execute("UPDATE egress_latest_key SET value = NULL", []).unwrap();
+    let mut other = SqliteStore::open(dir.db()).unwrap();
+    assert!(matches!(other.load_latest::<u8>("p"), Err(StoreError::OutOfRange { .. })));
+    store.owns_latest("p").unwrap();
+    // A stored key the key type cannot read.
+    store.connection().execute("UPDATE egress_latest_key SET key = '\"text\"', value = x'00'", []).unwrap();
+    assert!(matches!(other.load_latest::<u8>("p"), Err(StoreError::LatestKey { .. })));
+    assert!(matches!(other.load_latest::<String>("p"), Ok(l) if l.keys.len() == 1 && l.generation == Generation(2)));
+    assert!(matches!(store.owns_latest("p"), Err(StoreError::Fenced { .. })), "taken over by the last load");
+}
