@@ -130,10 +130,10 @@ pub use cells::{
     Aggregate, AsyncTransport, AttachRun, Attachment, Backoff, CellFlavor, CellOptions, Clock, EgressCell,
     EgressCellOf, EncodeCheck, Inner, KeyProject, KeyReaders, LaneItem, LaneProject, LaneReaders, LanesAppends,
     LanesAttachment, LanesCell, LanesCellOf, LanesFlavor, LanesInner, LanesRefused, LanesRun, LanesState,
-    LanesTransport, LatestAttachment, LatestCell, LatestCellOf, LatestFlavor, LatestInner, LatestItem, LatestRefused,
-    LatestRun, LatestSink, LatestState, ManualClock, MonotonicClock, ParkedRecord, Project, Refused, SendError,
-    SizeCheck, Snapshot, State, ThreadSafeEgressCell, ThreadSafeLanesCell, ThreadSafeLatestCell, Transport, Written,
-    Xorshift, delay,
+    LanesTransport, LatestAttachment, LatestCell, LatestCellOf, LatestCheck, LatestFlavor, LatestInner, LatestItem,
+    LatestRefused, LatestRun, LatestSink, LatestState, ManualClock, MonotonicClock, ParkedRecord, Project, Refused,
+    SendError, SizeCheck, Snapshot, State, ThreadSafeEgressCell, ThreadSafeLanesCell, ThreadSafeLatestCell, Transport,
+    Written, Xorshift, delay,
 };
 #[cfg(feature = "async")]
 pub use cells::{

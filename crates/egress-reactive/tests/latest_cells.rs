@@ -431,17 +431,25 @@ each_flavour! {
         }
     }
 
-    fn a_value_the_store_cannot_encode_is_refused_with_why_and_changes_nothing(cx) {
+    fn what_the_store_cannot_write_is_refused_with_why_and_changes_nothing(cx) {
         let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
-        let check: egress_reactive::EncodeCheck<u32> =
-            Arc::new(|v: &u32| if *v == 13 { Err("unlucky".to_owned()) } else { Ok(()) });
-        cell.set_encode_check(Some(check));
+        let check: egress_reactive::LatestCheck<u8, u32> = Arc::new(|k: &u8, v: Version, x: &u32| match (k, v, x) {
+            (_, _, 13) => Err("unlucky".to_owned()),
+            (_, Version(1_000), _) => Err("too high".to_owned()),
+            (7, _, _) => Err("no such key".to_owned()),
+            _ => Ok(()),
+        });
+        cell.set_write_check(Some(check));
         let refused = cell.upsert(1, Version(1), 13).expect_err("refused");
-        assert_eq!(refused, LatestRefused::Unencodable { value: 13, reason: "unlucky".to_owned() });
-        assert_eq!(format!("{refused:?}"), "Unencodable { reason: \"unlucky\" }");
+        assert_eq!(refused, LatestRefused::Unwritable { value: 13, reason: "unlucky".to_owned() });
+        assert_eq!(format!("{refused:?}"), "Unwritable { reason: \"unlucky\" }");
+        assert_eq!(refused.to_string(), "the store cannot write it: unlucky");
+        let refused = cell.upsert(1, Version(1_000), 1).expect_err("refused");
+        assert_eq!(refused, LatestRefused::Unwritable { value: 1, reason: "too high".to_owned() });
+        assert!(matches!(cell.upsert(7, Version(1), 1), Err(LatestRefused::Unwritable { .. })));
         assert_eq!((cell.len().get(), cell.key(&1).desired().get()), (0, None), "nothing changed");
         assert_eq!(cell.upsert(1, Version(1), 12), Ok(Upserted::Accepted { replaced: None }));
-        cell.set_encode_check(None);
+        cell.set_write_check(None);
         assert!(matches!(cell.upsert(1, Version(2), 13), Ok(Upserted::Accepted { .. })), "no check: taken");
     }
 }

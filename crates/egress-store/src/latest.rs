@@ -85,7 +85,10 @@ impl SqliteStore {
     ///
     /// # Errors
     /// [`load_latest_then`](Self::load_latest_then)'s.
-    pub fn load_latest<K: serde::de::DeserializeOwned>(&mut self, name: &str) -> Result<LoadedLatest<K>, StoreError> {
+    pub fn load_latest<K: serde::Serialize + serde::de::DeserializeOwned>(
+        &mut self,
+        name: &str,
+    ) -> Result<LoadedLatest<K>, StoreError> {
         self.load_latest_then(name, Ok)
     }
 
@@ -96,10 +99,10 @@ impl SqliteStore {
     /// nothing, and fences no store that holds the projection.
     ///
     /// # Errors
-    /// SQLite's error; a stored key serde cannot read as a `K`
-    /// ([`StoreError::LatestKey`]); a stored row out of range (a version
+    /// SQLite's error; a stored key serde cannot read as a `K`, or one not
+    /// stored as serde writes it ([`StoreError::LatestKey`]); a stored row out of range (a version
     /// above `i64::MAX`, a version without a value); and `restore`'s.
-    pub fn load_latest_then<K: serde::de::DeserializeOwned, R>(
+    pub fn load_latest_then<K: serde::Serialize + serde::de::DeserializeOwned, R>(
         &mut self,
         name: &str,
         restore: impl FnOnce(LoadedLatest<K>) -> Result<R, StoreError>,
@@ -120,6 +123,14 @@ impl SqliteStore {
         for (text, newest, value, durable_through) in rows {
             let key: K = serde_json::from_str(&text)
                 .map_err(|e| StoreError::LatestKey { name: name.to_owned(), reason: format!("{e}: {text}") })?;
+            // Rows are found by the key as serde writes it: a row spelled
+            // otherwise (edited by another program) would stand beside the
+            // key's own row, and a delete would miss it.
+            let canonical = key_text(name, &key)?;
+            if canonical != text {
+                let reason = format!("stored as {text}, not as serde writes it ({canonical})");
+                return Err(StoreError::LatestKey { name: name.to_owned(), reason });
+            }
             let desired = match (version("version", newest)?, value) {
                 (Some(v), Some(bytes)) => Some((v, Bytes::from(bytes))),
                 (None, None) => None,

@@ -155,17 +155,70 @@ impl Codec<u32> for Unlucky {
     }
 }
 
+/// A key serde cannot write when it is "bad".
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
+struct Picky(String);
+
+impl serde::Serialize for Picky {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.0 == "bad" {
+            return Err(serde::ser::Error::custom("a bad key"));
+        }
+        s.serialize_str(&self.0)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_value_the_codec_cannot_write_is_refused_at_the_upsert_and_blocks_nothing() {
+async fn what_the_store_cannot_write_is_refused_at_the_upsert_and_holds_no_key_back() {
     let dir = TempDir::new();
     let cx = AsyncContext::new();
     let durable = open_with(&cx, &dir, Unlucky, config()).await.unwrap();
+    let panel = Panel::default();
+    let _link = durable.cell.attach(panel.clone());
+    // A value the codec cannot encode, a version SQLite cannot hold: each
+    // was once accepted, and every epoch after it failed, every key's.
     let refused = durable.cell.upsert(Setting::Volume, Version(1), 13).unwrap_err();
-    assert!(matches!(&refused, LatestRefused::Unencodable { value: 13, reason } if reason.contains("unlucky")));
+    assert!(matches!(&refused, LatestRefused::Unwritable { value: 13, reason } if reason.contains("unlucky")));
+    let refused = durable.cell.upsert(theme("x"), Version(1 << 63), 1).unwrap_err();
+    assert!(matches!(&refused, LatestRefused::Unwritable { reason, .. } if reason.contains("out of range")));
+    durable.cell.upsert(theme("x"), Version((1 << 63) - 1), 1).unwrap();
     durable.cell.upsert(Setting::Volume, Version(1), 12).unwrap();
     let cell = durable.cell.clone();
-    until("written", || cell.unpersisted_len().get_untracked() == 0).await;
+    until("both written and handed over", || panel.seen().len() == 2).await;
     assert_eq!(cell.persist_error().get_untracked(), None);
+    drop(durable);
+    // A key serde cannot write.
+    let keys = NonZeroUsize::new(8).unwrap();
+    let picky: DurableLatest<Picky, u32> =
+        open_durable_latest(&cx, dir.db(), "picky", Json, policy(), keys, CellOptions::new(), config()).await.unwrap();
+    let refused = picky.cell.upsert(Picky("bad".into()), Version(1), 1).unwrap_err();
+    assert!(matches!(&refused, LatestRefused::Unwritable { reason, .. } if reason.contains("a bad key")));
+    picky.cell.upsert(Picky("good".into()), Version(1), 1).unwrap();
+    let cell = picky.cell.clone();
+    until("the good key written", || cell.unpersisted_len().get_untracked() == 0).await;
+    assert_eq!(cell.persist_error().get_untracked(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_whose_key_is_not_spelled_as_serde_writes_it_refuses_the_open() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &dir).await;
+    durable.cell.upsert(Setting::Volume, Version(1), 10).unwrap();
+    durable.relay.shutdown().await;
+    // Another program adds the same key spelled with a space: it would
+    // stand beside the key's own row, and a delete would miss it.
+    let db = rusqlite::Connection::open(dir.db()).unwrap();
+    db.execute(
+        "INSERT INTO egress_latest_key (name, key, version, value) VALUES ('panel', ' \"Volume\"', 3, CAST('30' AS BLOB))",
+        [],
+    )
+    .unwrap();
+    let refused = open_with(&cx, &dir, Json, config()).await.unwrap_err();
+    assert!(
+        matches!(&refused, StoreError::LatestKey { reason, .. } if reason.contains("not as serde writes it")),
+        "{refused:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

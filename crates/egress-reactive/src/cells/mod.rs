@@ -47,8 +47,8 @@ pub use lanes::{
 #[cfg(feature = "async")]
 pub use latest::AsyncLatestCell;
 pub use latest::{
-    KeyProject, KeyReaders, LatestAttachment, LatestCell, LatestCellOf, LatestFlavor, LatestInner, LatestItem,
-    LatestRefused, LatestRun, LatestSink, LatestState, ThreadSafeLatestCell, Written,
+    KeyProject, KeyReaders, LatestAttachment, LatestCell, LatestCellOf, LatestCheck, LatestFlavor, LatestInner,
+    LatestItem, LatestRefused, LatestRun, LatestSink, LatestState, ThreadSafeLatestCell, Written,
 };
 pub use options::{CellOptions, EncodeCheck, Refused, SizeCheck};
 pub use readers::{ParkedRecord, Project, Snapshot};

@@ -10,13 +10,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use egress_codec::{Codec, guarded};
-use egress_core::{Epoch, Latest, LatestReady, LatestWrite, Policy};
-use egress_reactive::{AsyncContext, AsyncLatestCell, CellOptions};
+use egress_core::{Epoch, Latest, LatestReady, LatestWrite, Policy, Version};
+use egress_reactive::{AsyncContext, AsyncLatestCell, CellOptions, LatestCheck};
 use tokio::sync::Notify;
 
 use super::link::{Blocking, Link, Running};
 use super::{RelayConfig, RelayStats};
-use crate::latest::value_error;
+use crate::latest::{key_text, value_error};
+use crate::stored::to_i64;
 use crate::{SqliteStore, StoreError};
 
 /// A durable latest projection and the relay that writes it (see
@@ -69,9 +70,10 @@ impl LatestRelay {
 
     /// Starts the relay of `cell` (restored from `store`'s projection
     /// `name`) on the current tokio runtime, writing values with `codec`.
-    /// Installs `codec`'s check on the cell
-    /// ([`set_encode_check`](egress_reactive::LatestCellOf::set_encode_check)):
-    /// its `upsert` refuses a value `codec` cannot write.
+    /// Installs the store's check on the cell
+    /// ([`set_write_check`](egress_reactive::LatestCellOf::set_write_check)):
+    /// its `upsert` refuses a value `codec` cannot encode, a key serde
+    /// cannot write, and a version above `i64::MAX` (SQLite's integers).
     ///
     /// # Panics
     /// Outside a tokio runtime.
@@ -99,7 +101,7 @@ impl LatestRelay {
         });
         let span = tracing::info_span!("egress_latest_relay", latest = name);
         let codec: Arc<dyn Codec<V>> = Arc::new(codec);
-        cell.set_encode_check(Some(crate::stored::encode_check(codec.clone())));
+        cell.set_write_check(Some(write_check(name, codec.clone())));
         let link = LatestLink { cell: cell.clone(), store: Blocking::new(store, name), codec };
         LatestRelay(Running::spawn(link, effect, bell, config, span))
     }
@@ -158,6 +160,22 @@ where
     let cell = AsyncLatestCell::from_latest(cx, latest, options);
     let relay = LatestRelay::spawn(cx, &cell, store, name, codec, config);
     Ok(DurableLatest { cell, relay })
+}
+
+/// What the store can write: a value `codec` encodes, a key serde writes,
+/// a version SQLite's integers hold (an upsert of anything else would be
+/// accepted and never written, holding back every key's writes).
+fn write_check<K, V>(name: &str, codec: Arc<dyn Codec<V>>) -> LatestCheck<K, V>
+where
+    K: serde::Serialize + 'static,
+    V: 'static,
+{
+    let name = name.to_owned();
+    Arc::new(move |key: &K, version: Version, value: &V| {
+        to_i64("version", version.0).map_err(|e| e.to_string())?;
+        key_text(&name, key).map_err(|e| e.to_string())?;
+        guarded(|| codec.encode(value)).map(|_| ()).map_err(|e| e.to_string())
+    })
 }
 
 /// A latest cell's journal and the SQLite store that writes it.

@@ -27,7 +27,7 @@ pub use self::sink::{LatestAttachment, LatestItem, LatestRun, LatestSink, Writte
 use super::clock::{Clock, MonotonicClock};
 use super::fences::Attached;
 use super::inner::{By, next_jitter};
-use super::options::{CellOptions, EncodeCheck};
+use super::options::CellOptions;
 use crate::computed::{ByEq, Computed, ComputedObj};
 use crate::context::{Handle, Scope};
 use crate::flavor::{Entered, Flavor, Holds, Local, Threaded, ValueCell};
@@ -335,6 +335,10 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static, P: 'static, F: Flavor> cr
     }
 }
 
+/// A store's check that it can write an upsert (key, version, value):
+/// `Err(why)` when it cannot (see [`LatestCellOf::set_write_check`]).
+pub type LatestCheck<K, V> = Arc<dyn Fn(&K, Version, &V) -> Result<(), String> + Send + Sync>;
+
 /// Why [`LatestCellOf::upsert`] refused a value (it comes back).
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -342,13 +346,14 @@ pub enum LatestRefused<V> {
     /// Every key the projection holds exists and the key is new.
     #[error(transparent)]
     TooManyKeys(TooManyKeys<V>),
-    /// The value does not encode with the codec of the cell's store (see
-    /// [`LatestCellOf::set_encode_check`]): it could never be written.
-    #[error("the value does not encode: {reason}")]
-    Unencodable {
+    /// The cell's store could not write the key, version or value (see
+    /// [`LatestCellOf::set_write_check`]): a value its codec cannot
+    /// encode, a key serde cannot write, a version above what it stores.
+    #[error("the store cannot write it: {reason}")]
+    Unwritable {
         /// The value, back.
         value: V,
-        /// The codec's error (or its panic).
+        /// Why.
         reason: String,
     },
 }
@@ -357,7 +362,7 @@ impl<V> std::fmt::Debug for LatestRefused<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             LatestRefused::TooManyKeys(t) => f.debug_tuple("TooManyKeys").field(&t.limit).finish(),
-            LatestRefused::Unencodable { reason, .. } => f.debug_struct("Unencodable").field("reason", reason).finish(),
+            LatestRefused::Unwritable { reason, .. } => f.debug_struct("Unwritable").field("reason", reason).finish(),
         }
     }
 }
@@ -372,8 +377,8 @@ pub(super) struct Shared<K: 'static, V: 'static, F: Flavor> {
     /// Owns every node of the cell.
     scope: Scope<F>,
     readers: parking_lot::Mutex<KeyReaderCache<K, V, F>>,
-    /// See [`LatestCellOf::set_encode_check`].
-    encode_check: parking_lot::Mutex<Option<EncodeCheck<V>>>,
+    /// See [`LatestCellOf::set_write_check`].
+    write_check: parking_lot::Mutex<Option<LatestCheck<K, V>>>,
 }
 
 /// The newest value of each key, brought to a sink, as signals: an
@@ -528,21 +533,23 @@ impl<K: Ord + Clone + 'static, V: Clone + PartialEq + 'static, F: LatestFlavor<K
             attachments: Attached::new(),
             scope,
             readers: parking_lot::Mutex::new(KeyReaderCache::new()),
-            encode_check: parking_lot::Mutex::new(None),
+            write_check: parking_lot::Mutex::new(None),
         };
         LatestCellOf { shared: F::ptr(shared) }
     }
 
     // ----- mutators --------------------------------------------------
 
-    /// Sets (or, with `None`, removes) the check that a value encodes,
-    /// which [`upsert`](Self::upsert) applies: a durable projection's store
-    /// installs its codec's (`egress_store::open_durable_latest` does), so
-    /// that a value its codec refuses (or panics on) is refused at once
-    /// with why, rather than accepted and never written, which would hold
-    /// every key's write back.
-    pub fn set_encode_check(&self, check: Option<EncodeCheck<V>>) {
-        *self.shared.encode_check.lock() = check;
+    /// Sets (or, with `None`, removes) the check that the store can write
+    /// an upsert's key, version and value, which [`upsert`](Self::upsert)
+    /// applies: a durable projection's store installs its own
+    /// (`egress_store::open_durable_latest` does: the value encodes with
+    /// its codec, the key with serde, the version fits its integers), so
+    /// that what it could never write is refused at once with why, rather
+    /// than accepted and never written, which would hold every key's write
+    /// back.
+    pub fn set_write_check(&self, check: Option<LatestCheck<K, V>>) {
+        *self.shared.write_check.lock() = check;
     }
 
     /// Desires `value` at `version` for `key`: newer wins (see
@@ -551,14 +558,14 @@ impl<K: Ord + Clone + 'static, V: Clone + PartialEq + 'static, F: LatestFlavor<K
     ///
     /// # Errors
     /// [`LatestRefused`] (the value back, nothing changed): a new key when
-    /// `max_keys` keys exist, or a value the store's codec cannot write
-    /// (see [`set_encode_check`](Self::set_encode_check)).
+    /// `max_keys` keys exist, or what the store cannot write (see
+    /// [`set_write_check`](Self::set_write_check)).
     pub fn upsert(&self, key: K, version: Version, value: V) -> Result<Upserted, LatestRefused<V>> {
-        let check = self.shared.encode_check.lock().clone();
+        let check = self.shared.write_check.lock().clone();
         if let Some(check) = check
-            && let Err(reason) = check(&value)
+            && let Err(reason) = check(&key, version, &value)
         {
-            return Err(LatestRefused::Unencodable { value, reason });
+            return Err(LatestRefused::Unwritable { value, reason });
         }
         self.shared.inner.apply(By::Caller, |s| {
             let t = s.latest.upsert(key.clone(), version, value);
