@@ -40,6 +40,7 @@ fn a_desire_is_claimed_only_once_the_store_holds_it() {
     let ready = l.poll_ready().unwrap();
     assert_eq!(ready, LatestReady { epoch: Epoch(1), writes: vec![put(1, Some(1), None)] });
     assert_eq!(l.newest(&1), Some((Version(1), &10)), "the value a Put stores");
+    assert_eq!(l.unpersisted_len(), 1, "being written: not yet stored");
     assert_eq!(l.poll_ready(), None, "one epoch at a time");
     assert_eq!(l.claim(G, &1).outcome, LatestClaim::Unwritten, "written is not stored");
     assert_eq!(l.persisted(Epoch(2)), LatestPersisted::UnknownEpoch { epoch: Epoch(2) });

@@ -452,6 +452,45 @@ each_flavour! {
         cell.set_write_check(None);
         assert!(matches!(cell.upsert(1, Version(2), 13), Ok(Upserted::Accepted { .. })), "no check: taken");
     }
+
+    fn readers_of_which_one_was_disposed_are_replaced_whole(cx) {
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+        let old = cell.key(&1);
+        old.desired().dispose();
+        let fresh = cell.key(&1);
+        cell.upsert(1, Version(1), 10).expect("room");
+        assert_eq!(fresh.desired().get(), Some((Version(1), 10)), "fresh readers, invalidated");
+        assert!(old.durable_through().try_get().is_err(), "the rest of the old set is disposed, not left stale");
+        assert_eq!(cell.key(&1).desired().get(), Some((Version(1), 10)), "the fresh set is kept");
+    }
+
+    fn a_sink_attached_when_the_generation_moves_is_not_fenced_by_that_reconnect(cx) {
+        // An effect that attaches a new sink whenever the generation moves
+        // runs within the reconnect, before the older sinks are disposed:
+        // its sink, of the new generation, must live.
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+        let links = Arc::new(Mutex::new(Vec::new()));
+        let wrote = Arc::new(Mutex::new(Vec::new()));
+        let _attacher = cx.effect({
+            let (cell, links, wrote) = (cell.clone(), links.clone(), wrote.clone());
+            move || {
+                let _ = cell.generation().get();
+                let link = cell.attach(Collect(wrote.clone()));
+                links.lock().expect("links").push(link);
+            }
+        });
+        assert_eq!(cell.reconnect(Generation(1)), LatestReconnect::Advanced {
+            generation: Generation(1),
+            requeued: 0,
+            superseded: 0,
+            keys: vec![],
+        });
+        let live: Vec<(Generation, bool)> =
+            links.lock().expect("links").iter().map(|l| (l.generation(), l.is_fenced())).collect();
+        assert_eq!(live, [(Generation(0), true), (Generation(1), false)]);
+        cell.upsert(1, Version(1), 10).expect("room");
+        assert_eq!(*wrote.lock().expect("sink"), [1], "the new sink writes");
+    }
 }
 
 /// A value whose `Clone` panics when it says so.

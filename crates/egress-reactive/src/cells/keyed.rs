@@ -70,7 +70,8 @@ impl<K: Ord + Clone, R> ReaderCache<K, R> {
     }
 }
 
-/// The readers of `key`: those `cache` holds, or new ones from `make`.
+/// The readers of `key`: those `cache` holds (unless one of them was
+/// disposed), or new ones from `make`.
 /// New ones are given to `register` with the keys whose readers a sweep
 /// took out (to record the new triggers and forget the old, in the cell's
 /// state), then the swept readers are disposed.
@@ -98,7 +99,13 @@ where
         {
             return (held.clone(), Vec::new());
         }
-        let unused = cache.sweep();
+        let mut unused = cache.sweep();
+        // Readers of which one was disposed (by hand) are replaced whole:
+        // the rest are disposed too, rather than left alive and never
+        // invalidated again (the key's triggers are the new readers').
+        if let Some(partly) = cache.by_key.remove(key) {
+            unused.push((key.clone(), partly));
+        }
         let made = make();
         register(&unused, &made);
         cache.by_key.insert(key.clone(), made.clone());
