@@ -491,6 +491,28 @@ each_flavour! {
         cell.upsert(1, Version(1), 10).expect("room");
         assert_eq!(*wrote.lock().expect("sink"), [1], "the new sink writes");
     }
+
+    fn a_transition_that_changes_nothing_wakes_no_journal_watcher(cx) {
+        let latest = Latest::restore_journaled(policy(), keys(8), Generation(1), Vec::new()).expect("empty");
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::from_latest(&cx.handle(), latest, CellOptions::new());
+        let runs = Counter::new();
+        let _watcher = cx.effect({
+            let (cell, runs) = (cell.clone(), runs.clone());
+            move || {
+                cell.track_journal();
+                runs.hit();
+            }
+        });
+        runs.reset();
+        cell.upsert(1, Version(2), 20).expect("room");
+        assert_eq!(runs.get(), 1, "an upsert: the journal has a row to write");
+        let _ = cell.upsert(1, Version(1), 10);
+        let _ = cell.upsert(1, Version(2), 20);
+        let _ = cell.ack_applied(Generation(1), &1, Version(5));
+        let _ = cell.forget(&9);
+        let _ = cell.persisted(egress_core::Epoch(7));
+        assert_eq!(runs.get(), 1, "refusals and no-ops wake nothing");
+    }
 }
 
 /// A value whose `Clone` panics when it says so.
