@@ -513,6 +513,24 @@ each_flavour! {
         let _ = cell.persisted(egress_core::Epoch(7));
         assert_eq!(runs.get(), 1, "refusals and no-ops wake nothing");
     }
+
+    fn readers_read_before_a_sink_run_see_what_it_did(cx) {
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+        let one = cell.key(&1);
+        let applied = watch!(cx, one.durable_through());
+        let inflight = watch!(cx, one.inflight());
+        let _link = cell.attach(Sink::default());
+        cell.upsert(1, Version(1), 10).expect("room");
+        // The sink run's own claim and acknowledgement invalidate what
+        // they changed, once the run ends.
+        assert_eq!((one.durable_through().get(), one.inflight().get()), (Some(Version(1)), None));
+        assert_eq!(applied.get(), 1, "the frontier's watcher ran");
+        // In flight and out again within the run: the flight reads as it
+        // was, so its watcher is cut off.
+        assert_eq!(inflight.get(), 0);
+        assert_eq!(one.desired().get(), None);
+        assert!(cell.is_settled().get());
+    }
 }
 
 /// A value whose `Clone` panics when it says so.
