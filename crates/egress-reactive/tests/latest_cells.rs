@@ -191,11 +191,13 @@ each_flavour! {
         cell.upsert(1, Version(2), 11).expect("room");
         assert_eq!(sink.values(), [10, 20]);
         let due_1 = cell.key(&1).backoff().get().expect("waits");
+        assert_eq!(cell.now(), Time(0), "the cell's clock");
         let due_2 = cell.key(&2).backoff().get().expect("waits");
         assert!(due_2 >= Time(5_000), "the sink's retry-after is a floor: {due_2:?}");
         assert!(due_1 < due_2);
         assert_eq!(cell.poll_timeout(), Some(due_1));
         clock.set(due_1);
+        assert_eq!(cell.now(), due_1);
         assert_eq!(cell.handle_timeout(due_1), [1]);
         assert_eq!(sink.values(), [10, 20, 11], "the newest desire of key 1 went at its due time, and failed");
         // Key 1 failed permanently: a latest value has no dead letter, it
@@ -314,6 +316,7 @@ each_flavour! {
     fn a_disposed_cell_fences_new_sinks_and_keeps_its_keys(cx) {
         let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
         let readers = cell.key(&1);
+        assert!(!cell.is_disposed());
         cell.dispose();
         assert!(cell.is_disposed());
         let sink = Sink::default();
