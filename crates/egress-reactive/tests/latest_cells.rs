@@ -534,6 +534,24 @@ each_flavour! {
         assert_eq!(one.desired().get(), None);
         assert!(cell.is_settled().get());
     }
+
+    fn unused_key_readers_are_swept_with_their_triggers(cx) {
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(64));
+        let base = cx.node_count();
+        let readers = cell.key(&0);
+        assert_eq!(format!("{readers:?}"), "KeyReaders { .. }");
+        drop(readers);
+        let per_key = cx.node_count() - base;
+        assert_eq!(per_key, 8, "four readers and four triggers");
+        for key in 1..16 {
+            let _ = cell.key(&key);
+        }
+        assert_eq!(cx.node_count(), base + 16 * per_key, "below 16 sets, nothing is swept");
+        // The 17th call finds 16 sets, none in use: swept, readers and
+        // triggers, and its own made.
+        let _ = cell.key(&16);
+        assert_eq!(cx.node_count(), base + per_key);
+    }
 }
 
 /// A value whose `Clone` panics when it says so.
