@@ -552,6 +552,21 @@ each_flavour! {
         let _ = cell.key(&16);
         assert_eq!(cx.node_count(), base + per_key);
     }
+
+    fn dropping_or_detaching_an_attachment_stops_its_sink(cx) {
+        let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+        let sink = Sink::default();
+        let link = cell.attach(sink.clone());
+        cell.upsert(1, Version(1), 10).expect("room");
+        drop(link);
+        cell.upsert(2, Version(1), 20).expect("room");
+        assert_eq!(sink.values(), [10], "a dropped attachment writes no more");
+        let link = cell.attach(sink.clone());
+        assert_eq!(sink.values(), [10, 20], "a new one writes what waits");
+        link.detach();
+        cell.upsert(3, Version(1), 30).expect("room");
+        assert_eq!(sink.values(), [10, 20]);
+    }
 }
 
 /// A value whose `Clone` panics when it says so.
