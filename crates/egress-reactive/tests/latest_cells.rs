@@ -557,6 +557,7 @@ each_flavour! {
         let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
         let sink = Sink::default();
         let link = cell.attach(sink.clone());
+        assert_eq!(format!("{link:?}"), "LatestAttachment { generation: Generation(0), .. }");
         cell.upsert(1, Version(1), 10).expect("room");
         drop(link);
         cell.upsert(2, Version(1), 20).expect("room");
