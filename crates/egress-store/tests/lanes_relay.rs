@@ -396,11 +396,16 @@ async fn a_shutdown_writes_what_is_pending_and_checkpoints_the_wal() {
     // Read once: the connection opens the database (SQLite opens lazily).
     let lanes: i64 = app.query_row("SELECT COUNT(*) FROM egress_lanes", [], |r| r.get(0)).unwrap();
     assert_eq!(lanes, 1);
-    durable.cell.enqueue(room("a"), Msg("a0".into())).unwrap();
+    // Three records in one batch: one write, and each counted.
+    cx.batch(|| {
+        for text in ["a0", "a1", "a2"] {
+            durable.cell.enqueue(room("a"), Msg(text.into())).unwrap();
+        }
+    });
     let stats = durable.relay.shutdown().await;
-    assert_eq!(stats.appended, 1, "{stats:?}");
+    assert_eq!(stats.appended, 3, "{stats:?}");
     let wal = std::fs::metadata(format!("{}-wal", dir.db().display())).map(|m| m.len()).unwrap_or(0);
     assert_eq!(wal, 0, "the WAL was checkpointed");
     let stored: i64 = app.query_row("SELECT COUNT(*) FROM egress_outbox", [], |r| r.get(0)).unwrap();
-    assert_eq!(stored, 1);
+    assert_eq!(stored, 3);
 }

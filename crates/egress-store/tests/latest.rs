@@ -129,11 +129,22 @@ async fn a_value_reaches_the_sink_once_stored_and_a_restart_resumes_each_key_at_
     until("the frontiers written", || cell.unpersisted_len().get_untracked() == 0).await;
     let stats = durable.relay.shutdown().await;
     assert!(stats.commits >= 1 && stats.failures == 0, "{stats:?}");
+    assert_eq!(stats.appended, 0, "no desire written by this process: frontiers only");
     // Once more: nothing left to write, the frontiers as applied.
     let cx = AsyncContext::new();
     let durable = open(&cx, &dir).await;
     assert!(durable.cell.is_settled().get_untracked());
     assert_eq!(durable.cell.with_latest(|l| l.durable_through(&theme("dark"))), Some(Version(2)));
+    drop(durable);
+    // Two desires in one batch: one write, each counted.
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &dir).await;
+    cx.batch(|| {
+        durable.cell.upsert(Setting::Volume, Version(3), 30).unwrap();
+        durable.cell.upsert(theme("dark"), Version(3), 3).unwrap();
+    });
+    let stats = durable.relay.shutdown().await;
+    assert_eq!(stats.appended, 2, "{stats:?}");
 }
 
 /// Refuses to encode 13, and decodes anything as its first byte.
