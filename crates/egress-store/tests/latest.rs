@@ -88,6 +88,12 @@ async fn a_value_reaches_the_sink_once_stored_and_a_restart_resumes_each_key_at_
         let durable = open(&cx, &dir).await;
         generation = durable.cell.generation().get_untracked();
         assert_eq!(generation, Generation(1), "a new projection's first open");
+        let shown = format!("{durable:?}");
+        assert!(
+            shown.starts_with("DurableLatest { cell: AsyncLatestCell(LatestCell { generation: Generation(1)"),
+            "{shown}"
+        );
+        assert!(shown.contains("relay: LatestRelay { stats: RelayStats { commits: "), "{shown}");
         let panel = Later::default();
         let link = durable.cell.attach(panel.clone());
         durable.cell.upsert(Setting::Volume, Version(1), 10).unwrap();
