@@ -295,6 +295,9 @@ async fn a_second_open_takes_the_projection_over_and_the_first_writes_no_more() 
     until("written", || cell.unpersisted_len().get_untracked() == 0).await;
     let second = open(&cx, &dir).await;
     assert_eq!(second.cell.with_latest(|l| l.desired(&Setting::Volume).map(|(v, _)| v)), Some(Version(1)));
+    // The first, with nothing to write, notices on its own.
+    let relay = &first.relay;
+    until("the idle first relay fenced", || relay.stats().fenced).await;
     first.cell.upsert(Setting::Volume, Version(2), 20).unwrap();
     until("the fence shown", || cell.persist_error().get_untracked().is_some_and(|e| e.reason.contains("taken over")))
         .await;
@@ -337,4 +340,24 @@ fn the_store_refuses_values_that_do_not_match_the_writes_and_writes_it_never_loa
     assert!(matches!(other.load_latest::<u8>("p"), Err(StoreError::LatestKey { .. })));
     assert!(matches!(other.load_latest::<String>("p"), Ok(l) if l.keys.len() == 1 && l.generation == Generation(2)));
     assert!(matches!(store.owns_latest("p"), Err(StoreError::Fenced { .. })), "taken over by the last load");
+}
+
+/// A shutdown writes what is pending and checkpoints SQLite's WAL: with
+/// another connection open (so that closing the relay's store does not
+/// checkpoint it anyway), the WAL is empty after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_writes_what_is_pending_and_checkpoints_the_wal() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &dir).await;
+    let app = rusqlite::Connection::open(dir.db()).unwrap();
+    let rows: i64 = app.query_row("SELECT COUNT(*) FROM egress_latest", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 1);
+    durable.cell.upsert(Setting::Volume, Version(1), 10).unwrap();
+    let stats = durable.relay.shutdown().await;
+    assert_eq!(stats.appended, 1, "{stats:?}");
+    let wal = std::fs::metadata(format!("{}-wal", dir.db().display())).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(wal, 0, "the WAL was checkpointed");
+    let stored: i64 = app.query_row("SELECT COUNT(*) FROM egress_latest_key", [], |r| r.get(0)).unwrap();
+    assert_eq!(stored, 1);
 }
