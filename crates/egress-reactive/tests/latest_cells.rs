@@ -472,6 +472,9 @@ each_flavour! {
         // runs within the reconnect, before the older sinks are disposed:
         // its sink, of the new generation, must live.
         let cell: LatestCellOf<u8, u32, _> = LatestCellOf::new(&cx.handle(), policy(), keys(8));
+        // One body for every flavour: on a `Context` an attachment is not
+        // `Send`, and the `Arc` is only ever used on this thread.
+        #[allow(clippy::arc_with_non_send_sync)]
         let links = Arc::new(Mutex::new(Vec::new()));
         let wrote = Arc::new(Mutex::new(Vec::new()));
         let _attacher = cx.effect({
