@@ -61,6 +61,7 @@ mod panic;
 mod parked;
 mod pending;
 mod policy;
+mod relay;
 mod restored;
 mod resume;
 mod retry;
@@ -86,6 +87,10 @@ pub use crate::outcome::{
 };
 pub use crate::panic::panic_message;
 pub use crate::policy::{DeadLetters, Ordering, Policy, PolicyBuilder, PolicyError};
+pub use crate::relay::{
+    Backpressure, Drained, KeepLatest, Max, MergePolicy, Overflow, RawFifo, Relay, RelayConfigError, RelayStats,
+    SendRefused, Sent, SetUnion, Sum, Water,
+};
 pub use crate::restored::{Recovered, RestoreError, Restored, RestoredRecord};
 pub use crate::resume::Resume;
 pub use crate::retry::{DeadReason, FailureKind, JitterSample, JitterSampleError, ParkedView, Retry};

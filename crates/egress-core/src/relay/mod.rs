@@ -1,0 +1,427 @@
+//! [`Relay`]: what sits ahead of an egress stream's enqueue when a producer
+//! can be faster than its transport. A bounded window of ops, folded under
+//! a [`MergePolicy`] when it is under pressure, with a [`Backpressure`]
+//! policy for what does not fit; a drain takes its entries, oldest first,
+//! into a stream (the cell's `RelayCellOf::drain_into` feeds an egress
+//! cell). Sequence assignment, acknowledgements and the fence stay in the
+//! stream: the relay only decides what is sent, and how folded.
+
+mod backpressure;
+mod merge;
+
+use std::collections::VecDeque;
+
+pub use self::backpressure::{Backpressure, Overflow, RelayConfigError, Water};
+pub use self::merge::{KeepLatest, Max, MergePolicy, RawFifo, SetUnion, Sum};
+
+/// A bounded window of ops ahead of a stream, folded under `M` when under
+/// pressure. Pure: no I/O, no clock, no threads.
+///
+/// ```
+/// use egress_core::{Backpressure, Overflow, Relay, Sent, Sum, Water};
+///
+/// // Counter increments: at most 2 entries; under pressure, fold.
+/// let mut relay = Relay::new(Sum, Backpressure::count(Water::new(2, 0), Overflow::Conflate))?;
+/// for delta in [1u64, 2, 3, 4] {
+///     relay.send(delta).expect("a conflating relay takes every op");
+/// }
+/// // 1 and 2 went in as they were; at high water 3 and 4 folded into 2.
+/// assert_eq!(relay.stats().depth, 2);
+/// assert_eq!(relay.stats().conflated, 2);
+/// assert_eq!(relay.pop().map(|d| d.value), Some(1));
+/// assert_eq!(relay.pop().map(|d| (d.value, d.ops)), Some((9, 3)));
+/// // Drained to low water: not full any more.
+/// assert!(!relay.stats().full);
+/// # Ok::<(), egress_core::RelayConfigError>(())
+/// ```
+///
+/// # The rules
+/// - **Entries, oldest first.** An op that fits is a new entry at the
+///   back; [`pop`](Self::pop) takes the front. An entry holds one op, or
+///   several folded under `M` (consecutive ops, in order).
+/// - **Fits** means: the relay is not full, and one more entry (of the
+///   op's weight) stays within every high water mark.
+/// - **Hysteresis.** The relay is full once it holds a high water mark
+///   (in entries or bytes), or an op did not fit; it stays full until a
+///   drain takes it down to every low water mark. While full, every op
+///   goes to the [`Overflow`] action, even if it would fit.
+/// - **Overflow** ([`Backpressure::overflow`]): refuse
+///   ([`Overflow::Block`]), drop the op, drop the oldest entries until it
+///   fits, or fold it into the newest entry ([`Overflow::Conflate`]).
+/// - **Too large.** An op heavier than the high water mark in bytes is
+///   refused whatever the action ([`SendRefused::TooLarge`]): it would
+///   never fit.
+/// - **Converges.** Folding what the drain delivered, then what the relay
+///   holds, equals folding every op taken and not dropped, in order, for
+///   any drain schedule (for an associative policy; tests/relay.rs).
+/// - **Counts.** [`stats`](Self::stats): entries, ops and bytes held,
+///   whether full, and the ops taken, folded, dropped, blocked and drained
+///   since the relay was built.
+/// - **User code.** The merge policy and the weigher are called inside
+///   transitions; a panic in either goes on to the caller and leaves the
+///   relay usable, its counts those of the entries it holds. A panicking
+///   weigher of an op changes nothing (it runs first); a fold that panics
+///   (in the policy, or weighing its result) loses the ops it was folding
+///   in, and leaves the entry it folded into as the panic left it.
+pub struct Relay<T, M> {
+    policy: M,
+    bounds: Backpressure,
+    weigh: fn(&T) -> u64,
+    window: VecDeque<Entry<T>>,
+    /// The ops the window's entries hold.
+    ops: u64,
+    /// The sum of the entries' weights (0 without a bound in bytes: the
+    /// weigher is then never called). Wider than one weight: a fold that
+    /// grows may hold more than a `u64` sums to.
+    bytes: u128,
+    full: bool,
+    counters: Counters,
+}
+
+/// One entry: a value (one op, or several folded), how many ops it holds,
+/// and its weight.
+struct Entry<T> {
+    value: T,
+    ops: u64,
+    bytes: u64,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Counters {
+    accepted: u64,
+    conflated: u64,
+    dropped: u64,
+    blocked: u64,
+    drained: u64,
+}
+
+/// What a relay holds and has done: its every projection, as one value a
+/// shell reads after each transition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RelayStats {
+    /// Entries held.
+    pub depth: u64,
+    /// Ops the entries hold (at least `depth`).
+    pub ops: u64,
+    /// The entries' weight (0 without a bound in bytes; `u64::MAX` if
+    /// larger).
+    pub bytes: u64,
+    /// Whether the relay is full (see the hysteresis rule).
+    pub full: bool,
+    /// Ops taken: as an entry, or folded into one.
+    pub accepted: u64,
+    /// Of those, ops folded into an entry ([`Overflow::Conflate`]).
+    pub conflated: u64,
+    /// Ops dropped: by [`Overflow::DropNewest`], or held by an entry
+    /// [`Overflow::DropOldest`] dropped.
+    pub dropped: u64,
+    /// Ops refused by [`Overflow::Block`].
+    pub blocked: u64,
+    /// Ops the drain took (entries popped and not put back).
+    pub drained: u64,
+}
+
+/// What [`Relay::send`] did with an op it did not refuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Sent {
+    /// A new entry.
+    Accepted,
+    /// Folded into the newest entry.
+    Conflated,
+    /// Dropped (the relay was full, [`Overflow::DropNewest`]).
+    Dropped,
+    /// A new entry, after dropping the oldest entries
+    /// ([`Overflow::DropOldest`]) that held `ops` ops (0: it fitted).
+    DroppedOldest {
+        /// The ops the dropped entries held.
+        ops: u64,
+    },
+}
+
+/// Why [`Relay::send`] refused an op (it comes back; nothing changed but
+/// the counts a refusal moves).
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendRefused<T> {
+    /// The relay is full and its overflow action is
+    /// [`Overflow::Block`]: send it again once the relay is not full.
+    #[error("the relay is full")]
+    Blocked(T),
+    /// The op weighs more than the high water mark in bytes: it never
+    /// fits. Nothing changed.
+    #[error("the op weighs {bytes} bytes, above the relay's high water mark of {limit}")]
+    TooLarge {
+        /// The op, back.
+        op: T,
+        /// Its weight.
+        bytes: u64,
+        /// The high water mark in bytes.
+        limit: u64,
+    },
+}
+
+impl<T> SendRefused<T> {
+    /// The op, back.
+    pub fn into_op(self) -> T {
+        match self {
+            SendRefused::Blocked(op) | SendRefused::TooLarge { op, .. } => op,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for SendRefused<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendRefused::Blocked(_) => f.write_str("Blocked"),
+            SendRefused::TooLarge { bytes, limit, .. } => {
+                f.debug_struct("TooLarge").field("bytes", bytes).field("limit", limit).finish()
+            }
+        }
+    }
+}
+
+/// An entry the drain took: its value and how many ops it folds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Drained<T> {
+    /// The value: one op, or several folded in order.
+    pub value: T,
+    /// How many ops it folds (at least 1).
+    pub ops: u64,
+    bytes: u64,
+}
+
+impl<T, M: MergePolicy<T>> Relay<T, M> {
+    /// An empty relay folding under `policy`, bounded by `backpressure` in
+    /// entries.
+    ///
+    /// # Errors
+    /// [`RelayConfigError`]: a high mark of 0, a low mark not below it,
+    /// `Conflate` with a policy that does not conflate, or a bound in bytes
+    /// (which needs a weigher: [`weighed`](Self::weighed)).
+    pub fn new(policy: M, backpressure: Backpressure) -> Result<Self, RelayConfigError> {
+        if backpressure.bytes.is_some() {
+            return Err(RelayConfigError::NoWeigher);
+        }
+        Self::weighed(policy, backpressure, |_| 0)
+    }
+
+    /// An empty relay folding under `policy`, bounded by `backpressure`,
+    /// each entry weighing what `weigh` says (its bytes: called on each op,
+    /// and on each fold, only with a bound in bytes; it must say the same
+    /// of the same value).
+    ///
+    /// # Errors
+    /// [`RelayConfigError`]: a high mark of 0, a low mark not below it, or
+    /// `Conflate` with a policy that does not conflate.
+    pub fn weighed(policy: M, backpressure: Backpressure, weigh: fn(&T) -> u64) -> Result<Self, RelayConfigError> {
+        backpressure.check(M::CONFLATES)?;
+        Ok(Relay {
+            policy,
+            bounds: backpressure,
+            weigh,
+            window: VecDeque::new(),
+            ops: 0,
+            bytes: 0,
+            full: false,
+            counters: Counters::default(),
+        })
+    }
+
+    /// Takes `op`: as a new entry if it fits, else as the overflow action
+    /// says (see the rules).
+    ///
+    /// # Errors
+    /// [`SendRefused`], with the op: blocked, or too large.
+    pub fn send(&mut self, op: T) -> Result<Sent, SendRefused<T>> {
+        let weight = self.weight(&op);
+        if let Some(limit) = self.bounds.bytes.map(|b| b.high)
+            && weight > limit
+        {
+            return Err(SendRefused::TooLarge { op, bytes: weight, limit });
+        }
+        if !self.full && self.fits(weight) {
+            self.push(op, weight);
+            if self.at_high() {
+                self.full = true;
+            }
+            return Ok(Sent::Accepted);
+        }
+        self.full = true;
+        match self.bounds.overflow {
+            Overflow::Block => {
+                self.counters.blocked = self.counters.blocked.saturating_add(1);
+                Err(SendRefused::Blocked(op))
+            }
+            Overflow::DropNewest => {
+                self.counters.dropped = self.counters.dropped.saturating_add(1);
+                Ok(Sent::Dropped)
+            }
+            Overflow::DropOldest => {
+                let mut ops = 0u64;
+                while !self.fits(weight) {
+                    let Some(entry) = self.take_front() else { break };
+                    ops = ops.saturating_add(entry.ops);
+                }
+                self.counters.dropped = self.counters.dropped.saturating_add(ops);
+                self.push(op, weight);
+                Ok(Sent::DroppedOldest { ops })
+            }
+            Overflow::Conflate => Ok(self.conflate(op, weight)),
+        }
+    }
+
+    /// Takes the oldest entry: the drain's next value, with how many ops
+    /// it folds. The relay stops being full once this takes it down to
+    /// every low water mark.
+    pub fn pop(&mut self) -> Option<Drained<T>> {
+        let entry = self.take_front()?;
+        self.counters.drained = self.counters.drained.saturating_add(entry.ops);
+        if self.full && self.at_low() {
+            self.full = false;
+        }
+        Some(Drained { value: entry.value, ops: entry.ops, bytes: entry.bytes })
+    }
+
+    /// Puts back an entry [`pop`](Self::pop) took, in front, when the
+    /// drain could not deliver it after all (its stream was full): as if
+    /// it had not been taken, but for whether the relay is full, which
+    /// stays as the pop left it.
+    pub fn unpop(&mut self, drained: Drained<T>) {
+        self.counters.drained = self.counters.drained.saturating_sub(drained.ops);
+        self.ops = self.ops.saturating_add(drained.ops);
+        self.bytes += u128::from(drained.bytes);
+        self.window.push_front(Entry { value: drained.value, ops: drained.ops, bytes: drained.bytes });
+    }
+
+    /// The oldest entry's value, if any (what [`pop`](Self::pop) would
+    /// take).
+    #[must_use]
+    pub fn front(&self) -> Option<&T> {
+        self.window.front().map(|e| &e.value)
+    }
+
+    /// The entries' values, oldest first.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &T> {
+        self.window.iter().map(|e| &e.value)
+    }
+
+    /// Whether the relay holds nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.window.is_empty()
+    }
+
+    /// What the relay holds and has done.
+    #[must_use]
+    pub fn stats(&self) -> RelayStats {
+        let c = self.counters;
+        RelayStats {
+            depth: self.window.len() as u64,
+            ops: self.ops,
+            bytes: u64::try_from(self.bytes).unwrap_or(u64::MAX),
+            full: self.full,
+            accepted: c.accepted,
+            conflated: c.conflated,
+            dropped: c.dropped,
+            blocked: c.blocked,
+            drained: c.drained,
+        }
+    }
+
+    /// The bounds and overflow action.
+    #[must_use]
+    pub const fn backpressure(&self) -> &Backpressure {
+        &self.bounds
+    }
+
+    /// The merge policy.
+    #[must_use]
+    pub const fn policy(&self) -> &M {
+        &self.policy
+    }
+
+    /// Whether one more entry of `weight` stays within every high mark.
+    fn fits(&self, weight: u64) -> bool {
+        let count = (self.window.len() as u64) < self.bounds.count.high;
+        count && self.bounds.bytes.is_none_or(|b| self.bytes + u128::from(weight) <= u128::from(b.high))
+    }
+
+    /// Whether the relay holds a high mark.
+    fn at_high(&self) -> bool {
+        self.window.len() as u64 >= self.bounds.count.high
+            || self.bounds.bytes.is_some_and(|b| self.bytes >= u128::from(b.high))
+    }
+
+    /// Whether the relay is down to every low mark.
+    fn at_low(&self) -> bool {
+        self.window.len() as u64 <= self.bounds.count.low
+            && self.bounds.bytes.is_none_or(|b| self.bytes <= u128::from(b.low))
+    }
+
+    /// `value`'s weight: 0 without a bound in bytes.
+    fn weight(&self, value: &T) -> u64 {
+        if self.bounds.bytes.is_some() { (self.weigh)(value) } else { 0 }
+    }
+
+    fn push(&mut self, op: T, weight: u64) {
+        self.window.push_back(Entry { value: op, ops: 1, bytes: weight });
+        self.ops = self.ops.saturating_add(1);
+        self.bytes += u128::from(weight);
+        self.counters.accepted = self.counters.accepted.saturating_add(1);
+    }
+
+    fn take_front(&mut self) -> Option<Entry<T>> {
+        let entry = self.window.pop_front()?;
+        self.ops = self.ops.saturating_sub(entry.ops);
+        self.bytes -= u128::from(entry.bytes);
+        Some(entry)
+    }
+
+    /// Folds `op` into the newest entry, then the newest entries together
+    /// while the relay is above its high mark in bytes.
+    fn conflate(&mut self, op: T, weight: u64) -> Sent {
+        if self.window.is_empty() {
+            // Not reached: a full relay holds an entry (it is full only
+            // once it held a high mark or an op did not fit, which an
+            // empty one always does, and a drain to empty clears it).
+            self.push(op, weight);
+            return Sent::Accepted;
+        }
+        self.merge_into_back(op, 1);
+        self.counters.accepted = self.counters.accepted.saturating_add(1);
+        self.counters.conflated = self.counters.conflated.saturating_add(1);
+        while self.window.len() > 1 && self.bounds.bytes.is_some_and(|b| self.bytes > u128::from(b.high)) {
+            let Some(newest) = self.window.pop_back() else { break };
+            self.ops = self.ops.saturating_sub(newest.ops);
+            self.bytes -= u128::from(newest.bytes);
+            self.merge_into_back(newest.value, newest.ops);
+        }
+        Sent::Conflated
+    }
+
+    /// Folds `value`, which holds `ops` ops, into the newest entry, and
+    /// weighs the result. The counts change only once the merge returned.
+    fn merge_into_back(&mut self, value: T, ops: u64) {
+        let Some(back) = self.window.back_mut() else { return };
+        self.policy.merge(&mut back.value, value);
+        let weight = if self.bounds.bytes.is_some() { (self.weigh)(&back.value) } else { 0 };
+        self.bytes = self.bytes - u128::from(back.bytes) + u128::from(weight);
+        back.bytes = weight;
+        back.ops = back.ops.saturating_add(ops);
+        self.ops = self.ops.saturating_add(ops);
+    }
+}
+
+impl<T, M> std::fmt::Debug for Relay<T, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("depth", &self.window.len())
+            .field("ops", &self.ops)
+            .field("bytes", &self.bytes)
+            .field("full", &self.full)
+            .field("backpressure", &self.bounds)
+            .finish_non_exhaustive()
+    }
+}
