@@ -181,6 +181,15 @@ fn block_is_full_at_high_and_not_full_again_until_low() {
         }
     );
     assert_eq!(relay.iter().copied().collect::<Vec<_>>(), vec![3, 6]);
+    assert!(!relay.is_empty());
+    let debug = format!("{relay:?}");
+    assert!(debug.starts_with("Relay { depth: 2, ops: 2, bytes: 0, full: false"), "{debug}");
+    assert_eq!(format!("{:?}", SendRefused::Blocked(4)), "Blocked");
+    let too_large = SendRefused::TooLarge { op: 4, bytes: 9, limit: 8 };
+    assert_eq!(format!("{too_large:?}"), "TooLarge { bytes: 9, limit: 8 }");
+    assert_eq!(too_large.to_string(), "the op weighs 9 bytes, above the relay's high water mark of 8");
+    while relay.pop().is_some() {}
+    assert!(relay.is_empty());
 }
 
 #[test]
@@ -283,14 +292,18 @@ fn conflate_folds_the_newest_entries_together_while_above_high_in_bytes() {
 
 #[test]
 fn unpop_puts_an_entry_back_in_front_as_it_was() {
-    let mut relay = Relay::new(Sum, count(2, 0, Overflow::Conflate)).unwrap();
+    let bp = count(2, 0, Overflow::Conflate).with_bytes(Water::new(100, 10));
+    let mut relay = Relay::weighed(Sum, bp, |v: &u64| *v).unwrap();
     for op in [1u64, 2, 3] {
-        let _ = relay.send(op).unwrap();
+        relay.send(op).unwrap();
     }
     let before = relay.stats();
     let drained = relay.pop().unwrap();
     assert_eq!(relay.stats().drained, 1);
-    relay.unpop(drained);
+    // A drain moved the value out, and got it back.
+    let (value, entry) = drained.split();
+    assert_eq!((value, entry.ops), (1, 1));
+    relay.unpop(entry.with_value(value));
     let after = relay.stats();
     assert_eq!(after, before);
     assert_eq!(relay.iter().copied().collect::<Vec<_>>(), vec![1, 5]);

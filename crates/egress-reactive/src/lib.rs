@@ -127,13 +127,13 @@ mod signal;
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncContext, AsyncEffect, EffectCx, Readable, Watch};
 pub use cells::{
-    Aggregate, AsyncTransport, AttachRun, Attachment, Backoff, CellFlavor, CellOptions, Clock, EgressCell,
-    EgressCellOf, EncodeCheck, Inner, KeyProject, KeyReaders, LaneItem, LaneProject, LaneReaders, LanesAppends,
-    LanesAttachment, LanesCell, LanesCellOf, LanesFlavor, LanesInner, LanesRefused, LanesRun, LanesState,
+    Aggregate, AsyncTransport, AttachRun, Attachment, Backoff, CellFlavor, CellOptions, Clock, DrainRefused, DrainRun,
+    EgressCell, EgressCellOf, EncodeCheck, Inner, KeyProject, KeyReaders, LaneItem, LaneProject, LaneReaders,
+    LanesAppends, LanesAttachment, LanesCell, LanesCellOf, LanesFlavor, LanesInner, LanesRefused, LanesRun, LanesState,
     LanesTransport, LatestAttachment, LatestCell, LatestCellOf, LatestCheck, LatestFlavor, LatestInner, LatestItem,
     LatestRefused, LatestRun, LatestSink, LatestState, ManualClock, MonotonicClock, ParkedRecord, Project, Refused,
-    SendError, SizeCheck, Snapshot, State, ThreadSafeEgressCell, ThreadSafeLanesCell, ThreadSafeLatestCell, Transport,
-    Written, Xorshift, delay,
+    RelayCell, RelayCellOf, RelayDrain, SendError, SizeCheck, Snapshot, State, ThreadSafeEgressCell,
+    ThreadSafeLanesCell, ThreadSafeLatestCell, ThreadSafeRelayCell, Transport, Written, Xorshift, delay,
 };
 #[cfg(feature = "async")]
 pub use cells::{

@@ -124,7 +124,6 @@ pub struct RelayStats {
 
 /// What [`Relay::send`] did with an op it did not refuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[must_use]
 pub enum Sent {
     /// A new entry.
     Accepted,
@@ -190,6 +189,23 @@ pub struct Drained<T> {
     /// How many ops it folds (at least 1).
     pub ops: u64,
     bytes: u64,
+}
+
+impl<T> Drained<T> {
+    /// The value, and the entry without it: for a drain that moves the
+    /// value out to deliver it, and may get it back (its stream refused it
+    /// as full) to [`unpop`](Relay::unpop) with
+    /// [`with_value`](Self::with_value).
+    pub fn split(self) -> (T, Drained<()>) {
+        (self.value, Drained { value: (), ops: self.ops, bytes: self.bytes })
+    }
+
+    /// The same entry holding `value` instead: what
+    /// [`split`](Self::split) took out.
+    #[must_use]
+    pub fn with_value<U>(self, value: U) -> Drained<U> {
+        Drained { value, ops: self.ops, bytes: self.bytes }
+    }
 }
 
 impl<T, M: MergePolicy<T>> Relay<T, M> {

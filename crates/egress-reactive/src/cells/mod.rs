@@ -25,6 +25,7 @@ mod lanes;
 mod latest;
 mod options;
 mod readers;
+mod relay;
 mod transport;
 
 #[cfg(feature = "async")]
@@ -52,4 +53,5 @@ pub use latest::{
 };
 pub use options::{CellOptions, EncodeCheck, Refused, SizeCheck};
 pub use readers::{ParkedRecord, Project, Snapshot};
+pub use relay::{DrainRefused, DrainRun, RelayCell, RelayCellOf, RelayDrain, ThreadSafeRelayCell};
 pub use transport::{AsyncTransport, SendError, Transport};

@@ -1,0 +1,502 @@
+//! [`RelayCellOf`]: an [`egress_core::Relay`] projected into a graph, and
+//! its drain into an egress cell ([`RelayCellOf::drain_into`]).
+
+use std::num::NonZeroUsize;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
+
+use egress_core::{Backpressure, Drained, MergePolicy, Relay, RelayConfigError, RelayStats, SendRefused, Sent};
+
+use super::cell::{CellFlavor, EgressCellOf};
+use super::inner::unacknowledged;
+use super::options::Refused;
+use crate::computed::Computed;
+use crate::context::{Handle, NodeRef, Scope};
+use crate::effect::{EffectObj, RunEffect};
+use crate::flavor::{Entered, Flavor, Holds, ValueCell};
+use crate::run;
+
+/// How many counts a relay cell keeps, and their order.
+const COUNTS: usize = 9;
+const DEPTH: usize = 0;
+const OPS: usize = 1;
+const BYTES: usize = 2;
+const ACCEPTED: usize = 3;
+const CONFLATED: usize = 4;
+const DROPPED: usize = 5;
+const BLOCKED: usize = 6;
+const DRAINED: usize = 7;
+const REJECTED: usize = 8;
+
+/// The relay, and the entries its drains' cells refused for good: touched
+/// only with the graph entered.
+struct RelayState<T, M> {
+    relay: Relay<T, M>,
+    rejected: u64,
+}
+
+impl<T, M: MergePolicy<T>> RelayState<T, M> {
+    fn count(&self, which: usize) -> u64 {
+        let s: RelayStats = self.relay.stats();
+        [s.depth, s.ops, s.bytes, s.accepted, s.conflated, s.dropped, s.blocked, s.drained, self.rejected][which]
+    }
+}
+
+/// What the clones of a relay cell, and its drains, share.
+struct Inner<T: 'static, M: 'static, F: Flavor> {
+    handle: Handle<F>,
+    state: F::Ptr<F::Cell<RelayState<T, M>>>,
+    counts: [Computed<u64, F>; COUNTS],
+    full: Computed<bool, F>,
+}
+
+impl<T: 'static, M: 'static, F: Flavor> Clone for Inner<T, M, F> {
+    fn clone(&self) -> Self {
+        Inner {
+            handle: self.handle.clone(),
+            state: self.state.clone(),
+            counts: self.counts.clone(),
+            full: self.full.clone(),
+        }
+    }
+}
+
+impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> Inner<T, M, F> {
+    /// Applies `op` to the state with the graph entered, then pushes every
+    /// count and notifies those whose value changed, as one write. A panic
+    /// in `op` (the merge policy's, the weigher's) goes on once the counts
+    /// are pushed. `op` must not call into the cell.
+    fn apply<R>(&self, op: impl FnOnce(&mut RelayState<T, M>) -> R) -> R {
+        self.handle.enter(|cell| {
+            let entered = Entered::by(cell);
+            let (outcome, keys) = self.state.with_mut(&entered, |s| {
+                let outcome = catch_unwind(AssertUnwindSafe(|| op(s)));
+                let mut keys = Vec::new();
+                for (which, reader) in self.counts.iter().enumerate() {
+                    if reader.push(&entered, s.count(which)) {
+                        keys.push(reader.key);
+                    }
+                }
+                if self.full.push(&entered, s.relay.stats().full) {
+                    keys.push(self.full.key);
+                }
+                (outcome, keys)
+            });
+            if !keys.is_empty()
+                && let Err(e) = run::notify(cell, &keys)
+            {
+                panic!("{e}");
+            }
+            outcome.unwrap_or_else(|panic| resume_unwind(panic))
+        })
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&RelayState<T, M>) -> R) -> R {
+        self.handle.enter(|cell| self.state.with(&Entered::by(cell), f))
+    }
+}
+
+/// What the clones of a relay cell share.
+struct Shared<T: 'static, M: 'static, F: Flavor> {
+    inner: Inner<T, M, F>,
+    /// Owns every node of the cell.
+    scope: Scope<F>,
+}
+
+/// A relay ahead of an egress cell's enqueue, as signals: an
+/// [`egress_core::Relay`] (a bounded window of ops, folded under a
+/// [`MergePolicy`] under pressure, with a [`Backpressure`] policy; see
+/// its rules) projected into a graph. For a producer that can be faster
+/// than its transport: a slider, a sensor, a counter, a log.
+///
+/// - **Readers**, kept eagerly (each notifies only when its value
+///   changes): [`depth`](Self::depth), [`ops`](Self::ops),
+///   [`bytes`](Self::bytes), [`is_full`](Self::is_full), and the
+///   counters [`accepted`](Self::accepted), [`conflated`](Self::conflated),
+///   [`dropped`](Self::dropped), [`blocked`](Self::blocked),
+///   [`drained`](Self::drained), [`rejected`](Self::rejected).
+/// - **Mutators**: [`send`](Self::send) (the producer's), and
+///   [`pop`](Self::pop)/[`unpop`](Self::unpop) for a drain by hand.
+/// - **Drain** ([`drain_into`](Self::drain_into)): one effect that moves
+///   the relay's entries, oldest first, into an egress cell while that
+///   cell has fewer than a bound of records waiting to be claimed (and
+///   room under its capacity): the relay folds only while the transport
+///   is behind. Sequence assignment, acknowledgements and the fence stay
+///   in the cell.
+///
+/// Use it as [`RelayCell`] on a [`Context`](crate::Context) or
+/// [`ThreadSafeRelayCell`] on a [`ThreadSafeContext`](crate::ThreadSafeContext)
+/// or an [`AsyncContext`](crate::AsyncContext)'s handle (which also has
+/// [`send_when_room`](Self::send_when_room)).
+///
+/// ```
+/// use egress_core::{Backpressure, Overflow, Policy, Sum, Water};
+/// use egress_reactive::{Context, EgressCell, RelayCell};
+///
+/// let cx = Context::new();
+/// let cell = EgressCell::new(&cx, Policy::default());
+/// // Counter increments: under pressure, folded into the newest entry.
+/// let relay = RelayCell::new(&cx, Sum, Backpressure::count(Water::new(2, 0), Overflow::Conflate))?;
+/// // At most one record waits in the cell to be claimed (no transport
+/// // here claims it, so the rest wait in the relay).
+/// let drain = relay.drain_into(&cell, 1.try_into()?)?;
+/// for delta in [1u64, 2, 3, 4] {
+///     relay.send(delta).expect("a conflating relay takes every op");
+/// }
+/// assert_eq!(cell.pending_len().get(), 1); // 1 went to the cell
+/// assert_eq!(relay.depth().get(), 2); // 2, then 3 and 4 folded: 7
+/// assert_eq!(relay.conflated().get(), 1);
+/// # drop(drain);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RelayCellOf<T: 'static, M: 'static, F: Flavor> {
+    shared: F::Ptr<Shared<T, M, F>>,
+}
+
+/// A relay cell on a [`Context`](crate::Context) (one thread).
+pub type RelayCell<T, M> = RelayCellOf<T, M, crate::flavor::Local>;
+
+/// A relay cell on a [`ThreadSafeContext`](crate::ThreadSafeContext) or an
+/// [`AsyncContext`](crate::AsyncContext): `Send + Sync` for `Send` ops and
+/// policies.
+pub type ThreadSafeRelayCell<T, M> = RelayCellOf<T, M, crate::flavor::Threaded>;
+
+impl<T: 'static, M: 'static, F: Flavor> Clone for RelayCellOf<T, M, F> {
+    fn clone(&self) -> Self {
+        RelayCellOf { shared: self.shared.clone() }
+    }
+}
+
+impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> std::fmt::Debug for RelayCellOf<T, M, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RelayCell").field(&self.stats()).finish()
+    }
+}
+
+impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> RelayCellOf<T, M, F> {
+    /// An empty relay cell folding under `policy`, bounded by
+    /// `backpressure` in entries (see [`Relay::new`]), owned by the
+    /// current owner of `cx` (disposed with it, or when its last clone
+    /// drops).
+    ///
+    /// # Errors
+    /// [`RelayConfigError`], as [`Relay::new`].
+    #[track_caller]
+    pub fn new(cx: &Handle<F>, policy: M, backpressure: Backpressure) -> Result<Self, RelayConfigError> {
+        Ok(Self::build(cx, Relay::new(policy, backpressure)?, Location::caller()))
+    }
+
+    /// An empty relay cell weighing each entry with `weigh` (see
+    /// [`Relay::weighed`]): for a bound in bytes.
+    ///
+    /// # Errors
+    /// [`RelayConfigError`], as [`Relay::weighed`].
+    #[track_caller]
+    pub fn weighed(
+        cx: &Handle<F>,
+        policy: M,
+        backpressure: Backpressure,
+        weigh: fn(&T) -> u64,
+    ) -> Result<Self, RelayConfigError> {
+        Ok(Self::build(cx, Relay::weighed(policy, backpressure, weigh)?, Location::caller()))
+    }
+
+    /// A relay cell over `relay` as it is.
+    #[track_caller]
+    pub fn from_relay(cx: &Handle<F>, relay: Relay<T, M>) -> Self {
+        Self::build(cx, relay, Location::caller())
+    }
+
+    fn build(cx: &Handle<F>, relay: Relay<T, M>, at: &'static Location<'static>) -> Self {
+        let state = RelayState { relay, rejected: 0 };
+        let (scope, (counts, full)) = cx.scope(|| {
+            let counts = std::array::from_fn(|which| cx.pushed(state.count(which), at));
+            (counts, cx.pushed(state.relay.stats().full, at))
+        });
+        let inner = Inner { handle: cx.clone(), state: F::ptr(ValueCell::new(state)), counts, full };
+        RelayCellOf { shared: F::ptr(Shared { inner, scope }) }
+    }
+
+    // ----- mutators --------------------------------------------------
+
+    /// Takes `op`: as a new entry if it fits, else as the overflow action
+    /// says (see [`Relay::send`]). Wakes the drains.
+    ///
+    /// # Errors
+    /// [`SendRefused`], with the op: blocked (the relay is full and its
+    /// action is [`Block`](egress_core::Overflow::Block)), or heavier than
+    /// the high water mark in bytes.
+    pub fn send(&self, op: T) -> Result<Sent, SendRefused<T>> {
+        self.shared.inner.apply(|s| s.relay.send(op))
+    }
+
+    /// Takes the oldest entry, for a drain by hand (see [`Relay::pop`]).
+    pub fn pop(&self) -> Option<Drained<T>> {
+        self.shared.inner.apply(|s| s.relay.pop())
+    }
+
+    /// Puts back an entry [`pop`](Self::pop) took (see [`Relay::unpop`]).
+    pub fn unpop(&self, drained: Drained<T>) {
+        self.shared.inner.apply(|s| s.relay.unpop(drained));
+    }
+
+    // ----- readers -----------------------------------------------------
+
+    /// Entries held.
+    pub fn depth(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[DEPTH]
+    }
+
+    /// Ops the entries hold.
+    pub fn ops(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[OPS]
+    }
+
+    /// The entries' weight (0 without a bound in bytes).
+    pub fn bytes(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[BYTES]
+    }
+
+    /// Whether the relay is full: from the moment it reaches a high water
+    /// mark (or an op does not fit) until a drain takes it down to every
+    /// low water mark. What a producer that must not lose ops watches.
+    pub fn is_full(&self) -> &Computed<bool, F> {
+        &self.shared.inner.full
+    }
+
+    /// Ops taken, as an entry or folded into one.
+    pub fn accepted(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[ACCEPTED]
+    }
+
+    /// Ops folded into an entry.
+    pub fn conflated(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[CONFLATED]
+    }
+
+    /// Ops dropped by the overflow action.
+    pub fn dropped(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[DROPPED]
+    }
+
+    /// Ops refused as blocked.
+    pub fn blocked(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[BLOCKED]
+    }
+
+    /// Ops the drains took.
+    pub fn drained(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[DRAINED]
+    }
+
+    /// Entries a drain took that its cell refused for good (too large for
+    /// its transport, or not encodable by its store; each logged with
+    /// why): counted among [`drained`](Self::drained) too.
+    pub fn rejected(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[REJECTED]
+    }
+
+    // ----- untracked ----------------------------------------------------
+
+    /// What the relay holds and has done, now (untracked).
+    pub fn stats(&self) -> RelayStats {
+        self.shared.inner.with(|s| s.relay.stats())
+    }
+
+    /// Reads the relay directly, untracked. `f` must not call into the
+    /// cell.
+    pub fn with_relay<R>(&self, f: impl FnOnce(&Relay<T, M>) -> R) -> R {
+        self.shared.inner.with(|s| f(&s.relay))
+    }
+
+    /// Disposes every node the cell created: its readers and drains. The
+    /// relay stays: mutators still apply, and notify nothing. Dropping the
+    /// last clone does the same. Idempotent.
+    pub fn dispose(&self) {
+        self.shared.scope.dispose();
+    }
+
+    /// Whether the cell was disposed (or its owner, or its context).
+    pub fn is_disposed(&self) -> bool {
+        self.shared.scope.is_disposed()
+    }
+}
+
+/// Why [`RelayCellOf::drain_into`] made no drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DrainRefused {
+    /// The egress cell is on another graph than the relay: one effect
+    /// cannot track both.
+    #[error("the egress cell is on another graph than the relay")]
+    OtherGraph,
+    /// The relay cell or the egress cell was disposed.
+    #[error("the relay cell or the egress cell was disposed")]
+    Disposed,
+}
+
+/// The run of a drain: move entries while the cell takes them.
+#[doc(hidden)]
+pub struct DrainRun<T: 'static, M: 'static, F: Flavor> {
+    relay: Inner<T, M, F>,
+    cell: EgressCellOf<T, F>,
+    max_pending: usize,
+}
+
+impl<T: Clone + 'static, M: MergePolicy<T> + 'static, F: CellFlavor<T>> RunEffect for DrainRun<T, M, F> {
+    fn run_effect(&mut self) {
+        // What makes room or work: a new entry, a claim, an ack (under a
+        // capacity). Read tracked; a read of a disposed node ends the run.
+        let tracked = self.relay.counts[DEPTH].try_get().and_then(|_| self.cell.pending_len().try_get());
+        let capacity = self.cell.capacity();
+        if tracked.is_err() || (capacity.is_some() && self.cell.acked_through().try_get().is_err()) {
+            return;
+        }
+        loop {
+            let (pending, held) = self.cell.with_core(|c| (c.pending_len(), unacknowledged(c)));
+            if pending >= self.max_pending || capacity.is_some_and(|capacity| held >= capacity) {
+                return;
+            }
+            let Some(drained) = self.relay.apply(|s| s.relay.pop()) else { return };
+            let (value, entry) = drained.split();
+            let cell = &self.cell;
+            match catch_unwind(AssertUnwindSafe(|| cell.try_enqueue(value))) {
+                Ok(Ok(_)) => {}
+                Ok(Err(Refused::Full { payload, .. })) => {
+                    // Filled by another producer since the check: back in
+                    // front, as it was.
+                    self.relay.apply(|s| s.relay.unpop(entry.with_value(payload)));
+                    return;
+                }
+                Ok(Err(refused)) => {
+                    tracing::warn!(error = %refused, ops = entry.ops, "egress relay: the cell refused an entry for good");
+                    self.relay.apply(|s| s.rejected = s.rejected.saturating_add(1));
+                }
+                Err(panic) => {
+                    // A check of the cell's (user code) panicked: the entry
+                    // is gone with it; counted, then the panic goes on.
+                    self.relay.apply(|s| s.rejected = s.rejected.saturating_add(1));
+                    resume_unwind(panic);
+                }
+            }
+        }
+    }
+}
+
+impl<T: Clone + 'static, M: MergePolicy<T> + 'static, F: CellFlavor<T>> RelayCellOf<T, M, F> {
+    /// Drains the relay into `cell`: creates one effect (owned by the
+    /// relay cell) that, now and whenever the relay takes an op or the
+    /// cell's transport claims (or, for a cell with a capacity, an
+    /// acknowledgement frees room), moves the relay's entries, oldest
+    /// first, into the cell with [`try_enqueue`](EgressCellOf::try_enqueue)
+    /// while the cell holds fewer than `max_pending` records waiting to be
+    /// claimed and fewer than its capacity unacknowledged. The rest waits
+    /// (and folds, under pressure) in the relay.
+    ///
+    /// An entry the cell refuses as full (another producer filled it since
+    /// the check) goes back in front, as it was; one it refuses for good
+    /// (too large for its transport, not encodable by its store) is
+    /// counted in [`rejected`](Self::rejected) and logged. A panic in the
+    /// cell's checks (user code) loses the entry, counted in `rejected`,
+    /// and goes on. The drain stops for good once either cell is
+    /// disposed; dropping the [`RelayDrain`] stops it too.
+    ///
+    /// A transport that claims synchronously, in the same flush, takes
+    /// one flush round per `max_pending` entries: a relay deeper than
+    /// [`MAX_FLUSH_ROUNDS`](crate::MAX_FLUSH_ROUNDS) times `max_pending`
+    /// drained into one in a single flush would stop the flush as a loop.
+    ///
+    /// # Errors
+    /// [`DrainRefused`]: the cell is on another graph, or either cell was
+    /// disposed.
+    #[track_caller]
+    pub fn drain_into(
+        &self,
+        cell: &EgressCellOf<T, F>,
+        max_pending: NonZeroUsize,
+    ) -> Result<RelayDrain<F>, DrainRefused>
+    where
+        F: Holds<EffectObj<DrainRun<T, M, F>, F>>,
+    {
+        let at = Location::caller();
+        let handle = &self.shared.inner.handle;
+        let same =
+            cell.in_scope(|theirs| std::ptr::eq(&*theirs.rt, &*handle.rt)).map_err(|_| DrainRefused::Disposed)?;
+        if !same {
+            return Err(DrainRefused::OtherGraph);
+        }
+        let run = DrainRun { relay: self.shared.inner.clone(), cell: cell.clone(), max_pending: max_pending.get() };
+        let effect = self.shared.scope.try_run(|| handle.make_effect(run, at)).map_err(|_| DrainRefused::Disposed)?;
+        Ok(RelayDrain { node: (*effect).clone() })
+    }
+}
+
+/// A relay's drain into an egress cell: one effect (see
+/// [`RelayCellOf::drain_into`]). Dropping it stops the drain.
+#[must_use = "dropping a RelayDrain stops the drain"]
+pub struct RelayDrain<F: Flavor> {
+    node: NodeRef<F>,
+}
+
+impl<F: Flavor> RelayDrain<F> {
+    /// How many times the drain has run (0 once stopped).
+    pub fn runs(&self) -> u32 {
+        self.node.runs()
+    }
+
+    /// Whether the drain is stopped: dropped, or a cell disposed.
+    pub fn is_stopped(&self) -> bool {
+        self.node.is_disposed()
+    }
+
+    /// Stops the drain (as dropping does).
+    pub fn stop(self) {}
+}
+
+impl<F: Flavor> Drop for RelayDrain<F> {
+    fn drop(&mut self) {
+        self.node.dispose();
+    }
+}
+
+impl<F: Flavor> std::fmt::Debug for RelayDrain<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayDrain").field("stopped", &self.is_stopped()).finish()
+    }
+}
+
+#[cfg(feature = "async")]
+impl<T: Send + 'static, M: MergePolicy<T> + Send + 'static> RelayCellOf<T, M, crate::flavor::Threaded> {
+    /// Sends `op` once the relay is not full: at once if it is not, else
+    /// after a drain took it down to its low water marks (the hysteresis
+    /// rule). For a producer that must not lose ops, with
+    /// [`Overflow::Block`](egress_core::Overflow::Block) (with another
+    /// action, a full relay takes the op as that action says, and this
+    /// does not wait). Cancel-safe: dropped while waiting, nothing was
+    /// sent, and the op is dropped with the future.
+    ///
+    /// # Errors
+    /// [`SendRefused::TooLarge`], at once, for an op that never fits; and
+    /// [`SendRefused::Blocked`] once the relay cell is disposed (nothing
+    /// will drain it).
+    pub async fn send_when_room(&self, op: T) -> Result<Sent, SendRefused<T>> {
+        use tokio_stream::StreamExt as _;
+        let mut op = op;
+        let handle = &self.shared.inner.handle;
+        // Owned by the cell: its disposal ends the stream.
+        let Ok(mut full) = self.shared.scope.try_run(|| handle.watch(self.is_full())) else {
+            return self.send(op);
+        };
+        // Watching before trying: a drain between a try and the wait is a
+        // change the watch still yields.
+        let _ = full.next().await; // the value now
+        loop {
+            match self.send(op) {
+                Err(SendRefused::Blocked(back)) => op = back,
+                sent => return sent,
+            }
+            if full.next().await.is_none() {
+                return self.send(op);
+            }
+        }
+    }
+}
