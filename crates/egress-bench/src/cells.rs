@@ -35,6 +35,10 @@ pub const LIBS: &[(&str, &str, Workload)] = &[
     ("lanes-1000", "Lanes, 1,000 lanes (no graph)", lanes_1000),
     ("latest", "Latest upserts, 1,000 keys (no graph)", latest_upserts),
     ("hashmap", "HashMap inserts, 1,000 keys (baseline for latest)", hashmap_inserts),
+    ("relay", "Relay sends, Sum, conflating at 64, a pop per 4 (no graph)", relay_sends),
+    ("vecdeque", "VecDeque pushes, Sum folded at 64, a pop per 4 (baseline for relay)", vecdeque_pushes),
+    ("relay-steady", "Relay sends, a pop per send (no graph)", relay_steady),
+    ("vecdeque-steady", "VecDeque pushes, a pop per push (baseline for relay-steady)", vecdeque_steady),
     ("egress", "egress EgressCell", egress_local),
     ("egress-ts", "egress ThreadSafeEgressCell", egress_thread_safe),
     ("egress-async", "egress AsyncEgressCell", egress_async),
@@ -195,6 +199,79 @@ fn hashmap_inserts(n: usize) -> Duration {
     let elapsed = t.elapsed();
     assert_eq!(map.len() as u64, LATEST_KEYS.min(n as u64));
     std::hint::black_box(&map);
+    elapsed
+}
+
+// ---- the relay ahead of enqueue ---------------------------------------------
+
+/// The relay workload's bound in entries; under pressure a drain pops one
+/// entry every 4 ops, so the window stays full and most ops fold.
+const RELAY_HIGH: usize = 64;
+
+fn relay_sends(n: usize) -> Duration {
+    relay_run::<4>(n)
+}
+
+fn vecdeque_pushes(n: usize) -> Duration {
+    vecdeque_run::<4>(n)
+}
+
+/// The drain keeps up: every op is an entry, popped at once.
+fn relay_steady(n: usize) -> Duration {
+    relay_run::<1>(n)
+}
+
+fn vecdeque_steady(n: usize) -> Duration {
+    vecdeque_run::<1>(n)
+}
+
+/// `n` sends of `u64` ops into an `egress_core::Relay` under `Sum`, bounded
+/// at 64 entries (low water 16), conflating when full, one entry popped
+/// every `EVERY` ops. Checked after: what was popped, plus what is held,
+/// sums to the sum of every op.
+fn relay_run<const EVERY: u64>(n: usize) -> Duration {
+    use egress_core::{Backpressure, Overflow, Relay, Sum, Water};
+    let bp = Backpressure::count(Water::new(RELAY_HIGH as u64, 16), Overflow::Conflate);
+    let mut relay = Relay::new(Sum, bp).expect("a valid relay");
+    let mut delivered = 0u64;
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        let _ = relay.send(i);
+        if i % EVERY == EVERY - 1
+            && let Some(d) = relay.pop()
+        {
+            delivered = delivered.wrapping_add(d.value);
+        }
+    }
+    let elapsed = t.elapsed();
+    let held = relay.iter().fold(0u64, |a, v| a.wrapping_add(*v));
+    assert_eq!(delivered.wrapping_add(held), (0..n as u64).fold(0u64, u64::wrapping_add), "the fold converges");
+    elapsed
+}
+
+/// The baseline of [`relay_run`]: a plain `VecDeque<u64>`, pushed while
+/// it holds fewer than 64, else the op added to its back (the same fold),
+/// the front popped every `EVERY` ops; no hysteresis, no counts.
+fn vecdeque_run<const EVERY: u64>(n: usize) -> Duration {
+    let mut window: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
+    let mut delivered = 0u64;
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        if window.len() < RELAY_HIGH {
+            window.push_back(i);
+        } else if let Some(back) = window.back_mut() {
+            *back = back.saturating_add(i);
+        }
+        if i % EVERY == EVERY - 1
+            && let Some(v) = window.pop_front()
+        {
+            delivered = delivered.wrapping_add(v);
+        }
+    }
+    let elapsed = t.elapsed();
+    let held = window.iter().fold(0u64, |a, v| a.wrapping_add(*v));
+    assert_eq!(delivered.wrapping_add(held), (0..n as u64).fold(0u64, u64::wrapping_add), "the fold converges");
+    std::hint::black_box(&window);
     elapsed
 }
 

@@ -123,8 +123,15 @@ each_flavour! {
         assert_eq!(sent, vec![1, 2, 3, 49], "each entry one record, folds in order");
         assert_eq!(sent.iter().sum::<u64>(), (1..=10).sum::<u64>());
         assert_eq!((relay.depth().get(), relay.drained().get()), (0, 10));
-        assert!(drain.runs() > 0);
+        let runs = drain.runs();
+        assert!(runs > 1, "it ran on each claim");
+        let _ = claim(&cell);
+        relay.send(7).unwrap();
+        assert!(drain.runs() > runs);
+        assert_eq!(claim(&cell).map(|c| c.1), Some(7));
         assert!(!drain.is_stopped());
+        assert_eq!(format!("{drain:?}"), "RelayDrain { stopped: false }");
+        assert!(format!("{relay:?}").starts_with("RelayCell(RelayStats { depth: 0, ops: 0"), "{relay:?}");
         // Stopped: what comes next stays in the relay.
         drain.stop();
         relay.send(100).unwrap();
@@ -241,8 +248,12 @@ each_flavour! {
         cell.dispose();
         assert_eq!(relay.drain_into(&cell, nz(1)).map(|_| ()), Err(DrainRefused::Disposed));
         let cell = EgressCellOf::new(&cx, Policy::default());
+        let drain = relay.drain_into(&cell, nz(1)).unwrap();
+        assert!(!relay.is_disposed() && !drain.is_stopped());
         relay.dispose();
         assert!(relay.is_disposed());
+        assert!(drain.is_stopped(), "the relay cell owns its drains");
+        assert_eq!(drain.runs(), 0);
         assert_eq!(relay.drain_into(&cell, nz(1)).map(|_| ()), Err(DrainRefused::Disposed));
         // Disposed, the relay still takes ops, and notifies nothing.
         assert_eq!(relay.send(1u64), Ok(Sent::Accepted));

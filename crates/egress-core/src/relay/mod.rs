@@ -86,6 +86,9 @@ struct Entry<T> {
     bytes: u64,
 }
 
+/// The counters since the relay was built. Like the ops held, they wrap
+/// at `u64::MAX` rather than check (2^64 ops is centuries at a billion a
+/// second; a check would cost every send).
 #[derive(Clone, Copy, Default)]
 struct Counters {
     accepted: u64,
@@ -250,13 +253,39 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     ///
     /// # Errors
     /// [`SendRefused`], with the op: blocked, or too large.
+    #[inline]
     pub fn send(&mut self, op: T) -> Result<Sent, SendRefused<T>> {
-        let weight = self.weight(&op);
-        if let Some(limit) = self.bounds.bytes.map(|b| b.high)
-            && weight > limit
-        {
-            return Err(SendRefused::TooLarge { op, bytes: weight, limit });
+        // The two common cases without a bound in bytes, inlined: an op
+        // that fits, and an op folded into a full conflating relay.
+        if self.bounds.bytes.is_none() {
+            if !self.full && (self.window.len() as u64) < self.bounds.count.high {
+                self.push(op, 0);
+                self.full = self.window.len() as u64 >= self.bounds.count.high;
+                return Ok(Sent::Accepted);
+            }
+            if self.full && self.bounds.overflow == Overflow::Conflate && !self.window.is_empty() {
+                self.merge_into_back(op, 1);
+                self.counters.accepted = self.counters.accepted.wrapping_add(1);
+                self.counters.conflated = self.counters.conflated.wrapping_add(1);
+                return Ok(Sent::Conflated);
+            }
         }
+        self.send_slow(op)
+    }
+
+    /// [`send`](Self::send), every case.
+    #[inline(never)]
+    fn send_slow(&mut self, op: T) -> Result<Sent, SendRefused<T>> {
+        let weight = match self.bounds.bytes {
+            None => 0,
+            Some(Water { high: limit, .. }) => {
+                let weight = (self.weigh)(&op);
+                if weight > limit {
+                    return Err(SendRefused::TooLarge { op, bytes: weight, limit });
+                }
+                weight
+            }
+        };
         if !self.full && self.fits(weight) {
             self.push(op, weight);
             if self.at_high() {
@@ -267,20 +296,20 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
         self.full = true;
         match self.bounds.overflow {
             Overflow::Block => {
-                self.counters.blocked = self.counters.blocked.saturating_add(1);
+                self.counters.blocked = self.counters.blocked.wrapping_add(1);
                 Err(SendRefused::Blocked(op))
             }
             Overflow::DropNewest => {
-                self.counters.dropped = self.counters.dropped.saturating_add(1);
+                self.counters.dropped = self.counters.dropped.wrapping_add(1);
                 Ok(Sent::Dropped)
             }
             Overflow::DropOldest => {
                 let mut ops = 0u64;
                 while !self.fits(weight) {
                     let Some(entry) = self.take_front() else { break };
-                    ops = ops.saturating_add(entry.ops);
+                    ops = ops.wrapping_add(entry.ops);
                 }
-                self.counters.dropped = self.counters.dropped.saturating_add(ops);
+                self.counters.dropped = self.counters.dropped.wrapping_add(ops);
                 self.push(op, weight);
                 Ok(Sent::DroppedOldest { ops })
             }
@@ -291,9 +320,10 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// Takes the oldest entry: the drain's next value, with how many ops
     /// it folds. The relay stops being full once this takes it down to
     /// every low water mark.
+    #[inline]
     pub fn pop(&mut self) -> Option<Drained<T>> {
         let entry = self.take_front()?;
-        self.counters.drained = self.counters.drained.saturating_add(entry.ops);
+        self.counters.drained = self.counters.drained.wrapping_add(entry.ops);
         if self.full && self.at_low() {
             self.full = false;
         }
@@ -305,8 +335,8 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// it had not been taken, but for whether the relay is full, which
     /// stays as the pop left it.
     pub fn unpop(&mut self, drained: Drained<T>) {
-        self.counters.drained = self.counters.drained.saturating_sub(drained.ops);
-        self.ops = self.ops.saturating_add(drained.ops);
+        self.counters.drained = self.counters.drained.wrapping_sub(drained.ops);
+        self.ops = self.ops.wrapping_add(drained.ops);
         self.bytes += u128::from(drained.bytes);
         self.window.push_front(Entry { value: drained.value, ops: drained.ops, bytes: drained.bytes });
     }
@@ -376,21 +406,16 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             && self.bounds.bytes.is_none_or(|b| self.bytes <= u128::from(b.low))
     }
 
-    /// `value`'s weight: 0 without a bound in bytes.
-    fn weight(&self, value: &T) -> u64 {
-        if self.bounds.bytes.is_some() { (self.weigh)(value) } else { 0 }
-    }
-
     fn push(&mut self, op: T, weight: u64) {
         self.window.push_back(Entry { value: op, ops: 1, bytes: weight });
-        self.ops = self.ops.saturating_add(1);
+        self.ops = self.ops.wrapping_add(1);
         self.bytes += u128::from(weight);
-        self.counters.accepted = self.counters.accepted.saturating_add(1);
+        self.counters.accepted = self.counters.accepted.wrapping_add(1);
     }
 
     fn take_front(&mut self) -> Option<Entry<T>> {
         let entry = self.window.pop_front()?;
-        self.ops = self.ops.saturating_sub(entry.ops);
+        self.ops = self.ops.wrapping_sub(entry.ops);
         self.bytes -= u128::from(entry.bytes);
         Some(entry)
     }
@@ -406,27 +431,32 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             return Sent::Accepted;
         }
         self.merge_into_back(op, 1);
-        self.counters.accepted = self.counters.accepted.saturating_add(1);
-        self.counters.conflated = self.counters.conflated.saturating_add(1);
-        while self.window.len() > 1 && self.bounds.bytes.is_some_and(|b| self.bytes > u128::from(b.high)) {
-            let Some(newest) = self.window.pop_back() else { break };
-            self.ops = self.ops.saturating_sub(newest.ops);
-            self.bytes -= u128::from(newest.bytes);
-            self.merge_into_back(newest.value, newest.ops);
+        self.counters.accepted = self.counters.accepted.wrapping_add(1);
+        self.counters.conflated = self.counters.conflated.wrapping_add(1);
+        if let Some(Water { high, .. }) = self.bounds.bytes {
+            while self.window.len() > 1 && self.bytes > u128::from(high) {
+                let Some(newest) = self.window.pop_back() else { break };
+                self.ops = self.ops.wrapping_sub(newest.ops);
+                self.bytes -= u128::from(newest.bytes);
+                self.merge_into_back(newest.value, newest.ops);
+            }
         }
         Sent::Conflated
     }
 
     /// Folds `value`, which holds `ops` ops, into the newest entry, and
-    /// weighs the result. The counts change only once the merge returned.
+    /// weighs the result (with a bound in bytes). The counts change only
+    /// once the merge (and the weigher) returned.
     fn merge_into_back(&mut self, value: T, ops: u64) {
         let Some(back) = self.window.back_mut() else { return };
         self.policy.merge(&mut back.value, value);
-        let weight = if self.bounds.bytes.is_some() { (self.weigh)(&back.value) } else { 0 };
-        self.bytes = self.bytes - u128::from(back.bytes) + u128::from(weight);
-        back.bytes = weight;
-        back.ops = back.ops.saturating_add(ops);
-        self.ops = self.ops.saturating_add(ops);
+        if self.bounds.bytes.is_some() {
+            let weight = (self.weigh)(&back.value);
+            self.bytes = self.bytes - u128::from(back.bytes) + u128::from(weight);
+            back.bytes = weight;
+        }
+        back.ops = back.ops.wrapping_add(ops);
+        self.ops = self.ops.wrapping_add(ops);
     }
 }
 

@@ -443,7 +443,9 @@ impl<F: Flavor> RelayDrain<F> {
         self.node.runs()
     }
 
-    /// Whether the drain is stopped: dropped, or a cell disposed.
+    /// Whether the drain's effect is gone: its relay cell (or the graph)
+    /// was disposed. (A drain whose egress cell was disposed stays, idle:
+    /// it moves nothing.)
     pub fn is_stopped(&self) -> bool {
         self.node.is_disposed()
     }
