@@ -341,6 +341,57 @@ fn a_panicking_merge_or_weigher_leaves_the_relay_usable_and_its_counts_its_entri
     assert_eq!(relay.stats().ops, 3);
 }
 
+#[test]
+fn a_panicking_fold_of_the_newest_entries_counts_the_lost_entry_as_dropped() {
+    // Found by a hostile review: the fold of the newest entries (the bound
+    // in bytes) panicked after the newer one left the window, and its ops,
+    // taken long before, were counted nowhere.
+    struct Bomb;
+    impl MergePolicy<u64> for Bomb {
+        const COMMUTATIVE: bool = true;
+        const IDEMPOTENT: bool = false;
+        fn merge(&self, acc: &mut u64, op: u64) {
+            assert!(op < 100, "user merge panicked");
+            *acc += op;
+        }
+    }
+    let bp = count(4, 0, Overflow::Conflate).with_bytes(Water::new(100, 0));
+    let mut relay = Relay::weighed(Bomb, bp, |v: &u64| *v).unwrap();
+    assert_eq!(relay.send(10), Ok(Sent::Accepted));
+    assert_eq!(relay.send(60), Ok(Sent::Accepted));
+    // Full (70 of 100 bytes with 50 not fitting): 50 folds into 60 (110
+    // bytes in all: over), then 110 into 10, which panics.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| relay.send(50)));
+    assert!(panicked.is_err());
+    let s = relay.stats();
+    assert_eq!(relay.iter().copied().collect::<Vec<_>>(), vec![10]);
+    assert_eq!((s.accepted, s.ops, s.dropped, s.bytes), (3, 1, 2, 10));
+    assert_eq!(s.accepted, s.ops + s.drained + s.dropped, "every op taken is held, drained or dropped");
+}
+
+#[test]
+fn a_panicking_drop_of_an_entry_drop_oldest_drops_counts_it_and_never_leaves_a_full_relay_empty() {
+    // Found by a hostile review: the relay was marked full before the
+    // drop, and the dropped ops were counted after it.
+    struct Loud(u32);
+    impl Drop for Loud {
+        fn drop(&mut self) {
+            if self.0 == 1 && !std::thread::panicking() {
+                panic!("drop panicked");
+            }
+        }
+    }
+    let mut relay = Relay::new(KeepLatest, count(1, 0, Overflow::DropOldest)).unwrap();
+    assert!(relay.send(Loud(1)).is_ok());
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| relay.send(Loud(2))));
+    assert!(panicked.is_err());
+    let s = relay.stats();
+    assert_eq!((s.depth, s.full, s.accepted, s.dropped), (0, false, 1, 1));
+    // Usable: the next op is taken.
+    assert!(matches!(relay.send(Loud(3)), Ok(Sent::Accepted)));
+    assert!(relay.stats().full);
+}
+
 // ----- the model ------------------------------------------------------
 
 /// The rules, written plainly: entries as (value, ops, weight), sums

@@ -57,12 +57,15 @@ pub use self::merge::{KeepLatest, Max, MergePolicy, RawFifo, SetUnion, Sum};
 /// - **Counts.** [`stats`](Self::stats): entries, ops and bytes held,
 ///   whether full, and the ops taken, folded, dropped, blocked and drained
 ///   since the relay was built.
-/// - **User code.** The merge policy and the weigher are called inside
-///   transitions; a panic in either goes on to the caller and leaves the
-///   relay usable, its counts those of the entries it holds. A panicking
-///   weigher of an op changes nothing (it runs first); a fold that panics
-///   (in the policy, or weighing its result) loses the ops it was folding
-///   in, and leaves the entry it folded into as the panic left it.
+/// - **User code.** The merge policy, the weigher and `T`'s `Drop` run
+///   inside transitions; a panic in any goes on to the caller and leaves
+///   the relay usable, every op taken still held, drained or counted as
+///   dropped. A panicking weigher of an op changes nothing (it runs
+///   first). A fold of the op into the newest entry that panics (in the
+///   policy, or weighing its result) loses the op, never counted as
+///   taken (the entry folded into is as the panic left it); a fold of the newest entries together (the bound in bytes)
+///   that panics loses the newer entry, counted as dropped. An entry
+///   whose `Drop` panics as `DropOldest` drops it is counted as dropped.
 pub struct Relay<T, M> {
     policy: M,
     bounds: Backpressure,
@@ -293,13 +296,17 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             }
             return Ok(Sent::Accepted);
         }
-        self.full = true;
+        // Full from here on, set once the action's own work is done: an
+        // entry dropped by `DropOldest` runs user code (its `Drop`), and a
+        // panic there must not leave an empty relay full.
         match self.bounds.overflow {
             Overflow::Block => {
+                self.full = true;
                 self.counters.blocked = self.counters.blocked.wrapping_add(1);
                 Err(SendRefused::Blocked(op))
             }
             Overflow::DropNewest => {
+                self.full = true;
                 self.counters.dropped = self.counters.dropped.wrapping_add(1);
                 Ok(Sent::Dropped)
             }
@@ -307,13 +314,20 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
                 let mut ops = 0u64;
                 while !self.fits(weight) {
                     let Some(entry) = self.take_front() else { break };
+                    // Counted before the entry drops (its `Drop` may panic),
+                    // and an empty relay is not full.
                     ops = ops.wrapping_add(entry.ops);
+                    self.counters.dropped = self.counters.dropped.wrapping_add(entry.ops);
+                    self.full &= !self.window.is_empty();
                 }
-                self.counters.dropped = self.counters.dropped.wrapping_add(ops);
                 self.push(op, weight);
+                self.full = true;
                 Ok(Sent::DroppedOldest { ops })
             }
-            Overflow::Conflate => Ok(self.conflate(op, weight)),
+            Overflow::Conflate => {
+                self.full = true;
+                Ok(self.conflate(op, weight))
+            }
         }
     }
 
@@ -425,8 +439,10 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     fn conflate(&mut self, op: T, weight: u64) -> Sent {
         if self.window.is_empty() {
             // Not reached: a full relay holds an entry (it is full only
-            // once it held a high mark or an op did not fit, which an
-            // empty one always does, and a drain to empty clears it).
+            // once it held a high mark, or an op did not fit, which an
+            // empty one always does, and a drain to empty clears it; a
+            // `DropOldest` that empties it pushes its op before it is
+            // full).
             self.push(op, weight);
             return Sent::Accepted;
         }
@@ -438,7 +454,12 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
                 let Some(newest) = self.window.pop_back() else { break };
                 self.ops = self.ops.wrapping_sub(newest.ops);
                 self.bytes -= u128::from(newest.bytes);
-                self.merge_into_back(newest.value, newest.ops);
+                // Counted as dropped until the fold returns: a fold that
+                // panics loses the entry, and the counts say so.
+                self.counters.dropped = self.counters.dropped.wrapping_add(newest.ops);
+                let ops = newest.ops;
+                self.merge_into_back(newest.value, ops);
+                self.counters.dropped = self.counters.dropped.wrapping_sub(ops);
             }
         }
         Sent::Conflated

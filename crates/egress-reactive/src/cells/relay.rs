@@ -123,6 +123,10 @@ struct Shared<T: 'static, M: 'static, F: Flavor> {
 ///   is behind. Sequence assignment, acknowledgements and the fence stay
 ///   in the cell.
 ///
+/// The merge policy and the weigher run inside the cell's transitions:
+/// they must not call into the relay cell (a read there panics as a
+/// re-entrant borrow).
+///
 /// Use it as [`RelayCell`] on a [`Context`](crate::Context) or
 /// [`ThreadSafeRelayCell`] on a [`ThreadSafeContext`](crate::ThreadSafeContext)
 /// or an [`AsyncContext`](crate::AsyncContext)'s handle (which also has
@@ -352,6 +356,11 @@ impl<T: Clone + 'static, M: MergePolicy<T> + 'static, F: CellFlavor<T>> RunEffec
             return;
         }
         loop {
+            // A check (user code) may dispose the cell mid-run: nothing
+            // goes into a disposed cell.
+            if self.cell.is_disposed() {
+                return;
+            }
             let (pending, held) = self.cell.with_core(|c| (c.pending_len(), unacknowledged(c)));
             if pending >= self.max_pending || capacity.is_some_and(|capacity| held >= capacity) {
                 return;
@@ -373,9 +382,12 @@ impl<T: Clone + 'static, M: MergePolicy<T> + 'static, F: CellFlavor<T>> RunEffec
                 }
                 Err(panic) => {
                     // A check of the cell's (user code) panicked: the entry
-                    // is gone with it; counted, then the panic goes on.
+                    // is gone with it; counted and logged, and the drain goes
+                    // on. (Not resumed: an effect whose first run panics is
+                    // disposed, and the drain's first run is `drain_into`'s.)
+                    let message = egress_core::panic_message(&*panic).unwrap_or("(not a string)");
+                    tracing::error!(%message, ops = entry.ops, "egress relay: the cell's check panicked; the entry is lost");
                     self.relay.apply(|s| s.rejected = s.rejected.saturating_add(1));
-                    resume_unwind(panic);
                 }
             }
         }
@@ -396,14 +408,17 @@ impl<T: Clone + 'static, M: MergePolicy<T> + 'static, F: CellFlavor<T>> RelayCel
     /// the check) goes back in front, as it was; one it refuses for good
     /// (too large for its transport, not encodable by its store) is
     /// counted in [`rejected`](Self::rejected) and logged. A panic in the
-    /// cell's checks (user code) loses the entry, counted in `rejected`,
-    /// and goes on. The drain stops for good once either cell is
-    /// disposed; dropping the [`RelayDrain`] stops it too.
+    /// cell's checks (user code) loses the entry, counted in `rejected`
+    /// and logged with its message, and the drain goes on (the panic does
+    /// not reach the writer). The drain moves nothing once either cell is
+    /// disposed (even by a check, in the middle of a run); dropping the
+    /// [`RelayDrain`] stops it too.
     ///
-    /// A transport that claims synchronously, in the same flush, takes
-    /// one flush round per `max_pending` entries: a relay deeper than
-    /// [`MAX_FLUSH_ROUNDS`](crate::MAX_FLUSH_ROUNDS) times `max_pending`
-    /// drained into one in a single flush would stop the flush as a loop.
+    /// A transport that claims synchronously, in the same flush, takes two
+    /// flush rounds per `max_pending` entries (the drain's run, then the
+    /// transport's): a relay deeper than half
+    /// [`MAX_FLUSH_ROUNDS`](crate::MAX_FLUSH_ROUNDS) times `max_pending`,
+    /// drained into one in a single flush, stops the flush as a loop.
     ///
     /// # Errors
     /// [`DrainRefused`]: the cell is on another graph, or either cell was
