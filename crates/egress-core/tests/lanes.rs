@@ -234,6 +234,33 @@ fn the_cap_across_lanes_bounds_what_is_outstanding() {
 }
 
 #[test]
+fn next_claim_names_the_lane_claim_takes_and_nothing_when_it_would_not() {
+    let mut l = Lanes::new(policy().inflight_cap(NonZeroUsize::new(2).unwrap()));
+    assert_eq!(l.next_claim(), None, "empty");
+    let items = [(Lane::Room("b"), "b1"), (Lane::Room("a"), "a1"), (Lane::Room("a"), "a2"), (Lane::Room("c"), "c1")];
+    enqueue(&mut l, &items);
+    let g = l.generation();
+    let mut claim = |l: &mut Lanes<Lane, &'static str>, expected: Lane| {
+        assert_eq!(l.next_claim(), Some(&expected));
+        match l.claim(g).outcome {
+            LanesClaim::Claimed(e) => assert_eq!(e.lane, &expected),
+            other => panic!("{other:?}"),
+        }
+    };
+    claim(&mut l, Lane::Room("b"));
+    claim(&mut l, Lane::Room("a"));
+    // c1 could go, but the cap is reached.
+    assert_eq!(l.next_claim(), None, "at the cap");
+    let _ = l.complete(g, &Lane::Room("b"), Sequence(0));
+    // a2 waits behind a1 in its serial lane: c1 is next.
+    claim(&mut l, Lane::Room("c"));
+    let _ = l.complete(g, &Lane::Room("c"), Sequence(0));
+    assert_eq!(l.next_claim(), None, "a1 occupies its lane");
+    let _ = l.complete(g, &Lane::Room("a"), Sequence(0));
+    claim(&mut l, Lane::Room("a"));
+}
+
+#[test]
 fn a_flush_epoch_holds_its_lane_and_not_the_others() {
     let mut l = lanes();
     let g = l.generation();

@@ -537,3 +537,70 @@ fn a_strict_lane_is_not_overtaken_while_its_head_backs_off() {
     assert_eq!(wire.payloads(), [3, 1], "the first write, alone");
     cell.with_lanes(|l| assert_eq!(l.lane(&Lane::AccountData).map(egress_core::EgressCore::inflight_len), Some(1)));
 }
+
+thread_local! {
+    /// Counts down the clones of a [`BombLane`] on this thread: the clone
+    /// at 0 panics.
+    static BOMB: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// A lane key whose `Clone` panics when [`BOMB`] counts down to it.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct BombLane(u8);
+
+impl Clone for BombLane {
+    fn clone(&self) -> Self {
+        BOMB.with(|b| match b.get() {
+            Some(0) => {
+                b.set(None);
+                panic!("a lane key's Clone panicked");
+            }
+            Some(n) => b.set(Some(n - 1)),
+            None => {}
+        });
+        BombLane(self.0)
+    }
+}
+
+impl LaneKey for BombLane {
+    fn kind(&self) -> LaneKind {
+        LaneKind::Serial
+    }
+}
+
+/// Records each payload sent.
+struct Collect(Arc<Mutex<Vec<u32>>>);
+
+impl LanesTransport<BombLane, u32> for Collect {
+    fn send(&mut self, item: LaneItem<BombLane, u32>) -> Result<(), SendError> {
+        self.0.lock().expect("collect").push(item.envelope.payload);
+        Ok(())
+    }
+}
+
+/// On every flavour, apart from the main list (one `each_flavour!` a module).
+mod bomb {
+    use super::*;
+
+    each_flavour! {
+        fn a_lane_key_whose_clone_panics_never_leaves_a_record_in_flight_unsent(cx) {
+            // The panic comes at every clone of the key in turn (in the
+            // enqueue, the claim, the copy for the transport): wherever it
+            // lands, a record in flight was handed to the transport, and the
+            // readers show what the lanes hold.
+            for at in 0..16 {
+                let clock = ManualClock::new();
+                let cell: LanesCellOf<BombLane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+                let sent = Arc::new(Mutex::new(Vec::new()));
+                let _link = cell.attach(Collect(sent.clone()));
+                BOMB.with(|b| b.set(Some(at)));
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.enqueue(BombLane(1), 10)));
+                BOMB.with(|b| b.set(None));
+                let inflight = cell.with_lanes(|l| l.lanes().map(|(_, core)| core.inflight_len()).sum::<usize>());
+                let sent = sent.lock().expect("collect").len();
+                assert!(inflight <= sent, "clone #{at}: {inflight} in flight, {sent} sent");
+                assert_eq!(cell.inflight_len().get(), inflight, "clone #{at}: the readers show the state");
+            }
+        }
+    }
+}

@@ -289,6 +289,18 @@ impl<K: LaneKey, T> Lanes<K, T> {
         self.idle.first()
     }
 
+    /// The lane whose head [`claim`](Self::claim) would move into flight
+    /// now (under the current generation), if it would claim at all: for a
+    /// shell that must own a copy of the lane key before the claim (a copy
+    /// whose `Clone` panics then changes nothing).
+    #[must_use]
+    pub fn next_claim(&self) -> Option<&K> {
+        if self.policy.cap().is_some_and(|cap| self.totals.outstanding >= cap.get()) {
+            return None;
+        }
+        self.ready.first_key_value().map(|(_, key)| key)
+    }
+
     /// The ordinal of the record `sequence` of `lane`, while it is not
     /// acknowledged.
     #[must_use]

@@ -69,25 +69,38 @@ impl<K: LaneKey + 'static, T: 'static, F: Flavor> Drop for Marks<'_, K, T, F> {
 }
 
 /// A claim's copy of its record, and the panic of a copy that panicked.
-type Claimed<K, T> = (Option<LaneItem<K, T>>, Option<run::Panic>);
+/// What [`claim_in`] came to: a copy of the lane key to report on and
+/// the item, or nothing to claim; and a panic to resume.
+type Claimed<K, T> = (Option<(K, LaneItem<K, T>)>, Option<run::Panic>);
 
-/// Claims in the lanes and copies the record out. A copy that panics (a
-/// payload whose `Clone` panics) fails the record as transient, so that it
-/// is not left in flight unsent; the panic is returned, to be resumed once
-/// the readers know of both transitions.
+/// Claims in the lanes and copies the record out, with a copy of its lane
+/// key to report on. The lane key is copied before the claim (a `Clone`
+/// that panics there changes nothing: the panic is returned, and the run
+/// stops). A copy that panics after the claim (the key's or the
+/// payload's) fails the record as transient, so that it is not left in
+/// flight unsent; the panic is returned, to be resumed once the readers
+/// know of both transitions.
 fn claim_in<K: LaneKey, T: Clone>(
     s: &mut LanesState<K, T>,
     generation: Generation,
     clock: &dyn Clock,
 ) -> (Claimed<K, T>, Touched<K>) {
+    if generation != s.lanes.generation() {
+        return ((None, None), Touched::NOTHING);
+    }
+    let lane = match catch_unwind(AssertUnwindSafe(|| s.lanes.next_claim().cloned())) {
+        Ok(Some(lane)) => lane,
+        Ok(None) => return ((None, None), Touched::NOTHING),
+        Err(panic) => return ((None, Some(panic)), Touched::NOTHING),
+    };
     let t = s.lanes.claim(generation);
     let changes = t.changes;
     let LanesClaim::Claimed(e) = t.outcome else { return ((None, None), Touched::NOTHING) };
-    let (lane, ordinal, sequence) = (e.lane.clone(), e.ordinal, e.envelope.sequence);
-    match catch_unwind(AssertUnwindSafe(|| e.envelope.cloned())) {
-        Ok(envelope) => {
-            let item = LaneItem { lane: lane.clone(), ordinal, envelope };
-            ((Some(item), None), Touched::lane(lane, changes))
+    let (ordinal, sequence) = (e.ordinal, e.envelope.sequence);
+    match catch_unwind(AssertUnwindSafe(|| (lane.clone(), lane.clone(), e.envelope.cloned()))) {
+        Ok((report, touched, envelope)) => {
+            let item = LaneItem { lane, ordinal, envelope };
+            ((Some((report, item)), None), Touched::lane(touched, changes))
         }
         Err(panic) => {
             // A clock that panics too makes the record due at once.
@@ -112,8 +125,8 @@ impl<K: LaneKey + 'static, T: Clone + 'static, Tr: LanesTransport<K, T>, F: Flav
             if let Some(panic) = panic {
                 resume_unwind(panic);
             }
-            let Some(item) = item else { break };
-            let (lane, sequence) = (item.lane.clone(), item.envelope.sequence);
+            let Some((lane, item)) = item else { break };
+            let sequence = item.envelope.sequence;
             let transport = &mut self.transport;
             match catch_unwind(AssertUnwindSafe(|| transport.send(item))) {
                 Ok(Ok(())) => {}
