@@ -240,7 +240,7 @@ fn next_claim_names_the_lane_claim_takes_and_nothing_when_it_would_not() {
     let items = [(Lane::Room("b"), "b1"), (Lane::Room("a"), "a1"), (Lane::Room("a"), "a2"), (Lane::Room("c"), "c1")];
     enqueue(&mut l, &items);
     let g = l.generation();
-    let mut claim = |l: &mut Lanes<Lane, &'static str>, expected: Lane| {
+    let claim = |l: &mut Lanes<Lane, &'static str>, expected: Lane| {
         assert_eq!(l.next_claim(), Some(&expected));
         match l.claim(g).outcome {
             LanesClaim::Claimed(e) => assert_eq!(e.lane, &expected),
