@@ -71,8 +71,6 @@ pub struct Relay<T, M> {
     bounds: Backpressure,
     weigh: fn(&T) -> u64,
     window: VecDeque<Entry<T>>,
-    /// The ops the window's entries hold.
-    ops: u64,
     /// The sum of the entries' weights (0 without a bound in bytes: the
     /// weigher is then never called). Wider than one weight: a fold that
     /// grows may hold more than a `u64` sums to.
@@ -96,9 +94,20 @@ struct Entry<T> {
 struct Counters {
     accepted: u64,
     conflated: u64,
-    dropped: u64,
+    /// Ops dropped as they came (`DropNewest`): never taken.
+    dropped_new: u64,
+    /// Ops dropped once taken (`DropOldest`, a fold that panicked).
+    dropped_held: u64,
     blocked: u64,
     drained: u64,
+}
+
+impl Counters {
+    /// The ops the entries hold: every op taken is held, drained or
+    /// dropped once taken, so the count is kept by the counters alone.
+    const fn held(&self) -> u64 {
+        self.accepted.wrapping_sub(self.drained).wrapping_sub(self.dropped_held)
+    }
 }
 
 /// What a relay holds and has done: its every projection, as one value a
@@ -244,7 +253,6 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             bounds: backpressure,
             weigh,
             window: VecDeque::new(),
-            ops: 0,
             bytes: 0,
             full: false,
             counters: Counters::default(),
@@ -307,7 +315,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             }
             Overflow::DropNewest => {
                 self.full = true;
-                self.counters.dropped = self.counters.dropped.wrapping_add(1);
+                self.counters.dropped_new = self.counters.dropped_new.wrapping_add(1);
                 Ok(Sent::Dropped)
             }
             Overflow::DropOldest => {
@@ -317,7 +325,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
                     // Counted before the entry drops (its `Drop` may panic),
                     // and an empty relay is not full.
                     ops = ops.wrapping_add(entry.ops);
-                    self.counters.dropped = self.counters.dropped.wrapping_add(entry.ops);
+                    self.counters.dropped_held = self.counters.dropped_held.wrapping_add(entry.ops);
                     self.full &= !self.window.is_empty();
                 }
                 self.push(op, weight);
@@ -350,7 +358,6 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// stays as the pop left it.
     pub fn unpop(&mut self, drained: Drained<T>) {
         self.counters.drained = self.counters.drained.wrapping_sub(drained.ops);
-        self.ops = self.ops.wrapping_add(drained.ops);
         self.bytes += u128::from(drained.bytes);
         self.window.push_front(Entry { value: drained.value, ops: drained.ops, bytes: drained.bytes });
     }
@@ -379,12 +386,12 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
         let c = self.counters;
         RelayStats {
             depth: self.window.len() as u64,
-            ops: self.ops,
+            ops: c.held(),
             bytes: u64::try_from(self.bytes).unwrap_or(u64::MAX),
             full: self.full,
             accepted: c.accepted,
             conflated: c.conflated,
-            dropped: c.dropped,
+            dropped: c.dropped_new.wrapping_add(c.dropped_held),
             blocked: c.blocked,
             drained: c.drained,
         }
@@ -422,14 +429,12 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
 
     fn push(&mut self, op: T, weight: u64) {
         self.window.push_back(Entry { value: op, ops: 1, bytes: weight });
-        self.ops = self.ops.wrapping_add(1);
         self.bytes += u128::from(weight);
         self.counters.accepted = self.counters.accepted.wrapping_add(1);
     }
 
     fn take_front(&mut self) -> Option<Entry<T>> {
         let entry = self.window.pop_front()?;
-        self.ops = self.ops.wrapping_sub(entry.ops);
         self.bytes -= u128::from(entry.bytes);
         Some(entry)
     }
@@ -452,14 +457,13 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
         if let Some(Water { high, .. }) = self.bounds.bytes {
             while self.window.len() > 1 && self.bytes > u128::from(high) {
                 let Some(newest) = self.window.pop_back() else { break };
-                self.ops = self.ops.wrapping_sub(newest.ops);
                 self.bytes -= u128::from(newest.bytes);
                 // Counted as dropped until the fold returns: a fold that
                 // panics loses the entry, and the counts say so.
-                self.counters.dropped = self.counters.dropped.wrapping_add(newest.ops);
+                self.counters.dropped_held = self.counters.dropped_held.wrapping_add(newest.ops);
                 let ops = newest.ops;
                 self.merge_into_back(newest.value, ops);
-                self.counters.dropped = self.counters.dropped.wrapping_sub(ops);
+                self.counters.dropped_held = self.counters.dropped_held.wrapping_sub(ops);
             }
         }
         Sent::Conflated
@@ -477,7 +481,6 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             back.bytes = weight;
         }
         back.ops = back.ops.wrapping_add(ops);
-        self.ops = self.ops.wrapping_add(ops);
     }
 }
 
@@ -485,7 +488,7 @@ impl<T, M> std::fmt::Debug for Relay<T, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Relay")
             .field("depth", &self.window.len())
-            .field("ops", &self.ops)
+            .field("ops", &self.counters.held())
             .field("bytes", &self.bytes)
             .field("full", &self.full)
             .field("backpressure", &self.bounds)
