@@ -288,6 +288,12 @@ fn conflate_folds_the_newest_entries_together_while_above_high_in_bytes() {
     }
     assert_eq!(relay.send(set(&[3])), Ok(Sent::Conflated));
     assert_eq!(relay.stats().depth, 3, "{{3}} ∪ {{3}} stays 1 byte: nothing more to fold");
+    // A fold that reaches the high mark exactly is not above it: no more
+    // folding.
+    assert_eq!(relay.send(set(&[4])), Ok(Sent::Conflated));
+    let s = relay.stats();
+    assert_eq!((s.depth, s.bytes), (3, 4), "at high, not above: the entries stay apart");
+    assert_eq!(relay.iter().cloned().collect::<Vec<_>>(), vec![set(&[1]), set(&[2]), set(&[3, 4])]);
 }
 
 #[test]
