@@ -529,3 +529,47 @@ fn progress_is_taken_for_a_record_in_flight_under_the_current_generation_only() 
     let _ = core.reconnect(Generation(2));
     assert_eq!(core.isolation(), egress_core::Isolation::Off);
 }
+
+thread_local! {
+    /// How many times a [`Counted`] key was cloned on this thread.
+    static CLONES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A lane key that counts its clones: lane 0 unordered, the others serial.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Counted(u8);
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        CLONES.with(|c| c.set(c.get() + 1));
+        Counted(self.0)
+    }
+}
+
+impl LaneKey for Counted {
+    fn kind(&self) -> LaneKind {
+        if self.0 == 0 { LaneKind::Unordered(NonZeroUsize::new(2).unwrap()) } else { LaneKind::Serial }
+    }
+}
+
+#[test]
+fn a_claim_copies_no_lane_key() {
+    // A shell copies the key before a claim, so that a `Clone` that panics
+    // changes nothing; a copy inside the claim (putting the lane back in
+    // the release index) came after the record was in flight.
+    let mut l: Lanes<Counted, u32> = Lanes::new(policy());
+    for (lane, payload) in [(0, 1), (0, 2), (0, 3), (1, 4), (1, 5)] {
+        let _ = l.enqueue(Counted(lane), payload).outcome.unwrap();
+    }
+    CLONES.with(|c| c.set(0));
+    let g = l.generation();
+    let mut claimed = Vec::new();
+    while let LanesClaim::Claimed(e) = l.claim(g).outcome {
+        claimed.push(*e.envelope.payload);
+    }
+    assert_eq!(claimed, [1, 2, 4], "two of the unordered lane, one of the serial");
+    assert_eq!(CLONES.with(std::cell::Cell::get), 0, "no key copied");
+    assert_eq!(l.next_claim(), None);
+    let _ = l.complete(g, &Counted(0), Sequence(0));
+    assert_eq!(l.next_claim(), Some(&Counted(0)), "the lane is back in the index");
+}

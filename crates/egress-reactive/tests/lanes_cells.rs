@@ -564,7 +564,10 @@ impl Clone for BombLane {
 
 impl LaneKey for BombLane {
     fn kind(&self) -> LaneKind {
-        LaneKind::Serial
+        match self.0 {
+            0 => LaneKind::Unordered(NonZeroUsize::new(2).expect("2")),
+            _ => LaneKind::Serial,
+        }
     }
 }
 
@@ -588,18 +591,27 @@ mod bomb {
             // enqueue, the claim, the copy for the transport): wherever it
             // lands, a record in flight was handed to the transport, and the
             // readers show what the lanes hold.
-            for at in 0..16 {
+            // Two records in a batch, in a serial lane and in an unordered one
+            // (which can claim again after a claim: the release index takes
+            // the lane back, once with a copy of its key, found by a hostile
+            // review; now with none).
+            for (lane, at) in [0u8, 1].into_iter().flat_map(|lane| (0..32).map(move |at| (lane, at))) {
                 let clock = ManualClock::new();
                 let cell: LanesCellOf<BombLane, u32, _> = LanesCellOf::with_options(&cx.handle(), policy(8), options(&clock));
                 let sent = Arc::new(Mutex::new(Vec::new()));
                 let _link = cell.attach(Collect(sent.clone()));
                 BOMB.with(|b| b.set(Some(at)));
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.enqueue(BombLane(1), 10)));
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    cx.batch(|| {
+                        let _ = cell.enqueue(BombLane(lane), 10);
+                        let _ = cell.enqueue(BombLane(lane), 11);
+                    })
+                }));
                 BOMB.with(|b| b.set(None));
                 let inflight = cell.with_lanes(|l| l.lanes().map(|(_, core)| core.inflight_len()).sum::<usize>());
                 let sent = sent.lock().expect("collect").len();
-                assert!(inflight <= sent, "clone #{at}: {inflight} in flight, {sent} sent");
-                assert_eq!(cell.inflight_len().get(), inflight, "clone #{at}: the readers show the state");
+                assert!(inflight <= sent, "lane {lane}, clone #{at}: {inflight} in flight, {sent} sent");
+                assert_eq!(cell.inflight_len().get(), inflight, "lane {lane}, clone #{at}: the readers show the state");
             }
         }
     }

@@ -473,10 +473,20 @@ impl<K: LaneKey, T> Lanes<K, T> {
             ClaimOutcome::Claimed(envelope) => envelope.sequence,
             _ => unreachable!("invariant broken: a ready lane refused its claim"),
         };
+        // The lane goes back in the release index under the key popped
+        // from it, so that a claim copies no key: a key whose `Clone`
+        // panics cannot leave a record in flight with no one told of it.
+        // (A claim changes no timer and idles no lane: `settle` then has
+        // nothing to copy a key for either.)
+        let next = lane.ready_ordinal();
+        lane.ready = next;
         let _ = self.settle(&key, before);
         let (lane_key, lane) = self.lanes.get_key_value(&key).expect("a claim does not free its lane");
         let record = lane.core.inflight.get(sequence).expect("the claimed record is in flight");
         let envelope = record.view(self.generation);
+        if let Some(next) = next {
+            self.ready.insert(next, key);
+        }
         Transition::new(
             LanesClaim::Claimed(LaneEnvelope { lane: lane_key, ordinal, envelope }),
             Changes::NONE.with(Projection::Pending).with(Projection::Inflight),
