@@ -196,10 +196,13 @@ async fn panel() -> Result<(Vec<String>, Seen), Box<dyn Error>> {
 
     // Done once every setting is applied and every line acknowledged.
     let mut settled = cx.watch(latest.is_settled());
-    while settled.next().await != Some(true) {}
+    while settled.next().await.is_some_and(|settled| !settled) {}
     let mut acked = cx.watch(chat.acked_through());
     let last = Sequence(LINES as u64 - 1);
     while acked.next().await.is_some_and(|a| a != Some(last)) {}
+    // A write waits for a flush under way on another thread: once it is
+    // done, the redraw of what the waits saw has run.
+    cx.signal(0u8).set(1);
 
     let frame = screen.lock().expect("screen").clone();
     settings_sender.shutdown().await;

@@ -355,7 +355,9 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// Puts back an entry [`pop`](Self::pop) took, in front, when the
     /// drain could not deliver it after all (its stream was full): as if
     /// it had not been taken, but for whether the relay is full, which
-    /// stays as the pop left it.
+    /// stays as the pop left it. Only an entry this relay's `pop` took,
+    /// once: another relay's entry, or one put back twice, leaves the
+    /// counters wrong (the drained count wraps).
     pub fn unpop(&mut self, drained: Drained<T>) {
         self.counters.drained = self.counters.drained.wrapping_sub(drained.ops);
         self.bytes += u128::from(drained.bytes);
