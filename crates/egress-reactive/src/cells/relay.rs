@@ -35,9 +35,12 @@ struct RelayState<T, M> {
 }
 
 impl<T, M: MergePolicy<T>> RelayState<T, M> {
-    fn count(&self, which: usize) -> u64 {
+    /// Every count, in reader order, and whether the relay is full: read
+    /// once per transition.
+    fn counts(&self) -> ([u64; COUNTS], bool) {
         let s: RelayStats = self.relay.stats();
-        [s.depth, s.ops, s.bytes, s.accepted, s.conflated, s.dropped, s.blocked, s.drained, self.rejected][which]
+        let counts = [s.depth, s.ops, s.bytes, s.accepted, s.conflated, s.dropped, s.blocked, s.drained, self.rejected];
+        (counts, s.full)
     }
 }
 
@@ -71,12 +74,13 @@ impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> Inner<T, M, F> {
             let (outcome, keys) = self.state.with_mut(&entered, |s| {
                 let outcome = catch_unwind(AssertUnwindSafe(|| op(s)));
                 let mut keys = Vec::new();
-                for (which, reader) in self.counts.iter().enumerate() {
-                    if reader.push(&entered, s.count(which)) {
+                let (counts, full) = s.counts();
+                for (reader, count) in self.counts.iter().zip(counts) {
+                    if reader.push(&entered, count) {
                         keys.push(reader.key);
                     }
                 }
-                if self.full.push(&entered, s.relay.stats().full) {
+                if self.full.push(&entered, full) {
                     keys.push(self.full.key);
                 }
                 (outcome, keys)
@@ -213,8 +217,8 @@ impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> RelayCellOf<T, M, F> {
     fn build(cx: &Handle<F>, relay: Relay<T, M>, at: &'static Location<'static>) -> Self {
         let state = RelayState { relay, rejected: 0 };
         let (scope, (counts, full)) = cx.scope(|| {
-            let counts = std::array::from_fn(|which| cx.pushed(state.count(which), at));
-            (counts, cx.pushed(state.relay.stats().full, at))
+            let (counts, full) = state.counts();
+            (counts.map(|count| cx.pushed(count, at)), cx.pushed(full, at))
         });
         let inner = Inner { handle: cx.clone(), state: F::ptr(ValueCell::new(state)), counts, full };
         RelayCellOf { shared: F::ptr(Shared { inner, scope }) }
