@@ -89,7 +89,7 @@ pub use crate::panic::panic_message;
 pub use crate::policy::{DeadLetters, Ordering, Policy, PolicyBuilder, PolicyError};
 pub use crate::relay::{
     Backpressure, Drained, KeepLatest, Max, MergePolicy, Overflow, RawFifo, Relay, RelayConfigError, RelayStats,
-    SendRefused, Sent, SetUnion, Sum, Water,
+    SendRefused, Sent, SetUnion, SpillPage, Sum, Water,
 };
 pub use crate::restored::{Recovered, RestoreError, Restored, RestoredRecord};
 pub use crate::resume::Resume;

@@ -177,7 +177,9 @@ fn block_is_full_at_high_and_not_full_again_until_low() {
             conflated: 0,
             dropped: 0,
             blocked: 2,
-            drained: 3
+            drained: 3,
+            spilled: 0,
+            cold: 0,
         }
     );
     assert_eq!(relay.iter().copied().collect::<Vec<_>>(), vec![3, 6]);
@@ -398,6 +400,102 @@ fn a_panicking_drop_of_an_entry_drop_oldest_drops_counts_it_and_never_leaves_a_f
     assert!(relay.stats().full);
 }
 
+#[test]
+fn spill_asks_when_full_takes_every_entry_out_and_the_pages_go_first() {
+    let mut relay = Relay::new(RawFifo, count(2, 0, Overflow::Spill)).unwrap();
+    assert_eq!(relay.spill(), None, "nothing to take out");
+    assert_eq!(relay.send(vec![1u8]), Ok(Sent::Accepted));
+    assert_eq!(relay.send(vec![2]), Ok(Sent::Accepted));
+    let before = relay.stats();
+    assert!(matches!(relay.send(vec![3]), Err(SendRefused::MustSpill(op)) if op == vec![3]));
+    assert_eq!(relay.stats(), before, "asking changes nothing");
+    // RawFifo does not conflate: the page keeps each entry.
+    let page = relay.spill().unwrap();
+    assert_eq!(page.ops(), 2);
+    assert_eq!(
+        page.entries().iter().map(|d| (d.value.clone(), d.ops)).collect::<Vec<_>>(),
+        [(vec![1], 1), (vec![2], 1)]
+    );
+    let s = relay.stats();
+    assert_eq!((s.depth, s.ops, s.full, s.spilled, s.cold, s.drained), (0, 0, false, 2, 2, 0));
+    assert_eq!(relay.send(vec![3]), Ok(Sent::Accepted));
+    // The page goes first: nothing pops while an op is cold.
+    assert_eq!(relay.pop(), None);
+    relay.replayed(1);
+    assert_eq!(relay.pop(), None, "one op still cold");
+    relay.replayed(5);
+    assert_eq!((relay.cold(), relay.stats().drained), (0, 2), "at most the cold ops count");
+    assert_eq!(relay.pop().map(|d| d.value), Some(vec![3]));
+    // A restart's stored ops go before the entries too.
+    assert_eq!(relay.send(vec![4]), Ok(Sent::Accepted));
+    relay.restore_cold(u64::MAX - 1);
+    relay.restore_cold(7);
+    assert_eq!(relay.cold(), u64::MAX, "saturates");
+    assert_eq!(relay.pop(), None);
+    let s = relay.stats();
+    assert_eq!((s.accepted, s.ops, s.drained, s.spilled), (4, 1, 3, 2));
+    let debug = format!("{relay:?}");
+    assert!(debug.contains(&format!("cold: {}", u64::MAX)), "{debug}");
+    assert_eq!(format!("{:?}", SendRefused::MustSpill(1)), "MustSpill");
+    assert_eq!(SendRefused::MustSpill(1).into_op(), 1);
+    let failed = SendRefused::SpillFailed { op: 2, reason: "disk full".into() };
+    assert_eq!(failed.to_string(), "the relay could not write its entries out: disk full");
+    assert_eq!(format!("{failed:?}"), r#"SpillFailed { reason: "disk full" }"#);
+    assert_eq!(failed.into_op(), 2);
+}
+
+#[test]
+fn spill_folds_under_a_conflating_policy_and_unspill_puts_the_page_back_full() {
+    let bp = count(3, 1, Overflow::Spill).with_bytes(Water::new(100, 10));
+    let mut relay = Relay::weighed(Sum, bp, |v: &u64| *v).unwrap();
+    for op in [5u64, 6, 7] {
+        assert_eq!(relay.send(op), Ok(Sent::Accepted));
+    }
+    assert!(matches!(relay.send(8), Err(SendRefused::MustSpill(8))));
+    let page = relay.spill().unwrap();
+    assert_eq!(page.entries().iter().map(|d| (d.value, d.ops)).collect::<Vec<_>>(), [(18, 3)]);
+    let s = relay.stats();
+    assert_eq!((s.bytes, s.full, s.cold), (0, false, 3));
+    // The write failed: back as it was taken (one folded entry), and full.
+    relay.unspill(page);
+    let s = relay.stats();
+    assert_eq!((s.depth, s.ops, s.bytes, s.full, s.spilled, s.cold), (1, 3, 18, true, 0, 0));
+    assert!(matches!(relay.send(8), Err(SendRefused::MustSpill(8))), "still full");
+    assert_eq!(relay.pop().map(|d| (d.value, d.ops)), Some((18, 3)));
+    assert_eq!(relay.stats().accepted, relay.stats().drained);
+}
+
+#[test]
+fn a_panicking_fold_while_spilling_loses_the_newer_entry_counted_as_dropped() {
+    struct Bomb;
+    impl MergePolicy<u64> for Bomb {
+        const COMMUTATIVE: bool = true;
+        const IDEMPOTENT: bool = false;
+        fn merge(&self, acc: &mut u64, op: u64) {
+            assert!(op != 13, "user merge panicked");
+            *acc += op;
+        }
+    }
+    let mut relay = Relay::new(Bomb, count(3, 0, Overflow::Spill)).unwrap();
+    for op in [1u64, 13, 2] {
+        assert_eq!(relay.send(op), Ok(Sent::Accepted));
+    }
+    // 2 folds into 13 (15), then 15 into 1: no panic; 13 itself is never
+    // the op folded. Send 13 alone as the newest to make it so.
+    let page = relay.spill().unwrap();
+    assert_eq!(page.entries().iter().map(|d| d.value).collect::<Vec<_>>(), [16]);
+    relay.replayed(page.ops());
+    for op in [1u64, 2, 13] {
+        assert_eq!(relay.send(op), Ok(Sent::Accepted));
+    }
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| relay.spill()));
+    assert!(panicked.is_err());
+    let s = relay.stats();
+    assert_eq!(relay.iter().copied().collect::<Vec<_>>(), [1, 2], "nothing taken out");
+    assert_eq!((s.ops, s.dropped, s.spilled, s.cold), (2, 1, 3, 0));
+    assert_eq!(s.accepted, s.ops + s.drained + s.cold + s.dropped);
+}
+
 // ----- the model ------------------------------------------------------
 
 /// The rules, written plainly: entries as (value, ops, weight), sums
@@ -413,6 +511,9 @@ struct Model {
     drained: u64,
     /// Of `dropped`, the ops `DropNewest` dropped (never taken).
     dropped_newest: u64,
+    /// The pages written out, oldest first: each entry as (value, ops).
+    pages: VecDeque<Vec<(u64, u64)>>,
+    spilled: u64,
 }
 
 impl Model {
@@ -443,6 +544,7 @@ impl Model {
                 self.blocked += 1;
                 Err(())
             }
+            Overflow::Spill => Err(()),
             Overflow::DropNewest => {
                 self.dropped += 1;
                 self.dropped_newest += 1;
@@ -477,7 +579,30 @@ impl Model {
         }
     }
 
+    fn cold(&self) -> u64 {
+        self.pages.iter().flatten().map(|e| e.1).sum()
+    }
+
+    /// The entries out as one page, folded (`Sum` conflates).
+    fn spill(&mut self) -> Option<Vec<(u64, u64)>> {
+        if self.entries.is_empty() {
+            return None;
+        }
+        let (mut v, mut n) = (0u64, 0u64);
+        for (value, ops, _) in self.entries.drain(..) {
+            v = v.saturating_add(value);
+            n += ops;
+        }
+        self.full = false;
+        self.spilled += n;
+        self.pages.push_back(vec![(v, n)]);
+        Some(vec![(v, n)])
+    }
+
     fn pop(&mut self, bp: &Backpressure) -> Option<(u64, u64)> {
+        if !self.pages.is_empty() {
+            return None;
+        }
         let (v, n, _) = self.entries.pop_front()?;
         self.drained += n;
         let low = self.entries.len() as u64 <= bp.count.low && bp.bytes.is_none_or(|b| self.bytes() <= b.low);
@@ -498,6 +623,8 @@ impl Model {
             dropped: self.dropped,
             blocked: self.blocked,
             drained: self.drained,
+            spilled: self.spilled,
+            cold: self.cold(),
         }
     }
 }
@@ -507,6 +634,12 @@ enum Step {
     Send(u64),
     Pop,
     PopAndPutBack,
+    /// Take a page out (and write it).
+    Spill,
+    /// Take a page out, fail to write it, put it back.
+    SpillAndPutBack,
+    /// Replay the oldest page written.
+    Replay,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -514,6 +647,9 @@ fn step() -> impl Strategy<Value = Step> {
         6 => (0u64..40).prop_map(Step::Send),
         3 => Just(Step::Pop),
         1 => Just(Step::PopAndPutBack),
+        1 => Just(Step::Spill),
+        1 => Just(Step::SpillAndPutBack),
+        2 => Just(Step::Replay),
     ]
 }
 
@@ -523,6 +659,7 @@ fn backpressure() -> impl Strategy<Value = Backpressure> {
         Just(Overflow::DropNewest),
         Just(Overflow::DropOldest),
         Just(Overflow::Conflate),
+        Just(Overflow::Spill),
     ];
     let bytes = proptest::option::of((1u64..120).prop_flat_map(|high| (Just(high), 0..high)));
     ((1u64..6).prop_flat_map(|high| (Just(high), 0..high)), bytes, overflow).prop_map(
@@ -546,6 +683,7 @@ proptest! {
     fn the_relay_follows_its_rules(bp in backpressure(), steps in prop::collection::vec(step(), 0..80)) {
         let mut relay = Relay::weighed(Sum, bp, |v: &u64| *v).unwrap();
         let mut model = Model::default();
+        let weight = |v: u64| if bp.bytes.is_some() { v } else { 0 };
         for step in steps {
             match step {
                 Step::Send(op) => {
@@ -561,22 +699,51 @@ proptest! {
                     if let Some(d) = relay.pop() {
                         relay.unpop(d);
                     }
-                    let weight = |v: u64| if bp.bytes.is_some() { v } else { 0 };
                     if let Some((v, n)) = model.pop(&bp) {
                         model.drained -= n;
                         model.entries.push_front((v, n, weight(v)));
+                    }
+                }
+                Step::Spill => {
+                    let page = relay.spill().map(|p| p.entries().iter().map(|d| (d.value, d.ops)).collect::<Vec<_>>());
+                    prop_assert_eq!(page, model.spill());
+                }
+                Step::SpillAndPutBack => {
+                    let was_full = model.full;
+                    if let Some(page) = relay.spill() {
+                        relay.unspill(page);
+                        // Back as one folded entry, and full.
+                        let page = model.spill().unwrap();
+                        model.pages.pop_back();
+                        model.spilled -= page[0].1;
+                        model.entries.push_back((page[0].0, page[0].1, weight(page[0].0)));
+                        model.full = true;
+                    } else {
+                        prop_assert_eq!(relay.stats().full, was_full, "nothing to spill changes nothing");
+                    }
+                }
+                Step::Replay => {
+                    if let Some(page) = model.pages.pop_front() {
+                        let ops = page.iter().map(|e| e.1).sum::<u64>();
+                        relay.replayed(ops);
+                        model.drained += ops;
+                    } else {
+                        let before = relay.stats();
+                        relay.replayed(3);
+                        prop_assert_eq!(relay.stats(), before, "nothing cold: nothing replayed");
                     }
                 }
             }
             let stats = relay.stats();
             prop_assert_eq!(stats, model.stats());
             prop_assert_eq!(relay.iter().copied().collect::<Vec<_>>(), model.entries.iter().map(|e| e.0).collect::<Vec<_>>());
+            prop_assert_eq!(relay.cold(), stats.cold);
             prop_assert!(stats.depth <= bp.count.high, "bounded in entries");
             if let (Some(b), true) = (bp.bytes, bp.overflow != Overflow::Conflate) {
                 prop_assert!(stats.bytes <= b.high, "bounded in bytes");
             }
-            // Every op taken is held, drained, or dropped by DropOldest.
-            prop_assert_eq!(stats.accepted, stats.ops + stats.drained + stats.dropped - model.dropped_newest);
+            // Every op taken is held, drained, cold, or dropped by DropOldest.
+            prop_assert_eq!(stats.accepted, stats.ops + stats.drained + stats.cold + stats.dropped - model.dropped_newest);
         }
     }
 }
@@ -594,14 +761,30 @@ where
     let mut relay = Relay::new(policy.clone(), backpressure).unwrap();
     let mut taken = Vec::new();
     let mut delivered = Vec::new();
+    // What a spill store holds: the pages' entries, oldest first.
+    let mut disk = VecDeque::new();
     for (i, op) in ops.into_iter().enumerate() {
-        if relay.send(op.clone()).is_ok() {
+        let sent = match relay.send(op.clone()) {
+            Err(SendRefused::MustSpill(op)) => {
+                let page = relay.spill().expect("a full relay holds entries");
+                disk.extend(page.entries().iter().map(|d| (d.value.clone(), d.ops)));
+                relay.send(op)
+            }
+            sent => sent,
+        };
+        if sent.is_ok() {
             taken.push(op);
         }
         if drain.get(i).copied().unwrap_or(false) {
-            delivered.extend(relay.pop().map(|d| d.value));
+            if let Some((value, ops)) = disk.pop_front() {
+                relay.replayed(ops);
+                delivered.push(value);
+            } else {
+                delivered.extend(relay.pop().map(|d| d.value));
+            }
         }
     }
+    delivered.extend(disk.into_iter().map(|(value, _)| value));
     delivered.extend(relay.iter().cloned());
     assert_eq!(fold(&policy, &delivered), fold(&policy, &taken));
     let stats = relay.stats();
@@ -619,16 +802,22 @@ proptest! {
     #[test]
     fn every_policy_converges_to_the_flat_fold_for_any_drain_schedule(
         (high, low, block) in pressure(),
+        spill in any::<bool>(),
         ops in prop::collection::vec(0u16..1000, 0..60),
         drain in prop::collection::vec(prop::bool::weighted(0.3), 0..60),
     ) {
-        let bp = Backpressure::count(Water::new(high, low), if block { Overflow::Block } else { Overflow::Conflate });
+        let overflow = match (spill, block) {
+            (true, _) => Overflow::Spill,
+            (false, true) => Overflow::Block,
+            (false, false) => Overflow::Conflate,
+        };
+        let bp = Backpressure::count(Water::new(high, low), overflow);
         converges(KeepLatest, bp, ops.clone(), &drain);
         converges(Max, bp, ops.clone(), &drain);
         converges(Sum, bp, ops.iter().map(|&v| u64::from(v)).collect(), &drain);
         converges(Sum, bp, ops.iter().map(|&v| i16::try_from(v).unwrap().wrapping_mul(97)).collect(), &drain);
         converges(SetUnion, bp, ops.iter().map(|&v| BTreeSet::from([v % 16, v % 7])).collect(), &drain);
-        let fifo = Backpressure::count(Water::new(high, low), Overflow::Block);
+        let fifo = Backpressure::count(Water::new(high, low), if spill { Overflow::Spill } else { Overflow::Block });
         converges(RawFifo, fifo, ops.iter().map(|&v| vec![v]).collect(), &drain);
     }
 }

@@ -43,6 +43,17 @@ pub enum Overflow {
     /// is bounded in bytes only as far as it shrinks). Refused at
     /// construction for a policy that does not conflate.
     Conflate,
+    /// Write the entries out to storage, then take it: the relay's shell
+    /// takes them as one page ([`Relay::spill`](super::Relay::spill),
+    /// folded into one entry under a policy that conflates), writes the
+    /// page after every page before it, and sends the op again into the
+    /// emptied relay. Until the pages are replayed into the stream
+    /// ([`Relay::replayed`](super::Relay::replayed)), the relay's own
+    /// entries wait behind them: memory stays bounded by the marks while
+    /// storage takes the burst. The pure relay only asks
+    /// ([`SendRefused::MustSpill`](super::SendRefused::MustSpill)); a
+    /// relay cell with a spill store does the rest.
+    Spill,
 }
 
 /// A relay's bounds and overflow action.

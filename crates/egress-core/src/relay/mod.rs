@@ -47,7 +47,15 @@ pub use self::merge::{KeepLatest, Max, MergePolicy, RawFifo, SetUnion, Sum};
 ///   goes to the [`Overflow`] action, even if it would fit.
 /// - **Overflow** ([`Backpressure::overflow`]): refuse
 ///   ([`Overflow::Block`]), drop the op, drop the oldest entries until it
-///   fits, or fold it into the newest entry ([`Overflow::Conflate`]).
+///   fits, fold it into the newest entry ([`Overflow::Conflate`]), or ask
+///   for the entries to be written to storage first ([`Overflow::Spill`]).
+/// - **Spill.** [`spill`](Self::spill) takes every entry out as one page
+///   (folded into one entry under a policy that conflates) and counts its
+///   ops as *cold*: written out, ahead of the entries. While any op is
+///   cold, [`pop`](Self::pop) takes nothing: the pages go first, and
+///   [`replayed`](Self::replayed) counts them into the stream as they do.
+///   A page that could not be written comes back with
+///   [`unspill`](Self::unspill), as it was.
 /// - **Too large.** An op heavier than the high water mark in bytes is
 ///   refused whatever the action ([`SendRefused::TooLarge`]): it would
 ///   never fit.
@@ -76,6 +84,9 @@ pub struct Relay<T, M> {
     /// grows may hold more than a `u64` sums to.
     bytes: u128,
     full: bool,
+    /// Ops written out to storage and not yet replayed into the stream:
+    /// they go before the entries.
+    cold: u64,
     counters: Counters,
 }
 
@@ -100,13 +111,17 @@ struct Counters {
     dropped_held: u64,
     blocked: u64,
     drained: u64,
+    /// Ops taken out in pages ([`Relay::spill`]).
+    spilled: u64,
+    /// Cold ops counted into the stream ([`Relay::replayed`]).
+    replayed: u64,
 }
 
 impl Counters {
-    /// The ops the entries hold: every op taken is held, drained or
-    /// dropped once taken, so the count is kept by the counters alone.
+    /// The ops the entries hold: every op taken is held, drained, spilled
+    /// or dropped once taken, so the count is kept by the counters alone.
     const fn held(&self) -> u64 {
-        self.accepted.wrapping_sub(self.drained).wrapping_sub(self.dropped_held)
+        self.accepted.wrapping_sub(self.drained).wrapping_sub(self.dropped_held).wrapping_sub(self.spilled)
     }
 }
 
@@ -133,8 +148,16 @@ pub struct RelayStats {
     pub dropped: u64,
     /// Ops refused by [`Overflow::Block`].
     pub blocked: u64,
-    /// Ops the drain took (entries popped and not put back).
+    /// Ops the drain took: entries popped and not put back, and cold ops
+    /// replayed.
     pub drained: u64,
+    /// Ops taken out in pages to be written to storage
+    /// ([`Overflow::Spill`]).
+    pub spilled: u64,
+    /// Ops written out and not yet replayed into the stream (those this
+    /// relay spilled, and those a restart found stored): they go before
+    /// the entries.
+    pub cold: u64,
 }
 
 /// What [`Relay::send`] did with an op it did not refuse.
@@ -174,13 +197,31 @@ pub enum SendRefused<T> {
         /// The high water mark in bytes.
         limit: u64,
     },
+    /// The relay is full and its overflow action is [`Overflow::Spill`]:
+    /// write its entries out ([`Relay::spill`]), then send the op again.
+    /// Nothing changed.
+    #[error("the relay is full: its entries must be written out first")]
+    MustSpill(T),
+    /// A relay cell could not write its entries out (the op's
+    /// [`Overflow::Spill`]): they are back in the relay as they were, and
+    /// nothing changed but the relay is full.
+    #[error("the relay could not write its entries out: {reason}")]
+    SpillFailed {
+        /// The op, back.
+        op: T,
+        /// Why (the store's error).
+        reason: String,
+    },
 }
 
 impl<T> SendRefused<T> {
     /// The op, back.
     pub fn into_op(self) -> T {
         match self {
-            SendRefused::Blocked(op) | SendRefused::TooLarge { op, .. } => op,
+            SendRefused::Blocked(op)
+            | SendRefused::TooLarge { op, .. }
+            | SendRefused::MustSpill(op)
+            | SendRefused::SpillFailed { op, .. } => op,
         }
     }
 }
@@ -192,6 +233,8 @@ impl<T> std::fmt::Debug for SendRefused<T> {
             SendRefused::TooLarge { bytes, limit, .. } => {
                 f.debug_struct("TooLarge").field("bytes", bytes).field("limit", limit).finish()
             }
+            SendRefused::MustSpill(_) => f.write_str("MustSpill"),
+            SendRefused::SpillFailed { reason, .. } => f.debug_struct("SpillFailed").field("reason", reason).finish(),
         }
     }
 }
@@ -204,6 +247,29 @@ pub struct Drained<T> {
     /// How many ops it folds (at least 1).
     pub ops: u64,
     bytes: u64,
+}
+
+/// The entries a relay took out to be written to storage
+/// ([`Relay::spill`]), oldest first: one, folded, under a policy that
+/// conflates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpillPage<T> {
+    entries: Vec<Drained<T>>,
+    ops: u64,
+}
+
+impl<T> SpillPage<T> {
+    /// The entries, oldest first: each a value and how many ops it folds.
+    #[must_use]
+    pub fn entries(&self) -> &[Drained<T>] {
+        &self.entries
+    }
+
+    /// The ops the page holds.
+    #[must_use]
+    pub const fn ops(&self) -> u64 {
+        self.ops
+    }
 }
 
 impl<T> Drained<T> {
@@ -255,6 +321,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             window: VecDeque::new(),
             bytes: 0,
             full: false,
+            cold: 0,
             counters: Counters::default(),
         })
     }
@@ -336,14 +403,97 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
                 self.full = true;
                 Ok(self.conflate(op, weight))
             }
+            Overflow::Spill => {
+                self.full = true;
+                Err(SendRefused::MustSpill(op))
+            }
         }
+    }
+
+    /// Takes every entry out as one page to be written to storage (for
+    /// [`Overflow::Spill`], or before a process stops): folded into one
+    /// entry first under a policy that conflates (newest into older, as a
+    /// conflating overflow folds). Its ops count as spilled and cold; the
+    /// relay is empty and not full. `None` when it holds nothing.
+    ///
+    /// A fold that panics (the policy's, the weigher's) loses the newer
+    /// entry, counted as dropped, and takes nothing out.
+    pub fn spill(&mut self) -> Option<SpillPage<T>> {
+        if M::CONFLATES {
+            while self.window.len() > 1 {
+                let Some(newest) = self.window.pop_back() else { break };
+                self.bytes -= u128::from(newest.bytes);
+                self.counters.dropped_held = self.counters.dropped_held.wrapping_add(newest.ops);
+                let ops = newest.ops;
+                self.merge_into_back(newest.value, ops);
+                self.counters.dropped_held = self.counters.dropped_held.wrapping_sub(ops);
+            }
+        }
+        if self.window.is_empty() {
+            return None;
+        }
+        let mut ops = 0u64;
+        let entries: Vec<Drained<T>> = self
+            .window
+            .drain(..)
+            .map(|e| {
+                ops = ops.wrapping_add(e.ops);
+                Drained { value: e.value, ops: e.ops, bytes: e.bytes }
+            })
+            .collect();
+        self.bytes = 0;
+        self.full = false;
+        self.cold = self.cold.wrapping_add(ops);
+        self.counters.spilled = self.counters.spilled.wrapping_add(ops);
+        Some(SpillPage { entries, ops })
+    }
+
+    /// Puts back a page [`spill`](Self::spill) took, in front, when it
+    /// could not be written: as if it had not been taken, and full (a
+    /// relay is asked to spill when full). Only a page this relay's
+    /// `spill` took, once (as [`unpop`](Self::unpop)).
+    pub fn unspill(&mut self, page: SpillPage<T>) {
+        self.cold = self.cold.wrapping_sub(page.ops);
+        self.counters.spilled = self.counters.spilled.wrapping_sub(page.ops);
+        for entry in page.entries.into_iter().rev() {
+            self.bytes += u128::from(entry.bytes);
+            self.window.push_front(Entry { value: entry.value, ops: entry.ops, bytes: entry.bytes });
+        }
+        self.full = true;
+    }
+
+    /// Counts `ops` cold ops (written out by this relay, or found stored
+    /// by a restart) as replayed into the stream: drained. At most the
+    /// cold ops count; the rest is ignored. Once none is cold,
+    /// [`pop`](Self::pop) takes the entries again.
+    pub fn replayed(&mut self, ops: u64) {
+        let ops = ops.min(self.cold);
+        self.cold -= ops;
+        self.counters.replayed = self.counters.replayed.wrapping_add(ops);
+    }
+
+    /// Adds `ops` ops a restart found written out (by an earlier relay)
+    /// to the cold ops: they go before every entry (saturating).
+    pub fn restore_cold(&mut self, ops: u64) {
+        self.cold = self.cold.saturating_add(ops);
+    }
+
+    /// Ops written out and not yet replayed: while any is, `pop` takes
+    /// nothing.
+    #[must_use]
+    pub const fn cold(&self) -> u64 {
+        self.cold
     }
 
     /// Takes the oldest entry: the drain's next value, with how many ops
     /// it folds. The relay stops being full once this takes it down to
-    /// every low water mark.
+    /// every low water mark. Nothing while any op is
+    /// [`cold`](Self::cold): the pages go first.
     #[inline]
     pub fn pop(&mut self) -> Option<Drained<T>> {
+        if self.cold != 0 {
+            return None;
+        }
         let entry = self.take_front()?;
         self.counters.drained = self.counters.drained.wrapping_add(entry.ops);
         if self.full && self.at_low() {
@@ -395,7 +545,9 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             conflated: c.conflated,
             dropped: c.dropped_new.wrapping_add(c.dropped_held),
             blocked: c.blocked,
-            drained: c.drained,
+            drained: c.drained.wrapping_add(c.replayed),
+            spilled: c.spilled,
+            cold: self.cold,
         }
     }
 
@@ -493,6 +645,7 @@ impl<T, M> std::fmt::Debug for Relay<T, M> {
             .field("ops", &self.counters.held())
             .field("bytes", &self.bytes)
             .field("full", &self.full)
+            .field("cold", &self.cold)
             .field("backpressure", &self.bounds)
             .finish_non_exhaustive()
     }
