@@ -476,7 +476,8 @@ fn a_panicking_fold_while_spilling_loses_the_newer_entry_counted_as_dropped() {
             *acc += op;
         }
     }
-    let mut relay = Relay::new(Bomb, count(3, 0, Overflow::Spill)).unwrap();
+    let bp = count(3, 0, Overflow::Spill).with_bytes(Water::new(100, 0));
+    let mut relay = Relay::weighed(Bomb, bp, |v: &u64| *v).unwrap();
     for op in [1u64, 13, 2] {
         assert_eq!(relay.send(op), Ok(Sent::Accepted));
     }
@@ -492,7 +493,7 @@ fn a_panicking_fold_while_spilling_loses_the_newer_entry_counted_as_dropped() {
     assert!(panicked.is_err());
     let s = relay.stats();
     assert_eq!(relay.iter().copied().collect::<Vec<_>>(), [1, 2], "nothing taken out");
-    assert_eq!((s.ops, s.dropped, s.spilled, s.cold), (2, 1, 3, 0));
+    assert_eq!((s.ops, s.bytes, s.dropped, s.spilled, s.cold), (2, 3, 1, 3, 0));
     assert_eq!(s.accepted, s.ops + s.drained + s.cold + s.dropped);
 }
 

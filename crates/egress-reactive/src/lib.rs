@@ -132,8 +132,9 @@ pub use cells::{
     LanesAppends, LanesAttachment, LanesCell, LanesCellOf, LanesFlavor, LanesInner, LanesRefused, LanesRun, LanesState,
     LanesTransport, LatestAttachment, LatestCell, LatestCellOf, LatestCheck, LatestFlavor, LatestInner, LatestItem,
     LatestRefused, LatestRun, LatestSink, LatestState, ManualClock, MonotonicClock, ParkedRecord, Project, Refused,
-    RelayCell, RelayCellOf, RelayDrain, SendError, SizeCheck, Snapshot, State, ThreadSafeEgressCell,
-    ThreadSafeLanesCell, ThreadSafeLatestCell, ThreadSafeRelayCell, Transport, Written, Xorshift, delay,
+    RelayCell, RelayCellOf, RelayDrain, SendError, SizeCheck, Snapshot, SpillError, SpillStore, SpilledEntry, State,
+    ThreadSafeEgressCell, ThreadSafeLanesCell, ThreadSafeLatestCell, ThreadSafeRelayCell, Transport, Written, Xorshift,
+    delay,
 };
 #[cfg(feature = "async")]
 pub use cells::{

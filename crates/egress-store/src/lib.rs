@@ -40,6 +40,7 @@
 
 mod lanes;
 mod latest;
+mod spill;
 mod sqlite;
 mod stored;
 
@@ -61,6 +62,7 @@ pub use crate::relay::{
     RelayStats, SqliteJournal, SqliteLanes, open_durable, open_durable_lanes, open_durable_lanes_raw,
     open_durable_latest, open_durable_with,
 };
+pub use crate::spill::SqliteSpill;
 pub use crate::sqlite::{Loaded, Outbox, ReceivedLog, SCHEMA_VERSION, SqliteStore, migrate};
 
 impl egress_core::Resume for ReceivedLog {
@@ -201,6 +203,18 @@ pub enum StoreError {
         name: String,
         /// Serde's reason (with the stored key, when reading).
         reason: String,
+    },
+    /// A spilled value its codec cannot write (an entry being written:
+    /// nothing was) or read (a stored entry, by its id).
+    #[error("spill {name}: {}: {error}", id.map_or_else(|| "a value does not encode".to_owned(), |id| format!("entry {id} does not decode")))]
+    SpillValue {
+        /// The spill's name.
+        name: String,
+        /// The stored entry's id (`None`: an entry being written).
+        id: Option<u64>,
+        /// The codec's reason.
+        #[source]
+        error: egress_codec::CodecError,
     },
     /// A latest projection's value its codec cannot write (`encode`) or
     /// read: nothing was written, or nothing restored.

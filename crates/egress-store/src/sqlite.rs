@@ -70,10 +70,23 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (name, key)
     ) STRICT, WITHOUT ROWID;
 ",
+    "
+    CREATE TABLE egress_spill_owner (
+        name TEXT PRIMARY KEY NOT NULL,
+        owner BLOB NOT NULL
+    ) STRICT;
+    CREATE TABLE egress_spill (
+        name TEXT NOT NULL,
+        id INTEGER NOT NULL,
+        ops INTEGER NOT NULL,
+        value BLOB NOT NULL,
+        PRIMARY KEY (name, id)
+    ) STRICT;
+",
 ];
 
 /// The schema version this library writes.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// Whether `stream`'s row still holds the owner token `mine`.
 fn still_owner(conn: &Connection, stream: &str, mine: &[u8; 16]) -> Result<(), StoreError> {

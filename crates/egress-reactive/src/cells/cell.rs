@@ -158,6 +158,13 @@ pub type EgressCell<T> = EgressCellOf<T, Local>;
 /// for transports that wait.
 pub type ThreadSafeEgressCell<T> = EgressCellOf<T, Threaded>;
 
+impl<T: 'static, F: Flavor> EgressCellOf<T, F> {
+    /// Whether `other` is a clone of this cell.
+    pub(crate) fn same_cell(&self, other: &Self) -> bool {
+        std::ptr::eq(&*self.shared, &*other.shared)
+    }
+}
+
 impl<T: 'static, F: Flavor> Clone for EgressCellOf<T, F> {
     fn clone(&self) -> Self {
         EgressCellOf { shared: self.shared.clone() }

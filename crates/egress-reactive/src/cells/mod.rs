@@ -26,6 +26,7 @@ mod latest;
 mod options;
 mod readers;
 mod relay;
+mod spill;
 mod transport;
 
 #[cfg(feature = "async")]
@@ -54,4 +55,5 @@ pub use latest::{
 pub use options::{CellOptions, EncodeCheck, Refused, SizeCheck};
 pub use readers::{ParkedRecord, Project, Snapshot};
 pub use relay::{DrainRefused, DrainRun, RelayCell, RelayCellOf, RelayDrain, ThreadSafeRelayCell};
+pub use spill::{SpillError, SpillStore, SpilledEntry};
 pub use transport::{AsyncTransport, SendError, Transport};

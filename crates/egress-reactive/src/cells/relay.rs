@@ -1,14 +1,19 @@
 //! [`RelayCellOf`]: an [`egress_core::Relay`] projected into a graph, and
-//! its drain into an egress cell ([`RelayCellOf::drain_into`]).
+//! its drain into an egress cell ([`RelayCellOf::drain_into`]); with a
+//! [`SpillStore`], its pages written out and replayed.
 
+use std::collections::VecDeque;
 use std::num::NonZeroUsize;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 
-use egress_core::{Backpressure, Drained, MergePolicy, Relay, RelayConfigError, RelayStats, SendRefused, Sent};
+use egress_core::{
+    Backpressure, Drained, MergePolicy, Relay, RelayConfigError, RelayStats, SendRefused, Sent, Sequence,
+};
 
 use super::cell::{CellFlavor, EgressCellOf};
 use super::inner::unacknowledged;
 use super::options::Refused;
+use super::spill::{SpillError, SpillStore, SpilledEntry};
 use crate::computed::Computed;
 use crate::context::{Handle, NodeRef, Scope};
 use crate::effect::{EffectObj, RunEffect};
@@ -16,7 +21,7 @@ use crate::flavor::{Entered, Flavor, Holds, ValueCell};
 use crate::run;
 
 /// How many counts a relay cell keeps, and their order.
-const COUNTS: usize = 9;
+const COUNTS: usize = 12;
 const DEPTH: usize = 0;
 const OPS: usize = 1;
 const BYTES: usize = 2;
@@ -26,28 +31,220 @@ const DROPPED: usize = 5;
 const BLOCKED: usize = 6;
 const DRAINED: usize = 7;
 const REJECTED: usize = 8;
+const SPILLED: usize = 9;
+const COLD: usize = 10;
+const SPILL_ERRORS: usize = 11;
+
+/// How many spilled entries a drain reads at a time.
+const READ_AHEAD: usize = 64;
+
+/// How many acknowledged spilled entries a reclaim waits for (one
+/// transaction deletes them), unless they are the last handed.
+const RECLAIM_BATCH: usize = 256;
 
 /// The relay, and the entries its drains' cells refused for good: touched
 /// only with the graph entered.
-struct RelayState<T, M> {
+struct RelayState<T: 'static, M, F: Flavor> {
     relay: Relay<T, M>,
     rejected: u64,
+    spill: Option<Spill<T, F>>,
 }
 
-impl<T, M: MergePolicy<T>> RelayState<T, M> {
+/// A relay cell's spill store, and where its replay is.
+struct Spill<T: 'static, F: Flavor> {
+    store: Box<dyn SpillStore<T> + Send>,
+    /// Entries read from the store, not yet in the stream (at most
+    /// [`READ_AHEAD`]).
+    ahead: VecDeque<SpilledEntry<T>>,
+    /// The newest id read (into `ahead`, or on into the stream).
+    cursor: Option<u64>,
+    /// Entries in the stream, oldest first, with the sequence each got
+    /// (`None`: refused for good, done): reclaimed once acknowledged.
+    handed: VecDeque<(u64, Option<Sequence>)>,
+    /// The cell the spilled entries go into: the first drain's. Only its
+    /// drains replay them (its acknowledgements reclaim them).
+    target: Option<EgressCellOf<T, F>>,
+    /// The store's errors so far.
+    errors: u64,
+}
+
+impl<T: 'static, F: Flavor> Spill<T, F> {
+    fn failed(&mut self, what: &'static str, error: &SpillError) {
+        self.errors = self.errors.saturating_add(1);
+        tracing::warn!(%error, what, "egress relay: the spill store failed");
+    }
+}
+
+impl<T, M: MergePolicy<T>, F: Flavor> RelayState<T, M, F> {
     /// Every count, in reader order, and whether the relay is full: read
     /// once per transition.
     fn counts(&self) -> ([u64; COUNTS], bool) {
         let s: RelayStats = self.relay.stats();
-        let counts = [s.depth, s.ops, s.bytes, s.accepted, s.conflated, s.dropped, s.blocked, s.drained, self.rejected];
+        let errors = self.spill.as_ref().map_or(0, |spill| spill.errors);
+        let counts = [
+            s.depth,
+            s.ops,
+            s.bytes,
+            s.accepted,
+            s.conflated,
+            s.dropped,
+            s.blocked,
+            s.drained,
+            self.rejected,
+            s.spilled,
+            s.cold,
+            errors,
+        ];
         (counts, s.full)
+    }
+
+    /// [`Relay::send`], and for [`MustSpill`](SendRefused::MustSpill) with
+    /// a store: the page written, then the op sent again.
+    fn send(&mut self, op: T) -> Result<Sent, SendRefused<T>> {
+        match self.relay.send(op) {
+            Err(SendRefused::MustSpill(op)) => {
+                let Some(spill) = &mut self.spill else { return Err(SendRefused::MustSpill(op)) };
+                if let Err(reason) = Self::write_out(&mut self.relay, spill) {
+                    return Err(SendRefused::SpillFailed { op, reason });
+                }
+                self.relay.send(op)
+            }
+            sent => sent,
+        }
+    }
+
+    /// Takes the relay's entries out as a page and appends it to the
+    /// store; a page the store refuses (or panics on) goes back. The ops
+    /// written.
+    fn write_out(relay: &mut Relay<T, M>, spill: &mut Spill<T, F>) -> Result<u64, String> {
+        let Some(page) = relay.spill() else { return Ok(0) };
+        match catch_unwind(AssertUnwindSafe(|| spill.store.append(&page))) {
+            Ok(Ok(())) => Ok(page.ops()),
+            Ok(Err(error)) => {
+                spill.failed("append", &error);
+                relay.unspill(page);
+                Err(error.to_string())
+            }
+            Err(panic) => {
+                spill.errors = spill.errors.saturating_add(1);
+                relay.unspill(page);
+                resume_unwind(panic)
+            }
+        }
+    }
+}
+
+/// What a drain took: an entry of the relay's, or a spilled one.
+enum Taken {
+    Hot(Drained<()>),
+    Cold { id: u64, ops: u64 },
+}
+
+impl<T: Clone + 'static, M: MergePolicy<T>, F: CellFlavor<T>> RelayState<T, M, F> {
+    /// The next value for `cell`: a spilled entry while any op is cold
+    /// (only for the spill's cell: none for another), else the oldest
+    /// entry.
+    fn take(&mut self, cell: &EgressCellOf<T, F>) -> Option<(T, Taken)> {
+        if self.relay.cold() != 0
+            && let Some(spill) = &mut self.spill
+        {
+            let target = spill.target.get_or_insert_with(|| cell.clone());
+            if !target.same_cell(cell) {
+                return None;
+            }
+            if spill.ahead.is_empty() {
+                match catch_unwind(AssertUnwindSafe(|| spill.store.read(spill.cursor, READ_AHEAD))) {
+                    Ok(Ok(read)) => spill.ahead.extend(read),
+                    Ok(Err(error)) => {
+                        spill.failed("read", &error);
+                        return None;
+                    }
+                    Err(_) => {
+                        spill.errors = spill.errors.saturating_add(1);
+                        tracing::error!("egress relay: the spill store panicked reading");
+                        return None;
+                    }
+                }
+            }
+            match spill.ahead.pop_front() {
+                Some(entry) => {
+                    spill.cursor = Some(entry.id);
+                    return Some((entry.value, Taken::Cold { id: entry.id, ops: entry.ops }));
+                }
+                None => {
+                    // The store holds fewer ops than the relay counts cold
+                    // (deleted under it): nothing more to replay.
+                    let cold = self.relay.cold();
+                    tracing::warn!(cold, "egress relay: the spill store ran out before the ops counted cold");
+                    spill.errors = spill.errors.saturating_add(1);
+                    self.relay.replayed(cold);
+                }
+            }
+        }
+        self.relay.pop().map(|d| {
+            let (value, entry) = d.split();
+            (value, Taken::Hot(entry))
+        })
+    }
+
+    /// Puts back what [`take`](Self::take) took, in front.
+    fn untake(&mut self, value: T, taken: Taken) {
+        match taken {
+            Taken::Hot(entry) => self.relay.unpop(entry.with_value(value)),
+            Taken::Cold { id, ops } => {
+                if let Some(spill) = &mut self.spill {
+                    spill.ahead.push_front(SpilledEntry { id, value, ops });
+                }
+            }
+        }
+    }
+
+    /// What became of what [`take`](Self::take) took: in the stream at
+    /// `seq`, or refused for good (`None`).
+    fn handed(&mut self, taken: &Taken, seq: Option<Sequence>) {
+        if let Taken::Cold { id, ops } = *taken {
+            self.relay.replayed(ops);
+            if let Some(spill) = &mut self.spill {
+                spill.handed.push_back((id, seq));
+            }
+        }
+    }
+
+    /// Deletes from the store the spilled entries `cell` (the spill's
+    /// cell) acknowledged, or that were refused for good: in batches of
+    /// [`RECLAIM_BATCH`], or all once none is cold and every one handed is
+    /// done.
+    fn reclaim(&mut self, cell: &EgressCellOf<T, F>) {
+        let Some(spill) = &mut self.spill else { return };
+        if !spill.target.as_ref().is_some_and(|target| target.same_cell(cell)) {
+            return;
+        }
+        let acked = cell.with_core(egress_core::EgressCore::acked_through);
+        let count =
+            spill.handed.iter().take_while(|(_, seq)| seq.is_none_or(|seq| acked.is_some_and(|a| seq <= a))).count();
+        let Some(&(through, _)) = count.checked_sub(1).and_then(|last| spill.handed.get(last)) else { return };
+        // In batches while the replay goes on; every one once it is over.
+        let over = count == spill.handed.len() && self.relay.cold() == 0;
+        if count < RECLAIM_BATCH && !over {
+            return;
+        }
+        match catch_unwind(AssertUnwindSafe(|| spill.store.reclaim_through(through))) {
+            Ok(Ok(())) => {
+                spill.handed.drain(..count);
+            }
+            Ok(Err(error)) => spill.failed("reclaim", &error),
+            Err(_) => {
+                spill.errors = spill.errors.saturating_add(1);
+                tracing::error!("egress relay: the spill store panicked reclaiming");
+            }
+        }
     }
 }
 
 /// What the clones of a relay cell, and its drains, share.
 struct Inner<T: 'static, M: 'static, F: Flavor> {
     handle: Handle<F>,
-    state: F::Ptr<F::Cell<RelayState<T, M>>>,
+    state: F::Ptr<F::Cell<RelayState<T, M, F>>>,
     counts: [Computed<u64, F>; COUNTS],
     full: Computed<bool, F>,
 }
@@ -68,7 +265,7 @@ impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> Inner<T, M, F> {
     /// count and notifies those whose value changed, as one write. A panic
     /// in `op` (the merge policy's, the weigher's) goes on once the counts
     /// are pushed. `op` must not call into the cell.
-    fn apply<R>(&self, op: impl FnOnce(&mut RelayState<T, M>) -> R) -> R {
+    fn apply<R>(&self, op: impl FnOnce(&mut RelayState<T, M, F>) -> R) -> R {
         self.handle.enter(|cell| {
             let entered = Entered::by(cell);
             let (outcome, keys) = self.state.with_mut(&entered, |s| {
@@ -94,7 +291,7 @@ impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> Inner<T, M, F> {
         })
     }
 
-    fn with<R>(&self, f: impl FnOnce(&RelayState<T, M>) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&RelayState<T, M, F>) -> R) -> R {
         self.handle.enter(|cell| self.state.with(&Entered::by(cell), f))
     }
 }
@@ -214,8 +411,62 @@ impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> RelayCellOf<T, M, F> {
         Self::build(cx, relay, Location::caller())
     }
 
+    /// A relay cell over `relay` that writes its pages to `store`
+    /// ([`Overflow::Spill`](egress_core::Overflow::Spill)): what `store`
+    /// already holds (a restart's pages) counts as cold, and its drain
+    /// replays it first.
+    ///
+    /// - **Spilling.** A [`send`](Self::send) to the full relay takes its
+    ///   entries out as a page, appends it to the store, then takes the
+    ///   op: when it returns, every op taken before it is durable (or in
+    ///   the stream). A page the store refuses goes back, and the op comes
+    ///   back ([`SendRefused::SpillFailed`]).
+    /// - **Replay.** While any op is cold, the drain moves spilled
+    ///   entries, oldest first, into its cell before any of the relay's;
+    ///   only into the cell of the first drain that replays (a drain into
+    ///   another cell moves nothing meanwhile).
+    /// - **Reclaim.** A spilled entry is deleted from the store once its
+    ///   cell acknowledged its sequence (or refused it for good): a
+    ///   process killed in between replays it again (at least once; a
+    ///   policy that is idempotent makes it harmless).
+    /// - **The relay's own entries are in memory**: a process killed loses
+    ///   them. [`spill_now`](Self::spill_now) writes them out (before a
+    ///   stop).
+    /// - **Store errors** are counted in [`spill_errors`](Self::spill_errors)
+    ///   and logged; a drain that could not read stops until its next run,
+    ///   and a reclaim is tried again at the next.
+    ///
+    /// # Errors
+    /// The store could not say what it holds.
+    #[track_caller]
+    pub fn spilling(
+        cx: &Handle<F>,
+        mut relay: Relay<T, M>,
+        mut store: impl SpillStore<T> + Send + 'static,
+    ) -> Result<Self, SpillError> {
+        relay.restore_cold(store.stored_ops()?);
+        let spill = Spill {
+            store: Box::new(store),
+            ahead: VecDeque::new(),
+            cursor: None,
+            handed: VecDeque::new(),
+            target: None,
+            errors: 0,
+        };
+        Ok(Self::build_with(cx, relay, Some(spill), Location::caller()))
+    }
+
     fn build(cx: &Handle<F>, relay: Relay<T, M>, at: &'static Location<'static>) -> Self {
-        let state = RelayState { relay, rejected: 0 };
+        Self::build_with(cx, relay, None, at)
+    }
+
+    fn build_with(
+        cx: &Handle<F>,
+        relay: Relay<T, M>,
+        spill: Option<Spill<T, F>>,
+        at: &'static Location<'static>,
+    ) -> Self {
+        let state = RelayState { relay, rejected: 0, spill };
         let (scope, (counts, full)) = cx.scope(|| {
             let (counts, full) = state.counts();
             (counts.map(|count| cx.pushed(count, at)), cx.pushed(full, at))
@@ -233,8 +484,28 @@ impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> RelayCellOf<T, M, F> {
     /// [`SendRefused`], with the op: blocked (the relay is full and its
     /// action is [`Block`](egress_core::Overflow::Block)), or heavier than
     /// the high water mark in bytes.
+    ///
+    /// With a spill store ([`spilling`](Self::spilling)), a full relay
+    /// writes its entries out first; [`SendRefused::SpillFailed`] if the
+    /// store refused them (they stay, as they were). Without one, a full
+    /// relay whose action is `Spill` refuses with
+    /// [`SendRefused::MustSpill`].
     pub fn send(&self, op: T) -> Result<Sent, SendRefused<T>> {
-        self.shared.inner.apply(|s| s.relay.send(op))
+        self.shared.inner.apply(|s| s.send(op))
+    }
+
+    /// Writes the relay's entries out to its spill store now (before a
+    /// process stops: they survive it, and a restart replays them): the
+    /// ops written (0: nothing held, or no store).
+    ///
+    /// # Errors
+    /// The store refused them (they stay, as they were, and the relay is
+    /// full).
+    pub fn spill_now(&self) -> Result<u64, String> {
+        self.shared.inner.apply(|s| match &mut s.spill {
+            Some(spill) => RelayState::write_out(&mut s.relay, spill),
+            None => Ok(0),
+        })
     }
 
     /// Takes the oldest entry, for a drain by hand (see [`Relay::pop`]).
@@ -303,6 +574,23 @@ impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> RelayCellOf<T, M, F> {
         &self.shared.inner.counts[REJECTED]
     }
 
+    /// Ops written out to the spill store.
+    pub fn spilled(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[SPILLED]
+    }
+
+    /// Ops in the spill store not yet replayed into the stream (a
+    /// restart's too): they go before the relay's entries.
+    pub fn cold(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[COLD]
+    }
+
+    /// The spill store's errors (each logged): appends refused, reads and
+    /// reclaims that failed.
+    pub fn spill_errors(&self) -> &Computed<u64, F> {
+        &self.shared.inner.counts[SPILL_ERRORS]
+    }
+
     // ----- untracked ----------------------------------------------------
 
     /// What the relay holds and has done, now (untracked).
@@ -359,6 +647,16 @@ impl<T: Clone + 'static, M: MergePolicy<T> + 'static, F: CellFlavor<T>> RunEffec
         if tracked.is_err() || (capacity.is_some() && self.cell.acked_through().try_get().is_err()) {
             return;
         }
+        let spilling = self.relay.with(|s| s.spill.is_some());
+        if spilling {
+            // Acknowledgements reclaim spilled entries; new cold ops (a
+            // page written) wake the replay.
+            if self.cell.acked_through().try_get().is_err() || self.relay.counts[COLD].try_get().is_err() {
+                return;
+            }
+            let cell = &self.cell;
+            self.relay.apply(|s| s.reclaim(cell));
+        }
         loop {
             // A check (user code) may dispose the cell mid-run: nothing
             // goes into a disposed cell.
@@ -369,20 +667,26 @@ impl<T: Clone + 'static, M: MergePolicy<T> + 'static, F: CellFlavor<T>> RunEffec
             if pending >= self.max_pending || capacity.is_some_and(|capacity| held >= capacity) {
                 return;
             }
-            let Some(drained) = self.relay.apply(|s| s.relay.pop()) else { return };
-            let (value, entry) = drained.split();
             let cell = &self.cell;
+            let Some((value, taken)) = self.relay.apply(|s| s.take(cell)) else { return };
+            let ops = match &taken {
+                Taken::Hot(entry) => entry.ops,
+                Taken::Cold { ops, .. } => *ops,
+            };
             match catch_unwind(AssertUnwindSafe(|| cell.try_enqueue(value))) {
-                Ok(Ok(_)) => {}
+                Ok(Ok(seq)) => self.relay.apply(|s| s.handed(&taken, Some(seq))),
                 Ok(Err(Refused::Full { payload, .. })) => {
                     // Filled by another producer since the check: back in
                     // front, as it was.
-                    self.relay.apply(|s| s.relay.unpop(entry.with_value(payload)));
+                    self.relay.apply(|s| s.untake(payload, taken));
                     return;
                 }
                 Ok(Err(refused)) => {
-                    tracing::warn!(error = %refused, ops = entry.ops, "egress relay: the cell refused an entry for good");
-                    self.relay.apply(|s| s.rejected = s.rejected.saturating_add(1));
+                    tracing::warn!(error = %refused, ops, "egress relay: the cell refused an entry for good");
+                    self.relay.apply(|s| {
+                        s.rejected = s.rejected.saturating_add(1);
+                        s.handed(&taken, None);
+                    });
                 }
                 Err(panic) => {
                     // A check of the cell's (user code) panicked: the entry
@@ -390,8 +694,11 @@ impl<T: Clone + 'static, M: MergePolicy<T> + 'static, F: CellFlavor<T>> RunEffec
                     // on. (Not resumed: an effect whose first run panics is
                     // disposed, and the drain's first run is `drain_into`'s.)
                     let message = egress_core::panic_message(&*panic).unwrap_or("(not a string)");
-                    tracing::error!(%message, ops = entry.ops, "egress relay: the cell's check panicked; the entry is lost");
-                    self.relay.apply(|s| s.rejected = s.rejected.saturating_add(1));
+                    tracing::error!(%message, ops, "egress relay: the cell's check panicked; the entry is lost");
+                    self.relay.apply(|s| {
+                        s.rejected = s.rejected.saturating_add(1);
+                        s.handed(&taken, None);
+                    });
                 }
             }
         }
