@@ -14,6 +14,7 @@ mod http;
 mod nats;
 mod pg;
 mod prng;
+mod spill;
 mod suite;
 mod ws;
 
@@ -70,6 +71,8 @@ USAGE:
   egress-bench pg [--url URL] [--messages N] [--runs K] [--batch B]
   egress-bench nats [--url URL] [--messages N] [--runs K]
   egress-bench http [--requests N] [--runs K]
+  egress-bench spill [--ops N] [--dir PATH]
+  egress-bench spill-child N DIR             (one measurement; used by `spill`)
 
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
@@ -86,6 +89,11 @@ sends, ack every 32, one UI effect on the pending count) at each size
 (egress_core::Lanes with that many unordered lanes, a cap of one window
 across them, completed 32 at a time), egress, egress-ts, egress-async,
 lazily, lazily-ts, lazily-async; --timeout defaults to 60 s.
+
+spill: peak RSS of N RawFifo ops (default 10,000,000) through a RelayCell
+with Overflow::Spill over a SqliteSpill into an EgressCell delivering one
+record per two ops sent, against the same run of 1,000 ops (each run its
+own process; every op checked delivered once, in order).
 
 http: requests per second over loopback HTTP to the homeserver: the egress
 path (AsyncLanesCell + HttpSender, 32 serial lanes) against a plain reqwest
@@ -217,6 +225,8 @@ fn main() -> anyhow::Result<()> {
         Some("pg") => pg_table(&args[1..]),
         Some("nats") => nats_table(&args[1..]),
         Some("http") => http_table(&args[1..]),
+        Some("spill") => spill::table(&args[1..]),
+        Some("spill-child") => spill::child(&args[1..]),
         Some("--help") | Some("-h") | None => {
             print!("{HELP}");
             Ok(())
