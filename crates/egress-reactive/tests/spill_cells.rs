@@ -109,11 +109,11 @@ fn store<T>() -> Store<T> {
 }
 
 fn break_at<T>(disk: &Store<T>, call: &'static str, panics: bool) {
-    lock(&disk).broken = Some((call, panics));
+    lock(disk).broken = Some((call, panics));
 }
 
 fn mend<T>(disk: &Store<T>) {
-    lock(&disk).broken = None;
+    lock(disk).broken = None;
 }
 
 each_flavour! {
