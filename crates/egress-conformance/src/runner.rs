@@ -8,6 +8,7 @@ use serde_json::Value;
 use crate::fixture::{Fixture, FixtureError};
 use crate::graph::{GraphFixture, run_graph_fixture};
 use crate::lanes::{LanesFixture, run_lanes_session};
+use crate::relay::{RelayFixture, run_relay_session};
 use crate::target::Target;
 
 /// How one fixture went on one target.
@@ -296,6 +297,16 @@ pub fn run_files(files: &[PathBuf], targets: &[&dyn Target]) -> Result<Vec<Repor
                     Some(Ok(mut session)) => run_lanes_session(&fixture, &mut *session),
                     Some(Err(message)) => Verdict::TargetError { step: None, message },
                     None => Verdict::Skipped { reason: format!("the {} target has no lanes", target.name()) },
+                };
+                reports.push(report(target.name(), verdict));
+            }
+        } else if kind == "Relay" {
+            let fixture = RelayFixture::from_value(file, &doc)?;
+            for target in targets {
+                let verdict = match target.relay(&fixture) {
+                    Some(Ok(mut session)) => run_relay_session(&fixture, &mut *session),
+                    Some(Err(message)) => Verdict::TargetError { step: None, message },
+                    None => Verdict::Skipped { reason: format!("the {} target has no relay", target.name()) },
                 };
                 reports.push(report(target.name(), verdict));
             }

@@ -56,6 +56,13 @@ fn on_graph<F: CellFlavor<Value>>(cx: Ctx<F>, fixture: &Fixture) -> Result<Box<d
 }
 
 impl Target for ContextTarget {
+    fn relay(
+        &self,
+        fixture: &crate::relay::RelayFixture,
+    ) -> Option<Result<Box<dyn crate::relay::RelaySession>, String>> {
+        Some(crate::relay::on_context(fixture))
+    }
+
     fn lanes(
         &self,
         fixture: &crate::lanes::LanesFixture,
@@ -80,6 +87,13 @@ impl Target for ContextTarget {
 }
 
 impl Target for ThreadSafeTarget {
+    fn relay(
+        &self,
+        fixture: &crate::relay::RelayFixture,
+    ) -> Option<Result<Box<dyn crate::relay::RelaySession>, String>> {
+        Some(crate::relay::on_thread_safe(fixture))
+    }
+
     fn lanes(
         &self,
         fixture: &crate::lanes::LanesFixture,
@@ -104,6 +118,13 @@ impl Target for ThreadSafeTarget {
 }
 
 impl Target for AsyncTarget {
+    fn relay(
+        &self,
+        fixture: &crate::relay::RelayFixture,
+    ) -> Option<Result<Box<dyn crate::relay::RelaySession>, String>> {
+        Some(crate::relay::on_async(fixture))
+    }
+
     fn lanes(
         &self,
         fixture: &crate::lanes::LanesFixture,

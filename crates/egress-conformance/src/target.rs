@@ -44,6 +44,19 @@ pub trait Target {
         let _ = fixture;
         None
     }
+
+    /// A fresh session of a relay fixture (`"kind": "Relay"`) on this
+    /// target, or `None` for a target that runs none.
+    ///
+    /// # Errors
+    /// A description of why the target cannot start.
+    fn relay(
+        &self,
+        fixture: &crate::relay::RelayFixture,
+    ) -> Option<Result<Box<dyn crate::relay::RelaySession>, String>> {
+        let _ = fixture;
+        None
+    }
 }
 
 /// Starts a session of the reactive-graph interpreter on a fresh graph.
@@ -393,6 +406,13 @@ impl Target for CoreTarget {
         fixture: &crate::lanes::LanesFixture,
     ) -> Option<Result<Box<dyn crate::lanes::LanesSession>, String>> {
         Some(Ok(Box::new(crate::lanes::CoreLanes::new(fixture))))
+    }
+
+    fn relay(
+        &self,
+        fixture: &crate::relay::RelayFixture,
+    ) -> Option<Result<Box<dyn crate::relay::RelaySession>, String>> {
+        Some(fixture.core())
     }
 
     fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String> {

@@ -445,6 +445,39 @@ fn spill_asks_when_full_takes_every_entry_out_and_the_pages_go_first() {
 }
 
 #[test]
+fn cold_ops_the_storage_lost_count_as_dropped_and_an_entry_put_back_goes_before_the_pages() {
+    let mut relay = Relay::new(Sum, count(3, 0, Overflow::Spill)).unwrap();
+    for op in [1u64, 2] {
+        relay.send(op).unwrap();
+    }
+    let taken = relay.pop().unwrap();
+    for op in [3, 4] {
+        relay.send(op).unwrap();
+    }
+    assert!(matches!(relay.send(5), Err(SendRefused::MustSpill(5))));
+    let page = relay.spill().unwrap();
+    assert_eq!(page.entries().iter().map(|d| (d.value, d.ops)).collect::<Vec<_>>(), [(9, 3)], "2, 3, 4 folded");
+    relay.send(5).unwrap();
+    // 1 was taken before the page was written: back, it goes first.
+    relay.unpop(taken);
+    assert_eq!(relay.iter().copied().collect::<Vec<_>>(), [1, 5]);
+    // No spill takes it; a page put back goes behind it.
+    let page = relay.spill().unwrap();
+    assert_eq!(page.entries().iter().map(|d| d.value).collect::<Vec<_>>(), [5]);
+    assert_eq!(relay.iter().copied().collect::<Vec<_>>(), [1]);
+    relay.unspill(page);
+    assert_eq!(relay.iter().copied().collect::<Vec<_>>(), [1, 5], "back behind it");
+    assert_eq!(relay.pop().map(|d| d.value), Some(1), "first, while ops are cold");
+    assert_eq!(relay.pop(), None, "then the pages");
+    // The storage lost the page: counted as dropped, not drained.
+    relay.lost(9);
+    let s = relay.stats();
+    assert_eq!((s.cold, s.dropped, s.drained, s.accepted), (0, 3, 1, 5));
+    assert_eq!(s.accepted, s.ops + s.drained + s.cold + s.dropped);
+    assert_eq!(relay.pop().map(|d| d.value), Some(5));
+}
+
+#[test]
 fn spill_folds_under_a_conflating_policy_and_unspill_puts_the_page_back_full() {
     let bp = count(3, 1, Overflow::Spill).with_bytes(Water::new(100, 10));
     let mut relay = Relay::weighed(Sum, bp, |v: &u64| *v).unwrap();
@@ -515,6 +548,9 @@ struct Model {
     /// The pages written out, oldest first: each entry as (value, ops).
     pages: VecDeque<Vec<(u64, u64)>>,
     spilled: u64,
+    /// How many entries at the front were put back while pages were
+    /// waiting: they go first, and no spill or fold takes them.
+    returned: usize,
 }
 
 impl Model {
@@ -555,11 +591,18 @@ impl Model {
                 let mut ops = 0;
                 while !self.fits(bp, weight) {
                     ops += self.entries.pop_front().unwrap().1;
+                    self.returned = self.returned.saturating_sub(1);
                 }
                 self.dropped += ops;
                 self.entries.push_back((op, 1, weight));
                 self.accepted += 1;
                 Ok(Sent::DroppedOldest { ops })
+            }
+            _ if self.entries.len() <= self.returned => {
+                // Only entries older than the pages: the op goes behind.
+                self.entries.push_back((op, 1, weight));
+                self.accepted += 1;
+                Ok(Sent::Accepted)
             }
             _ => {
                 let back = self.entries.back_mut().unwrap();
@@ -568,7 +611,7 @@ impl Model {
                 back.2 = if bp.bytes.is_some() { back.0 } else { 0 };
                 self.accepted += 1;
                 self.conflated += 1;
-                while self.entries.len() > 1 && bp.bytes.is_some_and(|b| self.bytes() > b.high) {
+                while self.entries.len() > self.returned + 1 && bp.bytes.is_some_and(|b| self.bytes() > b.high) {
                     let (v, n, _) = self.entries.pop_back().unwrap();
                     let back = self.entries.back_mut().unwrap();
                     back.0 = back.0.saturating_add(v);
@@ -580,17 +623,26 @@ impl Model {
         }
     }
 
+    /// Puts back an entry taken: in front, and ahead of the pages.
+    fn unpop(&mut self, v: u64, n: u64, w: u64) {
+        self.drained -= n;
+        self.entries.push_front((v, n, w));
+        if !self.pages.is_empty() {
+            self.returned += 1;
+        }
+    }
+
     fn cold(&self) -> u64 {
         self.pages.iter().flatten().map(|e| e.1).sum()
     }
 
     /// The entries out as one page, folded (`Sum` conflates).
     fn spill(&mut self) -> Option<Vec<(u64, u64)>> {
-        if self.entries.is_empty() {
+        if self.entries.len() <= self.returned {
             return None;
         }
         let (mut v, mut n) = (0u64, 0u64);
-        for (value, ops, _) in self.entries.drain(..) {
+        for (value, ops, _) in self.entries.drain(self.returned..) {
             v = v.saturating_add(value);
             n += ops;
         }
@@ -601,10 +653,11 @@ impl Model {
     }
 
     fn pop(&mut self, bp: &Backpressure) -> Option<(u64, u64)> {
-        if !self.pages.is_empty() {
+        if !self.pages.is_empty() && self.returned == 0 {
             return None;
         }
         let (v, n, _) = self.entries.pop_front()?;
+        self.returned = self.returned.saturating_sub(1);
         self.drained += n;
         let low = self.entries.len() as u64 <= bp.count.low && bp.bytes.is_none_or(|b| self.bytes() <= b.low);
         if low {
@@ -641,6 +694,9 @@ enum Step {
     SpillAndPutBack,
     /// Replay the oldest page written.
     Replay,
+    /// Pop an entry, spill the rest, put the entry back: it goes before
+    /// the page.
+    PopSpillPutBack,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -651,6 +707,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Spill),
         1 => Just(Step::SpillAndPutBack),
         2 => Just(Step::Replay),
+        1 => Just(Step::PopSpillPutBack),
     ]
 }
 
@@ -701,8 +758,18 @@ proptest! {
                         relay.unpop(d);
                     }
                     if let Some((v, n)) = model.pop(&bp) {
-                        model.drained -= n;
-                        model.entries.push_front((v, n, weight(v)));
+                        model.unpop(v, n, weight(v));
+                    }
+                }
+                Step::PopSpillPutBack => {
+                    if let Some(d) = relay.pop() {
+                        let page = relay.spill().map(|p| p.entries().iter().map(|d| (d.value, d.ops)).collect::<Vec<_>>());
+                        relay.unpop(d);
+                        let (v, n) = model.pop(&bp).unwrap();
+                        prop_assert_eq!(page, model.spill());
+                        model.unpop(v, n, weight(v));
+                    } else {
+                        prop_assert_eq!(model.pop(&bp), None);
                     }
                 }
                 Step::Spill => {
@@ -718,6 +785,9 @@ proptest! {
                         model.pages.pop_back();
                         model.spilled -= page[0].1;
                         model.entries.push_back((page[0].0, page[0].1, weight(page[0].0)));
+                        if model.pages.is_empty() {
+                            model.returned = 0;
+                        }
                         model.full = true;
                     } else {
                         prop_assert_eq!(relay.stats().full, was_full, "nothing to spill changes nothing");
@@ -728,6 +798,9 @@ proptest! {
                         let ops = page.iter().map(|e| e.1).sum::<u64>();
                         relay.replayed(ops);
                         model.drained += ops;
+                        if model.pages.is_empty() {
+                            model.returned = 0;
+                        }
                     } else {
                         let before = relay.stats();
                         relay.replayed(3);

@@ -58,10 +58,10 @@ impl<T> Shared<T> {
 }
 
 impl<T: Clone> SpillStore<T> for Shared<T> {
-    fn stored_ops(&mut self) -> Result<u64, SpillError> {
+    fn stored_ops(&mut self, after: Option<u64>) -> Result<u64, SpillError> {
         let disk = lock(&self.0);
         Self::check(&disk, "stored")?;
-        Ok(disk.entries.iter().map(|e| e.ops).sum())
+        Ok(disk.entries.iter().filter(|e| after.is_none_or(|a| e.id > a)).map(|e| e.ops).sum())
     }
 
     fn append(&mut self, page: &SpillPage<T>) -> Result<(), SpillError> {

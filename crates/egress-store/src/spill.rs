@@ -91,14 +91,19 @@ impl<T: 'static> SqliteSpill<T> {
         &self.name
     }
 
-    /// The ops the stored entries fold.
+    /// The ops the stored entries with an id above `after` fold (every
+    /// entry's, with `None`).
     ///
     /// # Errors
     /// SQLite's error; a stored count out of range.
-    pub fn stored_ops(&self) -> Result<u64, StoreError> {
+    pub fn stored_ops(&self, after: Option<u64>) -> Result<u64, StoreError> {
+        let after = match after {
+            Some(id) => to_i64("spill id", id)?,
+            None => -1,
+        };
         let ops: i64 = self.store.conn.query_row(
-            "SELECT coalesce(sum(ops), 0) FROM egress_spill WHERE name = ?1",
-            [&self.name],
+            "SELECT coalesce(sum(ops), 0) FROM egress_spill WHERE name = ?1 AND id > ?2",
+            params![self.name, after],
             |r| r.get(0),
         )?;
         to_u64("spilled ops", ops)
@@ -155,8 +160,10 @@ impl<T: 'static> SqliteSpill<T> {
     /// # Errors
     /// SQLite's error; a stored value the codec cannot read
     /// ([`StoreError::SpillValue`]); a stored id or count out of range (an
-    /// entry of 0 ops).
+    /// entry of 0 ops); the name taken over by another store
+    /// ([`StoreError::Fenced`]: what it holds is the new owner's).
     pub fn read(&self, after: Option<u64>, max: usize) -> Result<Vec<(u64, T, u64)>, StoreError> {
+        still_owner(&self.store.conn, &self.name, &self.owner)?;
         let after = match after {
             Some(id) => to_i64("spill id", id)?,
             None => -1,
@@ -215,8 +222,8 @@ fn still_owner(conn: &rusqlite::Connection, name: &str, mine: &[u8; 16]) -> Resu
 
 #[cfg(feature = "relay")]
 impl<T: 'static> egress_reactive::SpillStore<T> for SqliteSpill<T> {
-    fn stored_ops(&mut self) -> Result<u64, egress_reactive::SpillError> {
-        Ok(SqliteSpill::stored_ops(self)?)
+    fn stored_ops(&mut self, after: Option<u64>) -> Result<u64, egress_reactive::SpillError> {
+        Ok(SqliteSpill::stored_ops(self, after)?)
     }
 
     fn append(&mut self, page: &SpillPage<T>) -> Result<(), egress_reactive::SpillError> {

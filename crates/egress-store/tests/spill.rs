@@ -224,7 +224,7 @@ fn a_second_opener_fences_the_first() {
     }
     assert_eq!(first.stats().depth, 1, "the page is back");
     assert!(matches!(SqliteSpill::reclaim_through(&mut second, 5), Ok(())));
-    assert_eq!(SpillStore::stored_ops(&mut second).unwrap(), 0);
+    assert_eq!(SpillStore::stored_ops(&mut second, None).unwrap(), 0);
 }
 
 #[test]
@@ -343,8 +343,8 @@ impl Bomb {
 }
 
 impl SpillStore<Vec<u32>> for Bomb {
-    fn stored_ops(&mut self) -> Result<u64, egress_reactive::SpillError> {
-        SpillStore::stored_ops(&mut self.inner)
+    fn stored_ops(&mut self, after: Option<u64>) -> Result<u64, egress_reactive::SpillError> {
+        SpillStore::stored_ops(&mut self.inner, after)
     }
     fn append(&mut self, page: &egress_core::SpillPage<Vec<u32>>) -> Result<(), egress_reactive::SpillError> {
         assert!(!self.armed("append"), "user store panicked appending");
@@ -441,4 +441,170 @@ fn a_drain_into_another_cell_waits_and_a_store_emptied_under_the_relay_lets_it_g
     assert_eq!(rest, [4, 5], "the relay's own entries");
     assert_eq!(relay.cold().get_untracked(), 0);
     assert_eq!(relay.spill_errors().get_untracked(), 1);
+}
+
+// ----- found by a hostile review --------------------------------------
+
+#[test]
+fn a_fenced_store_reads_nothing_of_the_new_owners() {
+    // It read on, and replayed the pages the new owner wrote.
+    let dir = TempDir::new();
+    let db = dir.db();
+    let cx_a = Context::new();
+    let a = fifo(&cx_a, &db, 2, 0);
+    for op in 0..5u32 {
+        a.send(vec![op]).unwrap();
+    }
+    assert_eq!(a.cold().get_untracked(), 4);
+    let cx_b = Context::new();
+    let cell_b = EgressCell::new(&cx_b, Policy::default());
+    let b = fifo(&cx_b, &db, 2, 0); // takes the name over: A is fenced
+    let drain_b = b.drain_into(&cell_b, nz(8)).unwrap();
+    let mut got_b = Vec::new();
+    while let Some(v) = deliver(&cell_b) {
+        got_b.extend(v);
+    }
+    assert_eq!(got_b, [0, 1, 2, 3]);
+    drop(drain_b);
+    for op in 100..103u32 {
+        b.send(vec![op]).unwrap();
+    }
+    let cell_a = EgressCell::new(&cx_a, Policy::default());
+    let _drain_a = a.drain_into(&cell_a, nz(8)).unwrap();
+    assert_eq!(deliver(&cell_a), None, "a fenced store replays nothing");
+    assert!(a.spill_errors().get_untracked() >= 1);
+}
+
+#[test]
+fn an_entry_put_back_after_a_spill_goes_before_the_page() {
+    // It went behind the page written while it was out.
+    let dir = TempDir::new();
+    let cx = Context::new();
+    let relay = fifo(&cx, &dir.db(), 2, 0);
+    relay.send(vec![0]).unwrap();
+    relay.send(vec![1]).unwrap();
+    let taken = relay.pop().unwrap();
+    relay.send(vec![2]).unwrap(); // full: [1] written out
+    assert_eq!(relay.cold().get_untracked(), 1);
+    relay.unpop(taken);
+    let cell = EgressCell::new(&cx, Policy::default());
+    let _drain = relay.drain_into(&cell, nz(8)).unwrap();
+    let mut got = Vec::new();
+    while let Some(v) = deliver(&cell) {
+        got.extend(v);
+    }
+    assert_eq!(got, [0, 1, 2], "each op once, in order");
+}
+
+#[test]
+fn an_entry_the_cell_refuses_as_full_after_a_spill_goes_back_before_the_page() {
+    // The drain's put-back (a racing producer filled the cell and made
+    // the relay spill) went behind the page.
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = TempDir::new();
+    let cx = egress_reactive::ThreadSafeContext::new();
+    let cell = EgressCellOf::with_options(&cx, Policy::default(), egress_reactive::CellOptions::default().capacity(2));
+    let store: SqliteSpill<Vec<u32>> = SqliteSpill::open(dir.db(), "log", Json).unwrap();
+    let relay: egress_reactive::ThreadSafeRelayCell<Vec<u32>, RawFifo> =
+        RelayCellOf::spilling(&cx, Relay::new(RawFifo, spill(2, 0)).unwrap(), store).unwrap();
+    let armed = Arc::new(AtomicBool::new(false));
+    {
+        let (relay, cell2, armed) = (relay.clone(), cell.clone(), armed.clone());
+        cell.set_size_check(Some(Arc::new(move |_: &Vec<u32>| {
+            if armed.swap(false, Ordering::SeqCst) {
+                relay.send(vec![2]).unwrap();
+                relay.send(vec![3]).unwrap();
+                relay.send(vec![4]).unwrap(); // a page [2, 3] written
+                cell2.enqueue(vec![999]); // the cell at capacity
+            }
+            None
+        })));
+    }
+    relay.send(vec![0]).unwrap();
+    cell.enqueue(vec![998]);
+    let _drain = relay.drain_into(&cell, nz(8)).unwrap();
+    armed.store(true, Ordering::SeqCst);
+    relay.send(vec![1]).unwrap();
+    let mut got = Vec::new();
+    while let Some(v) = deliver(&cell) {
+        got.extend(v);
+    }
+    got.retain(|v| *v < 900);
+    assert_eq!(got, [0, 1, 2, 3, 4], "each op once, in order");
+}
+
+#[test]
+fn a_refused_page_under_a_conflating_policy_comes_back_folded_with_every_op() {
+    let dir = TempDir::new();
+    let cx = Context::new();
+    let cell = EgressCell::new(&cx, Policy::default());
+    let store: SqliteSpill<u32> = SqliteSpill::open(dir.db(), "log", Json).unwrap();
+    let relay = RelayCell::spilling(&cx, Relay::new(KeepLatest, spill(4, 0)).unwrap(), store).unwrap();
+    for op in 0..4u32 {
+        relay.send(op).unwrap();
+    }
+    let conn = rusqlite::Connection::open(dir.db()).unwrap();
+    conn.execute_batch(
+        "CREATE TRIGGER refuse BEFORE INSERT ON egress_spill BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
+    )
+    .unwrap();
+    let before = relay.stats();
+    assert!(matches!(relay.send(4), Err(SendRefused::SpillFailed { .. })));
+    let after = relay.stats();
+    // As it was taken out: one entry folding the four ops.
+    assert_eq!((after.depth, after.ops, after.accepted, after.full), (1, 4, before.accepted, true));
+    assert_eq!(relay.with_relay(|r| r.iter().copied().collect::<Vec<_>>()), [3]);
+    let _drain = relay.drain_into(&cell, nz(1)).unwrap();
+    assert_eq!(deliver(&cell), Some(3));
+}
+
+#[test]
+fn ops_the_store_lost_count_as_dropped_not_drained() {
+    let dir = TempDir::new();
+    let cx = Context::new();
+    let relay = fifo(&cx, &dir.db(), 2, 0);
+    for op in 0..5u32 {
+        relay.send(vec![op]).unwrap();
+    }
+    let conn = rusqlite::Connection::open(dir.db()).unwrap();
+    conn.execute("DELETE FROM egress_spill", []).unwrap();
+    let cell = EgressCell::new(&cx, Policy::default());
+    let _drain = relay.drain_into(&cell, nz(8)).unwrap();
+    let mut got = Vec::new();
+    while let Some(v) = deliver(&cell) {
+        got.extend(v);
+    }
+    let s = relay.stats();
+    assert_eq!(got, [4]);
+    assert_eq!((s.drained, s.dropped, s.cold), (1, 4, 0), "drained counts what went into the cell");
+    assert_eq!(s.accepted, s.ops + s.drained + s.cold + s.dropped);
+}
+
+#[test]
+fn an_entry_holding_more_ops_than_counted_cold_still_lets_the_rest_of_the_store_go_first() {
+    let dir = TempDir::new();
+    let db = dir.db();
+    {
+        let cx = Context::new();
+        let relay = fifo(&cx, &db, 2, 0);
+        for op in 0..5u32 {
+            relay.send(vec![op]).unwrap();
+        }
+        relay.spill_now().unwrap();
+    }
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let cx = Context::new();
+    let relay = fifo(&cx, &db, 2, 0);
+    conn.execute("UPDATE egress_spill SET ops = 100 WHERE id = 0", []).unwrap();
+    relay.send(vec![5]).unwrap();
+    let cell = EgressCell::new(&cx, Policy::default());
+    let _drain = relay.drain_into(&cell, nz(8)).unwrap();
+    let mut got = Vec::new();
+    while let Some(v) = deliver(&cell) {
+        got.extend(v);
+    }
+    assert_eq!(got, [0, 1, 2, 3, 4, 5], "every op a page held, in order");
+    assert_eq!(relay.spill_errors().get_untracked(), 1, "the row's count disagreed: counted");
+    assert_eq!(relay.cold().get_untracked(), 0);
 }

@@ -53,9 +53,12 @@ pub use self::merge::{KeepLatest, Max, MergePolicy, RawFifo, SetUnion, Sum};
 ///   (folded into one entry under a policy that conflates) and counts its
 ///   ops as *cold*: written out, ahead of the entries. While any op is
 ///   cold, [`pop`](Self::pop) takes nothing: the pages go first, and
-///   [`replayed`](Self::replayed) counts them into the stream as they do.
-///   A page that could not be written comes back with
-///   [`unspill`](Self::unspill), as it was.
+///   [`replayed`](Self::replayed) counts them into the stream as they do
+///   ([`lost`](Self::lost), those the storage lost). An entry put back
+///   ([`unpop`](Self::unpop)) while ops are cold is older than all of
+///   them: it goes first, and no spill or fold takes it. A page that
+///   could not be written comes back with [`unspill`](Self::unspill), as
+///   it was taken out (folded, under a policy that conflates).
 /// - **Too large.** An op heavier than the high water mark in bytes is
 ///   refused whatever the action ([`SendRefused::TooLarge`]): it would
 ///   never fit.
@@ -87,6 +90,10 @@ pub struct Relay<T, M> {
     /// Ops written out to storage and not yet replayed into the stream:
     /// they go before the entries.
     cold: u64,
+    /// How many entries at the front were put back ([`Relay::unpop`])
+    /// while ops were cold: older than every cold op, they go first, and
+    /// no spill or fold takes them (0 once nothing is cold).
+    returned: usize,
     counters: Counters,
 }
 
@@ -115,6 +122,8 @@ struct Counters {
     spilled: u64,
     /// Cold ops counted into the stream ([`Relay::replayed`]).
     replayed: u64,
+    /// Cold ops the storage lost ([`Relay::lost`]).
+    lost: u64,
 }
 
 impl Counters {
@@ -143,8 +152,9 @@ pub struct RelayStats {
     pub accepted: u64,
     /// Of those, ops folded into an entry ([`Overflow::Conflate`]).
     pub conflated: u64,
-    /// Ops dropped: by [`Overflow::DropNewest`], or held by an entry
-    /// [`Overflow::DropOldest`] dropped.
+    /// Ops dropped: by [`Overflow::DropNewest`], held by an entry
+    /// [`Overflow::DropOldest`] dropped, or cold and lost by the storage
+    /// ([`Relay::lost`]).
     pub dropped: u64,
     /// Ops refused by [`Overflow::Block`].
     pub blocked: u64,
@@ -322,6 +332,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             bytes: 0,
             full: false,
             cold: 0,
+            returned: 0,
             counters: Counters::default(),
         })
     }
@@ -341,7 +352,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
                 self.full = self.window.len() as u64 >= self.bounds.count.high;
                 return Ok(Sent::Accepted);
             }
-            if self.full && self.bounds.overflow == Overflow::Conflate && !self.window.is_empty() {
+            if self.full && self.bounds.overflow == Overflow::Conflate && self.window.len() > self.returned {
                 self.merge_into_back(op, 1);
                 self.counters.accepted = self.counters.accepted.wrapping_add(1);
                 self.counters.conflated = self.counters.conflated.wrapping_add(1);
@@ -419,8 +430,9 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// A fold that panics (the policy's, the weigher's) loses the newer
     /// entry, counted as dropped, and takes nothing out.
     pub fn spill(&mut self) -> Option<SpillPage<T>> {
+        let first = self.returned;
         if M::CONFLATES {
-            while self.window.len() > 1 {
+            while self.window.len() > first + 1 {
                 let Some(newest) = self.window.pop_back() else { break };
                 self.bytes -= u128::from(newest.bytes);
                 self.counters.dropped_held = self.counters.dropped_held.wrapping_add(newest.ops);
@@ -429,35 +441,43 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
                 self.counters.dropped_held = self.counters.dropped_held.wrapping_sub(ops);
             }
         }
-        if self.window.is_empty() {
+        if self.window.len() <= first {
             return None;
         }
         let mut ops = 0u64;
+        let mut bytes = 0u128;
         let entries: Vec<Drained<T>> = self
             .window
-            .drain(..)
+            .drain(first..)
             .map(|e| {
                 ops = ops.wrapping_add(e.ops);
+                bytes += u128::from(e.bytes);
                 Drained { value: e.value, ops: e.ops, bytes: e.bytes }
             })
             .collect();
-        self.bytes = 0;
+        self.bytes -= bytes;
         self.full = false;
         self.cold = self.cold.wrapping_add(ops);
         self.counters.spilled = self.counters.spilled.wrapping_add(ops);
         Some(SpillPage { entries, ops })
     }
 
-    /// Puts back a page [`spill`](Self::spill) took, in front, when it
-    /// could not be written: as if it had not been taken, and full (a
-    /// relay is asked to spill when full). Only a page this relay's
-    /// `spill` took, once (as [`unpop`](Self::unpop)).
+    /// Puts back a page [`spill`](Self::spill) took, in front (behind
+    /// the entries put back while ops were cold), when it could not be
+    /// written: as it was taken out (under a policy that conflates, one
+    /// entry folding the page's ops), and full (a relay is asked to spill
+    /// when full). Only a page this relay's `spill` took, once (as
+    /// [`unpop`](Self::unpop)).
     pub fn unspill(&mut self, page: SpillPage<T>) {
         self.cold = self.cold.wrapping_sub(page.ops);
         self.counters.spilled = self.counters.spilled.wrapping_sub(page.ops);
+        // Behind the entries put back while cold, which the spill left.
         for entry in page.entries.into_iter().rev() {
             self.bytes += u128::from(entry.bytes);
-            self.window.push_front(Entry { value: entry.value, ops: entry.ops, bytes: entry.bytes });
+            self.window.insert(self.returned, Entry { value: entry.value, ops: entry.ops, bytes: entry.bytes });
+        }
+        if self.cold == 0 {
+            self.returned = 0;
         }
         self.full = true;
     }
@@ -470,6 +490,21 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
         let ops = ops.min(self.cold);
         self.cold -= ops;
         self.counters.replayed = self.counters.replayed.wrapping_add(ops);
+        if self.cold == 0 {
+            self.returned = 0;
+        }
+    }
+
+    /// Counts `ops` cold ops as lost: the storage no longer holds them
+    /// (deleted under the relay). Counted as dropped; at most the cold ops
+    /// count.
+    pub fn lost(&mut self, ops: u64) {
+        let ops = ops.min(self.cold);
+        self.cold -= ops;
+        self.counters.lost = self.counters.lost.wrapping_add(ops);
+        if self.cold == 0 {
+            self.returned = 0;
+        }
     }
 
     /// Adds `ops` ops a restart found written out (by an earlier relay)
@@ -487,11 +522,12 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
 
     /// Takes the oldest entry: the drain's next value, with how many ops
     /// it folds. The relay stops being full once this takes it down to
-    /// every low water mark. Nothing while any op is
-    /// [`cold`](Self::cold): the pages go first.
+    /// every low water mark. While any op is [`cold`](Self::cold), only an
+    /// entry put back meanwhile (older than every cold op): the pages go
+    /// before the rest.
     #[inline]
     pub fn pop(&mut self) -> Option<Drained<T>> {
-        if self.cold != 0 {
+        if self.cold != 0 && self.returned == 0 {
             return None;
         }
         let entry = self.take_front()?;
@@ -508,10 +544,17 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// stays as the pop left it. Only an entry this relay's `pop` took,
     /// once: another relay's entry, or one put back twice, leaves the
     /// counters wrong (the drained count wraps).
+    ///
+    /// While ops are cold (a spill since the pop), the entry is older than
+    /// every one of them: it goes first, before the pages, and no spill or
+    /// fold takes it.
     pub fn unpop(&mut self, drained: Drained<T>) {
         self.counters.drained = self.counters.drained.wrapping_sub(drained.ops);
         self.bytes += u128::from(drained.bytes);
         self.window.push_front(Entry { value: drained.value, ops: drained.ops, bytes: drained.bytes });
+        if self.cold != 0 {
+            self.returned += 1;
+        }
     }
 
     /// The oldest entry's value, if any (what [`pop`](Self::pop) would
@@ -543,7 +586,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             full: self.full,
             accepted: c.accepted,
             conflated: c.conflated,
-            dropped: c.dropped_new.wrapping_add(c.dropped_held),
+            dropped: c.dropped_new.wrapping_add(c.dropped_held).wrapping_add(c.lost),
             blocked: c.blocked,
             drained: c.drained.wrapping_add(c.replayed),
             spilled: c.spilled,
@@ -590,18 +633,21 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     fn take_front(&mut self) -> Option<Entry<T>> {
         let entry = self.window.pop_front()?;
         self.bytes -= u128::from(entry.bytes);
+        self.returned = self.returned.saturating_sub(1);
         Some(entry)
     }
 
     /// Folds `op` into the newest entry, then the newest entries together
     /// while the relay is above its high mark in bytes.
     fn conflate(&mut self, op: T, weight: u64) -> Sent {
-        if self.window.is_empty() {
-            // Not reached: a full relay holds an entry (it is full only
-            // once it held a high mark, or an op did not fit, which an
-            // empty one always does, and a drain to empty clears it; a
-            // `DropOldest` that empties it pushes its op before it is
-            // full).
+        if self.window.len() <= self.returned {
+            // Every entry held was put back while ops are cold: older than
+            // them, it takes no newer op (which goes behind the pages).
+            // (An empty relay is not reached: a full relay holds an entry,
+            // as it is full only once it held a high mark, or an op did
+            // not fit, which an empty one always does, and a drain to
+            // empty clears it; a `DropOldest` that empties it pushes its
+            // op before it is full.)
             self.push(op, weight);
             return Sent::Accepted;
         }
@@ -609,7 +655,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
         self.counters.accepted = self.counters.accepted.wrapping_add(1);
         self.counters.conflated = self.counters.conflated.wrapping_add(1);
         if let Some(Water { high, .. }) = self.bounds.bytes {
-            while self.window.len() > 1 && self.bytes > u128::from(high) {
+            while self.window.len() > self.returned + 1 && self.bytes > u128::from(high) {
                 let Some(newest) = self.window.pop_back() else { break };
                 self.bytes -= u128::from(newest.bytes);
                 // Counted as dropped until the fold returns: a fold that

@@ -145,46 +145,71 @@ impl<T: Clone + 'static, M: MergePolicy<T>, F: CellFlavor<T>> RelayState<T, M, F
     /// (only for the spill's cell: none for another), else the oldest
     /// entry.
     fn take(&mut self, cell: &EgressCellOf<T, F>) -> Option<(T, Taken)> {
-        if self.relay.cold() != 0
-            && let Some(spill) = &mut self.spill
-        {
-            let target = spill.target.get_or_insert_with(|| cell.clone());
-            if !target.same_cell(cell) {
-                return None;
-            }
-            if spill.ahead.is_empty() {
-                match catch_unwind(AssertUnwindSafe(|| spill.store.read(spill.cursor, READ_AHEAD))) {
-                    Ok(Ok(read)) => spill.ahead.extend(read),
-                    Ok(Err(error)) => {
-                        spill.failed("read", &error);
-                        return None;
-                    }
-                    Err(_) => {
-                        spill.errors = spill.errors.saturating_add(1);
-                        tracing::error!("egress relay: the spill store panicked reading");
-                        return None;
-                    }
+        // The relay's own entry, unless ops are cold: then only one put
+        // back meanwhile, which is older than them.
+        let hot = |relay: &mut Relay<T, M>| {
+            relay.pop().map(|d| {
+                let (value, entry) = d.split();
+                (value, Taken::Hot(entry))
+            })
+        };
+        if let Some(taken) = hot(&mut self.relay) {
+            return Some(taken);
+        }
+        let cold = self.relay.cold();
+        let Some(spill) = self.spill.as_mut().filter(|_| cold != 0) else { return None };
+        let target = spill.target.get_or_insert_with(|| cell.clone());
+        if !target.same_cell(cell) {
+            return None;
+        }
+        if spill.ahead.is_empty() {
+            match catch_unwind(AssertUnwindSafe(|| spill.store.read(spill.cursor, READ_AHEAD))) {
+                Ok(Ok(read)) => spill.ahead.extend(read),
+                Ok(Err(error)) => {
+                    spill.failed("read", &error);
+                    return None;
                 }
-            }
-            match spill.ahead.pop_front() {
-                Some(entry) => {
-                    spill.cursor = Some(entry.id);
-                    return Some((entry.value, Taken::Cold { id: entry.id, ops: entry.ops }));
-                }
-                None => {
-                    // The store holds fewer ops than the relay counts cold
-                    // (deleted under it): nothing more to replay.
-                    let cold = self.relay.cold();
-                    tracing::warn!(cold, "egress relay: the spill store ran out before the ops counted cold");
+                Err(_) => {
                     spill.errors = spill.errors.saturating_add(1);
-                    self.relay.replayed(cold);
+                    tracing::error!("egress relay: the spill store panicked reading");
+                    return None;
                 }
             }
         }
-        self.relay.pop().map(|d| {
-            let (value, entry) = d.split();
-            (value, Taken::Hot(entry))
-        })
+        let Some(entry) = spill.ahead.pop_front() else {
+            // The store holds fewer ops than the relay counts cold
+            // (deleted under it): nothing more to replay; the lost ops
+            // count as dropped.
+            tracing::warn!(cold, "egress relay: the spill store ran out before the ops counted cold");
+            spill.errors = spill.errors.saturating_add(1);
+            self.relay.lost(cold);
+            return hot(&mut self.relay);
+        };
+        if entry.ops > cold {
+            // The entry holds more ops than the relay counts cold (a row
+            // edited under it): the store is the truth; count what it
+            // holds from here, so the rest of it still goes first.
+            let after = spill.store.stored_ops(Some(entry.id));
+            match after {
+                Ok(rest) => {
+                    tracing::warn!(
+                        id = entry.id,
+                        ops = entry.ops,
+                        cold,
+                        "egress relay: a spilled entry holds more ops than counted cold"
+                    );
+                    spill.errors = spill.errors.saturating_add(1);
+                    self.relay.restore_cold(entry.ops.saturating_add(rest).saturating_sub(cold));
+                }
+                Err(error) => {
+                    spill.failed("count", &error);
+                    spill.ahead.push_front(entry);
+                    return None;
+                }
+            }
+        }
+        spill.cursor = Some(entry.id);
+        Some((entry.value, Taken::Cold { id: entry.id, ops: entry.ops }))
     }
 
     /// Puts back what [`take`](Self::take) took, in front.
@@ -444,7 +469,7 @@ impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> RelayCellOf<T, M, F> {
         mut relay: Relay<T, M>,
         mut store: impl SpillStore<T> + Send + 'static,
     ) -> Result<Self, SpillError> {
-        relay.restore_cold(store.stored_ops()?);
+        relay.restore_cold(store.stored_ops(None)?);
         let spill = Spill {
             store: Box::new(store),
             ahead: VecDeque::new(),
@@ -516,6 +541,17 @@ impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> RelayCellOf<T, M, F> {
     /// Puts back an entry [`pop`](Self::pop) took (see [`Relay::unpop`]).
     pub fn unpop(&self, drained: Drained<T>) {
         self.shared.inner.apply(|s| s.relay.unpop(drained));
+    }
+
+    /// A transition of the relay by hand (a spill or a replay by hand, a
+    /// fixture's op): `f` runs on the relay with the graph entered, then
+    /// every reader is pushed, notifying those whose value changed. `f`
+    /// must not call into the cell; a panic in it goes on once the readers
+    /// are pushed. With a spill store ([`spilling`](Self::spilling)), the
+    /// replay is the drain's: a spill or replay by hand here is not the
+    /// store's.
+    pub fn with_relay_mut<R>(&self, f: impl FnOnce(&mut Relay<T, M>) -> R) -> R {
+        self.shared.inner.apply(|s| f(&mut s.relay))
     }
 
     // ----- readers -----------------------------------------------------

@@ -34,12 +34,14 @@ pub struct SpilledEntry<T> {
 ///
 /// [`Overflow::Spill`]: egress_core::Overflow::Spill
 pub trait SpillStore<T> {
-    /// The ops the store holds (a restart's pages, not yet reclaimed):
-    /// read once, when a relay cell is built over the store.
+    /// The ops the entries with an id above `after` fold (every entry's,
+    /// with `None`: a restart's pages, not yet reclaimed, read when a
+    /// relay cell is built over the store; and the rest of a replay, when
+    /// an entry holds more ops than the relay counts cold).
     ///
     /// # Errors
     /// The store could not be read.
-    fn stored_ops(&mut self) -> Result<u64, SpillError>;
+    fn stored_ops(&mut self, after: Option<u64>) -> Result<u64, SpillError>;
 
     /// Appends `page`'s entries, in order, after every entry appended
     /// before. When it returns `Ok`, they are durable (all of them: a
@@ -54,7 +56,8 @@ pub trait SpillStore<T> {
     /// `None`), oldest first.
     ///
     /// # Errors
-    /// The store could not be read, or holds an entry it cannot decode.
+    /// The store could not be read, holds an entry it cannot decode, or
+    /// (a store with one writer per name) was taken over.
     fn read(&mut self, after: Option<u64>, max: usize) -> Result<Vec<SpilledEntry<T>>, SpillError>;
 
     /// Deletes every entry with an id at or below `id`: what they held was
