@@ -157,7 +157,7 @@ impl<T: Clone + 'static, M: MergePolicy<T>, F: CellFlavor<T>> RelayState<T, M, F
             return Some(taken);
         }
         let cold = self.relay.cold();
-        let Some(spill) = self.spill.as_mut().filter(|_| cold != 0) else { return None };
+        let spill = self.spill.as_mut().filter(|_| cold != 0)?;
         let target = spill.target.get_or_insert_with(|| cell.clone());
         if !target.same_cell(cell) {
             return None;
