@@ -30,6 +30,7 @@ pub mod fixture;
 pub mod graph;
 pub mod lanes;
 mod lanes_shell;
+pub mod latest;
 pub mod relay;
 pub mod runner;
 pub mod shell;
@@ -38,8 +39,9 @@ pub mod target;
 pub use fixture::{Fixture, FixtureError, Op};
 pub use graph::{GraphFixture, GraphSession, run_graph_fixture};
 pub use lanes::{LanesFixture, LanesOp, LanesSession, run_lanes_fixture, run_lanes_session};
+pub use latest::{LatestFixture, LatestOp, LatestSession, LatestStart, run_latest_fixture};
 pub use relay::{RelayFixture, RelayOp, RelaySession, run_relay_session};
-pub use runner::{KINDS_NOT_IMPLEMENTED, Mismatch, Report, Verdict, collect_files, run_files, run_fixture};
+pub use runner::{Mismatch, Report, Verdict, collect_files, run_files, run_fixture};
 pub use shell::{AsyncTarget, ContextTarget, ThreadSafeTarget};
 pub use target::{CoreTarget, GraphStart, Observation, Session, Target};
 

@@ -8,6 +8,7 @@ use serde_json::Value;
 use crate::fixture::{Fixture, FixtureError};
 use crate::graph::{GraphFixture, run_graph_fixture};
 use crate::lanes::{LanesFixture, run_lanes_session};
+use crate::latest::{LatestFixture, run_latest_fixture};
 use crate::relay::{RelayFixture, run_relay_session};
 use crate::target::Target;
 
@@ -253,19 +254,10 @@ fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), FixtureError> {
     Ok(())
 }
 
-/// Fixture kinds of the seed design's corpus that no runner here
-/// implements yet, with the reason and the issue that brings them: their
-/// files are reported as skipped rather than refused as malformed.
-pub const KINDS_NOT_IMPLEMENTED: &[(&str, &str)] = &[(
-    "LatestDurableProjection",
-    "the latest-value durable projection (one claimed effect per key, a monotone durable frontier) is not \
-     implemented yet: issue 33 brings it",
-)];
-
 /// Loads each file and runs it on each target: one report per pair. An
 /// egress fixture runs on every target; a reactive-graph fixture on the
-/// targets that have a graph (not `core`); a fixture of a kind in
-/// [`KINDS_NOT_IMPLEMENTED`] is reported skipped once.
+/// targets that have a graph (not `core`); a lanes, relay or latest
+/// fixture on every target that runs that kind.
 ///
 /// # Errors
 /// The first malformed fixture, or one of a kind no runner knows.
@@ -300,6 +292,17 @@ pub fn run_files(files: &[PathBuf], targets: &[&dyn Target]) -> Result<Vec<Repor
                 };
                 reports.push(report(target.name(), verdict));
             }
+        } else if kind == "LatestDurableProjection" {
+            let fixture = LatestFixture::from_value(file, &doc)?;
+            for target in targets {
+                let verdict = match target.latest() {
+                    Some(start) => run_latest_fixture(&fixture, start),
+                    None => {
+                        Verdict::Skipped { reason: format!("the {} target has no latest projection", target.name()) }
+                    }
+                };
+                reports.push(report(target.name(), verdict));
+            }
         } else if kind == "Relay" {
             let fixture = RelayFixture::from_value(file, &doc)?;
             for target in targets {
@@ -317,8 +320,6 @@ pub fn run_files(files: &[PathBuf], targets: &[&dyn Target]) -> Result<Vec<Repor
                     reports.push(report(target.name(), run_graph_fixture(&fixture, &*start)));
                 }
             }
-        } else if let Some((_, reason)) = KINDS_NOT_IMPLEMENTED.iter().find(|(k, _)| *k == kind) {
-            reports.push(report("-", Verdict::Skipped { reason: (*reason).to_owned() }));
         } else {
             let fixture = Fixture::parse(file, &text)?;
             for target in targets {

@@ -56,6 +56,10 @@ fn on_graph<F: CellFlavor<Value>>(cx: Ctx<F>, fixture: &Fixture) -> Result<Box<d
 }
 
 impl Target for ContextTarget {
+    fn latest(&self) -> Option<crate::latest::LatestStart> {
+        Some(crate::latest::on_context)
+    }
+
     fn relay(
         &self,
         fixture: &crate::relay::RelayFixture,
@@ -87,6 +91,10 @@ impl Target for ContextTarget {
 }
 
 impl Target for ThreadSafeTarget {
+    fn latest(&self) -> Option<crate::latest::LatestStart> {
+        Some(crate::latest::on_thread_safe)
+    }
+
     fn relay(
         &self,
         fixture: &crate::relay::RelayFixture,
@@ -118,6 +126,10 @@ impl Target for ThreadSafeTarget {
 }
 
 impl Target for AsyncTarget {
+    fn latest(&self) -> Option<crate::latest::LatestStart> {
+        Some(crate::latest::on_async)
+    }
+
     fn relay(
         &self,
         fixture: &crate::relay::RelayFixture,

@@ -57,6 +57,13 @@ pub trait Target {
         let _ = fixture;
         None
     }
+
+    /// What starts a scenario of a latest-value projection fixture
+    /// (`"kind": "LatestDurableProjection"`) on this target, or `None`
+    /// for a target that runs none.
+    fn latest(&self) -> Option<crate::latest::LatestStart> {
+        None
+    }
 }
 
 /// Starts a session of the reactive-graph interpreter on a fresh graph.
@@ -413,6 +420,10 @@ impl Target for CoreTarget {
         fixture: &crate::relay::RelayFixture,
     ) -> Option<Result<Box<dyn crate::relay::RelaySession>, String>> {
         Some(fixture.core())
+    }
+
+    fn latest(&self) -> Option<crate::latest::LatestStart> {
+        Some(crate::latest::on_core)
     }
 
     fn start(&self, fixture: &Fixture) -> Result<Box<dyn Session>, String> {

@@ -215,18 +215,20 @@ fn malformed_graph_fixtures_name_the_field() {
 }
 
 #[test]
-fn the_binary_runs_graph_fixtures_and_skips_kinds_not_implemented() {
+fn the_binary_runs_graph_and_latest_fixtures_and_refuses_a_kind_it_does_not_know() {
     let bin = env!("CARGO_BIN_EXE_egress-conformance");
     let dir = std::env::temp_dir().join(format!("egress-graph-conformance-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     std::fs::write(dir.join("a.json"), load("disposal_runs_no_effect.json").to_string()).expect("write");
-    std::fs::write(dir.join("b.json"), json!({"kind": "LatestDurableProjection", "scenarios": []}).to_string())
-        .expect("write");
+    // The seed design's latest-projection fixture kind runs on every
+    // target (it was skipped until issue 33).
+    let latest = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../conformance/latest/latest_a_reconnect_requeues_flights_and_fences_the_old_generation.json");
+    std::fs::copy(latest, dir.join("b.json")).expect("copy");
     let out = Command::new(bin).arg(&dir).output().expect("runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    assert!(stdout.contains("SKIP") && stdout.contains("issue 33"), "{stdout}");
-    assert_eq!(stdout.lines().last(), Some("conformance: 3 passed, 0 failed, 1 skipped"), "{stdout}");
+    assert_eq!(stdout.lines().last(), Some("conformance: 7 passed, 0 failed, 0 skipped"), "{stdout}");
 
     std::fs::write(dir.join("b.json"), json!({"kind": "Mystery", "steps": []}).to_string()).expect("write");
     let out = Command::new(bin).arg(&dir).output().expect("runs");
