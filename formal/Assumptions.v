@@ -1,6 +1,6 @@
 (** Prints the axioms each theorem rests on; the Makefile requires every
     one of them to be "Closed under the global context". *)
-From Egress Require Import Model Proofs Invariants Exact Claims Journal.
+From Egress Require Import Model Proofs Invariants Exact Claims Journal Latest LatestProofs.
 Print Assumptions stale_generation_is_a_noop.
 Print Assumptions stale_reconnect_is_a_noop.
 Print Assumptions reconnect_advances.
@@ -34,3 +34,21 @@ Print Assumptions crash_keeps_what_was_sent.
 Print Assumptions claims_are_durable.
 Print Assumptions wire_payload.
 Print Assumptions attempts_attached.
+Print Assumptions upsert_desired_newer_wins.
+Print Assumptions upsert_desired_new_key.
+Print Assumptions upsert_desired_refused_noop.
+Print Assumptions upsert_desired_stale_noop.
+Print Assumptions upsert_desired_preserves_inflight.
+Print Assumptions claim_single_flight.
+Print Assumptions claim_uses_latest_desired.
+Print Assumptions ack_never_clears_desired.
+Print Assumptions ack_applied_exact.
+Print Assumptions fail_retryable_keeps_desired.
+Print Assumptions reconnect_requeues_and_frees.
+Print Assumptions reconnect_leaves_nothing_in_flight.
+Print Assumptions stale_reports_noop.
+Print Assumptions stale_ack_after_reconnect_noop.
+Print Assumptions keys_isolated.
+Print Assumptions inv_step.
+Print Assumptions inv_reachable.
+Print Assumptions frontier_monotone.

@@ -39,12 +39,29 @@ mutants=(
   "a reconnect's count omits parked#OReconnected g (length (inflight st) + length (parked st))#OReconnected g (length (inflight st))"
 )
 
+# The latest-value projection's model (Latest.v): each mutant changes one
+# rule; its differential traces (replayed on the Rust core and the latest
+# cell of every flavour) must catch it.
+latest_mutants=(
+  "an ack does not reset the failure count#(Some v) 0 (waiting s)#(Some v) (failures s) (waiting s)"
+  "a claim ignores the backoff#| Some u => (st, CBackoff u, [])#| Some u => (st, CEmpty, [])"
+  "a reconnect requeues a superseded flight#(match desired s with Some d => Some d | None => Some (fver f, fval f) end)#(Some (fver f, fval f))"
+  "a failure waits one tick less#sat (now + N.max (lsched pol n hint) 1)#sat (now + N.max (lsched pol n hint) 1 - 1)"
+  "an upsert at the frontier is accepted#if v <=? d then (st, UAlreadyDurable d, [])#if v <? d then (st, UAlreadyDurable d, [])"
+  "a key is freed a tick early#match waiting (snd e) with Some u => u <=? now | None => false end.#match waiting (snd e) with Some u => u <=? now + 1 | None => false end."
+  "a pending failure does not flag the desire#FPending t, [(k, kone true true false true)]#FPending t, [(k, kone false true false true)]"
+  "one key more than the bound#if lmax_keys pol <=? N.of_nat (length (keys st))#if lmax_keys pol <? N.of_nat (length (keys st))"
+)
+
 # Runs the corpus replay and the differential traces in $1 (a copy of
-# formal/); prints "corpus: pass|FAIL, differential: pass|FAIL".
+# formal/), those of the model $2 (egress, or latest: its traces only);
+# prints "corpus: pass|FAIL|-, differential: pass|FAIL".
 judge() {
-  local dir="$1" corpus differential
-  if make -s -C "$dir" replay CORPUS="$repo/conformance/egress" >"$dir/corpus.log" 2>&1; then corpus=pass; else corpus=FAIL; fi
-  if make -s -C "$dir" differential TRACES="${TRACES:-500}" REPO="$repo" >"$dir/differential.log" 2>&1; then
+  local dir="$1" which="${2:-egress}" corpus=- differential
+  if [ "$which" = egress ]; then
+    if make -s -C "$dir" replay CORPUS="$repo/conformance/egress" >"$dir/corpus.log" 2>&1; then corpus=pass; else corpus=FAIL; fi
+  fi
+  if make -s -C "$dir" "differential-$which" TRACES="${TRACES:-500}" REPO="$repo" >"$dir/differential.log" 2>&1; then
     differential=pass
   else
     differential=FAIL
@@ -60,28 +77,37 @@ copy() {
 }
 
 copy
-verdict="$(judge "$scratch/formal")"
+verdict="$(judge "$scratch/formal" egress)"
 echo "unmutated: $verdict"
-if [ "$verdict" != "corpus: pass, differential: pass" ]; then
+latest="$(judge "$scratch/formal" latest)"
+echo "unmutated latest: $latest"
+if [ "$verdict" != "corpus: pass, differential: pass" ] || [ "$latest" != "corpus: -, differential: pass" ]; then
   cat "$scratch/formal/corpus.log" "$scratch/formal/differential.log" | tail -20
   echo "mutants.sh: the unmutated model does not pass"; exit 1
 fi
 
 survived=0
-for m in "${mutants[@]}"; do
-  IFS='#' read -r name old new <<<"$m"
-  copy
-  model="$(cat "$scratch/formal/Model.v")"
-  rest="${model#*"$old"}"
-  if [ "$rest" = "$model" ] || [ "${rest#*"$old"}" != "$rest" ]; then
-    echo "mutants.sh: \"$old\" is not in Model.v exactly once (mutant: $name)"; exit 1
-  fi
-  printf '%s\n' "${model/"$old"/"$new"}" >"$scratch/formal/Model.v"
-  verdict="$(judge "$scratch/formal")"
-  case "$verdict" in
-    *"differential: FAIL") echo "caught   $name ($verdict)" ;;
-    *) echo "SURVIVED $name ($verdict)"; survived=$((survived + 1)) ;;
-  esac
-done
-echo "model mutants: ${#mutants[@]}, survived: $survived"
+# mutate FILE WHICH MUTANT...: each mutant of FILE, judged by WHICH's checks.
+mutate() {
+  local file="$1" which="$2" m name old new model rest
+  shift 2
+  for m in "$@"; do
+    IFS='#' read -r name old new <<<"$m"
+    copy
+    model="$(cat "$scratch/formal/$file")"
+    rest="${model#*"$old"}"
+    if [ "$rest" = "$model" ] || [ "${rest#*"$old"}" != "$rest" ]; then
+      echo "mutants.sh: \"$old\" is not in $file exactly once (mutant: $name)"; exit 1
+    fi
+    printf '%s\n' "${model/"$old"/"$new"}" >"$scratch/formal/$file"
+    verdict="$(judge "$scratch/formal" "$which")"
+    case "$verdict" in
+      *"differential: FAIL") echo "caught   $name ($verdict)" ;;
+      *) echo "SURVIVED $name ($verdict)"; survived=$((survived + 1)) ;;
+    esac
+  done
+}
+mutate Model.v egress "${mutants[@]}"
+mutate Latest.v latest "${latest_mutants[@]}"
+echo "model mutants: $((${#mutants[@]} + ${#latest_mutants[@]})), survived: $survived"
 [ "$survived" = 0 ]

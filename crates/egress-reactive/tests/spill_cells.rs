@@ -276,6 +276,33 @@ each_flavour! {
         assert_eq!((deliver(&first), deliver(&other)), (Some(2), Some(3)));
     }
 
+    fn a_batch_of_exactly_256_acknowledged_entries_is_reclaimed_while_the_replay_goes_on(cx) {
+        let disk = store::<Vec<u32>>();
+        // A window wide enough to have 256 in flight at once.
+        let cell = EgressCellOf::new(&cx, Policy::builder().inflight_limit(512).build().unwrap());
+        let relay = RelayCellOf::spilling(&cx, Relay::new(RawFifo, spill(300, 0)).unwrap(), Shared(disk.clone())).unwrap();
+        for op in 0..301u32 {
+            relay.send(vec![op]).unwrap(); // the 301st writes the first 300 out
+        }
+        assert_eq!(relay.cold().get_untracked(), 300);
+        let _drain = relay.drain_into(&cell, nz(256)).unwrap();
+        assert_eq!(cell.pending_len().get_untracked(), 256);
+        let generation = cell.generation().get_untracked();
+        let mut last = None;
+        for _ in 0..256 {
+            last = cell.claim_with(generation, |o| match o {
+                ClaimOutcome::Claimed(e) => Some(e.sequence),
+                _ => None,
+            });
+            assert!(last.is_some());
+        }
+        assert_eq!(lock(&disk).reclaims, 0);
+        let _ = cell.ack(generation, last.unwrap());
+        assert_eq!(relay.cold().get_untracked(), 0, "the acks made room: the rest replayed");
+        assert_eq!(lock(&disk).reclaims, 1, "256 acknowledged: one batch reclaimed");
+        assert_eq!(lock(&disk).entries.len(), 300 - 256);
+    }
+
     fn a_full_relay_without_a_store_asks_and_spill_now_without_one_writes_nothing(cx) {
         let relay = RelayCellOf::new(&cx, RawFifo, spill(1, 0)).unwrap();
         relay.send(vec![1u8]).unwrap();
