@@ -467,9 +467,12 @@ fn cold_ops_the_storage_lost_count_as_dropped_and_an_entry_put_back_goes_before_
     assert_eq!(relay.iter().copied().collect::<Vec<_>>(), [1]);
     relay.unspill(page);
     assert_eq!(relay.iter().copied().collect::<Vec<_>>(), [1, 5], "back behind it");
+    // The storage lost some cold ops, not all: 1 still goes first.
+    relay.lost(1);
+    assert_eq!(relay.cold(), 2);
     assert_eq!(relay.pop().map(|d| d.value), Some(1), "first, while ops are cold");
     assert_eq!(relay.pop(), None, "then the pages");
-    // The storage lost the page: counted as dropped, not drained.
+    // The storage lost the rest: counted as dropped, not drained.
     relay.lost(9);
     let s = relay.stats();
     assert_eq!((s.cold, s.dropped, s.drained, s.accepted), (0, 3, 1, 5));
