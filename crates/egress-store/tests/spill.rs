@@ -212,6 +212,25 @@ fn a_restart_replays_what_was_not_acknowledged_before_anything_new() {
 }
 
 #[test]
+fn a_store_says_what_it_holds() {
+    let dir = TempDir::new();
+    let cx = Context::new();
+    let relay = fifo(&cx, &dir.db(), 2, 0);
+    for op in 0..5u32 {
+        relay.send(vec![op]).unwrap(); // two pages of two
+    }
+    let store: SqliteSpill<Vec<u32>> = SqliteSpill::open(dir.db(), "log", Json).unwrap();
+    assert_eq!(store.name(), "log");
+    assert_eq!(format!("{store:?}"), r#"SqliteSpill { name: "log", next_id: 4, .. }"#);
+    assert_eq!(
+        (store.stored_entries().unwrap(), store.stored_ops(None).unwrap(), store.stored_ops(Some(1)).unwrap()),
+        (4, 4, 2)
+    );
+    let other: SqliteSpill<Vec<u32>> = SqliteSpill::open(dir.db(), "other", Json).unwrap();
+    assert_eq!((other.stored_entries().unwrap(), format!("{other:?}").contains("next_id: 0")), (0, true));
+}
+
+#[test]
 fn a_second_opener_fences_the_first() {
     let dir = TempDir::new();
     let cx = Context::new();
