@@ -110,7 +110,9 @@ struct Entry<T> {
 /// second; a check would cost every send).
 #[derive(Clone, Copy, Default)]
 struct Counters {
-    accepted: u64,
+    /// Ops taken as a new entry (the accepted are these and the
+    /// conflated: one counter moves per op taken).
+    pushed: u64,
     conflated: u64,
     /// Ops dropped as they came (`DropNewest`): never taken.
     dropped_new: u64,
@@ -130,7 +132,12 @@ impl Counters {
     /// The ops the entries hold: every op taken is held, drained, spilled
     /// or dropped once taken, so the count is kept by the counters alone.
     const fn held(&self) -> u64 {
-        self.accepted.wrapping_sub(self.drained).wrapping_sub(self.dropped_held).wrapping_sub(self.spilled)
+        self.accepted().wrapping_sub(self.drained).wrapping_sub(self.dropped_held).wrapping_sub(self.spilled)
+    }
+
+    /// Ops taken: as a new entry, or folded into one.
+    const fn accepted(&self) -> u64 {
+        self.pushed.wrapping_add(self.conflated)
     }
 }
 
@@ -342,7 +349,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     ///
     /// # Errors
     /// [`SendRefused`], with the op: blocked, or too large.
-    #[inline]
+    #[inline(always)]
     pub fn send(&mut self, op: T) -> Result<Sent, SendRefused<T>> {
         // The two common cases without a bound in bytes, inlined: an op
         // that fits, and an op folded into a full conflating relay.
@@ -354,7 +361,6 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             }
             if self.full && self.bounds.overflow == Overflow::Conflate && self.window.len() > self.returned {
                 self.merge_into_back(op, 1);
-                self.counters.accepted = self.counters.accepted.wrapping_add(1);
                 self.counters.conflated = self.counters.conflated.wrapping_add(1);
                 return Ok(Sent::Conflated);
             }
@@ -584,7 +590,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             ops: c.held(),
             bytes: u64::try_from(self.bytes).unwrap_or(u64::MAX),
             full: self.full,
-            accepted: c.accepted,
+            accepted: c.accepted(),
             conflated: c.conflated,
             dropped: c.dropped_new.wrapping_add(c.dropped_held).wrapping_add(c.lost),
             blocked: c.blocked,
@@ -627,13 +633,18 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     fn push(&mut self, op: T, weight: u64) {
         self.window.push_back(Entry { value: op, ops: 1, bytes: weight });
         self.bytes += u128::from(weight);
-        self.counters.accepted = self.counters.accepted.wrapping_add(1);
+        self.counters.pushed = self.counters.pushed.wrapping_add(1);
     }
 
     fn take_front(&mut self) -> Option<Entry<T>> {
         let entry = self.window.pop_front()?;
-        self.bytes -= u128::from(entry.bytes);
-        self.returned = self.returned.saturating_sub(1);
+        // Without a bound in bytes every weight is 0.
+        if self.bounds.bytes.is_some() {
+            self.bytes -= u128::from(entry.bytes);
+        }
+        if self.returned != 0 {
+            self.returned -= 1;
+        }
         Some(entry)
     }
 
@@ -652,7 +663,6 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             return Sent::Accepted;
         }
         self.merge_into_back(op, 1);
-        self.counters.accepted = self.counters.accepted.wrapping_add(1);
         self.counters.conflated = self.counters.conflated.wrapping_add(1);
         if let Some(Water { high, .. }) = self.bounds.bytes {
             while self.window.len() > self.returned + 1 && self.bytes > u128::from(high) {
