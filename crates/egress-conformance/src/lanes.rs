@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::fixture::{FixtureError, FixturePolicy, Op, decode_op};
-use crate::runner::{Mismatch, Verdict, first_difference};
+use crate::runner::{RawStep, Verdict, judge_step};
 use crate::target::{invalidation_key, returns, state_of};
 
 /// A lane of a fixture: its name, and the kind the fixture declares for it.
@@ -78,15 +78,6 @@ struct RawLanesFixture {
     inflight_cap: Option<NonZeroUsize>,
     lanes: BTreeMap<String, KindName>,
     steps: Vec<RawStep>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawStep {
-    op: Value,
-    returns: Value,
-    #[serde(default)]
-    expected: Map<String, Value>,
 }
 
 /// One op of a lanes fixture.
@@ -306,50 +297,14 @@ pub fn run_lanes_session(fixture: &LanesFixture, session: &mut dyn LanesSession)
             Ok(applied) => applied,
             Err(message) => return Verdict::TargetError { step: Some(i), message },
         };
-        let mismatch = |field: String, expected: Option<&Value>, actual: Option<&Value>| {
-            Verdict::Mismatch(Mismatch {
-                step: i,
-                op: step.text.clone(),
-                field,
-                expected: expected.cloned(),
-                actual: actual.cloned(),
-            })
-        };
-        if let Some((field, e, a)) = first_difference("returns".into(), &step.returns, &got) {
-            return mismatch(field, e, a);
-        }
-        for (key, want) in &step.expected {
-            let got = &state[key];
-            // `lane_states` and `invalidates` assert the keys they name;
-            // every other key is asserted whole.
-            let named = match (key.as_str(), want, got) {
-                ("lane_states" | "invalidates", Value::Object(w), Value::Object(g)) => w
-                    .iter()
-                    .map(|(k, wv)| (format!("expected.{key}.{k}"), wv, g.get(k).unwrap_or(&Value::Null)))
-                    .flat_map(|(path, wv, gv)| subset(path, wv, gv))
-                    .next(),
-                _ => {
-                    first_difference(format!("expected.{key}"), want, got).map(|(p, e, a)| (p, e.cloned(), a.cloned()))
-                }
-            };
-            if let Some((field, e, a)) = named {
-                return mismatch(field, e.as_ref(), a.as_ref());
-            }
+        // `lane_states` and `invalidates` assert the keys they name (a
+        // lane's keys, each exactly); every other key is asserted whole.
+        let named = [("lane_states", 2), ("invalidates", 1)];
+        if let Some(verdict) = judge_step(i, &step.text, (&step.returns, &got), (&step.expected, &state), &named) {
+            return verdict;
         }
     }
     Verdict::Passed { steps: fixture.steps.len() }
-}
-
-/// A lane's state asserts the keys the fixture names; a reader flag its
-/// value.
-fn subset(path: String, want: &Value, got: &Value) -> Option<(String, Option<Value>, Option<Value>)> {
-    match (want, got) {
-        (Value::Object(w), Value::Object(g)) => w.iter().find_map(|(k, wv)| {
-            let gv = g.get(k).unwrap_or(&Value::Null);
-            first_difference(format!("{path}.{k}"), wv, gv).map(|(p, e, a)| (p, e.cloned(), a.cloned()))
-        }),
-        _ => first_difference(path, want, got).map(|(p, e, a)| (p, e.cloned(), a.cloned())),
-    }
 }
 
 /// The observable state after an op, with what it invalidated.

@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
 use crate::fixture::FixtureError;
-use crate::runner::{Mismatch, Verdict, first_difference};
+use crate::runner::{RawStep, Verdict, judge_step};
 
 /// The keys `expected` may hold: the relay's stats, its entries, and what
 /// the op invalidated.
@@ -96,15 +96,6 @@ struct RawRelayFixture {
     policy: PolicyName,
     backpressure: RawBackpressure,
     steps: Vec<RawStep>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawStep {
-    op: Value,
-    returns: Value,
-    #[serde(default)]
-    expected: Map<String, Value>,
 }
 
 /// One op of a relay fixture.
@@ -501,30 +492,10 @@ pub fn run_relay_session(fixture: &RelayFixture, session: &mut dyn RelaySession)
             Ok(applied) => applied,
             Err(message) => return Verdict::TargetError { step: Some(i), message },
         };
-        let mismatch = |field: String, expected: Option<&Value>, actual: Option<&Value>| {
-            Verdict::Mismatch(Mismatch {
-                step: i,
-                op: step.text.clone(),
-                field,
-                expected: expected.cloned(),
-                actual: actual.cloned(),
-            })
-        };
-        if let Some((field, e, a)) = first_difference("returns".into(), &step.returns, &got) {
-            return mismatch(field, e, a);
-        }
-        for (key, want) in &step.expected {
-            let got = &state[key];
-            let difference = match (key.as_str(), want, got) {
-                // `invalidates` asserts the readers it names.
-                ("invalidates", Value::Object(w), Value::Object(g)) => w.iter().find_map(|(k, wv)| {
-                    first_difference(format!("expected.invalidates.{k}"), wv, g.get(k).unwrap_or(&Value::Null))
-                }),
-                _ => first_difference(format!("expected.{key}"), want, got),
-            };
-            if let Some((field, e, a)) = difference {
-                return mismatch(field, e, a);
-            }
+        // `invalidates` asserts the readers it names.
+        let named = [("invalidates", 1)];
+        if let Some(verdict) = judge_step(i, &step.text, (&step.returns, &got), (&step.expected, &state), &named) {
+            return verdict;
         }
     }
     Verdict::Passed { steps: fixture.steps.len() }

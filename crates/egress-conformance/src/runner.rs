@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::fixture::{Fixture, FixtureError};
 use crate::graph::{GraphFixture, run_graph_fixture};
@@ -176,6 +176,77 @@ fn design_reading(op: &Value, want: &Value, mut got: Value) -> Value {
         }
     }
     got
+}
+
+/// A step of the lanes, relay and latest fixtures, as written.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawStep {
+    pub(crate) op: Value,
+    pub(crate) returns: Value,
+    #[serde(default)]
+    pub(crate) expected: Map<String, Value>,
+}
+
+/// The first difference of the fields `want` names, `depth` levels down:
+/// an object asserts only the keys it names (a key the target does not
+/// report reads as `false` where a flag is wanted, as an empty object
+/// where an object is, `null` otherwise), an array of the same length each
+/// element; below `depth` (and for anything else) exactly, as
+/// [`first_difference`].
+pub(crate) fn named_difference(
+    path: String,
+    want: &Value,
+    got: &Value,
+    depth: u8,
+) -> Option<(String, Option<Value>, Option<Value>)> {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) if depth > 0 => w.iter().find_map(|(k, wv)| {
+            let missing = match wv {
+                Value::Bool(_) => Value::Bool(false),
+                Value::Object(_) => Value::Object(Map::new()),
+                _ => Value::Null,
+            };
+            named_difference(format!("{path}.{k}"), wv, g.get(k).unwrap_or(&missing), depth - 1)
+        }),
+        (Value::Array(w), Value::Array(g)) if depth > 0 && w.len() == g.len() => w
+            .iter()
+            .zip(g)
+            .enumerate()
+            .find_map(|(i, (wv, gv))| named_difference(format!("{path}[{i}]"), wv, gv, depth - 1)),
+        _ => first_difference(path, want, got).map(|(p, e, a)| (p, e.cloned(), a.cloned())),
+    }
+}
+
+/// Judges one step of a lanes, relay or latest fixture: its return
+/// exactly, then each key of `expected` against `state`, a key in `named`
+/// by [`named_difference`] to its depth, every other exactly. `op` names
+/// the step in a mismatch.
+pub(crate) fn judge_step(
+    step: usize,
+    op: &Value,
+    (returns, got): (&Value, &Value),
+    (expected, state): (&Map<String, Value>, &Map<String, Value>),
+    named: &[(&str, u8)],
+) -> Option<Verdict> {
+    let mismatch = |(field, expected, actual): (String, Option<Value>, Option<Value>)| {
+        Verdict::Mismatch(Mismatch { step, op: op.clone(), field, expected, actual })
+    };
+    if let Some(d) = first_difference("returns".into(), returns, got) {
+        return Some(mismatch((d.0, d.1.cloned(), d.2.cloned())));
+    }
+    for (key, want) in expected {
+        let got = state.get(key).unwrap_or(&Value::Null);
+        let path = format!("expected.{key}");
+        let difference = match named.iter().find(|(k, _)| k == key) {
+            Some((_, depth)) => named_difference(path, want, got, *depth),
+            None => first_difference(path, want, got).map(|(p, e, a)| (p, e.cloned(), a.cloned())),
+        };
+        if let Some(d) = difference {
+            return Some(mismatch(d));
+        }
+    }
+    None
 }
 
 /// The first path at which `want` and `got` differ, with both values there.
