@@ -428,10 +428,12 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     }
 
     /// Takes every entry out as one page to be written to storage (for
-    /// [`Overflow::Spill`], or before a process stops): folded into one
-    /// entry first under a policy that conflates (newest into older, as a
-    /// conflating overflow folds). Its ops count as spilled and cold; the
-    /// relay is empty and not full. `None` when it holds nothing.
+    /// [`Overflow::Spill`], or before a process stops), but those put back
+    /// while ops are cold (older than the cold ops, they stay in front):
+    /// folded into one entry first under a policy that conflates (newest
+    /// into older, as a conflating overflow folds). Its ops count as
+    /// spilled and cold (the cold count saturates); the relay is not full.
+    /// `None` when it holds nothing to take.
     ///
     /// A fold that panics (the policy's, the weigher's) loses the newer
     /// entry, counted as dropped, and takes nothing out.
@@ -463,7 +465,9 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             .collect();
         self.bytes -= bytes;
         self.full = false;
-        self.cold = self.cold.wrapping_add(ops);
+        // Saturating, as `restore_cold`: a count at the ceiling stays
+        // there (wrapped, it would let the entries overtake the pages).
+        self.cold = self.cold.saturating_add(ops);
         self.counters.spilled = self.counters.spilled.wrapping_add(ops);
         Some(SpillPage { entries, ops })
     }
@@ -475,7 +479,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// when full). Only a page this relay's `spill` took, once (as
     /// [`unpop`](Self::unpop)).
     pub fn unspill(&mut self, page: SpillPage<T>) {
-        self.cold = self.cold.wrapping_sub(page.ops);
+        self.cold = self.cold.saturating_sub(page.ops);
         self.counters.spilled = self.counters.spilled.wrapping_sub(page.ops);
         // Behind the entries put back while cold, which the spill left.
         for entry in page.entries.into_iter().rev() {
