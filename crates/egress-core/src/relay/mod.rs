@@ -497,24 +497,27 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// cold ops count; the rest is ignored. Once none is cold,
     /// [`pop`](Self::pop) takes the entries again.
     pub fn replayed(&mut self, ops: u64) {
-        let ops = ops.min(self.cold);
-        self.cold -= ops;
+        let ops = self.take_cold(ops);
         self.counters.replayed = self.counters.replayed.wrapping_add(ops);
-        if self.cold == 0 {
-            self.returned = 0;
-        }
     }
 
     /// Counts `ops` cold ops as lost: the storage no longer holds them
     /// (deleted under the relay). Counted as dropped; at most the cold ops
     /// count.
     pub fn lost(&mut self, ops: u64) {
+        let ops = self.take_cold(ops);
+        self.counters.lost = self.counters.lost.wrapping_add(ops);
+    }
+
+    /// Takes at most `ops` off the cold count: how many it took. Once none
+    /// is cold, no entry is older than the cold ops any more.
+    fn take_cold(&mut self, ops: u64) -> u64 {
         let ops = ops.min(self.cold);
         self.cold -= ops;
-        self.counters.lost = self.counters.lost.wrapping_add(ops);
         if self.cold == 0 {
             self.returned = 0;
         }
+        ops
     }
 
     /// Adds `ops` ops a restart found written out (by an earlier relay)
