@@ -627,3 +627,59 @@ fn an_entry_holding_more_ops_than_counted_cold_still_lets_the_rest_of_the_store_
     assert_eq!(relay.spill_errors().get_untracked(), 1, "the row's count disagreed: counted");
     assert_eq!(relay.cold().get_untracked(), 0);
 }
+
+/// A codec over JSON that refuses to write 13 and panics writing 14: a
+/// user's codec, called while a page is written.
+struct Picky;
+
+impl egress_codec::Encode<Vec<u32>> for Picky {
+    fn encode(&self, value: &Vec<u32>) -> Result<bytes::Bytes, egress_codec::CodecError> {
+        assert!(!value.contains(&14), "the codec panicked");
+        if value.contains(&13) {
+            return Err("13 has no encoding".into());
+        }
+        egress_codec::Encode::encode(&Json, value)
+    }
+}
+
+impl egress_codec::Codec<Vec<u32>> for Picky {
+    fn decode(&self, bytes: &bytes::Bytes) -> Result<Vec<u32>, egress_codec::CodecError> {
+        egress_codec::Codec::decode(&Json, bytes)
+    }
+}
+
+#[test]
+fn a_codec_that_refuses_or_panics_on_a_page_writes_nothing_and_loses_nothing() {
+    let dir = TempDir::new();
+    let cx = Context::new();
+    let store: SqliteSpill<Vec<u32>> = SqliteSpill::open(dir.db(), "log", Picky).unwrap();
+    let relay = RelayCell::spilling(&cx, Relay::new(RawFifo, spill(2, 0)).unwrap(), store).unwrap();
+    for bad in [13u32, 14] {
+        relay.send(vec![1]).unwrap();
+        relay.send(vec![bad]).unwrap();
+        let before = relay.stats();
+        // The page [1], [bad] does not encode (a refusal, or a panic the
+        // store turns into one): nothing written, the page back, the op
+        // back.
+        match relay.send(vec![2]) {
+            Err(SendRefused::SpillFailed { op, reason }) => {
+                assert_eq!(op, vec![2]);
+                assert!(reason.contains("does not encode"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(relay.stats(), before);
+        let conn = rusqlite::Connection::open(dir.db()).unwrap();
+        let rows: i64 = conn.query_row("SELECT count(*) FROM egress_spill", [], |r| r.get(0)).unwrap();
+        assert_eq!(rows, 0, "a page is written whole or not at all");
+        // Drained by hand, the relay goes on; the entries are all there.
+        let held: Vec<Vec<u32>> = relay.with_relay(|r| r.iter().cloned().collect());
+        assert_eq!(held, [vec![1], vec![bad]]);
+        while relay.pop().is_some() {}
+    }
+    assert_eq!(relay.spill_errors().get_untracked(), 2);
+    relay.send(vec![5]).unwrap();
+    relay.send(vec![6]).unwrap();
+    assert_eq!(relay.send(vec![7]), Ok(Sent::Accepted), "a page that encodes is written");
+    assert_eq!(relay.cold().get_untracked(), 2);
+}
