@@ -67,13 +67,68 @@ pub(crate) fn value_error<K: serde::Serialize>(
     StoreError::LatestValue { name: name.to_owned(), key, encode, error }
 }
 
-/// A key's row as SQLite holds it: the key's JSON, its newest version and
-/// value, its frontier.
+/// A key's row as the stores hold it: the key's JSON, its newest version
+/// and value, its frontier.
 type StoredRow = (String, Option<i64>, Option<Vec<u8>>, Option<i64>);
 
 /// A stored version or frontier.
 fn version(what: &'static str, stored: Option<i64>) -> Result<Option<Version>, StoreError> {
     stored.map(|v| to_u64(what, v).map(Version)).transpose()
+}
+
+/// A stored key's row of the projection `name` read back (on SQLite and
+/// on PostgreSQL alike).
+///
+/// # Errors
+/// A key serde cannot read as a `K`, or one not stored as serde writes it
+/// ([`StoreError::LatestKey`]); a version or frontier out of range, or a
+/// version without its value or a value without its version
+/// ([`StoreError::OutOfRange`]).
+pub(crate) fn restored_key<K: serde::Serialize + serde::de::DeserializeOwned>(
+    name: &str,
+    text: &str,
+    newest: Option<i64>,
+    value: Option<Vec<u8>>,
+    durable_through: Option<i64>,
+) -> Result<RestoredKey<K, Bytes>, StoreError> {
+    let key: K = serde_json::from_str(text)
+        .map_err(|e| StoreError::LatestKey { name: name.to_owned(), reason: format!("{e}: {text}") })?;
+    // Rows are found by the key as serde writes it: a row spelled
+    // otherwise (edited by another program) would stand beside the key's
+    // own row, and a delete would miss it.
+    let canonical = key_text(name, &key)?;
+    if canonical != text {
+        let reason = format!("stored as {text}, not as serde writes it ({canonical})");
+        return Err(StoreError::LatestKey { name: name.to_owned(), reason });
+    }
+    let desired = match (version("version", newest)?, value) {
+        (Some(v), Some(bytes)) => Some((v, Bytes::from(bytes))),
+        (None, None) => None,
+        (Some(v), None) => {
+            return Err(StoreError::OutOfRange { what: "a latest row's version (without a value)", value: v.0.into() });
+        }
+        (None, Some(_)) => {
+            return Err(StoreError::OutOfRange { what: "a latest row's value (without a version)", value: 0 });
+        }
+    };
+    Ok(RestoredKey { key, desired, durable_through: version("durable_through", durable_through)? })
+}
+
+/// Whether `values` match `ready`'s writes: one per write, present exactly
+/// for a `Put` with a newest version.
+///
+/// # Errors
+/// [`StoreError::LatestWrites`] when they do not.
+pub(crate) fn values_match<K>(ready: &LatestReady<K>, values: &[Option<Bytes>]) -> Result<(), StoreError> {
+    let matches = values.len() == ready.writes.len()
+        && ready.writes.iter().zip(values).all(|(w, v)| match w {
+            LatestWrite::Put { newest, .. } => newest.is_some() == v.is_some(),
+            LatestWrite::Delete { .. } => v.is_none(),
+        });
+    if !matches {
+        return Err(StoreError::LatestWrites { writes: ready.writes.len(), values: values.len() });
+    }
+    Ok(())
 }
 
 impl SqliteStore {
@@ -119,33 +174,10 @@ impl SqliteStore {
             let rows = select.query_map([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
             rows.collect::<Result<_, _>>()?
         };
-        let mut keys = Vec::with_capacity(rows.len());
-        for (text, newest, value, durable_through) in rows {
-            let key: K = serde_json::from_str(&text)
-                .map_err(|e| StoreError::LatestKey { name: name.to_owned(), reason: format!("{e}: {text}") })?;
-            // Rows are found by the key as serde writes it: a row spelled
-            // otherwise (edited by another program) would stand beside the
-            // key's own row, and a delete would miss it.
-            let canonical = key_text(name, &key)?;
-            if canonical != text {
-                let reason = format!("stored as {text}, not as serde writes it ({canonical})");
-                return Err(StoreError::LatestKey { name: name.to_owned(), reason });
-            }
-            let desired = match (version("version", newest)?, value) {
-                (Some(v), Some(bytes)) => Some((v, Bytes::from(bytes))),
-                (None, None) => None,
-                (Some(v), None) => {
-                    return Err(StoreError::OutOfRange {
-                        what: "a latest row's version (without a value)",
-                        value: v.0.into(),
-                    });
-                }
-                (None, Some(_)) => {
-                    return Err(StoreError::OutOfRange { what: "a latest row's value (without a version)", value: 0 });
-                }
-            };
-            keys.push(RestoredKey { key, desired, durable_through: version("durable_through", durable_through)? });
-        }
+        let keys = rows
+            .into_iter()
+            .map(|(text, newest, value, durable_through)| restored_key(name, &text, newest, value, durable_through))
+            .collect::<Result<_, _>>()?;
         // Dropped without a commit on an error: nothing taken, nothing made.
         let restored = restore(LoadedLatest { generation, keys })?;
         let owner = fresh_incarnation();
@@ -180,14 +212,7 @@ impl SqliteStore {
         ready: &LatestReady<K>,
         values: &[Option<Bytes>],
     ) -> Result<(), StoreError> {
-        let matches = values.len() == ready.writes.len()
-            && ready.writes.iter().zip(values).all(|(w, v)| match w {
-                LatestWrite::Put { newest, .. } => newest.is_some() == v.is_some(),
-                LatestWrite::Delete { .. } => v.is_none(),
-            });
-        if !matches {
-            return Err(StoreError::LatestWrites { writes: ready.writes.len(), values: values.len() });
-        }
+        values_match(ready, values)?;
         let Some(mine) = self.owned_latest.get(name).copied() else {
             return Err(StoreError::NotLoaded { stream: name.to_owned() });
         };

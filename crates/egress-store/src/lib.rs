@@ -58,9 +58,9 @@ pub use crate::lanes::{LoadedLanes, lane_stream};
 pub use crate::latest::LoadedLatest;
 #[cfg(feature = "relay")]
 pub use crate::relay::{
-    Durable, DurableLanes, DurableLatest, JournalStore, LanesJournal, LanesRelay, LatestRelay, Relay, RelayConfig,
-    RelayStats, SqliteJournal, SqliteLanes, open_durable, open_durable_lanes, open_durable_lanes_raw,
-    open_durable_latest, open_durable_with,
+    Durable, DurableLanes, DurableLatest, JournalStore, LanesJournal, LanesRelay, LatestJournal, LatestRelay, Relay,
+    RelayConfig, RelayStats, SqliteJournal, SqliteLanes, SqliteLatest, open_durable, open_durable_lanes,
+    open_durable_lanes_raw, open_durable_latest, open_durable_with,
 };
 pub use crate::spill::SqliteSpill;
 pub use crate::sqlite::{Loaded, Outbox, ReceivedLog, SCHEMA_VERSION, SqliteStore, migrate};
@@ -185,6 +185,21 @@ pub enum StoreError {
         stream: String,
         /// The lanes it belongs to, if any.
         lanes: Option<String>,
+    },
+    /// On PostgreSQL, where streams, lanes and latest projections share
+    /// one namespace: the name is a latest projection's, asked for as a
+    /// stream or lanes (`latest` true), or a stream's or lanes', asked for
+    /// as a latest projection (`latest` false). Nothing was taken.
+    #[error("{name}: {}", if *latest {
+        "a latest projection, not a stream or lanes: take it with take_latest"
+    } else {
+        "a stream or lanes, not a latest projection"
+    })]
+    LatestKind {
+        /// The name asked for.
+        name: String,
+        /// Whether the name is a latest projection's.
+        latest: bool,
     },
     /// A lane key serde cannot write, or a stored one it cannot read as
     /// the lanes' key type.

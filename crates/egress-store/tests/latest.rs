@@ -8,54 +8,16 @@
 #![allow(clippy::unwrap_used)]
 
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use egress_codec::{Codec, CodecError, Encode, Json};
-use egress_core::{Delay, Epoch, Generation, LatestReady, LatestWrite, Policy, Upserted, Version};
-use egress_reactive::{AsyncContext, CellOptions, LatestItem, LatestRefused, LatestSink, SendError, Written};
+use egress_core::{Epoch, Generation, LatestReady, LatestWrite, Upserted, Version};
+use egress_reactive::{AsyncContext, CellOptions, LatestRefused};
 use egress_store::{DurableLatest, RelayConfig, SqliteStore, StoreError, open_durable_latest};
 
 mod common;
+use common::latest::{Later, Panel, Setting, policy, theme, until};
 use common::{TempDir, config};
-
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-enum Setting {
-    Volume,
-    Theme(String),
-}
-
-/// Keeps what it is handed: (key, version, value), applied at once.
-#[derive(Clone, Default)]
-struct Panel(Arc<Mutex<Vec<(Setting, u64, u32)>>>);
-
-impl Panel {
-    fn seen(&self) -> Vec<(Setting, u64, u32)> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
-impl LatestSink<Setting, u32> for Panel {
-    fn write(&mut self, item: LatestItem<Setting, u32>) -> Result<Written, SendError> {
-        self.0.lock().unwrap().push((item.key, item.version.0, item.value));
-        Ok(Written::Applied)
-    }
-}
-
-/// Takes what it is handed, to be answered by the test.
-#[derive(Clone, Default)]
-struct Later(Arc<Mutex<Vec<(Setting, u64, u32)>>>);
-
-impl LatestSink<Setting, u32> for Later {
-    fn write(&mut self, item: LatestItem<Setting, u32>) -> Result<Written, SendError> {
-        self.0.lock().unwrap().push((item.key, item.version.0, item.value));
-        Ok(Written::Taken)
-    }
-}
-
-fn policy() -> Policy {
-    Policy::builder().retry_base(Delay(10)).retry_ceiling(Delay(100)).build().unwrap()
-}
 
 async fn open_with<C: Codec<u32>>(
     cx: &AsyncContext,
@@ -69,14 +31,6 @@ async fn open_with<C: Codec<u32>>(
 
 async fn open(cx: &AsyncContext, dir: &TempDir) -> DurableLatest<Setting, u32> {
     open_with(cx, dir, Json, config()).await.unwrap()
-}
-
-async fn until(what: &str, mut f: impl FnMut() -> bool) {
-    egress_testkit::until(|| f().then_some(()), || what.to_owned()).await;
-}
-
-fn theme(name: &str) -> Setting {
-    Setting::Theme(name.to_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

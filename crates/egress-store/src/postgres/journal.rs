@@ -13,6 +13,8 @@ use bytes::Bytes;
 use egress_core::{Ready, Sequence};
 
 #[cfg(feature = "relay")]
+use super::keeper::Held;
+#[cfg(feature = "relay")]
 use super::store::Bell;
 use super::{Lease, PgStore, busy_or};
 use crate::StoreError;
@@ -125,21 +127,19 @@ impl PgStore {
 #[cfg(feature = "relay")]
 #[derive(Debug)]
 pub struct PgJournal {
-    store: PgStore,
-    lease: Lease,
+    held: Held,
     bell: Arc<Bell>,
     poll: Duration,
-    until: tokio::sync::watch::Receiver<Option<tokio::time::Instant>>,
     poll_at: tokio::time::Instant,
 }
 
 #[cfg(feature = "relay")]
 impl Drop for PgJournal {
     fn drop(&mut self) {
-        self.store.shared.keeper.unregister(&self.lease);
-        let mut bells = self.store.shared.bells.lock();
-        if bells.get(&self.lease.stream).is_some_and(|b| Arc::ptr_eq(b, &self.bell)) {
-            bells.remove(&self.lease.stream);
+        let Held { store, lease, .. } = &self.held;
+        let mut bells = store.shared.bells.lock();
+        if bells.get(&lease.stream).is_some_and(|b| Arc::ptr_eq(b, &self.bell)) {
+            bells.remove(&lease.stream);
         }
     }
 }
@@ -153,25 +153,25 @@ impl PgJournal {
     pub fn new(store: PgStore, lease: Lease, duration: Duration, poll: Duration) -> Self {
         let bell = Arc::new(Bell { rung: AtomicBool::new(true), ..Bell::default() });
         store.shared.bells.lock().insert(lease.stream.clone(), bell.clone());
-        let until = store.shared.keeper.register(&lease, duration);
+        let held = Held::new(store, lease, duration);
         let poll_at = tokio::time::Instant::now() + poll;
-        PgJournal { store, lease, bell, poll, until, poll_at }
+        PgJournal { held, bell, poll, poll_at }
     }
 
     /// The lease.
     pub fn lease(&self) -> &Lease {
-        &self.lease
+        &self.held.lease
     }
 }
 
 #[cfg(feature = "relay")]
 impl crate::JournalStore for PgJournal {
     async fn apply(&mut self, ready: &Ready, appends: &[(Sequence, Bytes)]) -> Result<(), StoreError> {
-        self.store.apply(&self.lease, ready, appends).await
+        self.held.store.apply(&self.held.lease, ready, appends).await
     }
 
     async fn appended(&mut self, from: Sequence, limit: usize) -> Result<Vec<(Sequence, Bytes)>, StoreError> {
-        self.store.appended(&self.lease.stream, from, limit).await
+        self.held.store.appended(&self.held.lease.stream, from, limit).await
     }
 
     async fn changed(&mut self) -> Result<bool, StoreError> {
@@ -184,17 +184,11 @@ impl crate::JournalStore for PgJournal {
     }
 
     async fn keep(&mut self) -> Result<(), StoreError> {
-        if self.store.is_closed() {
-            return Err(StoreError::Closed);
-        }
-        if self.until.borrow().is_none() {
-            return Err(StoreError::Fenced { stream: self.lease.stream.clone() });
-        }
-        Ok(())
+        self.held.holds()
     }
 
     fn lease(&self) -> Option<tokio::sync::watch::Receiver<Option<tokio::time::Instant>>> {
-        Some(self.until.clone())
+        Some(self.held.until())
     }
 
     fn news(&self) -> impl Future<Output = ()> + Send + 'static {
@@ -203,12 +197,11 @@ impl crate::JournalStore for PgJournal {
     }
 
     async fn close(&mut self) -> Result<(), StoreError> {
-        self.store.shared.keeper.unregister(&self.lease);
-        self.store.release(&self.lease).await
+        self.held.release().await
     }
 
     fn stream(&self) -> &str {
-        &self.lease.stream
+        &self.held.lease.stream
     }
 }
 

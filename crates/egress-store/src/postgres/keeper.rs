@@ -23,6 +23,62 @@ use super::store::Shared;
 use super::{Lease, MAX_LEASE, MIN_LEASE, PgStore};
 use crate::StoreError;
 
+/// A lease a journal holds ([`PgJournal`](super::PgJournal)'s,
+/// [`PgLanes`](super::PgLanes)'s, [`PgLatest`](super::PgLatest)'s):
+/// renewed by its store's keeper from its take until it is released or
+/// dropped, and fenced (a renewal refused) once another worker took it.
+#[cfg(feature = "relay")]
+#[derive(Debug)]
+pub(super) struct Held {
+    pub(super) store: PgStore,
+    pub(super) lease: Lease,
+    until: watch::Receiver<Option<Instant>>,
+}
+
+#[cfg(feature = "relay")]
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.store.shared.keeper.unregister(&self.lease);
+    }
+}
+
+#[cfg(feature = "relay")]
+impl Held {
+    /// `lease` of `store`, taken for `duration` (and renewed for it from
+    /// now on, for at least [`MIN_LEASE`]).
+    pub(super) fn new(store: PgStore, lease: Lease, duration: Duration) -> Self {
+        let until = store.shared.keeper.register(&lease, duration);
+        Held { store, lease, until }
+    }
+
+    /// Until when the lease surely holds (`None` once it was taken over).
+    pub(super) fn until(&self) -> watch::Receiver<Option<Instant>> {
+        self.until.clone()
+    }
+
+    /// Whether the lease is still held, without a round trip:
+    /// [`StoreError::Closed`] once the store's connection failed,
+    /// [`StoreError::Fenced`] once another worker took the lease.
+    pub(super) fn holds(&self) -> Result<(), StoreError> {
+        if self.store.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        if self.until.borrow().is_none() {
+            return Err(StoreError::Fenced { stream: self.lease.stream.clone() });
+        }
+        Ok(())
+    }
+
+    /// Stops renewing the lease and gives it up.
+    ///
+    /// # Errors
+    /// [`PgStore::release`]'s.
+    pub(super) async fn release(&self) -> Result<(), StoreError> {
+        self.store.shared.keeper.unregister(&self.lease);
+        self.store.release(&self.lease).await
+    }
+}
+
 /// How far into its lease a renewal is sent (at the latest, less the last
 /// renewal's round trip): a third, so that two more attempts fit before
 /// the lease can run out.

@@ -28,7 +28,8 @@ impl PgStore {
     ///
     /// # Errors
     /// PostgreSQL's error; [`StoreError::OtherKind`] when a plain stream
-    /// (or a lane's) has the name; a stored value out of range; a lane key serde cannot
+    /// (or a lane's) has the name, [`StoreError::LatestKind`] when a latest
+    /// projection has it; a stored value out of range; a lane key serde cannot
     /// read as a `K`, or one that does not read back as stored
     /// ([`StoreError::LaneKey`]); a lane's record without its ordinal.
     pub async fn take_lanes<K: serde::Serialize + serde::de::DeserializeOwned>(
@@ -47,7 +48,10 @@ impl PgStore {
             )
             .await
             .map_err(|e| busy_or(lanes, e))?;
-        let marked = client.query_one("SELECT lanes FROM egress_stream WHERE stream = $1", &[&lanes]).await?;
+        let marked = client.query_one("SELECT lanes, latest FROM egress_stream WHERE stream = $1", &[&lanes]).await?;
+        if marked.get::<_, bool>(1) {
+            return Err(StoreError::LatestKind { name: lanes.to_owned(), latest: true });
+        }
         if marked.get::<_, Option<&str>>(0) != Some(lanes) {
             return Err(StoreError::OtherKind { stream: lanes.to_owned(), lanes: marked.get(0) });
         }
@@ -206,14 +210,13 @@ pub use journal::{PgLanes, open_durable_lanes};
 mod journal {
     use std::time::Duration;
 
+    use crate::postgres::keeper::Held;
+    use crate::postgres::{Lease, MAX_LEASE, MIN_LEASE, PgStore};
+    use crate::{DurableLanes, LanesJournal, LanesRelay, RelayConfig, StoreError};
     use bytes::Bytes;
     use egress_codec::Codec;
     use egress_core::{LaneKey, Lanes, LanesPolicy, LanesReady, Sequence};
     use egress_reactive::{AsyncContext, AsyncLanesCell, CellOptions};
-    use tokio::sync::watch;
-
-    use crate::postgres::{Lease, MAX_LEASE, MIN_LEASE, PgStore};
-    use crate::{DurableLanes, LanesJournal, LanesRelay, RelayConfig, StoreError};
 
     /// Lanes a [`PgStore`] has taken ([`PgStore::take_lanes`]), as a
     /// [`LanesJournal`]: each write one call of `egress_apply_lanes` on the
@@ -223,55 +226,37 @@ mod journal {
     /// took the lanes) reads as [`StoreError::Fenced`] at once, without a
     /// round trip. Closing it gives the lease up.
     #[derive(Debug)]
-    pub struct PgLanes {
-        store: PgStore,
-        lease: Lease,
-        until: watch::Receiver<Option<tokio::time::Instant>>,
-    }
-
-    impl Drop for PgLanes {
-        fn drop(&mut self) {
-            self.store.shared.keeper.unregister(&self.lease);
-        }
-    }
+    pub struct PgLanes(Held);
 
     impl PgLanes {
         /// The lanes `lease` holds on `store`, taken for `duration` (and
         /// renewed for it from now on, for at least
         /// [`MIN_LEASE`](super::super::MIN_LEASE)).
         pub fn new(store: PgStore, lease: Lease, duration: Duration) -> Self {
-            let until = store.shared.keeper.register(&lease, duration);
-            PgLanes { store, lease, until }
+            PgLanes(Held::new(store, lease, duration))
         }
 
         /// The lease.
         pub fn lease(&self) -> &Lease {
-            &self.lease
+            &self.0.lease
         }
     }
 
     impl<K: serde::Serialize + Send + Sync + 'static> LanesJournal<K> for PgLanes {
         fn lanes(&self) -> &str {
-            &self.lease.stream
+            &self.0.lease.stream
         }
 
         async fn apply(&self, ready: LanesReady<K>, appends: Vec<Vec<(Sequence, Bytes)>>) -> Result<(), StoreError> {
-            self.store.apply_lanes(&self.lease, &ready, &appends).await
+            self.0.store.apply_lanes(&self.0.lease, &ready, &appends).await
         }
 
         async fn owns(&self) -> Result<(), StoreError> {
-            if self.store.is_closed() {
-                return Err(StoreError::Closed);
-            }
-            if self.until.borrow().is_none() {
-                return Err(StoreError::Fenced { stream: self.lease.stream.clone() });
-            }
-            Ok(())
+            self.0.holds()
         }
 
         async fn close(&self) {
-            self.store.shared.keeper.unregister(&self.lease);
-            let _ = self.store.release(&self.lease).await;
+            let _ = self.0.release().await;
         }
     }
 

@@ -94,7 +94,8 @@ impl PgStore {
     /// PostgreSQL's error, a stored value out of range,
     /// [`StoreError::NoLease`] for a stream whose lease row was deleted, or
     /// [`StoreError::OtherKind`] for lanes or a lane's stream (taken with
-    /// [`take_lanes`](Self::take_lanes)).
+    /// [`take_lanes`](Self::take_lanes)), [`StoreError::LatestKind`] for a
+    /// latest projection (taken with [`take_latest`](Self::take_latest)).
     pub async fn take_stream(&self, stream: &str, lease: Duration) -> Result<Option<(Lease, Loaded)>, StoreError> {
         crate::lanes::plain_name(stream)?;
         ensure_stream(&self.shared.client, stream).await.map_err(|e| match e {
@@ -108,10 +109,14 @@ impl PgStore {
                 .client
                 .query_one(
                     "SELECT EXISTS (SELECT 1 FROM egress_lease WHERE stream = $1),
-                            (SELECT lanes FROM egress_stream WHERE stream = $1)",
+                            (SELECT lanes FROM egress_stream WHERE stream = $1),
+                            coalesce((SELECT latest FROM egress_stream WHERE stream = $1), false)",
                     &[&stream],
                 )
                 .await?;
+            if row.get::<_, bool>(2) {
+                return Err(StoreError::LatestKind { name: stream.to_owned(), latest: true });
+            }
             if let Some(lanes) = row.get::<_, Option<String>>(1) {
                 return Err(StoreError::OtherKind { stream: stream.to_owned(), lanes: Some(lanes) });
             }

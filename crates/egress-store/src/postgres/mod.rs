@@ -32,6 +32,13 @@
 //! own row is a stream whose lease fences every lane; each lane is a
 //! stream of theirs that no plain take takes.
 //!
+//! **Latest projections** ([`PgStore::take_latest`],
+//! [`open_durable_latest`]): the projection's own row is a stream marked
+//! latest whose lease fences its writes; each key is a row of
+//! `egress_latest_key`. Streams, lanes and latest projections share one
+//! namespace: a name is one of them ([`StoreError::LatestKind`],
+//! [`StoreError::OtherKind`] otherwise).
+//!
 //! **Dead letters stay.** A record that died (its handler failed
 //! permanently, or its retries ran out) keeps its row when the stream's
 //! watermark passes it: [`PgStore::dead_letters`] (or the
@@ -42,6 +49,7 @@ mod dead_letters;
 mod journal;
 mod keeper;
 mod lanes;
+mod latest;
 mod leases;
 mod outbox;
 mod schema;
@@ -53,6 +61,8 @@ pub use journal::{PgJournal, open_durable, open_durable_many, open_durable_with}
 pub use keeper::LeaseStats;
 #[cfg(feature = "relay")]
 pub use lanes::{PgLanes, open_durable_lanes};
+#[cfg(feature = "relay")]
+pub use latest::{PgLatest, open_durable_latest};
 pub use leases::{Lease, MAX_LEASE, MIN_LEASE, Taken, lease_for};
 pub use outbox::PgOutbox;
 pub use schema::{PG_SCHEMA_VERSION, migrate};

@@ -60,7 +60,8 @@ impl PgOutbox {
     /// [limit](Self::max_payload) or an append past the
     /// [capacity](Self::capacity), or a stream of lanes
     /// ([`StoreError::OtherKind`]: lanes are written only through their
-    /// lanes); nothing is appended then.
+    /// lanes), or a latest projection's name ([`StoreError::LatestKind`]);
+    /// nothing is appended then.
     pub async fn append(&self, tx: &Transaction<'_>, payload: &[u8]) -> Result<Sequence, StoreError> {
         crate::lanes::plain_name(&self.stream)?;
         self.admission.size(payload.len())?;
@@ -73,17 +74,20 @@ impl PgOutbox {
                     "WITH counter AS (
                          INSERT INTO egress_stream (stream, incarnation, next_sequence) VALUES ($1, $2, 1)
                          ON CONFLICT (stream) DO UPDATE SET next_sequence = egress_stream.next_sequence + 1
-                         RETURNING next_sequence - 1 AS seq, acked_through, lanes),
+                         RETURNING next_sequence - 1 AS seq, acked_through, lanes, latest),
                      record AS (
                          INSERT INTO egress_outbox (stream, seq, payload) SELECT $1, seq, $3 FROM counter
                          RETURNING seq)
-                     SELECT record.seq, pg_notify($4, $1)::text, counter.acked_through, counter.lanes
+                     SELECT record.seq, pg_notify($4, $1)::text, counter.acked_through, counter.lanes, counter.latest
                      FROM record, counter",
                     &[&self.stream, &fresh_incarnation().as_slice(), &payload, &CHANNEL],
                 )
                 .await?;
             // Lanes are written only through their lanes (their counters
             // are the core's): refused, and taken back below.
+            if row.get::<_, bool>(4) {
+                return Err(StoreError::LatestKind { name: self.stream.clone(), latest: true });
+            }
             if let Some(lanes) = row.get::<_, Option<String>>(3) {
                 return Err(StoreError::OtherKind { stream: self.stream.clone(), lanes: Some(lanes) });
             }

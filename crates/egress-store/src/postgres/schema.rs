@@ -413,6 +413,75 @@ const MIGRATIONS: &[&str] = &[
     LEFT JOIN egress_lease l ON l.stream = coalesce(s.lanes, o.stream)
     WHERE o.dead_reason IS NOT NULL;
 ",
+    "
+    -- Durable latest projections. A projection's own row is a stream
+    -- marked latest, with lanes = its name (so no plain take, plain write
+    -- or outbox append meets it, as for lanes): its lease row fences its
+    -- writes and its generation is the projection's. Each key is a row of
+    -- egress_latest_key: its newest version not yet applied with the value
+    -- (both or neither), and its frontier.
+    ALTER TABLE egress_stream ADD COLUMN latest boolean NOT NULL DEFAULT false;
+    CREATE TABLE egress_latest_key (
+        name text NOT NULL REFERENCES egress_stream (stream) ON DELETE CASCADE,
+        key text NOT NULL,
+        version bigint CHECK (version >= 0),
+        value bytea,
+        durable_through bigint CHECK (durable_through >= 0),
+        PRIMARY KEY (name, key),
+        CHECK ((version IS NULL) = (value IS NULL))
+    );
+
+    -- No lane under a projection's name: lanes written with a
+    -- projection's lease make none (nor any other row that would make the
+    -- projection's row lanes).
+    CREATE FUNCTION egress_lane_of_latest() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NEW.lane IS NOT NULL AND EXISTS (SELECT 1 FROM egress_stream WHERE stream = NEW.lanes AND latest) THEN
+            RAISE EXCEPTION 'stream % would be a lane of the latest projection %', NEW.stream, NEW.lanes
+                USING ERRCODE = 'EGR01', DETAIL = NEW.stream, HINT = NEW.lanes;
+        END IF;
+        RETURN NEW;
+    END $$;
+    CREATE TRIGGER egress_lane_of_latest BEFORE INSERT ON egress_stream
+    FOR EACH ROW EXECUTE FUNCTION egress_lane_of_latest();
+
+    -- One LatestReady of the projection p_name as one statement, fenced by
+    -- its lease: true (nothing written) when the lease is not its any
+    -- more; otherwise the keys of p_forget deleted, then each key of
+    -- p_keys written with its newest version, value and frontier.
+    -- Arguments that break the store's rules raise (nothing written).
+    CREATE FUNCTION egress_apply_latest(
+        p_name text, p_lease bigint, p_forget text[], p_keys text[], p_versions bigint[], p_values bytea[],
+        p_frontiers bigint[], p_sync boolean)
+    RETURNS boolean LANGUAGE plpgsql AS $$
+    DECLARE
+        n integer := coalesce(cardinality(p_keys), 0);
+    BEGIN
+        IF coalesce(cardinality(p_versions), 0) <> n OR coalesce(cardinality(p_values), 0) <> n
+           OR coalesce(cardinality(p_frontiers), 0) <> n
+        THEN
+            RAISE EXCEPTION 'egress_apply_latest: the keys'' arrays do not match';
+        END IF;
+        IF NOT p_sync THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
+        PERFORM 1 FROM egress_lease WHERE stream = p_name AND lease = p_lease FOR SHARE NOWAIT;
+        IF NOT FOUND THEN
+            RETURN true;
+        END IF;
+        PERFORM 1 FROM egress_stream WHERE stream = p_name AND latest;
+        IF NOT FOUND THEN
+            RETURN true;
+        END IF;
+        DELETE FROM egress_latest_key WHERE name = p_name AND key = ANY(coalesce(p_forget, '{}'));
+        INSERT INTO egress_latest_key (name, key, version, value, durable_through)
+        SELECT p_name, u.key, u.version, u.value, u.frontier
+        FROM unnest(p_keys, p_versions, p_values, p_frontiers) AS u(key, version, value, frontier)
+        ON CONFLICT (name, key) DO UPDATE SET
+            version = excluded.version, value = excluded.value, durable_through = excluded.durable_through;
+        RETURN false;
+    END $$;
+",
 ];
 
 /// How long a store's statement waits for a row lock an application's
@@ -420,7 +489,7 @@ const MIGRATIONS: &[&str] = &[
 pub(super) const LOCK_TIMEOUT_MS: u32 = 50;
 
 /// The PostgreSQL schema version this library writes.
-pub const PG_SCHEMA_VERSION: u32 = 4;
+pub const PG_SCHEMA_VERSION: u32 = 5;
 
 /// Installs (or upgrades) egress's tables, in one transaction, under an
 /// advisory lock so that workers starting together migrate once.

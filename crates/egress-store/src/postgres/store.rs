@@ -48,6 +48,7 @@ pub(super) struct Statements {
     pub(super) renew: Statement,
     pub(super) release: Statement,
     pub(super) apply_lanes: Statement,
+    pub(super) apply_latest: Statement,
 }
 
 pub(super) struct Shared {
@@ -243,6 +244,12 @@ impl PgStore {
                              $1::text, $2::bigint, $3::text[], $4::text[], $5::text[], $6::bigint[], $7::integer[],
                              $8::bigint[], $9::bigint[], $10::bigint[], $11::bytea[], $12::bigint[], $13::integer[],
                              $14::bigint[], $15::smallint[], $16::boolean[], $17::bigint, $18::bigint, $19::boolean)",
+                    )
+                    .await?,
+                apply_latest: client
+                    .prepare(
+                        "SELECT egress_apply_latest($1::text, $2::bigint, $3::text[], $4::text[], $5::bigint[],
+                             $6::bytea[], $7::bigint[], $8::boolean)",
                     )
                     .await?,
             })

@@ -1,6 +1,7 @@
 //! A durable latest-value projection with its relay: an
-//! [`AsyncLatestCell`] restored from SQLite ([`SqliteStore::load_latest`]),
-//! and the one task that writes its journal, as
+//! [`AsyncLatestCell`] restored from a store (SQLite's
+//! [`SqliteStore::load_latest`], or PostgreSQL's `PgStore::take_latest`),
+//! and the one task that writes its journal through a [`LatestJournal`], as
 //! [`LanesRelay`](super::LanesRelay) does for lanes (one run loop for both:
 //! `link.rs`).
 
@@ -35,6 +36,71 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static> std::fmt::Debug for Durab
     }
 }
 
+/// Where a [`LatestRelay`] writes a latest projection: one [`LatestReady`]
+/// as one transaction, fenced so that only the store that took the
+/// projection last writes it. [`SqliteLatest`] on SQLite;
+/// `egress_store::postgres::PgLatest` on PostgreSQL (feature `postgres`).
+pub trait LatestJournal<K>: Send + Sync + 'static {
+    /// The projection's name.
+    fn name(&self) -> &str;
+
+    /// Writes `ready` as one transaction, `values[i]` the encoded value of
+    /// `ready.writes[i]` (present exactly for a `Put` with a newest
+    /// version). Nothing is written on an error; [`StoreError::Fenced`]
+    /// stops the relay.
+    fn apply(
+        &self,
+        ready: LatestReady<K>,
+        values: Vec<Option<Bytes>>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether the projection is still this journal's:
+    /// [`StoreError::Fenced`] once another store took it (asked when the
+    /// relay has nothing to write, at most every 100 ms).
+    fn owns(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Called once when the relay stops after writing what was pending
+    /// (SQLite checkpoints its WAL; PostgreSQL gives the lease up).
+    fn close(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// A projection of a [`SqliteStore`] as a [`LatestJournal`]: each write on
+/// a blocking thread ([`SqliteStore::apply_latest`]), the owner asked with
+/// [`SqliteStore::owns_latest`].
+pub struct SqliteLatest(Blocking);
+
+impl std::fmt::Debug for SqliteLatest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteLatest").field("name", &self.0.name()).finish_non_exhaustive()
+    }
+}
+
+impl SqliteLatest {
+    /// The projection `name` of `store`, which loaded it
+    /// ([`SqliteStore::load_latest`]).
+    pub fn new(store: SqliteStore, name: &str) -> Self {
+        SqliteLatest(Blocking::new(store, name))
+    }
+}
+
+impl<K: serde::Serialize + Send + Sync + 'static> LatestJournal<K> for SqliteLatest {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    async fn apply(&self, ready: LatestReady<K>, values: Vec<Option<Bytes>>) -> Result<(), StoreError> {
+        self.0.run(move |store, name| store.apply_latest(name, &ready, &values)).await
+    }
+
+    async fn owns(&self) -> Result<(), StoreError> {
+        self.0.run(|store, name| store.owns_latest(name)).await
+    }
+
+    async fn close(&self) {
+        let _ = self.0.run(|store, _| store.checkpoint()).await;
+    }
+}
+
 /// The task that makes a latest projection durable: whenever its journal
 /// has something to write (desires upserted, frontiers the sink applied,
 /// keys forgotten), it takes one [`LatestReady`] (every key that changed
@@ -46,7 +112,9 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static> std::fmt::Debug for Durab
 ///
 /// Each commit is reported by a task of its own, so dropping the relay
 /// (which aborts its task) never leaves a commit unreported.
-/// [`shutdown`](Self::shutdown) writes what is pending first.
+/// [`shutdown`](Self::shutdown) writes what is pending first. The store is
+/// a [`LatestJournal`]: [`spawn`](Self::spawn) takes a SQLite store,
+/// [`spawn_with`](Self::spawn_with) any journal.
 pub struct LatestRelay(Running);
 
 impl std::fmt::Debug for LatestRelay {
@@ -62,18 +130,14 @@ impl LatestRelay {
         self.0.stats()
     }
 
-    /// Writes what the journal holds, checkpoints the WAL, and stops;
-    /// returns the stats.
+    /// Writes what the journal holds, closes it (SQLite checkpoints its
+    /// WAL; PostgreSQL releases the lease), and stops; returns the stats.
     pub async fn shutdown(self) -> RelayStats {
         self.0.shutdown().await
     }
 
     /// Starts the relay of `cell` (restored from `store`'s projection
     /// `name`) on the current tokio runtime, writing values with `codec`.
-    /// Installs the store's check on the cell
-    /// ([`set_write_check`](egress_reactive::LatestCellOf::set_write_check)):
-    /// its `upsert` refuses a value `codec` cannot encode, a key serde
-    /// cannot write, and a version above `i64::MAX` (SQLite's integers).
     ///
     /// # Panics
     /// Outside a tokio runtime.
@@ -89,6 +153,30 @@ impl LatestRelay {
         K: Ord + Clone + serde::Serialize + Send + Sync + 'static,
         V: Clone + PartialEq + Send + Sync + 'static,
     {
+        Self::spawn_with(cx, cell, SqliteLatest::new(store, name), codec, config)
+    }
+
+    /// Starts the relay of `cell` (restored from what `journal` writes) on
+    /// the current tokio runtime, writing values with `codec`. Installs
+    /// the store's check on the cell
+    /// ([`set_write_check`](egress_reactive::LatestCellOf::set_write_check)):
+    /// its `upsert` refuses a value `codec` cannot encode, a key serde
+    /// cannot write, and a version above `i64::MAX` (the stores' integers).
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn_with<K, V, J>(
+        cx: &AsyncContext,
+        cell: &AsyncLatestCell<K, V>,
+        journal: J,
+        codec: impl Codec<V>,
+        config: RelayConfig,
+    ) -> LatestRelay
+    where
+        K: Ord + Clone + serde::Serialize + Send + Sync + 'static,
+        V: Clone + PartialEq + Send + Sync + 'static,
+        J: LatestJournal<K>,
+    {
         let bell = Arc::new(Notify::new());
         // Every transition of a durable projection may leave something to
         // write.
@@ -99,10 +187,10 @@ impl LatestRelay {
                 bell.notify_one();
             }
         });
-        let span = tracing::info_span!("egress_latest_relay", latest = name);
+        let span = tracing::info_span!("egress_latest_relay", latest = journal.name());
         let codec: Arc<dyn Codec<V>> = Arc::new(codec);
-        cell.set_write_check(Some(write_check(name, codec.clone())));
-        let link = LatestLink { cell: cell.clone(), store: Blocking::new(store, name), codec };
+        cell.set_write_check(Some(write_check(journal.name(), codec.clone())));
+        let link = LatestLink { cell: cell.clone(), journal, codec };
         LatestRelay(Running::spawn(link, effect, bell, config, span))
     }
 }
@@ -163,7 +251,7 @@ where
 }
 
 /// What the store can write: a value `codec` encodes, a key serde writes,
-/// a version SQLite's integers hold (an upsert of anything else would be
+/// a version the stores' integers hold (an upsert of anything else would be
 /// accepted and never written, holding back every key's writes).
 fn write_check<K, V>(name: &str, codec: Arc<dyn Codec<V>>) -> LatestCheck<K, V>
 where
@@ -178,17 +266,18 @@ where
     })
 }
 
-/// A latest cell's journal and the SQLite store that writes it.
-struct LatestLink<K: 'static, V: 'static> {
+/// A latest cell's journal and the store that writes it.
+struct LatestLink<K: 'static, V: 'static, J> {
     cell: AsyncLatestCell<K, V>,
-    store: Blocking,
+    journal: J,
     codec: Arc<dyn Codec<V>>,
 }
 
-impl<K, V> Link for LatestLink<K, V>
+impl<K, V, J> Link for LatestLink<K, V, J>
 where
     K: Ord + Clone + serde::Serialize + Send + Sync + 'static,
     V: Clone + PartialEq + Send + Sync + 'static,
+    J: LatestJournal<K>,
 {
     type Offer = (LatestReady<K>, Vec<Option<V>>);
 
@@ -220,20 +309,20 @@ where
             let encoded = match (write, value) {
                 (LatestWrite::Put { key, .. }, Some(value)) => match guarded(|| self.codec.encode(value)) {
                     Ok(encoded) => Some(encoded),
-                    Err(error) => return Err(value_error(self.store.name(), key, true, error)),
+                    Err(error) => return Err(value_error(self.journal.name(), key, true, error)),
                 },
                 _ => None,
             };
             bytes.push(encoded);
         }
-        self.store.run(move |store, name| store.apply_latest(name, &ready, &bytes)).await
+        self.journal.apply(ready, bytes).await
     }
 
     async fn owns(&self) -> Result<(), StoreError> {
-        self.store.run(|store, name| store.owns_latest(name)).await
+        self.journal.owns().await
     }
 
     async fn close(&self) {
-        let _ = self.store.run(|store, _| store.checkpoint()).await;
+        self.journal.close().await;
     }
 }

@@ -11,7 +11,7 @@ mod task;
 pub(crate) use journal::Appends;
 pub use journal::{JournalStore, SqliteJournal};
 pub use lanes::{DurableLanes, LanesJournal, LanesRelay, SqliteLanes, open_durable_lanes, open_durable_lanes_raw};
-pub use latest::{DurableLatest, LatestRelay, open_durable_latest};
+pub use latest::{DurableLatest, LatestJournal, LatestRelay, SqliteLatest, open_durable_latest};
 use report::Written;
 use task::run;
 

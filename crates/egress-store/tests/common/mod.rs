@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 pub use egress_testkit::TempDir;
 
 pub mod lanes;
+pub mod latest;
 
 /// A transport that hands each envelope's sequence and payload to a
 /// channel.
