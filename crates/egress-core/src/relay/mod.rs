@@ -82,11 +82,26 @@ pub struct Relay<T, M> {
     bounds: Backpressure,
     weigh: fn(&T) -> u64,
     window: VecDeque<Entry<T>>,
+    /// Each entry's weight, in the window's order, kept only with a bound
+    /// in bytes (empty without one: an entry is then its value and its op
+    /// count alone, and a send or pop touches no weight).
+    weights: VecDeque<u64>,
     /// The sum of the entries' weights (0 without a bound in bytes: the
     /// weigher is then never called). Wider than one weight: a fold that
     /// grows may hold more than a `u64` sums to.
     bytes: u128,
-    full: bool,
+    /// Whether the relay is full, and what its fast paths must know of its
+    /// configuration and its cold ops, as bits ([`mode`]): `send` and
+    /// `pop` test them in one compare.
+    mode: u8,
+    /// The count below which `send` pushes an op with no other check: the
+    /// high mark in entries while the relay is neither full nor bounded in
+    /// bytes, else 0 (kept with `mode` by `set_full`).
+    room: u64,
+    /// The count below which `pop` leaves a full relay not full: the low
+    /// mark in entries plus one while the relay is full and not bounded
+    /// in bytes, else 0 (kept with `mode` by `set_full`).
+    drained_below: u64,
     /// Ops written out to storage and not yet replayed into the stream:
     /// they go before the entries.
     cold: u64,
@@ -97,12 +112,26 @@ pub struct Relay<T, M> {
     counters: Counters,
 }
 
-/// One entry: a value (one op, or several folded), how many ops it holds,
-/// and its weight.
+/// The bits of [`Relay`]'s `mode`.
+mod mode {
+    /// The relay is full (the hysteresis rule).
+    pub(super) const FULL: u8 = 1;
+    /// It has a bound in bytes: it weighs each op and keeps the weights.
+    pub(super) const WEIGHS: u8 = 2;
+    /// Its overflow action is [`Overflow::Conflate`](super::Overflow::Conflate).
+    pub(super) const CONFLATES: u8 = 4;
+    /// Ops are cold: [`Relay::pop`](super::Relay::pop) takes only entries
+    /// put back meanwhile.
+    pub(super) const COLD: u8 = 8;
+}
+
+use self::mode::{COLD, CONFLATES, FULL, WEIGHS};
+
+/// One entry: a value (one op, or several folded) and how many ops it
+/// holds (its weight, with a bound in bytes, is in `Relay::weights`).
 struct Entry<T> {
     value: T,
     ops: u64,
-    bytes: u64,
 }
 
 /// The counters since the relay was built. Like the ops held, they wrap
@@ -331,13 +360,18 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// `Conflate` with a policy that does not conflate.
     pub fn weighed(policy: M, backpressure: Backpressure, weigh: fn(&T) -> u64) -> Result<Self, RelayConfigError> {
         backpressure.check(M::CONFLATES)?;
+        let mode = if backpressure.bytes.is_some() { WEIGHS } else { 0 }
+            | if backpressure.overflow == Overflow::Conflate { CONFLATES } else { 0 };
         Ok(Relay {
             policy,
             bounds: backpressure,
             weigh,
             window: VecDeque::new(),
+            weights: VecDeque::new(),
             bytes: 0,
-            full: false,
+            mode,
+            room: if mode & WEIGHS == 0 { backpressure.count.high } else { 0 },
+            drained_below: 0,
             cold: 0,
             returned: 0,
             counters: Counters::default(),
@@ -353,17 +387,24 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     pub fn send(&mut self, op: T) -> Result<Sent, SendRefused<T>> {
         // The two common cases without a bound in bytes, inlined: an op
         // that fits, and an op folded into a full conflating relay.
-        if self.bounds.bytes.is_none() {
-            if !self.full && (self.window.len() as u64) < self.bounds.count.high {
-                self.push(op, 0);
-                self.full = self.window.len() as u64 >= self.bounds.count.high;
-                return Ok(Sent::Accepted);
+        let len = self.window.len();
+        if (len as u64) < self.room {
+            self.window.push_back(Entry { value: op, ops: 1 });
+            self.counters.pushed = self.counters.pushed.wrapping_add(1);
+            if len as u64 + 1 >= self.room {
+                self.set_full(true);
             }
-            if self.full && self.bounds.overflow == Overflow::Conflate && self.window.len() > self.returned {
-                self.merge_into_back(op, 1);
-                self.counters.conflated = self.counters.conflated.wrapping_add(1);
-                return Ok(Sent::Conflated);
-            }
+            return Ok(Sent::Accepted);
+        }
+        if self.mode & (FULL | WEIGHS | CONFLATES) == FULL | CONFLATES
+            && len > self.returned
+            && let Some(back) = self.window.back_mut()
+        {
+            // The counts move only once the merge returned.
+            self.policy.merge(&mut back.value, op);
+            back.ops = back.ops.wrapping_add(1);
+            self.counters.conflated = self.counters.conflated.wrapping_add(1);
+            return Ok(Sent::Conflated);
         }
         self.send_slow(op)
     }
@@ -381,10 +422,10 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
                 weight
             }
         };
-        if !self.full && self.fits(weight) {
+        if !self.is_full() && self.fits(weight) {
             self.push(op, weight);
             if self.at_high() {
-                self.full = true;
+                self.set_full(true);
             }
             return Ok(Sent::Accepted);
         }
@@ -393,35 +434,37 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
         // panic there must not leave an empty relay full.
         match self.bounds.overflow {
             Overflow::Block => {
-                self.full = true;
+                self.set_full(true);
                 self.counters.blocked = self.counters.blocked.wrapping_add(1);
                 Err(SendRefused::Blocked(op))
             }
             Overflow::DropNewest => {
-                self.full = true;
+                self.set_full(true);
                 self.counters.dropped_new = self.counters.dropped_new.wrapping_add(1);
                 Ok(Sent::Dropped)
             }
             Overflow::DropOldest => {
                 let mut ops = 0u64;
                 while !self.fits(weight) {
-                    let Some(entry) = self.take_front() else { break };
+                    let Some((entry, _)) = self.take_front() else { break };
                     // Counted before the entry drops (its `Drop` may panic),
                     // and an empty relay is not full.
                     ops = ops.wrapping_add(entry.ops);
                     self.counters.dropped_held = self.counters.dropped_held.wrapping_add(entry.ops);
-                    self.full &= !self.window.is_empty();
+                    if self.window.is_empty() {
+                        self.set_full(false);
+                    }
                 }
                 self.push(op, weight);
-                self.full = true;
+                self.set_full(true);
                 Ok(Sent::DroppedOldest { ops })
             }
             Overflow::Conflate => {
-                self.full = true;
+                self.set_full(true);
                 Ok(self.conflate(op, weight))
             }
             Overflow::Spill => {
-                self.full = true;
+                self.set_full(true);
                 Err(SendRefused::MustSpill(op))
             }
         }
@@ -441,8 +484,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
         let first = self.returned;
         if M::CONFLATES {
             while self.window.len() > first + 1 {
-                let Some(newest) = self.window.pop_back() else { break };
-                self.bytes -= u128::from(newest.bytes);
+                let Some((newest, _)) = self.take_back() else { break };
                 self.counters.dropped_held = self.counters.dropped_held.wrapping_add(newest.ops);
                 let ops = newest.ops;
                 self.merge_into_back(newest.value, ops);
@@ -453,21 +495,21 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             return None;
         }
         let mut ops = 0u64;
-        let mut bytes = 0u128;
+        let weights: Vec<u64> = if self.weighs() { self.weights.drain(first..).collect() } else { Vec::new() };
         let entries: Vec<Drained<T>> = self
             .window
             .drain(first..)
-            .map(|e| {
+            .enumerate()
+            .map(|(i, e)| {
                 ops = ops.wrapping_add(e.ops);
-                bytes += u128::from(e.bytes);
-                Drained { value: e.value, ops: e.ops, bytes: e.bytes }
+                Drained { value: e.value, ops: e.ops, bytes: weights.get(i).copied().unwrap_or(0) }
             })
             .collect();
-        self.bytes -= bytes;
-        self.full = false;
+        self.bytes -= weights.iter().map(|&w| u128::from(w)).sum::<u128>();
+        self.set_full(false);
         // Saturating, as `restore_cold`: a count at the ceiling stays
         // there (wrapped, it would let the entries overtake the pages).
-        self.cold = self.cold.saturating_add(ops);
+        self.set_cold(self.cold.saturating_add(ops));
         self.counters.spilled = self.counters.spilled.wrapping_add(ops);
         Some(SpillPage { entries, ops })
     }
@@ -479,17 +521,18 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// when full). Only a page this relay's `spill` took, once (as
     /// [`unpop`](Self::unpop)).
     pub fn unspill(&mut self, page: SpillPage<T>) {
-        self.cold = self.cold.saturating_sub(page.ops);
+        let cold = self.cold.saturating_sub(page.ops);
         self.counters.spilled = self.counters.spilled.wrapping_sub(page.ops);
         // Behind the entries put back while cold, which the spill left.
         for entry in page.entries.into_iter().rev() {
-            self.bytes += u128::from(entry.bytes);
-            self.window.insert(self.returned, Entry { value: entry.value, ops: entry.ops, bytes: entry.bytes });
+            if self.weighs() {
+                self.bytes += u128::from(entry.bytes);
+                self.weights.insert(self.returned, entry.bytes);
+            }
+            self.window.insert(self.returned, Entry { value: entry.value, ops: entry.ops });
         }
-        if self.cold == 0 {
-            self.returned = 0;
-        }
-        self.full = true;
+        self.set_cold(cold);
+        self.set_full(true);
     }
 
     /// Counts `ops` cold ops (written out by this relay, or found stored
@@ -513,17 +556,26 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// is cold, no entry is older than the cold ops any more.
     fn take_cold(&mut self, ops: u64) -> u64 {
         let ops = ops.min(self.cold);
-        self.cold -= ops;
-        if self.cold == 0 {
-            self.returned = 0;
-        }
+        self.set_cold(self.cold - ops);
         ops
     }
 
     /// Adds `ops` ops a restart found written out (by an earlier relay)
     /// to the cold ops: they go before every entry (saturating).
     pub fn restore_cold(&mut self, ops: u64) {
-        self.cold = self.cold.saturating_add(ops);
+        self.set_cold(self.cold.saturating_add(ops));
+    }
+
+    /// The cold count, and the mode's bit: once none is cold, no entry is
+    /// older than the cold ops any more.
+    fn set_cold(&mut self, cold: u64) {
+        self.cold = cold;
+        if cold == 0 {
+            self.returned = 0;
+            self.mode &= !COLD;
+        } else {
+            self.mode |= COLD;
+        }
     }
 
     /// Ops written out and not yet replayed: while any is, `pop` takes
@@ -540,15 +592,31 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// before the rest.
     #[inline]
     pub fn pop(&mut self) -> Option<Drained<T>> {
+        // The common case, inlined: nothing cold, no bound in bytes (and so
+        // no entry put back while cold, and no weight).
+        if self.mode & (COLD | WEIGHS) != 0 {
+            return self.pop_slow();
+        }
+        let entry = self.window.pop_front()?;
+        self.counters.drained = self.counters.drained.wrapping_add(entry.ops);
+        if (self.window.len() as u64) < self.drained_below {
+            self.set_full(false);
+        }
+        Some(Drained { value: entry.value, ops: entry.ops, bytes: 0 })
+    }
+
+    /// [`pop`](Self::pop), every case.
+    #[inline(never)]
+    fn pop_slow(&mut self) -> Option<Drained<T>> {
         if self.cold != 0 && self.returned == 0 {
             return None;
         }
-        let entry = self.take_front()?;
+        let (entry, bytes) = self.take_front()?;
         self.counters.drained = self.counters.drained.wrapping_add(entry.ops);
-        if self.full && self.at_low() {
-            self.full = false;
+        if self.is_full() && self.at_low() {
+            self.set_full(false);
         }
-        Some(Drained { value: entry.value, ops: entry.ops, bytes: entry.bytes })
+        Some(Drained { value: entry.value, ops: entry.ops, bytes })
     }
 
     /// Puts back an entry [`pop`](Self::pop) took, in front, when the
@@ -563,8 +631,11 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     /// fold takes it.
     pub fn unpop(&mut self, drained: Drained<T>) {
         self.counters.drained = self.counters.drained.wrapping_sub(drained.ops);
-        self.bytes += u128::from(drained.bytes);
-        self.window.push_front(Entry { value: drained.value, ops: drained.ops, bytes: drained.bytes });
+        if self.weighs() {
+            self.bytes += u128::from(drained.bytes);
+            self.weights.push_front(drained.bytes);
+        }
+        self.window.push_front(Entry { value: drained.value, ops: drained.ops });
         if self.cold != 0 {
             self.returned += 1;
         }
@@ -596,7 +667,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             depth: self.window.len() as u64,
             ops: c.held(),
             bytes: u64::try_from(self.bytes).unwrap_or(u64::MAX),
-            full: self.full,
+            full: self.is_full(),
             accepted: c.accepted(),
             conflated: c.conflated,
             dropped: c.dropped_new.wrapping_add(c.dropped_held).wrapping_add(c.lost),
@@ -637,22 +708,71 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
             && self.bounds.bytes.is_none_or(|b| self.bytes <= u128::from(b.low))
     }
 
+    /// Whether the relay keeps its entries' weights: it has a bound in
+    /// bytes.
+    #[inline(always)]
+    const fn weighs(&self) -> bool {
+        self.mode & WEIGHS != 0
+    }
+
+    /// Whether the relay is full (the hysteresis rule).
+    #[inline(always)]
+    const fn is_full(&self) -> bool {
+        self.mode & FULL != 0
+    }
+
+    /// Makes the relay full or not, and `room` with it.
+    #[inline(always)]
+    fn set_full(&mut self, full: bool) {
+        if full {
+            self.mode |= FULL;
+            self.room = 0;
+            if self.mode & WEIGHS == 0 {
+                // Below the high mark, which is at most `u64::MAX`.
+                self.drained_below = self.bounds.count.low + 1;
+            }
+        } else {
+            self.mode &= !FULL;
+            self.drained_below = 0;
+            if self.mode & WEIGHS == 0 {
+                self.room = self.bounds.count.high;
+            }
+        }
+    }
+
+    /// `op` as the newest entry, of `weight` (kept with a bound in bytes).
+    #[inline(always)]
     fn push(&mut self, op: T, weight: u64) {
-        self.window.push_back(Entry { value: op, ops: 1, bytes: weight });
-        self.bytes += u128::from(weight);
+        self.window.push_back(Entry { value: op, ops: 1 });
+        if self.weighs() {
+            self.weights.push_back(weight);
+            self.bytes += u128::from(weight);
+        }
         self.counters.pushed = self.counters.pushed.wrapping_add(1);
     }
 
-    fn take_front(&mut self) -> Option<Entry<T>> {
+    /// The oldest entry out, with its weight (0 without a bound in bytes).
+    #[inline(always)]
+    fn take_front(&mut self) -> Option<(Entry<T>, u64)> {
         let entry = self.window.pop_front()?;
-        // Without a bound in bytes every weight is 0.
-        if self.bounds.bytes.is_some() {
-            self.bytes -= u128::from(entry.bytes);
+        let mut weight = 0;
+        if self.weighs() {
+            weight = self.weights.pop_front().unwrap_or(0);
+            self.bytes -= u128::from(weight);
         }
-        if self.returned != 0 {
-            self.returned -= 1;
+        self.returned = self.returned.saturating_sub(1);
+        Some((entry, weight))
+    }
+
+    /// The newest entry out, with its weight (0 without a bound in bytes).
+    fn take_back(&mut self) -> Option<(Entry<T>, u64)> {
+        let entry = self.window.pop_back()?;
+        let mut weight = 0;
+        if self.weighs() {
+            weight = self.weights.pop_back().unwrap_or(0);
+            self.bytes -= u128::from(weight);
         }
-        Some(entry)
+        Some((entry, weight))
     }
 
     /// Folds `op` into the newest entry, then the newest entries together
@@ -673,8 +793,7 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
         self.counters.conflated = self.counters.conflated.wrapping_add(1);
         if let Some(Water { high, .. }) = self.bounds.bytes {
             while self.window.len() > self.returned + 1 && self.bytes > u128::from(high) {
-                let Some(newest) = self.window.pop_back() else { break };
-                self.bytes -= u128::from(newest.bytes);
+                let Some((newest, _)) = self.take_back() else { break };
                 // Counted as dropped until the fold returns: a fold that
                 // panics loses the entry, and the counts say so.
                 self.counters.dropped_held = self.counters.dropped_held.wrapping_add(newest.ops);
@@ -692,10 +811,12 @@ impl<T, M: MergePolicy<T>> Relay<T, M> {
     fn merge_into_back(&mut self, value: T, ops: u64) {
         let Some(back) = self.window.back_mut() else { return };
         self.policy.merge(&mut back.value, value);
-        if self.bounds.bytes.is_some() {
+        if self.mode & WEIGHS != 0 {
             let weight = (self.weigh)(&back.value);
-            self.bytes = self.bytes - u128::from(back.bytes) + u128::from(weight);
-            back.bytes = weight;
+            if let Some(kept) = self.weights.back_mut() {
+                self.bytes = self.bytes - u128::from(*kept) + u128::from(weight);
+                *kept = weight;
+            }
         }
         back.ops = back.ops.wrapping_add(ops);
     }
@@ -707,7 +828,7 @@ impl<T, M> std::fmt::Debug for Relay<T, M> {
             .field("depth", &self.window.len())
             .field("ops", &self.counters.held())
             .field("bytes", &self.bytes)
-            .field("full", &self.full)
+            .field("full", &(self.mode & FULL != 0))
             .field("cold", &self.cold)
             .field("backpressure", &self.bounds)
             .finish_non_exhaustive()
