@@ -114,6 +114,30 @@ pub(crate) fn restored_key<K: serde::Serialize + serde::de::DeserializeOwned>(
     Ok(RestoredKey { key, desired, durable_through: version("durable_through", durable_through)? })
 }
 
+/// Each write's key as stored (JSON, as serde writes it), in the order of
+/// `ready`'s writes.
+///
+/// # Errors
+/// A key serde cannot write, or a key written twice
+/// ([`StoreError::LatestKey`]: the core writes each key once an epoch; two
+/// writes of one key would leave the stores to disagree on which wins).
+pub(crate) fn write_keys<K: serde::Serialize>(name: &str, ready: &LatestReady<K>) -> Result<Vec<String>, StoreError> {
+    let mut texts = Vec::with_capacity(ready.writes.len());
+    let mut seen = std::collections::HashSet::with_capacity(ready.writes.len());
+    for write in &ready.writes {
+        let (LatestWrite::Put { key, .. } | LatestWrite::Delete { key }) = write;
+        let text = key_text(name, key)?;
+        if !seen.insert(text.clone()) {
+            return Err(StoreError::LatestKey {
+                name: name.to_owned(),
+                reason: format!("{text} written twice in one write"),
+            });
+        }
+        texts.push(text);
+    }
+    Ok(texts)
+}
+
 /// Whether `values` match `ready`'s writes: one per write, present exactly
 /// for a `Put` with a newest version.
 ///
@@ -204,7 +228,8 @@ impl SqliteStore {
     /// [`StoreError::NotLoaded`] (this store did not load it),
     /// [`StoreError::Fenced`] (another store has since),
     /// [`StoreError::LatestWrites`] (values that do not match the writes),
-    /// a key serde cannot write, a number out of range, or SQLite's error
+    /// a key serde cannot write or written twice ([`StoreError::LatestKey`]),
+    /// a number out of range, or SQLite's error
     /// (a full disk, a locked database): nothing is written then.
     pub fn apply_latest<K: serde::Serialize>(
         &mut self,
@@ -213,6 +238,7 @@ impl SqliteStore {
         values: &[Option<Bytes>],
     ) -> Result<(), StoreError> {
         values_match(ready, values)?;
+        let keys = write_keys(name, ready)?;
         let Some(mine) = self.owned_latest.get(name).copied() else {
             return Err(StoreError::NotLoaded { stream: name.to_owned() });
         };
@@ -220,9 +246,9 @@ impl SqliteStore {
         self.set_synchronous(must_sync)?;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         still_latest_owner(&tx, name, &mine)?;
-        for (write, value) in ready.writes.iter().zip(values) {
+        for ((write, value), key) in ready.writes.iter().zip(values).zip(&keys) {
             match write {
-                LatestWrite::Put { key, newest, durable_through } => {
+                LatestWrite::Put { newest, durable_through, .. } => {
                     let newest = newest.map(|v| to_i64("version", v.0)).transpose()?;
                     let frontier = durable_through.map(|v| to_i64("durable_through", v.0)).transpose()?;
                     tx.prepare_cached(
@@ -232,17 +258,11 @@ impl SqliteStore {
                              version = excluded.version, value = excluded.value,
                              durable_through = excluded.durable_through",
                     )?
-                    .execute(params![
-                        name,
-                        key_text(name, key)?,
-                        newest,
-                        value.as_deref(),
-                        frontier
-                    ])?;
+                    .execute(params![name, key, newest, value.as_deref(), frontier])?;
                 }
-                LatestWrite::Delete { key } => {
+                LatestWrite::Delete { .. } => {
                     tx.prepare_cached("DELETE FROM egress_latest_key WHERE name = ?1 AND key = ?2")?
-                        .execute(params![name, key_text(name, key)?])?;
+                        .execute(params![name, key])?;
                 }
             }
         }

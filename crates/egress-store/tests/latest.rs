@@ -282,6 +282,19 @@ fn the_store_refuses_values_that_do_not_match_the_writes_and_writes_it_never_loa
         let refused = store.apply_latest("p", &ready, &values).unwrap_err();
         assert!(matches!(refused, StoreError::LatestWrites { writes: 2, .. }), "{refused:?}");
     }
+    // A key written twice in one write (a Put then a Delete): the stores
+    // would disagree on which wins; refused, nothing written.
+    let twice = LatestReady {
+        epoch: Epoch(1),
+        writes: vec![
+            LatestWrite::Put { key: 3u8, newest: Some(Version(1)), durable_through: None },
+            LatestWrite::Delete { key: 3u8 },
+        ],
+    };
+    let refused = store.apply_latest("p", &twice, &[value.clone(), None]).unwrap_err();
+    assert!(matches!(&refused, StoreError::LatestKey { reason, .. } if reason.contains("twice")), "{refused:?}");
+    let rows: i64 = store.connection().query_row("SELECT COUNT(*) FROM egress_latest_key", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 0);
     store.apply_latest("p", &ready, &[value, None]).unwrap();
     store.owns_latest("p").unwrap();
     // A stored row that breaks the rules: a version without its value.

@@ -169,6 +169,18 @@ async fn a_take_by_another_worker_fences_the_first_and_nothing_it_writes_lands()
         assert!(matches!(refused, StoreError::LatestWrites { writes: 1, .. }), "{refused:?}");
     }
     assert_eq!(count(&store, "SELECT version FROM egress_latest_key WHERE name = $1").await, 1);
+    // A key written twice in one write: refused as on SQLite, nothing
+    // written.
+    let twice = LatestReady {
+        epoch: Epoch(1),
+        writes: vec![
+            LatestWrite::Put { key: Setting::Volume, newest: Some(Version(4)), durable_through: None },
+            LatestWrite::Delete { key: Setting::Volume },
+        ],
+    };
+    let refused = store.apply_latest(&current, &twice, &[value.clone(), None]).await.unwrap_err();
+    assert!(matches!(&refused, StoreError::LatestKey { reason, .. } if reason.contains("twice")), "{refused:?}");
+    assert_eq!(count(&store, "SELECT version FROM egress_latest_key WHERE name = $1").await, 1);
     // Under the current lease: written, and a delete takes the row.
     store.apply_latest(&current, &ready, &[value]).await.unwrap();
     assert_eq!(count(&store, "SELECT version FROM egress_latest_key WHERE name = $1").await, 3);
@@ -234,8 +246,33 @@ async fn projections_streams_and_lanes_stay_apart_by_name() {
     let ready = lanes.poll_ready().unwrap();
     let appends = common::lanes::appends(&lanes, &ready);
     let refused = store.apply_lanes(&lease, &ready, &appends).await.unwrap_err();
-    assert!(matches!(&refused, StoreError::OtherKind { lanes: Some(l), .. } if l == NAME), "{refused:?}");
+    assert!(matches!(&refused, StoreError::Fenced { stream } if stream == NAME), "{refused:?}");
     assert_eq!(count(&store, "SELECT COUNT(*) FROM egress_stream WHERE lanes = $1 AND lane IS NOT NULL").await, 0);
+    // Nor an empty lanes write, which would move the projection's counter
+    // and generation (a hostile review's finding).
+    let empty = egress_core::LanesReady::<Lane> {
+        epoch: Epoch(1),
+        forget: vec![],
+        lanes: vec![],
+        next_ordinal: egress_core::Ordinal(77),
+        generation: Some(Generation(1_000_000)),
+        must_sync: true,
+    };
+    let refused = store.apply_lanes(&lease, &empty, &[]).await.unwrap_err();
+    assert!(matches!(&refused, StoreError::Fenced { .. }), "{refused:?}");
+    assert_eq!(count(&store, "SELECT generation FROM egress_stream WHERE stream = $1").await, 1);
+    assert_eq!(count(&store, "SELECT next_sequence FROM egress_stream WHERE stream = $1").await, 0);
+    // A lane's row under a projection's name is refused by the table's
+    // trigger, whoever writes it.
+    let squat = store
+        .client()
+        .execute(
+            "INSERT INTO egress_stream (stream, incarnation, lanes, lane) VALUES ($1 || chr(31) || 'x', $2, $1, 'x')",
+            &[&NAME, &vec![0u8; 16]],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(squat.code().map(|c| c.code()), Some("EGR01"), "{squat:?}");
     // A stream's or lanes' name is not a projection's.
     let (plain, _) = other.take_stream("plain", LONG).await.unwrap().unwrap();
     for name in ["plain", "client"] {

@@ -1,7 +1,9 @@
 //! Durable latest projections on PostgreSQL: the projection's own row is a
-//! stream marked latest (its lanes its own name, so no plain take, plain
-//! write or outbox append meets it), whose lease fences its writes and
-//! whose generation is the projection's; each key is a row of
+//! stream marked latest (its lanes `''`, the name of no lanes': no plain
+//! take, plain write or outbox append meets it, and no lanes' write under
+//! its lease passes `egress_apply_lanes`'s check, which wants the lanes'
+//! own name), whose lease fences its writes and whose generation is the
+//! projection's; each key is a row of
 //! `egress_latest_key`, as on SQLite (see [`SqliteStore::load_latest`](crate::SqliteStore::load_latest)).
 
 use std::time::Duration;
@@ -11,7 +13,7 @@ use egress_core::{Generation, LatestReady, LatestWrite};
 
 use super::{Lease, PgStore, busy_or};
 use crate::StoreError;
-use crate::latest::{LoadedLatest, key_text, restored_key, values_match};
+use crate::latest::{LoadedLatest, restored_key, values_match, write_keys};
 use crate::stored::{fresh_incarnation, restorable_generation, to_i64, to_u64};
 
 impl PgStore {
@@ -39,7 +41,7 @@ impl PgStore {
         client
             .execute(
                 "INSERT INTO egress_stream (stream, incarnation, lanes, latest)
-                 SELECT $1, $2, $1, true WHERE NOT EXISTS (SELECT 1 FROM egress_stream WHERE stream = $1)
+                 SELECT $1, $2, '', true WHERE NOT EXISTS (SELECT 1 FROM egress_stream WHERE stream = $1)
                  ON CONFLICT (stream) DO NOTHING",
                 &[&name, &fresh_incarnation().as_slice()],
             )
@@ -49,7 +51,7 @@ impl PgStore {
         if !marked.get::<_, bool>(0) {
             return Err(StoreError::LatestKind { name: name.to_owned(), latest: false });
         }
-        let (sent, numbers) = self.take_leases(Some(name), Some(name), 1, lease).await?;
+        let (sent, numbers) = self.take_leases(Some(name), Some(""), 1, lease).await?;
         let Some(number) = numbers.into_values().next() else { return Ok(None) };
         let lease = Lease { stream: name.to_owned(), number: number?, sent };
         // Read once the take committed: no write of the previous owner
@@ -94,7 +96,8 @@ impl PgStore {
     /// # Errors
     /// [`StoreError::Fenced`] when the projection was taken over;
     /// [`StoreError::LatestWrites`] (values that do not match the writes);
-    /// a key serde cannot write or a number out of range;
+    /// a key serde cannot write or written twice ([`StoreError::LatestKey`]),
+    /// or a number out of range;
     /// [`StoreError::Busy`] when another transaction holds its lease row;
     /// PostgreSQL's error. Nothing is written then.
     pub async fn apply_latest<K: serde::Serialize>(
@@ -105,19 +108,20 @@ impl PgStore {
     ) -> Result<(), StoreError> {
         values_match(ready, values)?;
         let name = lease.stream.as_str();
+        let texts = write_keys(name, ready)?;
         let n = ready.writes.len();
         let mut forget = Vec::new();
         let (mut keys, mut versions, mut bytes, mut frontiers) =
             (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-        for (write, value) in ready.writes.iter().zip(values) {
+        for ((write, value), key) in ready.writes.iter().zip(values).zip(texts) {
             match write {
-                LatestWrite::Put { key, newest, durable_through } => {
-                    keys.push(key_text(name, key)?);
+                LatestWrite::Put { newest, durable_through, .. } => {
+                    keys.push(key);
                     versions.push(newest.map(|v| to_i64("version", v.0)).transpose()?);
                     bytes.push(value.as_deref());
                     frontiers.push(durable_through.map(|v| to_i64("durable_through", v.0)).transpose()?);
                 }
-                LatestWrite::Delete { key } => forget.push(key_text(name, key)?),
+                LatestWrite::Delete { .. } => forget.push(key),
             }
         }
         let must_sync = values.iter().any(Option::is_some);

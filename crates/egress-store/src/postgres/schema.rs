@@ -415,9 +415,11 @@ const MIGRATIONS: &[&str] = &[
 ",
     "
     -- Durable latest projections. A projection's own row is a stream
-    -- marked latest, with lanes = its name (so no plain take, plain write
-    -- or outbox append meets it, as for lanes): its lease row fences its
-    -- writes and its generation is the projection's. Each key is a row of
+    -- marked latest, with lanes = '' (the name of no lanes': no plain take,
+    -- plain write or outbox append meets it, and no lanes' write passes
+    -- egress_apply_lanes's check, which wants lanes = the row's own name):
+    -- its lease row fences its writes and its generation is the
+    -- projection's. Each key is a row of
     -- egress_latest_key: its newest version not yet applied with the value
     -- (both or neither), and its frontier.
     ALTER TABLE egress_stream ADD COLUMN latest boolean NOT NULL DEFAULT false;
