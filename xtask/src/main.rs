@@ -1,5 +1,7 @@
 //! `cargo run -p xtask -- unmoved-diff`: see [`moved`].
 //!
+//! `cargo run -p xtask -- screen-svg IN OUT`: see [`screen`].
+//!
 //! `cargo run -p xtask -- packaging`: checks what `cargo publish` and a
 //! user's toolchain rely on and no compiler checks.
 //!
@@ -23,6 +25,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 mod moved;
+mod screen;
 
 /// Each workspace crate's floor: a crate depends (normal dependencies) only
 /// on crates of lower floors, so stores sit below transports and nothing
@@ -41,6 +44,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("egress-conformance", 3),
     ("egress", 4),
     ("egress-demo", 4),
+    ("egress-chat", 4),
     ("egress-bench", 4),
 ];
 
@@ -51,6 +55,19 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("packaging") => packaging(),
+        Some("screen-svg") => {
+            let [_, input, output] = args.as_slice() else {
+                eprintln!("usage: cargo run -p xtask -- screen-svg CAPTURE.txt OUT.svg");
+                return ExitCode::from(2);
+            };
+            return match screen::write_svg(Path::new(input), Path::new(output)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("xtask screen-svg: {e:#}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Some("unmoved-diff") => {
             let mut diff = String::new();
             let written = std::io::Read::read_to_string(&mut std::io::stdin(), &mut diff)
@@ -68,7 +85,7 @@ fn main() -> ExitCode {
             };
         }
         _ => {
-            eprintln!("usage: cargo run -p xtask -- packaging | unmoved-diff < DIFF");
+            eprintln!("usage: cargo run -p xtask -- packaging | unmoved-diff < DIFF | screen-svg CAPTURE.txt OUT.svg");
             return ExitCode::from(2);
         }
     };

@@ -1,0 +1,208 @@
+//! The screen: a [`View`] computed from the client's signals and the
+//! cells' computeds, and a function that draws it (ratatui). The binary
+//! draws it from one effect, which runs only when the view changed: no
+//! redraw loop.
+
+use egress_core::MessageStatus;
+use egress_reactive::{ConnectionState, Signal, Threaded};
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Direction, Layout};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line as TextLine, Span};
+use ratatui::widgets::{Block, Borders, List, ListItem, Paragraph, Wrap};
+
+use crate::client::{Client, PushState};
+
+/// Everything the screen shows, as one value: the effect that draws it
+/// runs when it changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// The rooms, with their counts.
+    pub rooms: Vec<RoomRow>,
+    /// The room shown.
+    pub title: String,
+    /// Its lines: the server's history, then the client's own lines not
+    /// pushed back yet.
+    pub lines: Vec<Shown>,
+    /// The input line.
+    pub input: String,
+    /// The status bar.
+    pub status: String,
+    /// The debug overlay, if shown.
+    pub debug: Option<String>,
+}
+
+/// A room in the room list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoomRow {
+    /// Its name.
+    pub name: String,
+    /// Lines of others not seen yet.
+    pub unread: usize,
+    /// The client's own lines not delivered yet.
+    pub unsent: usize,
+    /// Whether it is the room shown.
+    pub current: bool,
+}
+
+/// A line on screen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shown {
+    /// Its author.
+    pub from: String,
+    /// What it says.
+    pub text: String,
+    /// Its delivery state, for the client's own lines: "delivered" once
+    /// the server stored it, else the cell's status.
+    pub mark: Option<String>,
+}
+
+/// What a UI's input adds to the client's state.
+#[derive(Clone)]
+pub struct Input {
+    /// The line being typed.
+    pub text: Signal<String, Threaded>,
+    /// Whether the debug overlay is shown.
+    pub debug: Signal<bool, Threaded>,
+    /// Redraws per second, measured (for the overlay).
+    pub redraws: Signal<u64, Threaded>,
+}
+
+/// The view of `client` with `input`: read from signals and computeds, so
+/// a computed of it changes exactly when something shown changed.
+#[must_use]
+pub fn view(client: &Client, input: &Input) -> View {
+    let current = client.current.get();
+    let rooms: Vec<RoomRow> = client
+        .rooms()
+        .iter()
+        .enumerate()
+        .map(|(i, r)| RoomRow {
+            name: r.name.clone(),
+            unread: r.unread.get(),
+            unsent: r.unsent(),
+            current: i == current,
+        })
+        .collect();
+    let Some(room) = client.rooms().get(current) else { return View::default() };
+    let me = client.name();
+    let mut lines: Vec<Shown> = room.history.with(|h| {
+        h.iter()
+            .map(|p| Shown {
+                from: p.line.from.clone(),
+                text: p.line.text.clone(),
+                mark: (p.line.from == me).then(|| "delivered".to_owned()),
+            })
+            .collect()
+    });
+    room.mine.with(|mine| {
+        for m in mine {
+            let mark = m.status.get().map_or_else(|| "saving".to_owned(), |s| label(&s));
+            lines.push(Shown { from: m.line.from.clone(), text: m.line.text.clone(), mark: Some(mark) });
+        }
+    });
+    let online = client.online.get();
+    let connection = match (online, room.connection()) {
+        (false, _) => "offline (by you: ctrl-o to reconnect)".to_owned(),
+        (true, None) => "connecting".to_owned(),
+        (true, Some(state)) => connection_label(&state),
+    };
+    let push = match client.push_state.get() {
+        PushState::Connected => "live".to_owned(),
+        PushState::Connecting => "connecting".to_owned(),
+        PushState::Reconnecting(why) => format!("reconnecting ({why})"),
+        PushState::Offline => "offline".to_owned(),
+    };
+    let unsent: usize = rooms.iter().map(|r| r.unsent).sum();
+    let mut status = format!("{me} | send: {connection} | updates: {push} | unsent {unsent}");
+    if let Some(notice) = client.notice.get() {
+        status.push_str(&format!(" | {notice}"));
+    }
+    let debug = input.debug.get().then(|| format!("redraws/s {}", input.redraws.get()));
+    View { rooms, title: room.name.clone(), lines, input: input.text.get(), status, debug }
+}
+
+/// A status as the screen says it.
+fn label(status: &MessageStatus) -> String {
+    match status {
+        MessageStatus::Retrying => "retrying".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// A connection state as the status bar says it.
+fn connection_label<E: std::fmt::Display>(state: &ConnectionState<E>) -> String {
+    match state {
+        ConnectionState::Connecting { attempt } if *attempt > 1 => format!("connecting (attempt {attempt})"),
+        ConnectionState::Connecting { .. } => "connecting".to_owned(),
+        ConnectionState::Connected { .. } => "online".to_owned(),
+        ConnectionState::Reconnecting { error, failures, .. } => {
+            format!("offline ({error}); reconnecting (failed {failures}x)")
+        }
+        ConnectionState::Stopped { error: Some(error) } => format!("stopped: {error}"),
+        ConnectionState::Stopped { error: None } => "stopped".to_owned(),
+        _ => "unknown".to_owned(),
+    }
+}
+
+/// Draws `view` on `frame`.
+pub fn render(frame: &mut Frame<'_>, view: &View) {
+    let [body, input, status] = Layout::default()
+        .direction(Direction::Vertical)
+        .constraints([Constraint::Min(3), Constraint::Length(3), Constraint::Length(1)])
+        .areas(frame.area());
+    let [list, lines] = Layout::default()
+        .direction(Direction::Horizontal)
+        .constraints([Constraint::Length(24), Constraint::Min(10)])
+        .areas(body);
+    let rooms: Vec<ListItem<'_>> = view
+        .rooms
+        .iter()
+        .map(|r| {
+            let mut text = format!("{} #{}", if r.current { ">" } else { " " }, r.name);
+            if r.unread > 0 {
+                text.push_str(&format!(" {} new", r.unread));
+            }
+            if r.unsent > 0 {
+                text.push_str(&format!(" {} unsent", r.unsent));
+            }
+            let style = if r.current { Style::default().add_modifier(Modifier::BOLD) } else { Style::default() };
+            ListItem::new(text).style(style)
+        })
+        .collect();
+    frame.render_widget(List::new(rooms).block(Block::default().borders(Borders::ALL).title("rooms")), list);
+    let height = usize::from(lines.height.saturating_sub(2));
+    let first = view.lines.len().saturating_sub(height);
+    let shown: Vec<TextLine<'_>> = view.lines[first..]
+        .iter()
+        .map(|l| {
+            let mut spans =
+                vec![Span::styled(format!("{}: ", l.from), Style::default().fg(Color::Cyan)), Span::raw(&l.text)];
+            if let Some(mark) = &l.mark {
+                let color = match mark.as_str() {
+                    "delivered" => Color::Green,
+                    m if m.starts_with("failed") => Color::Red,
+                    _ => Color::Yellow,
+                };
+                spans.push(Span::styled(format!("  [{mark}]"), Style::default().fg(color)));
+            }
+            TextLine::from(spans)
+        })
+        .collect();
+    let title = format!("#{}", view.title);
+    frame.render_widget(
+        Paragraph::new(shown).wrap(Wrap { trim: false }).block(Block::default().borders(Borders::ALL).title(title)),
+        lines,
+    );
+    frame.render_widget(
+        Paragraph::new(format!("> {}", view.input)).block(
+            Block::default().borders(Borders::ALL).title("enter: send  tab: next room  ctrl-o: offline  esc: quit"),
+        ),
+        input,
+    );
+    let mut status_line = view.status.clone();
+    if let Some(debug) = &view.debug {
+        status_line.push_str(&format!(" | {debug}"));
+    }
+    frame.render_widget(Paragraph::new(status_line).style(Style::default().add_modifier(Modifier::REVERSED)), status);
+}
