@@ -114,7 +114,8 @@ pub fn view(client: &Client, input: &Input) -> View {
         PushState::Offline => "offline".to_owned(),
     };
     let unsent: usize = rooms.iter().map(|r| r.unsent).sum();
-    let mut status = format!("{me} | send: {connection} | updates: {push} | unsent {unsent}");
+    // The short parts first: a long error must not push them off the row.
+    let mut status = format!("{me} | unsent {unsent} | send: {connection} | updates: {push}");
     if let Some(notice) = client.notice.get() {
         status.push_str(&format!(" | {notice}"));
     }
