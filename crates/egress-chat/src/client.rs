@@ -47,8 +47,8 @@ pub struct ClientConfig {
     pub push: SocketAddr,
     /// The client's SQLite database (its outbox and its history).
     pub db: PathBuf,
-    /// A certificate (PEM) to trust: the endpoint is then `wss://`, its
-    /// name `localhost`.
+    /// A certificate (PEM) to trust: the egress endpoint is then
+    /// `wss://` and the push channel TLS, the server's name `localhost`.
     pub tls_ca: Option<PathBuf>,
 }
 
@@ -145,6 +145,8 @@ fn unsent(status: Option<MessageStatus>) -> bool {
 pub struct Client {
     cx: Handle<Threaded>,
     config: ClientConfig,
+    /// The trust `config.tls_ca` names, read once.
+    tls: Option<Arc<egress_ws::tls::rustls::ClientConfig>>,
     conn: Arc<Mutex<Connection>>,
     rooms: Arc<Vec<Room>>,
     /// The room shown.
@@ -175,6 +177,13 @@ impl Client {
     /// not load.
     pub async fn start(cx: &AsyncContext, config: ClientConfig) -> anyhow::Result<Client> {
         anyhow::ensure!(!config.rooms.is_empty(), "at least one room");
+        let tls = match &config.tls_ca {
+            Some(ca) => {
+                let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+                Some(egress_ws::tls::client_config_from_pem(&pem)?)
+            }
+            None => None,
+        };
         let conn = open_db(&config.db)?;
         let mut rooms = Vec::with_capacity(config.rooms.len());
         for name in &config.rooms {
@@ -215,6 +224,7 @@ impl Client {
         let push_task = tokio::spawn(push_loop(
             cx.handle(),
             config.push,
+            tls.clone(),
             config.name.clone(),
             rooms.clone(),
             conn.clone(),
@@ -225,6 +235,7 @@ impl Client {
         let client = Client {
             cx: cx.handle(),
             config,
+            tls,
             conn,
             rooms,
             current,
@@ -316,17 +327,14 @@ impl Client {
 
     /// Starts the room's sender.
     fn connect(&self, room: &Room) -> anyhow::Result<()> {
-        let (scheme, host) = match &self.config.tls_ca {
+        let (scheme, host) = match &self.tls {
             Some(_) => ("wss", format!("localhost:{}", self.config.server.port())),
             None => ("ws", self.config.server.to_string()),
         };
         let url = format!("{scheme}://{host}/");
         let producer = format!("{}@{}", self.config.name, room.name);
         let mut config = SenderConfig { max_payload: MAX_LINE, ..SenderConfig::new(producer) };
-        if let Some(ca) = &self.config.tls_ca {
-            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-            config.tls = Some(egress_ws::tls::client_config_from_pem(&pem)?);
-        }
+        config.tls = self.tls.clone();
         let sender = Sender::spawn_typed(room.durable.cell.clone(), Json, url, config)?;
         if let Ok(mut slot) = room.sender.lock() {
             *slot = Some(sender);
@@ -404,6 +412,10 @@ fn load_mine(conn: &Connection, room: &str, me: &str) -> anyhow::Result<Vec<(Seq
     Ok(mine)
 }
 
+/// A push connection, plain or TLS.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for S {}
+
 /// The push subscription: connects, asks for what came after the last
 /// line stored, keeps each line (table, then signals), and reconnects
 /// after a failure (200 ms, doubling to 2 s) while the client is online.
@@ -411,6 +423,7 @@ fn load_mine(conn: &Connection, room: &str, me: &str) -> anyhow::Result<Vec<(Seq
 async fn push_loop(
     cx: Handle<Threaded>,
     addr: SocketAddr,
+    tls: Option<Arc<egress_ws::tls::rustls::ClientConfig>>,
     me: String,
     rooms: Arc<Vec<Room>>,
     conn: Arc<Mutex<Connection>>,
@@ -428,7 +441,7 @@ async fn push_loop(
             continue;
         }
         state.set(PushState::Connecting);
-        let session = subscribe(&cx, addr, &me, &rooms, &conn, &state, &current, &mut backoff);
+        let session = subscribe(&cx, addr, tls.as_ref(), &me, &rooms, &conn, &state, &current, &mut backoff);
         let ended = tokio::select! {
             ended = session => ended,
             _ = wanted.wait_for(|w| !*w) => Ok(()),
@@ -451,6 +464,7 @@ async fn push_loop(
 async fn subscribe(
     cx: &Handle<Threaded>,
     addr: SocketAddr,
+    tls: Option<&Arc<egress_ws::tls::rustls::ClientConfig>>,
     me: &str,
     rooms: &Arc<Vec<Room>>,
     conn: &Arc<Mutex<Connection>>,
@@ -461,7 +475,15 @@ async fn subscribe(
     let since = rooms.iter().filter_map(|r| r.history.with_untracked(|h| h.last().map(|p| p.id))).max().unwrap_or(0);
     let stream = tokio::net::TcpStream::connect(addr).await.context("connecting the push channel")?;
     let _ = stream.set_nodelay(true);
-    let (read, mut write) = stream.into_split();
+    let stream: Box<dyn Io> = match tls {
+        Some(tls) => {
+            let name = tokio_rustls::rustls::pki_types::ServerName::try_from("localhost")?;
+            let connector = tokio_rustls::TlsConnector::from(tls.clone());
+            Box::new(connector.connect(name, stream).await.context("the push channel's TLS handshake")?)
+        }
+        None => Box::new(stream),
+    };
+    let (read, mut write) = tokio::io::split(stream);
     let mut request = serde_json::to_vec(&Subscribe { since })?;
     request.push(b'\n');
     write.write_all(&request).await?;

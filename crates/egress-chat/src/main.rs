@@ -152,7 +152,8 @@ async fn run_client(config: ClientConfig) -> anyhow::Result<()> {
 /// Draws from one effect and feeds the keys to the client until the user
 /// quits.
 async fn session(cx: &AsyncContext, client: &Arc<Client>, terminal: Screen) -> anyhow::Result<()> {
-    let input = Input { text: cx.signal(String::new()), debug: cx.signal(false), redraws: cx.signal(0) };
+    let input =
+        Input { text: cx.signal(String::new()), debug: cx.signal(false), redraws: cx.signal(0), clock: cx.signal(0) };
     let shown = cx.computed({
         let (client, input) = (client.clone(), input.clone());
         move || view(&client, &input)
@@ -185,6 +186,17 @@ async fn session(cx: &AsyncContext, client: &Arc<Client>, terminal: Screen) -> a
             }
         }
     });
+    // The clock's tick: changes nothing on screen unless a countdown is
+    // shown (the view reads the clock only then).
+    let ticker = tokio::spawn({
+        let clock = input.clock.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                clock.update(|t| *t = t.wrapping_add(1));
+            }
+        }
+    });
     let mut events = EventStream::new();
     let result = loop {
         let Some(event) = events.next().await else { break Ok(()) };
@@ -204,6 +216,7 @@ async fn session(cx: &AsyncContext, client: &Arc<Client>, terminal: Screen) -> a
         }
     };
     meter.abort();
+    ticker.abort();
     result
 }
 

@@ -1,5 +1,6 @@
 //! The push channel: how the server hands every client the lines it
-//! stored. A client connects over TCP and sends one JSON line,
+//! stored. A client connects over TCP (TLS when the server has a
+//! certificate, within 5 s of the connection) and sends one JSON line,
 //! [`Subscribe`] `{"since": N}`; the server answers with every stored line
 //! numbered above `N`, in order, then each new one as it is stored, one
 //! JSON [`Posted`] per line. A client that reconnects asks again from the
@@ -19,8 +20,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rusqlite::{Connection, params};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, broadcast};
 
 use crate::message::{Line, Posted, Subscribe};
@@ -45,7 +46,9 @@ pub(crate) async fn serve(
     addr: SocketAddr,
     db: PathBuf,
     posted: broadcast::Sender<Posted>,
+    tls: Option<Arc<egress_ws::tls::rustls::ServerConfig>>,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let listener = TcpListener::bind(addr).await.context("binding the push channel")?;
     let local = listener.local_addr()?;
     let slots = Arc::new(Semaphore::new(MAX_SUBSCRIBERS));
@@ -59,9 +62,19 @@ pub(crate) async fn serve(
             // Subscribed before the table is read: a line stored meanwhile
             // is in the table or in the queue (or both: skipped by number).
             let live = posted.subscribe();
-            let db = db.clone();
+            let (db, acceptor) = (db.clone(), acceptor.clone());
             tokio::spawn(async move {
-                if let Err(e) = subscriber(stream, db, live).await {
+                let _ = stream.set_nodelay(true);
+                let served = match acceptor {
+                    Some(acceptor) => match tokio::time::timeout(Duration::from_secs(5), acceptor.accept(stream)).await
+                    {
+                        Ok(Ok(tls)) => subscriber(tls, db, live).await,
+                        Ok(Err(e)) => Err(anyhow::Error::from(e).context("the TLS handshake")),
+                        Err(_) => Err(anyhow::anyhow!("no TLS handshake within 5 s")),
+                    },
+                    None => subscriber(stream, db, live).await,
+                };
+                if let Err(e) = served {
                     tracing::info!(%peer, error = %e, "push: subscriber gone");
                 }
                 drop(slot);
@@ -72,9 +85,12 @@ pub(crate) async fn serve(
 }
 
 /// One subscriber: its request, the table after it, then the live lines.
-async fn subscriber(stream: TcpStream, db: PathBuf, mut live: broadcast::Receiver<Posted>) -> anyhow::Result<()> {
-    let _ = stream.set_nodelay(true);
-    let (read, mut write) = stream.into_split();
+async fn subscriber(
+    stream: impl AsyncRead + AsyncWrite + Unpin,
+    db: PathBuf,
+    mut live: broadcast::Receiver<Posted>,
+) -> anyhow::Result<()> {
+    let (read, mut write) = tokio::io::split(stream);
     let mut read = BufReader::new(read);
     let request = tokio::time::timeout(Duration::from_secs(5), read_line(&mut read, 256))
         .await

@@ -40,7 +40,8 @@ pub struct ServerConfig {
     pub push: SocketAddr,
     /// The server's SQLite database.
     pub db: PathBuf,
-    /// A certificate and key (PEM files) for `wss://`.
+    /// A certificate and key (PEM files): the egress endpoint is then
+    /// `wss://` and the push channel TLS.
     pub tls: Option<(PathBuf, PathBuf)>,
 }
 
@@ -73,14 +74,18 @@ impl Server {
         let mut receiver_config =
             ReceiverConfig { ack_mode: AckMode::Explicit, resume: Some(log), ..ReceiverConfig::default() };
         receiver_config.limits.max_payload = MAX_LINE;
-        if let Some((cert, key)) = &config.tls {
-            let read = |path: &Path| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
-            receiver_config.tls = Some(egress_ws::tls::server_config_from_pem(&read(cert)?, &read(key)?)?);
-        }
+        let tls = match &config.tls {
+            Some((cert, key)) => {
+                let read = |path: &Path| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
+                Some(egress_ws::tls::server_config_from_pem(&read(cert)?, &read(key)?)?)
+            }
+            None => None,
+        };
+        receiver_config.tls = tls.clone();
         let receiver = Receiver::bind(config.listen, receiver_config).await.context("binding the egress endpoint")?;
         let ws = receiver.local_addr();
         let (posted, _) = broadcast::channel(1024);
-        let (push, push_task) = crate::push::serve(config.push, config.db.clone(), posted.clone()).await?;
+        let (push, push_task) = crate::push::serve(config.push, config.db.clone(), posted.clone(), tls).await?;
         let store = tokio::spawn(store_loop(receiver, Arc::new(Mutex::new(conn)), posted));
         tracing::info!(%ws, %push, db = %config.db.display(), "egress-chat server started");
         Ok(Server { ws, push, store, push_task })

@@ -3,6 +3,8 @@
 //! draws it from one effect, which runs only when the view changed: no
 //! redraw loop.
 
+use std::time::Duration;
+
 use egress_core::MessageStatus;
 use egress_reactive::{ConnectionState, Signal, Threaded};
 use ratatui::Frame;
@@ -66,6 +68,10 @@ pub struct Input {
     pub debug: Signal<bool, Threaded>,
     /// Redraws per second, measured (for the overlay).
     pub redraws: Signal<u64, Threaded>,
+    /// A tick every half second: read by the view only while it shows a
+    /// countdown ("retrying in 3 s"), so that only then does time redraw
+    /// the screen (and only when the number shown changed).
+    pub clock: Signal<u64, Threaded>,
 }
 
 /// The view of `client` with `input`: read from signals and computeds, so
@@ -97,7 +103,23 @@ pub fn view(client: &Client, input: &Input) -> View {
     });
     room.mine.with(|mine| {
         for m in mine {
-            let mark = m.status.get().map_or_else(|| "saving".to_owned(), |s| label(&s));
+            let mark = match m.status.get() {
+                None => "saving".to_owned(),
+                Some(MessageStatus::Retrying) => {
+                    // When its backoff ends: its parked record's due time
+                    // on the cell's clock.
+                    let due = room.cell().parked().get().iter().find(|r| r.sequence == m.seq).map(|r| r.due);
+                    match due {
+                        Some(due) => {
+                            let _ = input.clock.get();
+                            let left = Duration::from_millis(due.0.saturating_sub(room.cell().now().0));
+                            format!("retrying in {} s", seconds(left))
+                        }
+                        None => "retrying".to_owned(),
+                    }
+                }
+                Some(other) => other.to_string(),
+            };
             lines.push(Shown { from: m.line.from.clone(), text: m.line.text.clone(), mark: Some(mark) });
         }
     });
@@ -105,7 +127,7 @@ pub fn view(client: &Client, input: &Input) -> View {
     let connection = match (online, room.connection()) {
         (false, _) => "offline (by you: ctrl-o to reconnect)".to_owned(),
         (true, None) => "connecting".to_owned(),
-        (true, Some(state)) => connection_label(&state),
+        (true, Some(state)) => connection_label(&state, &input.clock),
     };
     let push = match client.push_state.get() {
         PushState::Connected => "live".to_owned(),
@@ -123,22 +145,22 @@ pub fn view(client: &Client, input: &Input) -> View {
     View { rooms, title: room.name.clone(), lines, input: input.text.get(), status, debug }
 }
 
-/// A status as the screen says it.
-fn label(status: &MessageStatus) -> String {
-    match status {
-        MessageStatus::Retrying => "retrying".to_owned(),
-        other => other.to_string(),
-    }
+/// Whole seconds left, rounded up ("in 1 s" until it is due).
+fn seconds(left: Duration) -> u64 {
+    left.as_millis().div_ceil(1000).try_into().unwrap_or(u64::MAX)
 }
 
-/// A connection state as the status bar says it.
-fn connection_label<E: std::fmt::Display>(state: &ConnectionState<E>) -> String {
+/// A connection state as the status bar says it (reading `clock` while it
+/// counts down to the next attempt).
+fn connection_label<E: std::fmt::Display>(state: &ConnectionState<E>, clock: &Signal<u64, Threaded>) -> String {
     match state {
         ConnectionState::Connecting { attempt } if *attempt > 1 => format!("connecting (attempt {attempt})"),
         ConnectionState::Connecting { .. } => "connecting".to_owned(),
         ConnectionState::Connected { .. } => "online".to_owned(),
-        ConnectionState::Reconnecting { error, failures, .. } => {
-            format!("offline ({error}); reconnecting (failed {failures}x)")
+        ConnectionState::Reconnecting { error, retry_at, .. } => {
+            let _ = clock.get();
+            let left = retry_at.saturating_duration_since(std::time::Instant::now());
+            format!("offline ({error}); reconnecting in {} s", seconds(left))
         }
         ConnectionState::Stopped { error: Some(error) } => format!("stopped: {error}"),
         ConnectionState::Stopped { error: None } => "stopped".to_owned(),
@@ -206,4 +228,18 @@ pub fn render(frame: &mut Frame<'_>, view: &View) {
         status_line.push_str(&format!(" | {debug}"));
     }
     frame.render_widget(Paragraph::new(status_line).style(Style::default().add_modifier(Modifier::REVERSED)), status);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_countdown_rounds_up_to_whole_seconds() {
+        assert_eq!(seconds(Duration::ZERO), 0);
+        assert_eq!(seconds(Duration::from_millis(1)), 1);
+        assert_eq!(seconds(Duration::from_millis(1000)), 1);
+        assert_eq!(seconds(Duration::from_millis(1001)), 2);
+        assert_eq!(seconds(Duration::MAX), u64::MAX, "saturates");
+    }
 }

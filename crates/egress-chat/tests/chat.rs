@@ -140,3 +140,45 @@ async fn a_line_longer_than_its_limit_is_refused() {
     let mut cut = tokio::io::BufReader::new(&b"abc"[..]);
     assert!(egress_chat::push::read_line(&mut cut, 4).await.is_err(), "a stream ended inside a line");
 }
+
+/// With a certificate, both the egress endpoint (`wss://`) and the push
+/// channel are TLS; a client that trusts it talks, and a plain TCP client
+/// of the push channel gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_certificate_both_endpoints_are_tls() {
+    let dir = TempDir::new();
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, made.cert.pem()).unwrap();
+    std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+    let config = ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        push: "127.0.0.1:0".parse().unwrap(),
+        db: dir.path().join("server.db"),
+        tls: Some((cert.clone(), key)),
+    };
+    let srv = Server::start(config).await.unwrap();
+    let cx = AsyncContext::new();
+    let start = |name: &str| {
+        let config = ClientConfig {
+            name: name.into(),
+            rooms: vec!["general".into()],
+            server: srv.ws_addr(),
+            push: srv.push_addr(),
+            db: dir.path().join(format!("{name}.db")),
+            tls_ca: Some(cert.clone()),
+        };
+        Client::start(&cx, config)
+    };
+    let alice = start("alice").await.unwrap();
+    let bob = start("bob").await.unwrap();
+    alice.send(0, "over tls").await.unwrap();
+    until("bob has it", || texts(&bob, 0) == ["over tls"]).await;
+    until("alice's delivered", || alice.rooms()[0].unsent_untracked() == 0).await;
+    // A plain subscription is not answered.
+    let mut plain = tokio::net::TcpStream::connect(srv.push_addr()).await.unwrap();
+    plain.write_all(b"{\"since\": 0}\n").await.unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(egress_testkit::limit(), plain.read_to_end(&mut got)).await.unwrap();
+    assert!(!String::from_utf8_lossy(&got).contains("over tls"), "a plain client read a line: {got:?}");
+}

@@ -140,6 +140,9 @@ done
 say bob "b2-server-down"
 wait_for bob "b2-server-down +\[(saving|queued|sending|retrying)\]"
 wait_for bob "unsent 1"
+# The status bar counts down to the next attempt (the view reads the clock
+# only while it shows a countdown).
+wait_for bob "reconnecting in [0-9]+ s"
 start_server
 wait_for bob "b2-server-down +\[delivered\]"
 wait_for alice "bob: b2-server-down"
