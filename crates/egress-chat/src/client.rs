@@ -147,6 +147,9 @@ pub struct Client {
     config: ClientConfig,
     /// The trust `config.tls_ca` names, read once.
     tls: Option<Arc<egress_ws::tls::rustls::ClientConfig>>,
+    /// The lock on the database: one client per database (a second
+    /// would take the rooms' streams over and fence the first).
+    _lock: std::fs::File,
     conn: Arc<Mutex<Connection>>,
     rooms: Arc<Vec<Room>>,
     /// The room shown.
@@ -177,6 +180,7 @@ impl Client {
     /// not load.
     pub async fn start(cx: &AsyncContext, config: ClientConfig) -> anyhow::Result<Client> {
         anyhow::ensure!(!config.rooms.is_empty(), "at least one room");
+        let lock = lock_db(&config.db)?;
         let tls = match &config.tls_ca {
             Some(ca) => {
                 let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
@@ -236,6 +240,7 @@ impl Client {
             cx: cx.handle(),
             config,
             tls,
+            _lock: lock,
             conn,
             rooms,
             current,
@@ -354,6 +359,30 @@ impl Client {
                 room.durable.relay.shutdown().await;
             }
         }
+    }
+}
+
+/// Locks the database at `db` for this client (a file beside it, locked
+/// while the client lives; the system unlocks it when the process dies,
+/// killed or not).
+///
+/// # Errors
+/// Another client holds it, or the lock file cannot be made.
+fn lock_db(db: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let mut path = db.as_os_str().to_owned();
+    path.push(".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", std::path::Path::new(&path).display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            anyhow::bail!("another egress-chat client uses {}: give this one another --name (or --db)", db.display())
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(e).context("locking the database"),
     }
 }
 

@@ -96,6 +96,32 @@ async fn lines_reach_the_other_client_once_and_a_line_typed_offline_survives_a_c
     assert_eq!((rows, distinct), (3, 3));
 }
 
+/// One client per database: a second is refused (it would take the
+/// rooms' streams over and fence the first); once the first is gone, the
+/// database opens again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_client_on_the_same_database_is_refused() {
+    let dir = TempDir::new();
+    let srv = server(&dir).await;
+    let cx = AsyncContext::new();
+    let first = client(&cx, &srv, dir.path(), "alice").await;
+    let config = ClientConfig {
+        name: "alice".into(),
+        rooms: vec!["general".into()],
+        server: srv.ws_addr(),
+        push: srv.push_addr(),
+        db: dir.path().join("alice.db"),
+        tls_ca: None,
+    };
+    let refused = Client::start(&cx, config.clone()).await.err().unwrap();
+    assert!(format!("{refused:#}").contains("another egress-chat client uses"), "{refused:#}");
+    first.send(0, "still mine").await.unwrap();
+    until("delivered", || first.rooms()[0].unsent_untracked() == 0).await;
+    drop(first);
+    let again = Client::start(&cx, config).await.unwrap();
+    assert_eq!(texts(&again, 0), ["still mine"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_too_long_for_the_server_is_refused_before_it_is_stored() {
     let dir = TempDir::new();
