@@ -232,6 +232,16 @@ async fn on_key(client: &Arc<Client>, input: &Input, key: KeyEvent) -> bool {
             client.set_online(!online).await;
         }
         KeyCode::Char('d') if ctrl => input.debug.update(|d| *d = !*d),
+        // Load, to watch the redraws per second under it: 100 lines at once.
+        KeyCode::Char('l') if ctrl => {
+            let room = client.current.get_untracked();
+            for i in 1..=100 {
+                if let Err(e) = client.send(room, &format!("load {i}/100")).await {
+                    client.notice.set(Some(format!("not sent: {e:#}")));
+                    break;
+                }
+            }
+        }
         KeyCode::Tab => client.show((client.current.get_untracked() + 1) % rooms),
         KeyCode::BackTab => client.show((client.current.get_untracked() + rooms - 1) % rooms),
         KeyCode::Enter => {
