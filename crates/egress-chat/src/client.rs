@@ -180,6 +180,13 @@ impl Client {
     /// not load.
     pub async fn start(cx: &AsyncContext, config: ClientConfig) -> anyhow::Result<Client> {
         anyhow::ensure!(!config.rooms.is_empty(), "at least one room");
+        anyhow::ensure!(config.rooms.len() <= crate::push::MAX_ROOMS, "at most {} rooms", crate::push::MAX_ROOMS);
+        for name in std::iter::once(&config.name).chain(&config.rooms) {
+            anyhow::ensure!(
+                valid_name(name),
+                "{name:?}: a name or room is 1 to 64 characters, without '@' or control characters"
+            );
+        }
         let lock = lock_db(&config.db)?;
         let tls = match &config.tls_ca {
             Some(ca) => {
@@ -362,6 +369,14 @@ impl Client {
     }
 }
 
+/// A name or a room: 1 to 64 characters, no `@` (a stream is named
+/// `NAME@ROOM`), no control character.
+#[must_use]
+pub fn valid_name(name: &str) -> bool {
+    let n = name.chars().count();
+    (1..=64).contains(&n) && !name.chars().any(|c| c == '@' || c.is_control())
+}
+
 /// Locks the database at `db` for this client (a file beside it, locked
 /// while the client lives; the system unlocks it when the process dies,
 /// killed or not).
@@ -369,6 +384,17 @@ impl Client {
 /// # Errors
 /// Another client holds it, or the lock file cannot be made.
 fn lock_db(db: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    // The file itself, wherever a symbolic link leads (a hard link is
+    // another path to it that this does not see).
+    let db = match std::fs::canonicalize(db) {
+        Ok(real) => real,
+        Err(_) => {
+            let dir = db.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            let name = db.file_name().with_context(|| format!("{}: not a file's path", db.display()))?;
+            std::fs::canonicalize(dir).with_context(|| format!("{}", dir.display()))?.join(name)
+        }
+    };
+    let db = db.as_path();
     let mut path = db.as_os_str().to_owned();
     path.push(".lock");
     let file = std::fs::OpenOptions::new()
@@ -470,7 +496,8 @@ async fn push_loop(
             continue;
         }
         state.set(PushState::Connecting);
-        let session = subscribe(&cx, addr, tls.as_ref(), &me, &rooms, &conn, &state, &current, &mut backoff);
+        let started = tokio::time::Instant::now();
+        let session = subscribe(&cx, addr, tls.as_ref(), &me, &rooms, &conn, &state, &current);
         let ended = tokio::select! {
             ended = session => ended,
             _ = wanted.wait_for(|w| !*w) => Ok(()),
@@ -483,6 +510,11 @@ async fn push_loop(
             Err(e) => format!("{e:#}"),
         };
         state.set(PushState::Reconnecting(why));
+        // A session that lasted is a new start; one the server ended at
+        // once (a full server closes a new subscriber) backs off further.
+        if started.elapsed() >= Duration::from_secs(2) {
+            backoff = Duration::from_millis(200);
+        }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
@@ -499,9 +531,11 @@ async fn subscribe(
     conn: &Arc<Mutex<Connection>>,
     state: &Signal<PushState, Threaded>,
     current: &Signal<usize, Threaded>,
-    backoff: &mut Duration,
 ) -> anyhow::Result<()> {
-    let since = rooms.iter().filter_map(|r| r.history.with_untracked(|h| h.last().map(|p| p.id))).max().unwrap_or(0);
+    // From the room that has the least: a room joined again (or new) gets
+    // what it missed; what another room has already is skipped below.
+    let since = rooms.iter().map(|r| r.history.with_untracked(|h| h.last().map_or(0, |p| p.id))).min().unwrap_or(0);
+    let names = rooms.iter().map(|r| r.name.clone()).collect();
     let stream = tokio::net::TcpStream::connect(addr).await.context("connecting the push channel")?;
     let _ = stream.set_nodelay(true);
     let stream: Box<dyn Io> = match tls {
@@ -513,35 +547,41 @@ async fn subscribe(
         None => Box::new(stream),
     };
     let (read, mut write) = tokio::io::split(stream);
-    let mut request = serde_json::to_vec(&Subscribe { since })?;
+    let mut request = serde_json::to_vec(&Subscribe { since, rooms: names })?;
     request.push(b'\n');
     write.write_all(&request).await?;
     let mut read = BufReader::new(read);
     state.set(PushState::Connected);
-    *backoff = Duration::from_millis(200);
     while let Some(bytes) = crate::push::read_line(&mut read, crate::push::MAX_PUSHED).await? {
         let posted: Posted = serde_json::from_slice(&bytes).context("not a pushed line")?;
         let Some(index) = rooms.iter().position(|r| r.name == posted.line.room) else { continue };
         {
             let (conn, p) = (conn.clone(), posted.clone());
-            tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let inserted = tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
                 let conn = conn.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-                conn.execute(
+                Ok(conn.execute(
                     "INSERT INTO chat_history (id, msg_id, room, sender, text) VALUES (?1, ?2, ?3, ?4, ?5)
                      ON CONFLICT DO NOTHING",
                     params![i64::try_from(p.id)?, p.line.id, p.line.room, p.line.from, p.line.text],
-                )?;
-                Ok(())
+                )?)
             })
             .await??;
+            // Had already (a catch-up from the room with the least, or a
+            // line pushed again under another number): the table and the
+            // screen keep it once.
+            if inserted == 0 {
+                continue;
+            }
         }
         let room = &rooms[index];
         let (id, from_me) = (posted.line.id.clone(), posted.line.from == me);
         cx.batch(|| {
-            if room.history.with_untracked(|h| h.last().is_some_and(|last| last.id >= posted.id)) {
-                return;
-            }
-            room.history.update(|h| h.push(posted));
+            room.history.update(|h| {
+                // In the server's order (a catch-up may bring a room a line
+                // older than the newest it has).
+                let at = h.partition_point(|q| q.id < posted.id);
+                h.insert(at, posted);
+            });
             if from_me {
                 room.mine.update(|m| m.retain(|mine| mine.line.id != id));
             } else if current.get_untracked() != index {

@@ -40,9 +40,13 @@ pub struct Posted {
 }
 
 /// What a client asks the push channel for: every line after `since`,
-/// then each new one as the server stores it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// then each new one as the server stores it, of `rooms` (every room when
+/// empty).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Subscribe {
     /// The last line's number the client has (0: none).
     pub since: u64,
+    /// The rooms it wants (empty: all).
+    #[serde(default)]
+    pub rooms: Vec<String>,
 }

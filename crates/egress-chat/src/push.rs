@@ -1,13 +1,16 @@
 //! The push channel: how the server hands every client the lines it
 //! stored. A client connects over TCP (TLS when the server has a
 //! certificate, within 5 s of the connection) and sends one JSON line,
-//! [`Subscribe`] `{"since": N}`; the server answers with every stored line
-//! numbered above `N`, in order, then each new one as it is stored, one
-//! JSON [`Posted`] per line. A client that reconnects asks again from the
-//! last number it has, so it misses none and gets none twice.
+//! [`Subscribe`] `{"since": N, "rooms": [...]}`; the server answers with
+//! every stored line of those rooms numbered above `N`, in order, then each
+//! new one as it is stored, one JSON [`Posted`] per line. A client that
+//! reconnects asks again from the last number of its room with the least
+//! (a room joined again gets what it missed), and keeps each line once (by
+//! its id: what its other rooms had already is skipped).
 //!
 //! Bounds: at most [`MAX_SUBSCRIBERS`] connections (beyond, a new one is
-//! closed at once); a request line of at most 256 bytes within 5 s; a line
+//! closed at once); a request line of at most 4 KiB, naming at most
+//! [`MAX_ROOMS`] rooms, within 5 s; a line
 //! pushed of at most [`MAX_PUSHED`] bytes (the client refuses longer); a
 //! subscriber that does not take a line within 10 s is dropped (it
 //! reconnects and asks again); a subscriber too slow for the live queue
@@ -28,6 +31,9 @@ use crate::message::{Line, Posted, Subscribe};
 
 /// How many clients may subscribe at once.
 pub const MAX_SUBSCRIBERS: usize = 256;
+
+/// How many rooms one subscription may name.
+pub const MAX_ROOMS: usize = 64;
 
 /// The longest line the channel carries, in bytes: a stored line's JSON
 /// is below it (the server takes lines of at most
@@ -92,26 +98,30 @@ async fn subscriber(
 ) -> anyhow::Result<()> {
     let (read, mut write) = tokio::io::split(stream);
     let mut read = BufReader::new(read);
-    let request = tokio::time::timeout(Duration::from_secs(5), read_line(&mut read, 256))
+    let request = tokio::time::timeout(Duration::from_secs(5), read_line(&mut read, 4096))
         .await
         .context("no request within 5 s")??
         .context("closed before its request")?;
-    let Subscribe { since } = serde_json::from_slice(&request).context("not a subscription")?;
+    let Subscribe { since, rooms } = serde_json::from_slice(&request).context("not a subscription")?;
+    anyhow::ensure!(rooms.len() <= MAX_ROOMS, "more than {MAX_ROOMS} rooms");
+    let wanted = |p: &Posted| rooms.is_empty() || rooms.contains(&p.line.room);
     let conn = {
         let db = db.clone();
         tokio::task::spawn_blocking(move || Connection::open(&db)).await??
     };
     let conn = Arc::new(std::sync::Mutex::new(conn));
     let mut last = since;
-    last = catch_up(&conn, &mut write, last).await?;
+    last = catch_up(&conn, &mut write, last, &wanted).await?;
     loop {
         match live.recv().await {
             Ok(p) if p.id <= last => {}
             Ok(p) => {
-                send(&mut write, &p).await?;
+                if wanted(&p) {
+                    send(&mut write, &p).await?;
+                }
                 last = p.id;
             }
-            Err(broadcast::error::RecvError::Lagged(_)) => last = catch_up(&conn, &mut write, last).await?,
+            Err(broadcast::error::RecvError::Lagged(_)) => last = catch_up(&conn, &mut write, last, &wanted).await?,
             Err(broadcast::error::RecvError::Closed) => return Ok(()),
         }
     }
@@ -123,6 +133,7 @@ async fn catch_up(
     conn: &Arc<std::sync::Mutex<Connection>>,
     write: &mut (impl AsyncWriteExt + Unpin),
     mut last: u64,
+    wanted: &impl Fn(&Posted) -> bool,
 ) -> anyhow::Result<u64> {
     loop {
         let page = {
@@ -134,7 +145,9 @@ async fn catch_up(
             .await??
         };
         for p in &page {
-            send(write, p).await?;
+            if wanted(p) {
+                send(write, p).await?;
+            }
             last = p.id;
         }
         if page.len() < PAGE {

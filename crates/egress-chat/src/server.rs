@@ -137,7 +137,9 @@ pub fn open_db(path: &Path) -> anyhow::Result<Connection> {
 
 /// Takes the receiver's deliveries in batches: each batch's lines and the
 /// receiver's record in one transaction, then the deliveries committed,
-/// then the new lines pushed.
+/// then the new lines pushed. A batch the database refuses (a full disk, a
+/// locked file) is given back to the receiver uncommitted, to come again
+/// after a pause (1 s): nothing is lost, and the server goes on.
 async fn store_loop(
     mut receiver: Receiver,
     conn: Arc<Mutex<Connection>>,
@@ -154,11 +156,21 @@ async fn store_loop(
             let conn = conn.clone();
             move || {
                 let mut conn = conn.lock().map_err(|_| anyhow::anyhow!("the database's lock was poisoned"))?;
-                let stored = store_batch(&mut conn, &batch)?;
+                let stored = store_batch(&mut conn, &batch);
                 Ok::<_, anyhow::Error>((batch, stored))
             }
         })
         .await??;
+        let stored = match stored {
+            Ok(stored) => stored,
+            Err(e) => {
+                // Dropped uncommitted: given back, delivered again.
+                tracing::warn!(error = %e, lines = batch.len(), "a batch not stored: given back, tried again in 1 s");
+                drop(batch);
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+        };
         for d in batch {
             d.commit();
         }
@@ -169,14 +181,33 @@ async fn store_loop(
     }
 }
 
+/// Whether `line` is its producer's: a client's stream is named
+/// `NAME@ROOM` (see [`crate::client`]), and a line is stored only as its
+/// stream's author and room (a client cannot post as another, or into a
+/// room through another room's stream).
+#[must_use]
+pub fn authored_by(line: &Line, producer: &str) -> bool {
+    producer.split_once('@').is_some_and(|(name, room)| name == line.from && room == line.room)
+}
+
 /// Writes a batch: each line not stored before, and the receiver's record,
-/// in one transaction. Returns the lines stored.
+/// in one transaction. Returns the lines stored. A delivery whose sequence
+/// the table cannot hold (at or above `i64::MAX`: a peer's stream started
+/// there on purpose) is neither stored nor recorded, only committed: a
+/// peer's bad input, like a payload that is not a line.
 fn store_batch(conn: &mut Connection, batch: &[Delivery]) -> anyhow::Result<Vec<Posted>> {
     let tx = conn.transaction()?;
     let mut stored = Vec::new();
     for d in batch {
+        if i64::try_from(d.sequence).map_or(true, |s| s == i64::MAX) {
+            tracing::warn!(producer = %d.producer, sequence = d.sequence, "a sequence out of the table's range: skipped");
+            continue;
+        }
         if let Content::Message(bytes) = &d.content {
             match serde_json::from_slice::<Line>(bytes) {
+                Ok(line) if !authored_by(&line, &d.producer) => {
+                    tracing::warn!(producer = %d.producer, from = %line.from, room = %line.room, "a line not its producer's: skipped");
+                }
                 Ok(line) => {
                     let seq = i64::try_from(d.sequence)?;
                     let inserted = tx

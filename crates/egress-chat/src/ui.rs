@@ -11,7 +11,8 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Direction, Layout};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line as TextLine, Span};
-use ratatui::widgets::{Block, Borders, List, ListItem, Paragraph, Wrap};
+use ratatui::widgets::{Block, Borders, List, ListItem, Paragraph};
+use unicode_width::UnicodeWidthChar as _;
 
 use crate::client::{Client, PushState};
 
@@ -145,6 +146,15 @@ pub fn view(client: &Client, input: &Input) -> View {
     View { rooms, title: room.name.clone(), lines, input: input.text.get(), status, debug }
 }
 
+/// `text` with every control character (ESC, CR, BEL, ...) shown as
+/// U+FFFD: what peers write (and the errors their connections end with) is
+/// text to the screen, never a command to the terminal. [`render`] draws
+/// every string through it (or through the same rule, wrapping).
+#[must_use]
+pub fn clean(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect()
+}
+
 /// Whole seconds left, rounded up ("in 1 s" until it is due).
 fn seconds(left: Duration) -> u64 {
     left.as_millis().div_ceil(1000).try_into().unwrap_or(u64::MAX)
@@ -168,6 +178,35 @@ fn connection_label<E: std::fmt::Display>(state: &ConnectionState<E>, clock: &Si
     }
 }
 
+/// Styled text cut into rows of at most `width` columns (a character wider
+/// than the row gets a row of its own; at least one row, even empty).
+fn wrap(parts: &[(String, Style)], width: usize) -> Vec<TextLine<'static>> {
+    let mut rows = Vec::new();
+    let mut row: Vec<Span<'static>> = Vec::new();
+    let mut used = 0;
+    for (text, style) in parts {
+        let mut run = String::new();
+        for c in text.chars() {
+            let c = if c.is_control() { '\u{fffd}' } else { c };
+            let w = c.width().unwrap_or(0);
+            if used + w > width && used > 0 {
+                if !run.is_empty() {
+                    row.push(Span::styled(std::mem::take(&mut run), *style));
+                }
+                rows.push(TextLine::from(std::mem::take(&mut row)));
+                used = 0;
+            }
+            run.push(c);
+            used += w;
+        }
+        if !run.is_empty() {
+            row.push(Span::styled(run, *style));
+        }
+    }
+    rows.push(TextLine::from(row));
+    rows
+}
+
 /// Draws `view` on `frame`.
 pub fn render(frame: &mut Frame<'_>, view: &View) {
     let [body, input, status] = Layout::default()
@@ -182,7 +221,7 @@ pub fn render(frame: &mut Frame<'_>, view: &View) {
         .rooms
         .iter()
         .map(|r| {
-            let mut text = format!("{} #{}", if r.current { ">" } else { " " }, r.name);
+            let mut text = format!("{} #{}", if r.current { ">" } else { " " }, clean(&r.name));
             if r.unread > 0 {
                 text.push_str(&format!(" {} new", r.unread));
             }
@@ -194,36 +233,33 @@ pub fn render(frame: &mut Frame<'_>, view: &View) {
         })
         .collect();
     frame.render_widget(List::new(rooms).block(Block::default().borders(Borders::ALL).title("rooms")), list);
-    let height = usize::from(lines.height.saturating_sub(2));
-    let first = view.lines.len().saturating_sub(height);
-    let shown: Vec<TextLine<'_>> = view.lines[first..]
-        .iter()
-        .map(|l| {
-            let mut spans =
-                vec![Span::styled(format!("{}: ", l.from), Style::default().fg(Color::Cyan)), Span::raw(&l.text)];
-            if let Some(mark) = &l.mark {
-                let color = match mark.as_str() {
-                    "delivered" => Color::Green,
-                    m if m.starts_with("failed") => Color::Red,
-                    _ => Color::Yellow,
-                };
-                spans.push(Span::styled(format!("  [{mark}]"), Style::default().fg(color)));
-            }
-            TextLine::from(spans)
-        })
-        .collect();
-    let title = format!("#{}", view.title);
+    // Wrapped here, not by the paragraph: the room shows its newest rows,
+    // and only the wrapping knows how many rows a line takes.
+    let (width, height) = (usize::from(lines.width.saturating_sub(2)), usize::from(lines.height.saturating_sub(2)));
+    let mut rows: Vec<TextLine<'_>> = Vec::new();
+    for l in &view.lines {
+        let mut parts =
+            vec![(format!("{}: ", l.from), Style::default().fg(Color::Cyan)), (l.text.clone(), Style::default())];
+        if let Some(mark) = &l.mark {
+            let color = match mark.as_str() {
+                "delivered" => Color::Green,
+                m if m.starts_with("failed") => Color::Red,
+                _ => Color::Yellow,
+            };
+            parts.push((format!("  [{mark}]"), Style::default().fg(color)));
+        }
+        rows.extend(wrap(&parts, width));
+    }
+    let shown = rows.split_off(rows.len().saturating_sub(height));
+    let title = format!("#{}", clean(&view.title));
+    frame.render_widget(Paragraph::new(shown).block(Block::default().borders(Borders::ALL).title(title)), lines);
     frame.render_widget(
-        Paragraph::new(shown).wrap(Wrap { trim: false }).block(Block::default().borders(Borders::ALL).title(title)),
-        lines,
-    );
-    frame.render_widget(
-        Paragraph::new(format!("> {}", view.input)).block(
+        Paragraph::new(format!("> {}", clean(&view.input))).block(
             Block::default().borders(Borders::ALL).title("enter: send  tab: next room  ctrl-o: offline  esc: quit"),
         ),
         input,
     );
-    let mut status_line = view.status.clone();
+    let mut status_line = clean(&view.status);
     if let Some(debug) = &view.debug {
         status_line.push_str(&format!(" | {debug}"));
     }

@@ -141,7 +141,7 @@ async fn a_line_too_long_for_the_server_is_refused_before_it_is_stored() {
 async fn the_push_channel_closes_on_what_is_not_a_subscription() {
     let dir = TempDir::new();
     let srv = server(&dir).await;
-    for request in [b"not json\n".to_vec(), vec![b'{'; 300], b"{\"since\": -1}\n".to_vec()] {
+    for request in [b"not json\n".to_vec(), vec![b'{'; 5000], b"{\"since\": -1}\n".to_vec()] {
         let mut stream = tokio::net::TcpStream::connect(srv.push_addr()).await.unwrap();
         stream.write_all(&request).await.unwrap();
         let mut rest = Vec::new();
@@ -207,4 +207,23 @@ async fn with_a_certificate_both_endpoints_are_tls() {
     let mut got = Vec::new();
     let _ = tokio::time::timeout(egress_testkit::limit(), plain.read_to_end(&mut got)).await.unwrap();
     assert!(!String::from_utf8_lossy(&got).contains("over tls"), "a plain client read a line: {got:?}");
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_client_on_the_same_database_by_a_symlink_is_refused() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let config = |db: std::path::PathBuf| ClientConfig {
+        name: "alice".into(),
+        rooms: vec!["general".into()],
+        server: "127.0.0.1:9".parse().unwrap(),
+        push: "127.0.0.1:9".parse().unwrap(),
+        db,
+        tls_ca: None,
+    };
+    let real = dir.path().join("alice.db");
+    let _first = Client::start(&cx, config(real.clone())).await.unwrap();
+    let link = dir.path().join("alias.db");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let second = Client::start(&cx, config(link)).await;
+    assert!(second.is_err(), "a second client opened the same database through a symlink");
 }
