@@ -164,6 +164,10 @@ async fn what_the_store_cannot_write_is_refused_at_the_upsert_and_holds_no_key_b
         open_durable_latest(&cx, dir.db(), "picky", Json, policy(), keys, CellOptions::new(), config()).await.unwrap();
     let refused = picky.cell.upsert(Picky("bad".into()), Version(1), 1).unwrap_err();
     assert!(matches!(&refused, LatestRefused::Unwritable { reason, .. } if reason.contains("a bad key")));
+    assert!(
+        matches!(&refused, LatestRefused::Unwritable { reason, .. } if reason.starts_with("latest picky: ")),
+        "the reason names the projection: {refused:?}"
+    );
     picky.cell.upsert(Picky("good".into()), Version(1), 1).unwrap();
     let cell = picky.cell.clone();
     until("the good key written", || cell.unpersisted_len().get_untracked() == 0).await;
@@ -261,6 +265,14 @@ async fn a_second_open_takes_the_projection_over_and_the_first_writes_no_more() 
     let version: i64 =
         db.query_row("SELECT version FROM egress_latest_key WHERE name = 'panel'", [], |r| r.get(0)).unwrap();
     assert_eq!(version, 1);
+}
+
+#[test]
+fn a_sqlite_journal_shows_its_name() {
+    let dir = TempDir::new();
+    let journal = egress_store::SqliteLatest::new(SqliteStore::open(dir.db()).unwrap(), "panel");
+    let shown = format!("{journal:?}");
+    assert!(shown.starts_with("SqliteLatest { name: \"panel\""), "{shown}");
 }
 
 #[test]

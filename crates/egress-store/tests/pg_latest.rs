@@ -336,3 +336,40 @@ async fn stored_rows_that_break_the_rules_refuse_the_take() {
     let generation = count(&store, "SELECT generation FROM egress_stream WHERE stream = $1").await;
     assert_eq!(generation, 4, "one per take, the refused ones too");
 }
+
+/// A key serde cannot write when it is "bad".
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
+struct Picky(String);
+
+impl serde::Serialize for Picky {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.0 == "bad" {
+            return Err(serde::ser::Error::custom("a bad key"));
+        }
+        s.serialize_str(&self.0)
+    }
+}
+
+/// What the store could never write is refused at the upsert, as on
+/// SQLite, with a reason that names the projection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_the_store_cannot_write_is_refused_at_the_upsert_naming_the_projection() {
+    let Some(url) = database().await else { return };
+    let store = PgStore::connect(&url, "w1").await.unwrap();
+    let cx = AsyncContext::new();
+    let keys = NonZeroUsize::new(8).unwrap();
+    let picky: DurableLatest<Picky, u32> =
+        open_durable_latest(&cx, &store, "picky", LONG, Json, policy(), keys, CellOptions::new(), config())
+            .await
+            .unwrap()
+            .unwrap();
+    let refused = picky.cell.upsert(Picky("bad".into()), Version(1), 1).unwrap_err();
+    assert!(
+        matches!(&refused, egress_reactive::LatestRefused::Unwritable { reason, .. } if reason.starts_with("latest picky: ")),
+        "{refused:?}"
+    );
+    picky.cell.upsert(Picky("good".into()), Version(1), 1).unwrap();
+    let cell = picky.cell.clone();
+    until("the good key written", || cell.unpersisted_len().get_untracked() == 0).await;
+    assert_eq!(cell.persist_error().get_untracked(), None);
+}

@@ -323,3 +323,32 @@ fn start<T: Clone + Send + Sync + 'static>(
     let relay = crate::Relay::spawn_with(cx, &cell, journal, codec, config);
     Ok(crate::Durable { cell, relay })
 }
+
+#[cfg(all(test, feature = "relay"))]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A journal's bell is in the store's registry (notifications of its
+    /// stream ring it) while it lives, and gone once it is dropped: the
+    /// registry holds one bell per journal alive, not one per stream ever
+    /// journaled. A newer journal's bell is not taken by an older one's
+    /// drop.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_journal_takes_its_bell_and_only_its_bell_out_of_the_registry() {
+        let Some(url) = egress_testkit::pg_database("egress_journal_bell").await else { return };
+        let store = PgStore::connect(&url, "w1").await.unwrap();
+        let long = Duration::from_secs(600);
+        let (lease, _) = store.take_stream("s", long).await.unwrap().unwrap();
+        let journal = PgJournal::new(store.clone(), lease.clone(), long, long);
+        assert!(store.shared.bells.lock().contains_key("s"));
+        drop(journal);
+        assert!(!store.shared.bells.lock().contains_key("s"), "the dropped journal's bell stayed");
+        let older = PgJournal::new(store.clone(), lease.clone(), long, long);
+        let newer = PgJournal::new(store.clone(), lease, long, long);
+        drop(older);
+        let bells = store.shared.bells.lock();
+        assert!(bells.get("s").is_some_and(|b| Arc::ptr_eq(b, &newer.bell)), "the newer journal's bell stays");
+    }
+}
