@@ -35,10 +35,12 @@ pub const LIBS: &[(&str, &str, Workload)] = &[
     ("lanes-1000", "Lanes, 1,000 lanes (no graph)", lanes_1000),
     ("latest", "Latest upserts, 1,000 keys (no graph)", latest_upserts),
     ("hashmap", "HashMap inserts, 1,000 keys (baseline for latest)", hashmap_inserts),
+    ("latest-cell", "LatestCell upserts, 1,000 keys, a screen effect on its claimable count", latest_cell_upserts),
     ("relay", "Relay sends, Sum, conflating at 64, a pop per 4 (no graph)", relay_sends),
     ("vecdeque", "VecDeque pushes, Sum folded at 64, a pop per 4 (baseline for relay)", vecdeque_pushes),
     ("relay-steady", "Relay sends, a pop per send (no graph)", relay_steady),
     ("vecdeque-steady", "VecDeque pushes, a pop per push (baseline for relay-steady)", vecdeque_steady),
+    ("relay-cell", "RelayCell sends, as relay, a screen effect on its depth", relay_cell_sends),
     ("egress", "egress EgressCell", egress_local),
     ("egress-ts", "egress ThreadSafeEgressCell", egress_thread_safe),
     ("egress-async", "egress AsyncEgressCell", egress_async),
@@ -199,6 +201,60 @@ fn hashmap_inserts(n: usize) -> Duration {
     let elapsed = t.elapsed();
     assert_eq!(map.len() as u64, LATEST_KEYS.min(n as u64));
     std::hint::black_box(&map);
+    elapsed
+}
+
+/// [`latest_upserts`] through a `LatestCell` (the `Context` flavour), with
+/// one effect that reads its claimable count, as a screen showing it
+/// would: the reactive shell's cost over the core's. Checked after as
+/// [`latest_upserts`].
+fn latest_cell_upserts(n: usize) -> Duration {
+    let keys = std::num::NonZeroUsize::new(LATEST_KEYS as usize).expect("keys");
+    let cx = Context::new();
+    let cell: egress_reactive::LatestCell<u64, u64> = egress_reactive::LatestCell::new(&cx, policy(), keys);
+    let shown = Rc::new(RefCell::new(0usize));
+    let _screen = cx.effect({
+        let (cell, shown) = (cell.clone(), shown.clone());
+        move || *shown.borrow_mut() = cell.claimable_len().get()
+    });
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        let _ = cell.upsert(i % LATEST_KEYS, egress_core::Version(i / LATEST_KEYS + 1), i);
+    }
+    let elapsed = t.elapsed();
+    assert_eq!(*shown.borrow(), LATEST_KEYS.min(n as u64) as usize, "the screen shows every key claimable");
+    elapsed
+}
+
+/// [`relay_sends`] through a `RelayCell` (the `Context` flavour), popped
+/// through `with_relay_mut` as the core is, with one effect that reads its
+/// depth, as a screen showing it would: the reactive shell's cost over the
+/// core's. Checked after as [`relay_run`].
+fn relay_cell_sends(n: usize) -> Duration {
+    use egress_core::{Backpressure, Overflow, Sum, Water};
+    let cx = Context::new();
+    let bp = Backpressure::count(Water::new(RELAY_HIGH as u64, 16), Overflow::Conflate);
+    let relay: egress_reactive::RelayCell<u64, Sum> =
+        egress_reactive::RelayCell::new(&cx, Sum, bp).expect("a valid relay");
+    let shown = Rc::new(RefCell::new(0u64));
+    let _screen = cx.effect({
+        let (relay, shown) = (relay.clone(), shown.clone());
+        move || *shown.borrow_mut() = relay.depth().get()
+    });
+    let mut delivered = 0u64;
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        let _ = relay.send(i);
+        if i % 4 == 3
+            && let Some(d) = relay.with_relay_mut(egress_core::Relay::pop)
+        {
+            delivered = delivered.wrapping_add(d.value);
+        }
+    }
+    let elapsed = t.elapsed();
+    let held = relay.with_relay_mut(|r| r.iter().fold(0u64, |a, v| a.wrapping_add(*v)));
+    assert_eq!(delivered.wrapping_add(held), (0..n as u64).fold(0u64, u64::wrapping_add), "the fold converges");
+    assert_eq!(*shown.borrow(), relay.with_relay_mut(|r| r.stats().depth), "the screen shows the depth");
     elapsed
 }
 
