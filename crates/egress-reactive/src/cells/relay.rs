@@ -293,22 +293,27 @@ impl<T: 'static, M: MergePolicy<T> + 'static, F: Flavor> Inner<T, M, F> {
     fn apply<R>(&self, op: impl FnOnce(&mut RelayState<T, M, F>) -> R) -> R {
         self.handle.enter(|cell| {
             let entered = Entered::by(cell);
-            let (outcome, keys) = self.state.with_mut(&entered, |s| {
+            let (outcome, keys, changed) = self.state.with_mut(&entered, |s| {
                 let outcome = catch_unwind(AssertUnwindSafe(|| op(s)));
-                let mut keys = Vec::new();
+                // On the stack: a send moves a counter every time, and a
+                // list on the heap cost an allocation each.
+                let mut keys = [crate::graph::Key { index: 0, generation: 0 }; COUNTS + 1];
+                let mut changed = 0;
                 let (counts, full) = s.counts();
                 for (reader, count) in self.counts.iter().zip(counts) {
                     if reader.push(&entered, count) {
-                        keys.push(reader.key);
+                        keys[changed] = reader.key;
+                        changed += 1;
                     }
                 }
                 if self.full.push(&entered, full) {
-                    keys.push(self.full.key);
+                    keys[changed] = self.full.key;
+                    changed += 1;
                 }
-                (outcome, keys)
+                (outcome, keys, changed)
             });
-            if !keys.is_empty()
-                && let Err(e) = run::notify(cell, &keys)
+            if changed != 0
+                && let Err(e) = run::notify(cell, &keys[..changed])
             {
                 panic!("{e}");
             }
