@@ -30,6 +30,7 @@ pub type Workload = fn(usize) -> Duration;
 /// The libraries, in column order: key, column title, workload.
 pub const LIBS: &[(&str, &str, Workload)] = &[
     ("core", "EgressCore (no graph)", bare_core),
+    ("core-each", "EgressCore, each record acknowledged on its own (no graph)", bare_core_each),
     ("lanes-1", "Lanes, 1 lane (no graph)", lanes_1),
     ("lanes-16", "Lanes, 16 lanes (no graph)", lanes_16),
     ("lanes-1000", "Lanes, 1,000 lanes (no graph)", lanes_1000),
@@ -76,30 +77,54 @@ fn check(sent: &[u64], n: usize, left: usize) {
 // ---- the bare core -------------------------------------------------------
 
 fn bare_core(n: usize) -> Duration {
+    bare_core_acked(n, false)
+}
+
+fn bare_core_each(n: usize) -> Duration {
+    bare_core_acked(n, true)
+}
+
+/// The bare core's workload: acknowledged every 32 records, or (`each`)
+/// record by record in the order sent, as a request/response transport
+/// acknowledges (the baseline of the lanes rows, whose records are
+/// completed one by one).
+fn bare_core_acked(n: usize, each: bool) -> Duration {
     let mut core = EgressCore::new(policy());
     let g = core.generation();
     let mut sent: Vec<u64> = Vec::with_capacity(n);
     let mut ui = 0usize;
     let t = Instant::now();
-    let mut pump = |core: &mut EgressCore<u64>, sent: &mut Vec<u64>| {
-        while let ClaimOutcome::Claimed(e) = core.claim(g).outcome {
-            sent.push(e.sequence.0);
-        }
-        ui = ui.wrapping_add(core.pending_len());
-    };
     for i in 0..n as u64 {
         let _ = core.enqueue(i);
-        pump(&mut core, &mut sent);
+        ui = ui.wrapping_add(release_core(&mut core, &mut sent));
     }
     for upto in ack_points(n) {
         assert!(sent.len() >= upto);
-        let _ = core.ack(g, Sequence(upto as u64 - 1));
-        pump(&mut core, &mut sent);
+        if each {
+            for s in upto.saturating_sub(ACK_EVERY)..upto {
+                let _ = core.ack(g, Sequence(s as u64));
+            }
+        } else {
+            let _ = core.ack(g, Sequence(upto as u64 - 1));
+        }
+        ui = ui.wrapping_add(release_core(&mut core, &mut sent));
     }
     let elapsed = t.elapsed();
     std::hint::black_box(ui);
     check(&sent, n, core.pending_len() + core.inflight_len());
     elapsed
+}
+
+/// Releases what the core can send now (claims until it refuses), and
+/// returns what the UI reads: the pending count. Its own function, so that
+/// callgrind can count the release alone (`--toggle-collect`).
+#[inline(never)]
+fn release_core(core: &mut EgressCore<u64>, sent: &mut Vec<u64>) -> usize {
+    let g = core.generation();
+    while let ClaimOutcome::Claimed(e) = core.claim(g).outcome {
+        sent.push(e.sequence.0);
+    }
+    core.pending_len()
 }
 
 // ---- lanes ---------------------------------------------------------------
@@ -139,16 +164,10 @@ fn lanes_core(n: usize, lanes: u32) -> Duration {
     let mut sent: Vec<(Lane, Sequence, u64)> = Vec::with_capacity(n);
     let mut ui = 0usize;
     let t = Instant::now();
-    let mut pump = |l: &mut egress_core::Lanes<Lane, u64>, sent: &mut Vec<(Lane, Sequence, u64)>| {
-        while let egress_core::LanesClaim::Claimed(e) = l.claim(g).outcome {
-            sent.push((*e.lane, e.envelope.sequence, e.ordinal.0));
-        }
-        ui = ui.wrapping_add(l.pending_len());
-    };
     for i in 0..n as u64 {
         let lane = Lane(u32::try_from(i % u64::from(lanes)).expect("fits"));
         let _ = l.enqueue(lane, i);
-        pump(&mut l, &mut sent);
+        ui = ui.wrapping_add(release_lanes(&mut l, &mut sent));
     }
     let mut completed = 0;
     while completed < n {
@@ -158,13 +177,25 @@ fn lanes_core(n: usize, lanes: u32) -> Duration {
             let _ = l.complete(g, &lane, sequence);
         }
         completed = upto;
-        pump(&mut l, &mut sent);
+        ui = ui.wrapping_add(release_lanes(&mut l, &mut sent));
     }
     let elapsed = t.elapsed();
     std::hint::black_box(ui);
     let ordinals: Vec<u64> = sent.iter().map(|s| s.2).collect();
     check(&ordinals, n, l.pending_len() + l.inflight_len());
     elapsed
+}
+
+/// Releases what the lanes can send now, in enqueue order across lanes
+/// (claims until they refuse), and returns what the UI reads: the pending
+/// count. Its own function, as [`release_core`] is.
+#[inline(never)]
+fn release_lanes(l: &mut egress_core::Lanes<Lane, u64>, sent: &mut Vec<(Lane, Sequence, u64)>) -> usize {
+    let g = l.generation();
+    while let egress_core::LanesClaim::Claimed(e) = l.claim(g).outcome {
+        sent.push((*e.lane, e.envelope.sequence, e.ordinal.0));
+    }
+    l.pending_len()
 }
 
 // ---- the latest-value projection ------------------------------------------

@@ -30,6 +30,11 @@ impl Completions {
         if sequence < self.next {
             return None;
         }
+        if sequence == self.next && self.above.is_empty() {
+            // In order, with nothing waiting: the common case, no set.
+            self.next += 1;
+            return Some(Sequence(sequence));
+        }
         self.above.insert(sequence);
         let before = self.next;
         while self.above.remove(&self.next) {

@@ -401,6 +401,12 @@ impl<T> EgressCore<T> {
         Transition::new(range, if changed { self.enqueue_changes() } else { Changes::NONE })
     }
 
+    /// Whether the pending record `head` (the lowest) can be claimed now.
+    #[inline]
+    pub(crate) fn claimable(&self, head: Sequence) -> bool {
+        self.refusal_for(head).is_none()
+    }
+
     /// Why the pending record `head` cannot be claimed now, if it cannot.
     /// The checks in the order their outcomes are reported: an ordering
     /// rule, then isolation, then the window, then a flush gate, then
@@ -535,6 +541,14 @@ impl<T> EgressCore<T> {
     /// Remembers the tombstones an acknowledgement through `through` is
     /// about to retire: the receiver skipped them.
     fn remember_skipped(&mut self, through: Sequence) {
+        // Usually none of them is a tombstone: look before gathering.
+        let dead = |r: &Record<T>| r.dead.is_some();
+        if !(self.inflight.through(through).any(dead)
+            || self.pending.any_through(through, dead)
+            || self.parked.any_through(through, dead))
+        {
+            return;
+        }
         let mut skipped: Vec<(Sequence, DeadReason)> = self
             .inflight
             .through(through)
@@ -542,9 +556,6 @@ impl<T> EgressCore<T> {
             .chain(self.parked.through(through))
             .filter_map(|r| Some((r.sequence, r.dead?)))
             .collect();
-        if skipped.is_empty() {
-            return;
-        }
         skipped.sort_unstable_by_key(|(s, _)| *s);
         self.remember(skipped);
     }

@@ -91,6 +91,11 @@ impl<T> ParkedSet<T> {
     }
 
     /// The records at or below `through`, in sequence order.
+    /// Whether a record at or below `through` is `what`.
+    pub(crate) fn any_through(&self, through: Sequence, what: impl Fn(&Record<T>) -> bool) -> bool {
+        !self.is_empty() && self.through(through).any(what)
+    }
+
     pub(crate) fn through(&self, through: Sequence) -> impl Iterator<Item = &Record<T>> {
         self.by_sequence.range(..=through).map(|(_, p)| &p.record)
     }

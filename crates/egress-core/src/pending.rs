@@ -80,6 +80,13 @@ impl<T> PendingQueue<T> {
             .chain(self.returned.range(..=through).map(|(_, r)| r))
     }
 
+    /// Whether a record at or below `through` is `what` (the part put back
+    /// looked into only when it holds something).
+    pub(crate) fn any_through(&self, through: Sequence, what: impl Fn(&Record<T>) -> bool) -> bool {
+        self.fresh.iter().take_while(|r| r.sequence <= through).any(&what)
+            || (!self.returned.is_empty() && self.returned.range(..=through).any(|(_, r)| what(r)))
+    }
+
     /// Removes every record at or below `through`; returns whether any left.
     pub(crate) fn remove_through(&mut self, through: Sequence) -> bool {
         let before = self.len();

@@ -40,6 +40,12 @@ impl<T> Window<T> {
         self.records.back().expect("invariant broken: a record was just pushed")
     }
 
+    /// The record claimed last.
+    #[inline]
+    pub(crate) fn newest(&self) -> Option<&Record<T>> {
+        self.records.back()
+    }
+
     fn position(&self, sequence: Sequence) -> Option<usize> {
         if self.sorted {
             self.records.binary_search_by_key(&sequence, |r| r.sequence).ok()
@@ -62,8 +68,16 @@ impl<T> Window<T> {
     pub(crate) fn remove_through(&mut self, through: Sequence) -> bool {
         let before = self.records.len();
         if self.sorted {
-            let cut = self.records.partition_point(|r| r.sequence <= through);
-            self.records.drain(..cut);
+            // One record (a request/response transport acknowledges each)
+            // is popped; more are cut in one go.
+            if self.records.get(1).is_none_or(|r| r.sequence > through) {
+                if self.records.front().is_some_and(|r| r.sequence <= through) {
+                    self.records.pop_front();
+                }
+            } else {
+                let cut = self.records.partition_point(|r| r.sequence <= through);
+                self.records.drain(..cut);
+            }
         } else {
             self.records.retain(|r| r.sequence > through);
             self.sorted = self.records.iter().zip(self.records.iter().skip(1)).all(|(a, b)| a.sequence < b.sequence);

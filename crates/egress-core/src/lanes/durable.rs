@@ -257,18 +257,19 @@ impl<K: LaneKey, T> Lanes<K, T> {
             let base = Sequence(stream.acked_through.map_or(0, |a| a.0.saturating_add(1)));
             let core = EgressCore::restore(key.kind().policy(*lanes.policy.base()), stream)
                 .map_err(|error| LanesRestoreError::Lane { index, error })?;
-            let mut lane = Lane::new(core);
+            if lanes.index.contains_key(&key) {
+                return Err(LanesRestoreError::DuplicateLane { index });
+            }
+            let mut lane = Lane::new(key.clone(), core);
             lane.base = base;
             lane.completions = Completions::starting_at(base.0);
             lane.ordinals = ordinals.into();
-            if lanes.lanes.insert(key.clone(), lane).is_some() {
-                return Err(LanesRestoreError::DuplicateLane { index });
-            }
-            made.push(key);
+            made.push(lanes.insert_lane(key, lane));
         }
-        for key in made {
-            let _ = lanes.settle(&key, super::Counts::default());
+        for slot in made {
+            let _ = lanes.settle(slot, super::Counts::default());
         }
+        lanes.debug_check();
         Ok(lanes)
     }
 
@@ -297,7 +298,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
         if self.journal.is_none() {
             return 0;
         }
-        self.lanes.values().map(|l| l.core.unpersisted_len()).sum()
+        self.slots.iter().flatten().map(|l| l.core.unpersisted_len()).sum()
     }
 
     /// What the store must write next, if anything: one [`LanesReady`] at
@@ -314,7 +315,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
         let mut lanes = Vec::new();
         let mut epochs = Vec::new();
         for key in std::mem::take(&mut j.dirty) {
-            let Some(lane) = self.lanes.get_mut(&key) else { continue };
+            let Some(lane) = self.index.get(&key).and_then(|&slot| self.slots[slot].as_mut()) else { continue };
             let Some(ready) = lane.core.poll_ready() else { continue };
             let ordinals = (ready.appends.start.0..ready.appends.end.0)
                 .map(|s| lane.ordinal(Sequence(s)).expect("invariant broken: an unwritten record has no ordinal"))

@@ -5,6 +5,7 @@
 mod durable;
 mod kind;
 mod outcome;
+mod ready;
 mod transitions;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -89,20 +90,28 @@ use crate::outcome::{ClaimOutcome, Transition};
 ///
 /// # Costs
 /// A transition on one lane costs what the lane's core costs plus O(log L)
-/// for L lanes (the release index, the timer index, the idle set), and a
-/// clone of the key when the lane enters an index. `reconnect` and
-/// `release` visit every lane.
+/// for L lanes: finding the lane by its key, and moving it in the release
+/// index (a binary heap that knows where each lane is) and, when its timer
+/// moved, in the timer index. `claim` finds no key: it takes the lane at
+/// the top of the release index. A key is cloned when a lane is made (it is
+/// kept twice: in the lane and in the index of keys) and when it becomes
+/// idle. `reconnect` and `release` visit every lane.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Lanes<K, T> {
     policy: LanesPolicy,
     generation: Generation,
     next_ordinal: Ordinal,
     released: FlushEpoch,
-    lanes: BTreeMap<K, Lane<T>>,
+    /// Each lane's slot, by key.
+    index: BTreeMap<K, usize>,
+    /// The lanes, by slot; `None` for a slot free to reuse.
+    slots: Vec<Option<Lane<K, T>>>,
+    /// The free slots.
+    free: Vec<usize>,
     /// Each lane that can claim now, by the ordinal of its head.
-    ready: BTreeMap<Ordinal, K>,
+    ready: ready::ReadyHeap,
     /// Each lane with a parked record, by when its first one is due.
-    due: BTreeSet<(Time, K)>,
+    due: BTreeSet<(Time, usize)>,
     /// The lanes with nothing left in them.
     idle: BTreeSet<K>,
     /// The sums of every lane's counts.
@@ -111,10 +120,11 @@ pub struct Lanes<K, T> {
     journal: Option<Box<durable::LanesJournal<K>>>,
 }
 
-/// One lane: its core, the ordinal of each of its records, its
+/// One lane: its key, its core, the ordinal of each of its records, its
 /// completions, and where it stands in the indexes of the [`Lanes`].
 #[derive(Clone, Debug, PartialEq)]
-struct Lane<T> {
+struct Lane<K, T> {
+    key: K,
     core: EgressCore<T>,
     /// The ordinal of each record not yet acknowledged, by sequence from
     /// `base` (ascending: a lane's records are enqueued in its order).
@@ -145,7 +155,8 @@ struct Counts {
 }
 
 impl Counts {
-    fn of<T>(lane: &Lane<T>) -> Self {
+    #[inline]
+    fn of<K, T>(lane: &Lane<K, T>) -> Self {
         let inflight = lane.core.inflight_len();
         Self {
             pending: lane.core.pending_len(),
@@ -174,7 +185,7 @@ impl Counts {
     }
 }
 
-impl<T> Lane<T> {
+impl<K, T> Lane<K, T> {
     /// What freeing this idle lane changes: its watermarks read as no
     /// lane's (`None`); nothing else of an idle lane differs from that.
     fn freed_changes(&self) -> Changes {
@@ -183,8 +194,9 @@ impl<T> Lane<T> {
             .with_if(Projection::Received, self.core.received_through().is_some())
     }
 
-    fn new(core: EgressCore<T>) -> Self {
+    fn new(key: K, core: EgressCore<T>) -> Self {
         Self {
+            key,
             core,
             ordinals: VecDeque::new(),
             base: Sequence(0),
@@ -197,15 +209,17 @@ impl<T> Lane<T> {
     }
 
     /// The ordinal of the unacknowledged record `sequence`.
+    #[inline]
     fn ordinal(&self, sequence: Sequence) -> Option<Ordinal> {
         let offset = usize::try_from(sequence.0.checked_sub(self.base.0)?).ok()?;
         self.ordinals.get(offset).copied()
     }
 
     /// The ordinal of the head of pending, if the lane can claim it now.
+    #[inline]
     fn ready_ordinal(&self) -> Option<Ordinal> {
         let head = self.core.pending.head()?;
-        if self.core.can_claim() { self.ordinal(head) } else { None }
+        if self.core.claimable(head) { self.ordinal(head) } else { None }
     }
 }
 
@@ -224,8 +238,10 @@ impl<K: LaneKey, T> Lanes<K, T> {
             generation,
             next_ordinal: Ordinal(0),
             released: FlushEpoch(0),
-            lanes: BTreeMap::new(),
-            ready: BTreeMap::new(),
+            index: BTreeMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            ready: ready::ReadyHeap::new(),
             due: BTreeSet::new(),
             idle: BTreeSet::new(),
             totals: Counts { pending: 0, inflight: 0, parked: 0, exhausted: 0, gated: 0, outstanding: 0 },
@@ -265,25 +281,25 @@ impl<K: LaneKey, T> Lanes<K, T> {
     /// the `Lanes`.
     #[must_use]
     pub fn lane(&self, lane: &K) -> Option<&EgressCore<T>> {
-        self.lanes.get(lane).map(|l| &l.core)
+        self.index.get(lane).map(|&slot| &self.at(slot).core)
     }
 
     /// Every lane that exists, in key order, with its core.
     pub fn lanes(&self) -> impl ExactSizeIterator<Item = (&K, &EgressCore<T>)> + '_ {
-        self.lanes.iter().map(|(k, l)| (k, &l.core))
+        self.index.iter().map(|(k, &slot)| (k, &self.at(slot).core))
     }
 
     /// How many lanes exist (idle ones included).
     #[must_use]
     pub fn lane_count(&self) -> usize {
-        self.lanes.len()
+        self.index.len()
     }
 
     /// The idle lane an enqueue to a new key would free now (the first in
     /// key order), if every lane the policy allows exists and one is idle.
     #[must_use]
     pub fn next_freed(&self) -> Option<&K> {
-        if self.lanes.len() < self.policy.max_lanes() {
+        if self.index.len() < self.policy.max_lanes() {
             return None;
         }
         self.idle.first()
@@ -295,17 +311,17 @@ impl<K: LaneKey, T> Lanes<K, T> {
     /// whose `Clone` panics then changes nothing).
     #[must_use]
     pub fn next_claim(&self) -> Option<&K> {
-        if self.policy.cap().is_some_and(|cap| self.totals.outstanding >= cap.get()) {
+        if self.cap_reached() {
             return None;
         }
-        self.ready.first_key_value().map(|(_, key)| key)
+        self.ready.first().map(|(_, slot)| &self.at(slot).key)
     }
 
     /// The ordinal of the record `sequence` of `lane`, while it is not
     /// acknowledged.
     #[must_use]
     pub fn ordinal(&self, lane: &K, sequence: Sequence) -> Option<Ordinal> {
-        self.lanes.get(lane)?.ordinal(sequence)
+        self.at(*self.index.get(lane)?).ordinal(sequence)
     }
 
     /// Records pending, over every lane.
@@ -350,7 +366,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
     /// claim a record now.
     #[must_use]
     pub fn can_claim(&self) -> bool {
-        !self.ready.is_empty() && !self.cap_reached()
+        self.ready.len() > 0 && !self.cap_reached()
     }
 
     /// The earliest time a parked record of any lane is due: call
@@ -360,6 +376,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
         self.due.first().map(|(t, _)| *t)
     }
 
+    #[inline]
     fn cap_reached(&self) -> bool {
         self.policy.cap().is_some_and(|cap| self.totals.outstanding >= cap.get())
     }
@@ -402,45 +419,107 @@ impl<K: LaneKey, T> Lanes<K, T> {
         payload: T,
         enqueue: impl FnOnce(&mut EgressCore<T>, T) -> Transition<Sequence>,
     ) -> Transition<Result<Enqueued, TooManyLanes<T>>> {
-        let new_lane = !self.lanes.contains_key(&key);
-        let mut freed = Changes::NONE;
-        if new_lane {
-            let full = self.lanes.len() >= self.policy.max_lanes();
-            if full && self.idle.is_empty() {
-                return Transition::unchanged(Err(TooManyLanes { limit: self.policy.max_lanes(), payload }));
-            }
-            // The lane is made before an idle one is freed: a key whose
-            // `kind` panics leaves every lane where it was.
-            let policy = key.kind().policy(*self.policy.base());
-            let mut core = match self.journal.as_deref() {
-                None => EgressCore::with_generation(policy, self.generation),
-                // Durable: a new stream, stored at the durable generation,
-                // moving to the current one through its journal.
-                Some(j) => {
-                    let stored = crate::Restored { generation: j.lane_generation(), ..crate::Restored::empty() };
-                    let mut core = EgressCore::restore(policy, stored).expect("an empty stream restores");
-                    let _ = core.reconnect(self.generation);
-                    core
-                }
-            };
-            let _ = core.release(self.released);
-            let lane = Lane::new(core);
-            if full && let Some(idle) = self.idle.pop_first() {
-                freed = self.lanes.remove(&idle).map_or(Changes::NONE, |gone| gone.freed_changes());
-                if let Some(j) = self.journal.as_deref_mut() {
-                    j.freed(idle);
-                }
-            }
-            self.lanes.insert(key.clone(), lane);
-        }
-        let lane = self.lanes.get_mut(&key).expect("the lane exists: found or made above");
-        let before = Counts::of(lane);
+        let (slot, new_lane, freed) = match self.index.get(&key) {
+            Some(&slot) => (slot, false, Changes::NONE),
+            None => match self.make_lane(key) {
+                Ok((slot, freed)) => (slot, true, freed),
+                Err(limit) => return Transition::unchanged(Err(TooManyLanes { limit, payload })),
+            },
+        };
+        let lane = self.slots[slot].as_mut().expect("invariant broken: an index names a free slot");
+        let gated = lane.core.gated_len();
         let ordinal = self.next_ordinal;
         let t = enqueue(&mut lane.core, payload);
         lane.ordinals.push_back(ordinal);
         self.next_ordinal = ordinal.next();
-        let _ = self.settle(&key, before);
+        // What an enqueue moves, and nothing else: one record pending
+        // (gated, when it waits). Its head was there before (the new
+        // record is the highest of the lane) unless nothing was pending, in
+        // which case the lane was not in the release index; no timer moves;
+        // a lane with a record pending is not idle.
+        self.totals.pending += 1;
+        self.totals.gated += lane.core.gated_len() - gated;
+        if lane.ready.is_none() {
+            lane.ready = lane.ready_ordinal();
+            self.ready.set(slot, lane.ready);
+        }
+        if lane.idle {
+            lane.idle = false;
+            self.idle.remove(&lane.key);
+        }
+        if let Some(j) = self.journal.as_deref_mut() {
+            j.touched(&lane.key);
+        }
+        self.debug_check();
         Transition::new(Ok(Enqueued { ordinal, sequence: t.outcome, new_lane }), t.changes.union(freed))
+    }
+
+    /// Makes the lane `key`, freeing an idle one when every lane the policy
+    /// allows exists. Returns its slot and what freeing changed, or the
+    /// limit when every lane is busy (nothing changed).
+    #[cold]
+    fn make_lane(&mut self, key: K) -> Result<(usize, Changes), usize> {
+        let full = self.index.len() >= self.policy.max_lanes();
+        if full && self.idle.is_empty() {
+            return Err(self.policy.max_lanes());
+        }
+        // The lane is made (the key's `kind` and `clone` called) before an
+        // idle one is freed: a key whose `kind` or `clone` panics leaves
+        // every lane where it was.
+        let policy = key.kind().policy(*self.policy.base());
+        let mut core = match self.journal.as_deref() {
+            None => EgressCore::with_generation(policy, self.generation),
+            // Durable: a new stream, stored at the durable generation,
+            // moving to the current one through its journal.
+            Some(j) => {
+                let stored = crate::Restored { generation: j.lane_generation(), ..crate::Restored::empty() };
+                let mut core = EgressCore::restore(policy, stored).expect("an empty stream restores");
+                let _ = core.reconnect(self.generation);
+                core
+            }
+        };
+        let _ = core.release(self.released);
+        let lane = Lane::new(key.clone(), core);
+        let mut freed = Changes::NONE;
+        if full && let Some(idle) = self.idle.pop_first() {
+            if let Some(gone) = self.index.remove(&idle).and_then(|slot| self.take_slot(slot)) {
+                freed = gone.freed_changes();
+            }
+            if let Some(j) = self.journal.as_deref_mut() {
+                j.freed(idle);
+            }
+        }
+        Ok((self.insert_lane(key, lane), freed))
+    }
+
+    /// Puts `lane` in a free slot under `key` (not in the index before).
+    fn insert_lane(&mut self, key: K, lane: Lane<K, T>) -> usize {
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some(lane);
+                slot
+            }
+            None => {
+                self.slots.push(Some(lane));
+                self.slots.len() - 1
+            }
+        };
+        self.index.insert(key, slot);
+        slot
+    }
+
+    /// Empties the slot of a freed lane (idle: in no index but the keys').
+    fn take_slot(&mut self, slot: usize) -> Option<Lane<K, T>> {
+        let gone = self.slots.get_mut(slot)?.take()?;
+        debug_assert!(gone.ready.is_none() && gone.due.is_none(), "a freed lane was idle");
+        self.free.push(slot);
+        Some(gone)
+    }
+
+    /// The lane in `slot`, which an index named.
+    #[inline]
+    fn at(&self, slot: usize) -> &Lane<K, T> {
+        self.slots[slot].as_ref().expect("invariant broken: an index names a free slot")
     }
 
     /// Moves into flight the record enqueued first among those that can go
@@ -462,47 +541,46 @@ impl<K: LaneKey, T> Lanes<K, T> {
         if let Some(cap) = self.policy.cap().filter(|cap| self.totals.outstanding >= cap.get()) {
             return Transition::unchanged(LanesClaim::Full { cap });
         }
-        let Some((ordinal, key)) = self.ready.pop_first() else {
+        let Some((ordinal, slot)) = self.ready.first() else {
             let outcome = if self.totals.pending == 0 { LanesClaim::Empty } else { LanesClaim::Waiting };
             return Transition::unchanged(outcome);
         };
-        let lane = self.lanes.get_mut(&key).expect("invariant broken: a ready lane does not exist");
-        lane.ready = None;
-        let before = Counts::of(lane);
-        let sequence = match lane.core.claim(generation).outcome {
-            ClaimOutcome::Claimed(envelope) => envelope.sequence,
-            _ => unreachable!("invariant broken: a ready lane refused its claim"),
-        };
-        // The lane goes back in the release index under the key popped
-        // from it, so that a claim copies no key: a key whose `Clone`
-        // panics cannot leave a record in flight with no one told of it.
-        // (A claim changes no timer and idles no lane: `settle` then has
-        // nothing to copy a key for either.)
-        let next = lane.ready_ordinal();
-        lane.ready = next;
-        let _ = self.settle(&key, before);
-        let (lane_key, lane) = self.lanes.get_key_value(&key).expect("a claim does not free its lane");
-        let record = lane.core.inflight.get(sequence).expect("the claimed record is in flight");
-        let envelope = record.view(self.generation);
-        if let Some(next) = next {
-            self.ready.insert(next, key);
+        let lane = self.slots[slot].as_mut().expect("invariant broken: a ready lane does not exist");
+        if !matches!(lane.core.claim(generation).outcome, ClaimOutcome::Claimed(_)) {
+            unreachable!("invariant broken: a ready lane refused its claim");
         }
+        // What a claim moves, and nothing else: one record from pending
+        // into flight, not completed; the lane's head. No timer moves, and
+        // a lane with a record in flight is not idle. (No key is copied: a
+        // key whose `Clone` panics cannot leave a record in flight with no
+        // one told of it.)
+        self.totals.pending -= 1;
+        self.totals.inflight += 1;
+        self.totals.outstanding += 1;
+        lane.ready = lane.ready_ordinal();
+        self.ready.claimed(slot, lane.ready);
+        if let Some(j) = self.journal.as_deref_mut() {
+            j.touched(&lane.key);
+        }
+        self.debug_check();
+        let lane = self.at(slot);
+        let record = lane.core.inflight.newest().expect("the claimed record is in flight");
         Transition::new(
-            LanesClaim::Claimed(LaneEnvelope { lane: lane_key, ordinal, envelope }),
+            LanesClaim::Claimed(LaneEnvelope { lane: &lane.key, ordinal, envelope: record.view(self.generation) }),
             Changes::NONE.with(Projection::Pending).with(Projection::Inflight),
         )
     }
 
     // ----- bookkeeping ---------------------------------------------------
 
-    /// Brings the lane `key` and the indexes up to date after a transition
-    /// on it: drops the ordinals of what it acknowledged, moves its
-    /// completions to its watermark, and puts it where it now belongs in
-    /// the release index, the timer index and the idle set. `before` is its
-    /// counts before the transition. Returns what acknowledging the
+    /// Brings the lane in `slot` and the indexes up to date after a
+    /// transition on it: drops the ordinals of what it acknowledged, moves
+    /// its completions to its watermark, and puts it where it now belongs
+    /// in the release index, the timer index and the idle set. `before` is
+    /// its counts before the transition. Returns what acknowledging the
     /// completions carried along changed.
-    fn settle(&mut self, key: &K, before: Counts) -> Changes {
-        let Some(lane) = self.lanes.get_mut(key) else { return Changes::NONE };
+    fn settle(&mut self, slot: usize, before: Counts) -> Changes {
+        let lane = self.slots[slot].as_mut().expect("invariant broken: an index names a free slot");
         let mut carried = Changes::NONE;
         let acked = lane.core.acked_through().map_or(0, |a| a.0.saturating_add(1));
         if acked > lane.base.0 {
@@ -516,58 +594,96 @@ impl<K: LaneKey, T> Lanes<K, T> {
                 None => acked,
             };
             let drop = usize::try_from(next - lane.base.0).unwrap_or(usize::MAX).min(lane.ordinals.len());
-            lane.ordinals.drain(..drop);
+            if drop == 1 {
+                lane.ordinals.pop_front();
+            } else {
+                lane.ordinals.drain(..drop);
+            }
             lane.base = Sequence(next);
         }
         let after = Counts::of(lane);
         self.totals = self.totals.replace(before, after);
         let ready = lane.ready_ordinal();
         if ready != lane.ready {
-            if let Some(old) = lane.ready {
-                self.ready.remove(&old);
-            }
-            if let Some(new) = ready {
-                self.ready.insert(new, key.clone());
-            }
+            self.ready.set(slot, ready);
             lane.ready = ready;
         }
         let due = lane.core.poll_timeout();
         if due != lane.due {
             if let Some(old) = lane.due {
-                self.due.remove(&(old, key.clone()));
+                self.due.remove(&(old, slot));
             }
             if let Some(new) = due {
-                self.due.insert((new, key.clone()));
+                self.due.insert((new, slot));
             }
             lane.due = due;
         }
         if let Some(j) = self.journal.as_deref_mut() {
-            j.touched(key);
+            j.touched(&lane.key);
         }
         let idle = after.is_idle() && !lane.writing;
         if idle != lane.idle {
             if idle {
-                self.idle.insert(key.clone());
+                self.idle.insert(lane.key.clone());
             } else {
-                self.idle.remove(key);
+                self.idle.remove(&lane.key);
             }
             lane.idle = idle;
         }
         carried
     }
 
-    /// Runs `f` on the lane `key` and settles it: the shared shape of the
-    /// transitions on one lane. `None` when the lane does not exist.
+    /// Runs `f` on the lane in `slot` and settles it: the shared shape of
+    /// the transitions on one lane.
+    fn on_slot<O>(
+        &mut self,
+        slot: usize,
+        f: impl FnOnce(&mut Lane<K, T>, Generation) -> Transition<O>,
+    ) -> Transition<O> {
+        let generation = self.generation;
+        let lane = self.slots[slot].as_mut().expect("invariant broken: an index names a free slot");
+        let before = Counts::of(lane);
+        let t = f(lane, generation);
+        let carried = self.settle(slot, before);
+        self.debug_check();
+        Transition::new(t.outcome, t.changes.union(carried))
+    }
+
+    /// [`on_slot`](Self::on_slot) on the lane `key`; `None` when the lane
+    /// does not exist.
     fn on_lane<O>(
         &mut self,
         key: &K,
-        f: impl FnOnce(&mut Lane<T>, Generation) -> Transition<O>,
+        f: impl FnOnce(&mut Lane<K, T>, Generation) -> Transition<O>,
     ) -> Option<Transition<O>> {
-        let generation = self.generation;
-        let lane = self.lanes.get_mut(key)?;
-        let before = Counts::of(lane);
-        let t = f(lane, generation);
-        let carried = self.settle(key, before);
-        Some(Transition::new(t.outcome, t.changes.union(carried)))
+        let slot = *self.index.get(key)?;
+        Some(self.on_slot(slot, f))
+    }
+
+    /// Each lane's key (cloned: a clone that panics changes nothing) and
+    /// slot, in key order: for the transitions on every lane.
+    fn every_lane(&self) -> Vec<(K, usize)> {
+        self.index.iter().map(|(k, &slot)| (k.clone(), slot)).collect()
+    }
+
+    /// In tests, that the sums are the sums of the lanes and the indexes
+    /// name exactly the lanes that belong in them.
+    #[inline]
+    fn debug_check(&self) {
+        #[cfg(debug_assertions)]
+        {
+            let mut sums = Counts::default();
+            let mut ready = 0;
+            for (key, &slot) in &self.index {
+                let lane = self.at(slot);
+                debug_assert!(lane.key == *key, "the index names a lane under another key");
+                sums = sums.replace(Counts::default(), Counts::of(lane));
+                debug_assert_eq!(lane.ready, lane.ready_ordinal(), "a lane out of place in the release index");
+                ready += usize::from(lane.ready.is_some());
+                debug_assert_eq!(lane.idle, self.idle.contains(key), "the idle set");
+            }
+            debug_assert_eq!(sums, self.totals, "the sums of the lanes' counts");
+            debug_assert_eq!(ready, self.ready.len(), "the release index holds only ready lanes");
+        }
     }
 }

@@ -4,6 +4,7 @@
 
 use super::{Lane, LaneKey, Lanes, outcome::CompleteOutcome, outcome::LanesReconnect};
 use crate::changes::{Changes, Projection};
+use crate::core::EgressCore;
 use crate::ids::{FlushEpoch, Generation, Sequence, Time};
 use crate::outcome::{AckOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, ScheduleOutcome, Transition};
 use crate::retry::{FailureKind, JitterSample};
@@ -25,7 +26,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
             .unwrap_or_else(|| Transition::unchanged(AckOutcome::Unsent { through, sent_through: None }));
         // Completions waiting just above `through` were carried with it:
         // the outcome names the watermark the lane reached.
-        match (t.outcome, self.lanes.get(lane).and_then(|l| l.core.acked_through())) {
+        match (t.outcome, self.lane(lane).and_then(EgressCore::acked_through)) {
             (AckOutcome::Advanced { .. }, Some(reached)) => {
                 Transition::new(AckOutcome::Advanced { through: reached }, t.changes)
             }
@@ -49,14 +50,15 @@ impl<K: LaneKey, T> Lanes<K, T> {
             return Transition::unchanged(CompleteOutcome::StaleGeneration { current: self.generation });
         }
         let unknown = Transition::unchanged(CompleteOutcome::UnknownSequence { sequence });
-        let Some(l) = self.lanes.get(lane) else { return unknown };
+        let Some(&slot) = self.index.get(lane) else { return unknown };
+        let l = self.at(slot);
         if l.completions.contains(sequence.0) {
             return Transition::unchanged(CompleteOutcome::Unchanged);
         }
         if l.core.inflight.get(sequence).is_none() {
             return unknown;
         }
-        self.on_lane(lane, |l, g| match l.completions.complete(sequence.0) {
+        self.on_slot(slot, |l, g| match l.completions.complete(sequence.0) {
             Some(through) => {
                 let ack = l.core.ack(g, through);
                 debug_assert!(matches!(ack.outcome, AckOutcome::Advanced { .. }));
@@ -68,7 +70,6 @@ impl<K: LaneKey, T> Lanes<K, T> {
                 Transition::new(CompleteOutcome::Waiting, Changes::NONE.with(Projection::Inflight))
             }
         })
-        .unwrap_or(unknown)
     }
 
     /// Takes a receipt of `lane` (see [`EgressCore::received`](crate::EgressCore::received)).
@@ -108,7 +109,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
             return Transition::unchanged(FailOutcome::StaleGeneration { current: self.generation });
         }
         let unknown = Transition::unchanged(FailOutcome::UnknownSequence { sequence });
-        if self.lanes.get(lane).is_none_or(|l| l.completions.contains(sequence.0)) {
+        if self.index.get(lane).is_none_or(|&slot| self.at(slot).completions.contains(sequence.0)) {
             return unknown;
         }
         self.on_lane(lane, |l, g| l.core.fail(g, sequence, kind, now, jitter)).unwrap_or(unknown)
@@ -136,7 +137,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
         generation: Generation,
         lane: &K,
         sequence: Sequence,
-        f: impl FnOnce(&mut Lane<T>, Generation) -> Transition<ScheduleOutcome>,
+        f: impl FnOnce(&mut Lane<K, T>, Generation) -> Transition<ScheduleOutcome>,
     ) -> Transition<ScheduleOutcome> {
         if generation != self.generation {
             return Transition::unchanged(ScheduleOutcome::StaleGeneration { current: self.generation });
@@ -153,13 +154,12 @@ impl<K: LaneKey, T> Lanes<K, T> {
     pub fn handle_timeout(&mut self, now: Time) -> Transition<Vec<(K, Vec<Sequence>)>> {
         let mut touched = Vec::new();
         let mut changes = Changes::NONE;
-        while let Some((due, key)) = self.due.first().cloned() {
+        while let Some(&(due, slot)) = self.due.first() {
             if due > now {
                 break;
             }
-            let t = self
-                .on_lane(&key, |l, _| l.core.handle_timeout(now))
-                .expect("invariant broken: a lane in the timer index does not exist");
+            let key = self.at(slot).key.clone();
+            let t = self.on_slot(slot, |l, _| l.core.handle_timeout(now));
             debug_assert!(!t.outcome.is_empty(), "a lane was due and scheduled nothing");
             changes = changes.union(t.changes);
             touched.push((key, t.outcome));
@@ -182,10 +182,9 @@ impl<K: LaneKey, T> Lanes<K, T> {
             return Transition::unchanged(Vec::new());
         }
         self.released = through;
-        let keys: Vec<K> = self.lanes.keys().cloned().collect();
         let mut released = Vec::new();
-        for key in keys {
-            let n = self.on_lane(&key, |l, _| l.core.release(through)).map_or(0, |t| t.outcome);
+        for (key, slot) in self.every_lane() {
+            let n = self.on_slot(slot, |l, _| l.core.release(through)).outcome;
             if n > 0 {
                 released.push((key, n));
             }
@@ -211,17 +210,15 @@ impl<K: LaneKey, T> Lanes<K, T> {
             return Transition::unchanged(LanesReconnect::Unchanged);
         }
         // The keys first: a key's clone that panics leaves nothing changed.
-        let keys: Vec<K> = self.lanes.keys().cloned().collect();
+        let keys = self.every_lane();
         self.generation = generation;
         let (mut replayed, mut dead, mut changes) = (0, 0, Changes::NONE.with(Projection::Generation));
         let mut lanes = Vec::with_capacity(keys.len());
-        for key in keys {
-            let t = self
-                .on_lane(&key, |l, g| {
-                    l.completions = crate::completions::Completions::starting_at(l.base.0);
-                    l.core.reconnect(g)
-                })
-                .expect("the lane exists: its key was just read");
+        for (key, slot) in keys {
+            let t = self.on_slot(slot, |l, g| {
+                l.completions = crate::completions::Completions::starting_at(l.base.0);
+                l.core.reconnect(g)
+            });
             if let ReconnectOutcome::Advanced { replayed: r, dead: d, .. } = t.outcome {
                 replayed += r;
                 dead += d;
