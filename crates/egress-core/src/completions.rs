@@ -26,6 +26,7 @@ impl Completions {
     /// Records that `sequence` completed; returns the new cumulative
     /// acknowledgement when it moved. A sequence below the watermark (done
     /// before) changes nothing.
+    #[inline]
     pub fn complete(&mut self, sequence: u64) -> Option<Sequence> {
         if sequence < self.next {
             return None;
@@ -45,6 +46,7 @@ impl Completions {
 
     /// Whether `sequence` completed: below the watermark, or waiting above
     /// a gap.
+    #[inline]
     pub(crate) fn contains(&self, sequence: u64) -> bool {
         sequence < self.next || self.above.contains(&sequence)
     }
@@ -53,6 +55,7 @@ impl Completions {
     /// that came another way), dropping the completions it covers. Returns
     /// the watermark when completions waiting just above `next` carried it
     /// further than `next - 1`.
+    #[inline]
     pub(crate) fn advance_to(&mut self, next: u64) -> Option<Sequence> {
         if next <= self.next {
             return None;
@@ -66,6 +69,7 @@ impl Completions {
     }
 
     /// Completions waiting above a gap.
+    #[inline]
     pub fn waiting(&self) -> usize {
         self.above.len()
     }
@@ -87,6 +91,13 @@ mod tests {
         assert_eq!(c.complete(12), None, "a duplicate changes nothing");
         assert_eq!(c.complete(13), Some(Sequence(13)));
         assert_eq!(Completions::default().complete(0), Some(Sequence(0)));
+        // In order, one by one (nothing waiting): each moves the watermark.
+        let mut c = Completions::starting_at(1);
+        for s in 1..4 {
+            assert_eq!(c.complete(s), Some(Sequence(s)), "{s} in order");
+        }
+        assert!(c.contains(3) && !c.contains(4));
+        assert_eq!((c.waiting(), c.complete(5), c.waiting()), (0, None, 1), "5 waits above 4");
     }
 
     #[test]

@@ -472,6 +472,21 @@ impl<T> EgressCore<T> {
         if let Some(refusal) = self.refusal_for(head) {
             return Transition::unchanged(refusal);
         }
+        let g = self.generation;
+        let claimed = self.claim_located(head, fresh).view(g);
+        Transition::new(
+            ClaimOutcome::Claimed(claimed),
+            Changes::NONE.with(Projection::Pending).with(Projection::Inflight),
+        )
+    }
+
+    /// Moves the pending head `head` (in the part `fresh` names, as
+    /// [`PendingQueue::locate`] said) into flight, with its attempt
+    /// counted: [`claim`](Self::claim) once nothing refuses it, or a caller
+    /// that knows nothing does (see [`claimable`](Self::claimable)).
+    #[inline(always)]
+    pub(crate) fn claim_located(&mut self, head: Sequence, fresh: bool) -> &Record<T> {
+        debug_assert!(self.refusal_for(head).is_none(), "a claim of a head that cannot go");
         let mut record = self.pending.pop(fresh).expect("invariant broken: pending has a head but no record");
         record.attempt = record.attempt.saturating_next();
         record.resend = false;
@@ -479,12 +494,7 @@ impl<T> EgressCore<T> {
         if self.isolation == Isolation::Ready {
             self.isolation = Isolation::Probing(head);
         }
-        let g = self.generation;
-        let claimed = self.inflight.push(record).view(g);
-        Transition::new(
-            ClaimOutcome::Claimed(claimed),
-            Changes::NONE.with(Projection::Pending).with(Projection::Inflight),
-        )
+        self.inflight.push(record)
     }
 
     /// Takes a cumulative acknowledgement: every sequence at or below
@@ -543,7 +553,7 @@ impl<T> EgressCore<T> {
     fn remember_skipped(&mut self, through: Sequence) {
         // Usually none of them is a tombstone: look before gathering.
         let dead = |r: &Record<T>| r.dead.is_some();
-        if !(self.inflight.through(through).any(dead)
+        if !(self.inflight.any_through(through, dead)
             || self.pending.any_through(through, dead)
             || self.parked.any_through(through, dead))
         {

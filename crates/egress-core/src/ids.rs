@@ -118,6 +118,7 @@ macro_rules! counts_up {
             /// # Panics
             #[doc = $panics]
             #[must_use]
+            #[inline]
             pub const fn next(self) -> Self {
                 match self.0.checked_add(1) {
                     Some(n) => Self(n),

@@ -51,6 +51,7 @@ impl<T> PendingQueue<T> {
 
     /// The lowest pending sequence and which part holds it (`true`:
     /// fresh), for [`pop`](Self::pop).
+    #[inline]
     pub(crate) fn locate(&self) -> Option<(Sequence, bool)> {
         match (self.fresh.front(), self.returned.first_key_value()) {
             (Some(f), Some((r, _))) if *r < f.sequence => Some((*r, false)),
@@ -62,6 +63,7 @@ impl<T> PendingQueue<T> {
 
     /// Removes the lowest record from the part [`locate`](Self::locate)
     /// named.
+    #[inline]
     pub(crate) fn pop(&mut self, fresh: bool) -> Option<Record<T>> {
         if fresh { self.fresh.pop_front() } else { self.returned.pop_first().map(|(_, r)| r) }
     }
@@ -83,7 +85,8 @@ impl<T> PendingQueue<T> {
     /// Whether a record at or below `through` is `what` (the part put back
     /// looked into only when it holds something).
     pub(crate) fn any_through(&self, through: Sequence, what: impl Fn(&Record<T>) -> bool) -> bool {
-        self.fresh.iter().take_while(|r| r.sequence <= through).any(&what)
+        (self.fresh.front().is_some_and(|r| r.sequence <= through)
+            && self.fresh.iter().take_while(|r| r.sequence <= through).any(&what))
             || (!self.returned.is_empty() && self.returned.range(..=through).any(|(_, r)| what(r)))
     }
 

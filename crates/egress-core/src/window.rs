@@ -86,6 +86,25 @@ impl<T> Window<T> {
         self.records.len() != before
     }
 
+    /// Whether a record at or below `through` is `what`: sorted, only the
+    /// prefix at or below `through` is looked at (by index: usually one
+    /// record, and an iterator over a ring costs more than it).
+    pub(crate) fn any_through(&self, through: Sequence, what: impl Fn(&Record<T>) -> bool) -> bool {
+        if !self.sorted {
+            return self.records.iter().any(|r| r.sequence <= through && what(r));
+        }
+        let mut i = 0;
+        while let Some(r) = self.records.get(i)
+            && r.sequence <= through
+        {
+            if what(r) {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+
     /// The records at or below `through`, in no particular order.
     pub(crate) fn through(&self, through: Sequence) -> impl Iterator<Item = &Record<T>> {
         // Sorted, the prefix ends at the first record above `through`;

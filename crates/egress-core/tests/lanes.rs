@@ -234,6 +234,20 @@ fn the_cap_across_lanes_bounds_what_is_outstanding() {
 }
 
 #[test]
+fn can_claim_says_whether_a_lane_could_send_now_below_the_cap() {
+    let mut l = lanes();
+    assert!(!l.can_claim(), "no lanes");
+    enqueue(&mut l, &[(Lane::Room("a"), "a1"), (Lane::Room("a"), "a2")]);
+    assert!(l.can_claim());
+    let g = l.generation();
+    assert!(matches!(l.claim(g).outcome, LanesClaim::Claimed(_)));
+    assert!(!l.can_claim(), "a2 waits for a1 in its serial lane: no lane can send, and no cap is reached");
+    assert!(matches!(l.claim(g).outcome, LanesClaim::Waiting));
+    let _ = l.complete(g, &Lane::Room("a"), Sequence(0));
+    assert!(l.can_claim(), "a1 completed: a2 can go");
+}
+
+#[test]
 fn next_claim_names_the_lane_claim_takes_and_nothing_when_it_would_not() {
     let mut l = Lanes::new(policy().inflight_cap(NonZeroUsize::new(2).unwrap()));
     assert_eq!(l.next_claim(), None, "empty");

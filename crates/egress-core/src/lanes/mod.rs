@@ -17,7 +17,7 @@ use crate::changes::{Changes, Projection};
 use crate::completions::Completions;
 use crate::core::EgressCore;
 use crate::ids::{FlushEpoch, Generation, Ordinal, Sequence, Time};
-use crate::outcome::{ClaimOutcome, Transition};
+use crate::outcome::Transition;
 
 /// Several egress streams with one connection: each lane key has its own
 /// [`EgressCore`] (its own sequences, window and watermark, with the window
@@ -546,9 +546,11 @@ impl<K: LaneKey, T> Lanes<K, T> {
             return Transition::unchanged(outcome);
         };
         let lane = self.slots[slot].as_mut().expect("invariant broken: a ready lane does not exist");
-        if !matches!(lane.core.claim(generation).outcome, ClaimOutcome::Claimed(_)) {
-            unreachable!("invariant broken: a ready lane refused its claim");
-        }
+        // The lane is in the release index because its head can go now
+        // (`ready_ordinal`, kept true by every transition): claimed without
+        // asking again.
+        let (head, fresh) = lane.core.pending.locate().expect("invariant broken: a ready lane has nothing pending");
+        let _ = lane.core.claim_located(head, fresh);
         // What a claim moves, and nothing else: one record from pending
         // into flight, not completed; the lane's head. No timer moves, and
         // a lane with a record in flight is not idle. (No key is copied: a

@@ -14,7 +14,7 @@
 //! live ones (plus a margin), both parts are rebuilt from `current`.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 use crate::ids::Ordinal;
 
@@ -30,9 +30,50 @@ pub(super) struct ReadyHeap {
     /// Slots with an entry.
     live: usize,
     /// Entries in ascending order (stale ones among them).
-    fifo: VecDeque<(Ordinal, usize)>,
+    fifo: Fifo,
     /// Entries that came in below the FIFO's last (stale ones among them).
     heap: BinaryHeap<Reverse<(Ordinal, usize)>>,
+}
+
+/// A queue of entries in a `Vec` read from `head` on: popping the front
+/// moves `head`, and the popped prefix is cut off once it is at least as
+/// long as what follows it (and 32 entries), so each entry is moved at
+/// most once on average and the `Vec` holds at most twice the queue (or 64).
+#[derive(Clone, Debug)]
+struct Fifo {
+    entries: Vec<(Ordinal, usize)>,
+    head: usize,
+}
+
+impl Fifo {
+    #[inline]
+    fn front(&self) -> Option<&(Ordinal, usize)> {
+        self.entries.get(self.head)
+    }
+
+    #[inline]
+    fn back(&self) -> Option<&(Ordinal, usize)> {
+        if self.head < self.entries.len() { self.entries.last() } else { None }
+    }
+
+    #[inline]
+    fn pop_front(&mut self) {
+        self.head += 1;
+    }
+
+    #[inline]
+    fn push_back(&mut self, entry: (Ordinal, usize)) {
+        if self.head >= 32 && self.head * 2 >= self.entries.len() {
+            self.entries.drain(..self.head);
+            self.head = 0;
+        }
+        self.entries.push(entry);
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        self.entries.len() - self.head
+    }
 }
 
 /// Two indexes are equal when the same slots are at the same ordinals,
@@ -47,7 +88,7 @@ impl PartialEq for ReadyHeap {
 impl ReadyHeap {
     /// No entries.
     pub(super) const fn new() -> Self {
-        Self { current: Vec::new(), live: 0, fifo: VecDeque::new(), heap: BinaryHeap::new() }
+        Self { current: Vec::new(), live: 0, fifo: Fifo { entries: Vec::new(), head: 0 }, heap: BinaryHeap::new() }
     }
 
     /// The entry with the lowest ordinal.
@@ -151,7 +192,7 @@ impl ReadyHeap {
         let mut entries: Vec<(Ordinal, usize)> =
             self.current.iter().enumerate().filter_map(|(slot, o)| Some(((*o)?, slot))).collect();
         entries.sort_unstable();
-        self.fifo = entries.into();
+        self.fifo = Fifo { entries, head: 0 };
         self.heap.clear();
     }
 
@@ -159,6 +200,12 @@ impl ReadyHeap {
     #[cfg(test)]
     fn held(&self) -> usize {
         self.fifo.len() + self.heap.len()
+    }
+
+    /// The FIFO's `Vec`, popped prefix included.
+    #[cfg(test)]
+    fn fifo_capacity_used(&self) -> usize {
+        self.fifo.entries.len()
     }
 }
 
@@ -224,6 +271,42 @@ mod tests {
     }
 
     #[test]
+    fn entries_above_the_last_are_appended_and_others_go_to_the_heap() {
+        let mut heap = ReadyHeap::new();
+        for slot in 0..4 {
+            heap.set(slot, Some(Ordinal(10 * slot as u64)));
+        }
+        assert_eq!((heap.fifo.len(), heap.heap.len()), (4, 0), "ascending: each one appended");
+        heap.set(0, Some(Ordinal(25)));
+        assert_eq!(
+            (heap.fifo.len(), heap.heap.len()),
+            (3, 1),
+            "below the last (30): into the heap, its old entry dropped"
+        );
+        assert_eq!(heap.first(), Some((Ordinal(10), 1)));
+        heap.claimed(1, Some(Ordinal(40)));
+        assert_eq!((heap.fifo.len(), heap.heap.len()), (3, 1), "a claim with entries in the heap goes through `set`");
+        assert_eq!(heap.first(), Some((Ordinal(20), 2)));
+    }
+
+    #[test]
+    fn the_fifo_keeps_at_most_twice_its_queue() {
+        // Round-robin claims over 3 lanes: each claimed front goes to the
+        // back, 30,000 times; the popped prefix is cut off as it grows.
+        let mut heap = ReadyHeap::new();
+        for slot in 0..3 {
+            heap.set(slot, Some(Ordinal(slot as u64)));
+        }
+        for o in 3..30_003_u64 {
+            let (first, slot) = heap.first().expect("three lanes ready");
+            assert_eq!(first.0 + 3, o, "claimed in ordinal order");
+            heap.claimed(slot, Some(Ordinal(o)));
+            assert!(heap.fifo_capacity_used() <= 64, "{} entries kept for 3", heap.fifo_capacity_used());
+        }
+        assert_eq!((heap.len(), heap.held()), (3, 3));
+    }
+
+    #[test]
     fn a_claimed_front_goes_to_the_back_or_where_it_belongs() {
         let mut heap = ReadyHeap::new();
         for (slot, o) in [(0, 1), (1, 2), (2, 3)] {
@@ -252,11 +335,16 @@ mod tests {
         let mut heap = ReadyHeap::new();
         heap.set(0, Some(Ordinal(0)));
         heap.set(1, Some(Ordinal(1_000_000)));
+        let mut most = 0;
         for i in 0..10_000 {
             heap.set(2, Some(Ordinal(500_000 - i)));
+            most = most.max(heap.held());
             heap.set(3, Some(Ordinal(10 + i)));
-            assert!(heap.held() <= 2 * heap.len() + SLACK + 1, "{} entries held for {} live", heap.held(), heap.len());
+            most = most.max(heap.held());
+            assert!(heap.held() <= 2 * heap.len() + SLACK, "{} entries held for {} live", heap.held(), heap.len());
         }
+        assert_eq!(most, 2 * 4 + SLACK, "rebuilt only past twice the live entries and the slack");
+        assert!(heap.heap.len() > 1, "lane 2 came back below the FIFO's last: into the heap");
         assert_eq!(heap.first(), Some((Ordinal(0), 0)));
         heap.set(0, None);
         assert_eq!(heap.first(), Some((Ordinal(10 + 9_999), 3)), "the live entries survive rebuilds");
