@@ -304,6 +304,22 @@ mod tests {
             assert!(heap.fifo_capacity_used() <= 64, "{} entries kept for 3", heap.fifo_capacity_used());
         }
         assert_eq!((heap.len(), heap.held()), (3, 3));
+        // With 100 lanes, the popped prefix is cut off once it is as long
+        // as the queue (not before: each cut moves the queue, so each entry
+        // is moved at most once on average).
+        let mut heap = ReadyHeap::new();
+        for slot in 0..100 {
+            heap.set(slot, Some(Ordinal(slot as u64)));
+        }
+        let mut most = 0;
+        for o in 100..10_100_u64 {
+            let (_, slot) = heap.first().expect("a hundred lanes ready");
+            heap.claimed(slot, Some(Ordinal(o)));
+            most = most.max(heap.fifo_capacity_used());
+        }
+        // The cut comes when a claim has popped 99 with 99 queued behind
+        // them: at most 98 popped and 99 queued, and the one pushed.
+        assert_eq!(most, 98 + 99 + 1, "cut off at twice the queue, and only then");
     }
 
     #[test]
