@@ -227,3 +227,69 @@ async fn a_second_client_on_the_same_database_by_a_symlink_is_refused() {
     let second = Client::start(&cx, config(link)).await;
     assert!(second.is_err(), "a second client opened the same database through a symlink");
 }
+
+/// The server's refusals to store a batch ("a batch not stored" warnings
+/// of its store loop), counted process-wide through a tracing layer.
+static REFUSED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+struct CountRefusals;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountRefusals {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Refusal(bool);
+        impl tracing::field::Visit for Refusal {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" && format!("{value:?}").starts_with("a batch not stored") {
+                    self.0 = true;
+                }
+            }
+        }
+        let mut refusal = Refusal(false);
+        event.record(&mut refusal);
+        if refusal.0 {
+            REFUSED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// A batch the server's database refuses (a trigger aborts the insert, as
+/// a full disk or a failed commit would) is given back uncommitted: the
+/// line is not acknowledged and not stored, the server goes on trying, and
+/// once the database takes writes again the line is stored once and
+/// acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_the_database_refuses_is_given_back_and_stored_once_later() {
+    use tracing_subscriber::layer::SubscriberExt;
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(CountRefusals))
+        .expect("the only subscriber of this test binary");
+    let dir = TempDir::new();
+    let srv = server(&dir).await;
+    let cx = AsyncContext::new();
+    let alice = client(&cx, &srv, dir.path(), "alice").await;
+    let db = rusqlite::Connection::open(dir.path().join("server.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse BEFORE INSERT ON chat_message BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+    )
+    .unwrap();
+    let seq = alice.send(0, "held back").await.unwrap();
+    let status = alice.rooms()[0].cell().status(seq);
+    until("refused, given back, tried again and refused again", || {
+        REFUSED.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    })
+    .await;
+    assert_ne!(status.get_untracked(), Some(MessageStatus::Acknowledged), "not acknowledged while refused");
+    let rows = |db: &rusqlite::Connection| -> (i64, i64) {
+        db.query_row("SELECT COUNT(*), COUNT(DISTINCT msg_id) FROM chat_message", [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+    };
+    assert_eq!(rows(&db), (0, 0), "nothing stored while refused");
+    db.execute_batch("DROP TRIGGER refuse;").unwrap();
+    until("acknowledged once the database takes writes", || {
+        status.get_untracked() == Some(MessageStatus::Acknowledged)
+    })
+    .await;
+    assert_eq!(rows(&db), (1, 1), "stored once");
+    until("pushed back", || texts(&alice, 0) == ["held back"]).await;
+    assert_eq!(rows(&db), (1, 1), "stored once, after the push too");
+}
