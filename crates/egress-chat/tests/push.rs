@@ -140,3 +140,44 @@ async fn a_room_joined_again_gets_the_lines_it_missed() {
     until("alice has g2 (the catch-up is done: the channel is in order)", || texts(&alice, 0) == ["g1", "g2"]).await;
     assert_eq!(texts(&alice, 1), ["r1", "r2"], "random lost the line posted while alice was away from it");
 }
+
+/// At most `MAX_SUBSCRIBERS` subscribe at once: the next connection is
+/// closed without an answer, and the subscribers already there are still
+/// served (a line stored reaches the first and the last of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_beyond_the_bound_are_closed_and_those_within_are_served() {
+    use egress_chat::push::MAX_SUBSCRIBERS;
+    use tokio::io::AsyncReadExt as _;
+    let dir = TempDir::new();
+    let config = ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        push: "127.0.0.1:0".parse().unwrap(),
+        db: dir.path().join("server.db"),
+        tls: None,
+    };
+    let srv = Server::start(config).await.unwrap();
+    let mut held = Vec::with_capacity(MAX_SUBSCRIBERS);
+    for _ in 0..MAX_SUBSCRIBERS {
+        let mut stream = tokio::net::TcpStream::connect(srv.push_addr()).await.unwrap();
+        stream.write_all(b"{\"since\": 0, \"rooms\": []}\n").await.unwrap();
+        held.push(BufReader::new(stream));
+    }
+    let mut extra = tokio::net::TcpStream::connect(srv.push_addr()).await.unwrap();
+    let _ = extra.write_all(b"{\"since\": 0, \"rooms\": []}\n").await;
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(egress_testkit::limit(), extra.read_to_end(&mut rest)).await.unwrap();
+    assert!(read.is_err() || rest.is_empty(), "one beyond the bound is closed without an answer: {rest:?}");
+    let cx = AsyncContext::new();
+    let alice = Client::start(&cx, config_for(&srv, dir.path())).await.unwrap();
+    alice.send(0, "to every subscriber").await.unwrap();
+    for at in [0, MAX_SUBSCRIBERS - 1] {
+        let mut line = String::new();
+        tokio::time::timeout(egress_testkit::limit(), held[at].read_line(&mut line)).await.unwrap().unwrap();
+        let posted: Posted = serde_json::from_str(&line).unwrap();
+        assert_eq!(posted.line.text, "to every subscriber", "subscriber {at} served");
+    }
+}
+
+fn config_for(srv: &Server, dir: &Path) -> ClientConfig {
+    config("alice", &["general"], srv.ws_addr(), srv.push_addr(), dir)
+}
