@@ -447,3 +447,122 @@ fn an_epoch_without_lanes_changes_exactly_what_it_wrote() {
     assert!(t.changes.is_empty(), "nothing a reader shows moved: {:?}", t.changes);
     assert_eq!(t.outcome, LanesPersisted::Recorded { lanes: Vec::new() });
 }
+
+// ---- a hostile review's probes (2026-12-06) --------------------------------
+
+mod probes {
+    use std::cell::Cell;
+
+    use egress_core::{
+        Generation, LaneKey, LaneKind, Lanes, LanesPolicy, LanesRestoreError, Ordinal, Policy, Restored, RestoredLane,
+        RestoredLanes, RestoredRecord, ScheduleOutcome, Sequence,
+    };
+
+    #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+    struct Key(u8);
+    impl LaneKey for Key {
+        fn kind(&self) -> LaneKind {
+            LaneKind::Serial
+        }
+    }
+
+    fn lane(k: u8, ordinal: u64) -> RestoredLane<Key, u8> {
+        RestoredLane {
+            lane: Key(k),
+            restored: Restored {
+                generation: Generation(0),
+                next_sequence: Sequence(1),
+                acked_through: None,
+                records: vec![RestoredRecord { sequence: Sequence(0), payload: k, dead: None }],
+                skipped: Vec::new(),
+            },
+            ordinals: vec![Ordinal(ordinal)],
+        }
+    }
+
+    /// Which slot holds a lane does not count: the same store restored
+    /// with its lanes listed in another order is the same `Lanes`.
+    #[test]
+    fn lanes_restored_in_another_order_are_equal() {
+        let stored = |lanes| RestoredLanes { generation: Generation(1), next_ordinal: Ordinal(2), lanes };
+        let policy = LanesPolicy::new(Policy::default(), 4).unwrap();
+        let ab = Lanes::restore(policy, stored(vec![lane(1, 0), lane(2, 1)])).unwrap();
+        let ba = Lanes::restore(policy, stored(vec![lane(2, 1), lane(1, 0)])).unwrap();
+        assert_eq!((ab.next_claim(), ab.pending_len()), (ba.next_claim(), ba.pending_len()));
+        assert!(ab == ba, "the same lanes, in other slots");
+        let mut other = ba.clone();
+        let _ = other.enqueue(Key(3), 3);
+        assert!(ab != other, "a lane more differs");
+    }
+
+    /// A refused call on durable lanes leaves them equal: marking a lane
+    /// to be asked for writes is not a change (asked, it has none).
+    #[test]
+    fn a_refused_call_on_durable_lanes_changes_nothing() {
+        let policy = LanesPolicy::new(Policy::default(), 4).unwrap();
+        let mut lanes: Lanes<Key, u8> = Lanes::restore(policy, RestoredLanes::empty()).unwrap();
+        lanes.enqueue(Key(1), 7).outcome.unwrap();
+        let ready = lanes.poll_ready().unwrap();
+        let _ = lanes.persisted(ready.epoch);
+        let before = lanes.clone();
+        let g = lanes.generation();
+        let t = lanes.requeue(g, &Key(1), Sequence(9));
+        assert_eq!(t.outcome, ScheduleOutcome::UnknownSequence { sequence: Sequence(9) });
+        assert!(t.changes.is_empty());
+        assert!(lanes == before, "refused: unchanged");
+        assert_eq!(lanes.poll_ready(), None, "and nothing to write");
+    }
+
+    thread_local! { static PANIC: Cell<bool> = const { Cell::new(false) }; }
+
+    #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+    struct Fragile(u8);
+    impl Clone for Fragile {
+        fn clone(&self) -> Self {
+            assert!(!PANIC.with(Cell::get), "a clone that panics");
+            Fragile(self.0)
+        }
+    }
+    impl LaneKey for Fragile {
+        fn kind(&self) -> LaneKind {
+            LaneKind::Serial
+        }
+    }
+
+    /// A durable claim copies no key: a key whose `Clone` panics cannot
+    /// interrupt it after the record went in flight.
+    #[test]
+    fn a_durable_claim_copies_no_key() {
+        let policy = LanesPolicy::new(Policy::default(), 4).unwrap();
+        let mut lanes: Lanes<Fragile, u32> = Lanes::restore(policy, RestoredLanes::empty()).unwrap();
+        lanes.enqueue(Fragile(1), 7).outcome.unwrap();
+        let ready = lanes.poll_ready().unwrap();
+        let _ = lanes.persisted(ready.epoch);
+        assert!(lanes.poll_ready().is_none(), "nothing more to write: the lane is not marked");
+        let g = lanes.generation();
+        PANIC.with(|p| p.set(true));
+        let claimed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            matches!(lanes.claim(g).outcome, egress_core::LanesClaim::Claimed(_))
+        }));
+        PANIC.with(|p| p.set(false));
+        assert_eq!(claimed.ok(), Some(true), "claimed, no clone");
+        assert_eq!((lanes.pending_len(), lanes.inflight_len()), (0, 1));
+    }
+
+    /// A stored next ordinal at the end of the ordinals is refused at the
+    /// restore (no enqueue could be numbered).
+    #[test]
+    fn a_next_ordinal_at_the_end_is_refused() {
+        let policy = LanesPolicy::new(Policy::default(), 4).unwrap();
+        let stored: RestoredLanes<Key, u8> =
+            RestoredLanes { generation: Generation(0), next_ordinal: Ordinal(u64::MAX), lanes: Vec::new() };
+        assert_eq!(
+            Lanes::restore(policy, stored).err(),
+            Some(LanesRestoreError::Ordinal { ordinal: Ordinal(u64::MAX) })
+        );
+        let stored: RestoredLanes<Key, u8> =
+            RestoredLanes { generation: Generation(0), next_ordinal: Ordinal(u64::MAX - 1), lanes: Vec::new() };
+        let mut lanes = Lanes::restore(policy, stored).unwrap();
+        assert_eq!(lanes.enqueue(Key(1), 1).outcome.map(|e| e.ordinal).ok(), Some(Ordinal(u64::MAX - 1)));
+    }
+}

@@ -23,11 +23,13 @@ use crate::restored::{RestoreError, Restored};
 type Writing<K> = (Vec<(K, Epoch)>, Vec<K>);
 
 /// What the `Lanes` know of the store, beside each lane's own journal.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub(super) struct LanesJournal<K> {
-    /// Lanes that may have something to write: each transition on a lane
-    /// puts it here, and [`Lanes::poll_ready`] asks its core.
-    dirty: BTreeSet<K>,
+    /// The slots of the lanes that may have something to write: each
+    /// transition on a lane puts it here (by slot: no key is copied, so a
+    /// key whose `Clone` panics cannot interrupt a transition here), and
+    /// [`Lanes::poll_ready`] asks their cores, in key order.
+    dirty: BTreeSet<usize>,
     /// Lanes freed since the last `LanesReady`: the store deletes their
     /// streams, so that a lane made again under the key starts again at
     /// sequence 0 (its ordinals go on from the stored counter).
@@ -148,8 +150,9 @@ pub enum LanesRestoreError {
         ordinals: usize,
     },
     /// An ordinal is not above the one before it in its lane, is not below
-    /// the stored next ordinal, or is another lane's too.
-    #[error("ordinal {ordinal} is out of order, above the next ordinal, or twice")]
+    /// the stored next ordinal, or is another lane's too; or the stored
+    /// next ordinal is the last one (`u64::MAX`), which no record can take.
+    #[error("ordinal {ordinal} is out of order, above the next ordinal, twice, or the last")]
     Ordinal {
         /// The ordinal.
         ordinal: Ordinal,
@@ -170,6 +173,23 @@ pub enum LanesRestoreError {
     },
 }
 
+/// Equal when everything the store was told or will be told is: `dirty`
+/// is left out, as it only says which lanes' cores to ask (a lane asked
+/// with nothing to write answers nothing), so a call that marks a lane
+/// and changes nothing else leaves the journal equal.
+impl<K: PartialEq> PartialEq for LanesJournal<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.forget == other.forget
+            && self.written_ordinal == other.written_ordinal
+            && self.durable_ordinal == other.durable_ordinal
+            && self.written_generation == other.written_generation
+            && self.durable_generation == other.durable_generation
+            && self.next_epoch == other.next_epoch
+            && self.writing == other.writing
+            && self.error == other.error
+    }
+}
+
 impl<K> LanesJournal<K> {
     const fn new(generation: Generation, next_ordinal: Ordinal) -> Self {
         Self {
@@ -187,16 +207,14 @@ impl<K> LanesJournal<K> {
 }
 
 impl<K: LaneKey> LanesJournal<K> {
-    /// A transition touched `key`.
-    pub(super) fn touched(&mut self, key: &K) {
-        if !self.dirty.contains(key) {
-            self.dirty.insert(key.clone());
-        }
+    /// A transition touched the lane in `slot`.
+    pub(super) fn touched(&mut self, slot: usize) {
+        self.dirty.insert(slot);
     }
 
-    /// The idle lane `key` was freed.
-    pub(super) fn freed(&mut self, key: K) {
-        self.dirty.remove(&key);
+    /// The idle lane `key` was freed from `slot`.
+    pub(super) fn freed(&mut self, key: K, slot: usize) {
+        self.dirty.remove(&slot);
         self.forget.push(key);
     }
 
@@ -223,6 +241,10 @@ impl<K: LaneKey, T> Lanes<K, T> {
     /// more lanes than the policy allows.
     pub fn restore(policy: LanesPolicy, stored: RestoredLanes<K, T>) -> Result<Self, LanesRestoreError> {
         let RestoredLanes { generation, next_ordinal, lanes: restored } = stored;
+        if next_ordinal == Ordinal(u64::MAX) {
+            // No record could be numbered: refused here, not at an enqueue.
+            return Err(LanesRestoreError::Ordinal { ordinal: next_ordinal });
+        }
         if restored.len() > policy.max_lanes() {
             return Err(LanesRestoreError::TooManyLanes { stored: restored.len(), limit: policy.max_lanes() });
         }
@@ -314,9 +336,17 @@ impl<K: LaneKey, T> Lanes<K, T> {
         }
         let mut lanes = Vec::new();
         let mut epochs = Vec::new();
-        for key in std::mem::take(&mut j.dirty) {
-            let Some(lane) = self.index.get(&key).and_then(|&slot| self.slots[slot].as_mut()) else { continue };
+        // In key order (sorted before the set is emptied: an `Ord` that
+        // panics leaves every lane marked).
+        let mut dirty: Vec<usize> = j.dirty.iter().copied().filter(|&slot| self.slots[slot].is_some()).collect();
+        let slots = &self.slots;
+        let key = |slot: usize| slots[slot].as_ref().map(|l| &l.key);
+        dirty.sort_by(|&a, &b| key(a).cmp(&key(b)));
+        j.dirty.clear();
+        for slot in dirty {
+            let lane = self.slots[slot].as_mut().expect("a dirty slot holds a lane: filtered above");
             let Some(ready) = lane.core.poll_ready() else { continue };
+            let key = lane.key.clone();
             let ordinals = (ready.appends.start.0..ready.appends.end.0)
                 .map(|s| lane.ordinal(Sequence(s)).expect("invariant broken: an unwritten record has no ordinal"))
                 .collect();

@@ -91,12 +91,15 @@ use crate::outcome::Transition;
 /// # Costs
 /// A transition on one lane costs what the lane's core costs plus O(log L)
 /// for L lanes: finding the lane by its key, and moving it in the release
-/// index (a binary heap that knows where each lane is) and, when its timer
-/// moved, in the timer index. `claim` finds no key: it takes the lane at
+/// index and, when its timer moved, in the timer index. `claim` finds no key: it takes the lane at
 /// the top of the release index. A key is cloned when a lane is made (it is
 /// kept twice: in the lane and in the index of keys) and when it becomes
 /// idle. `reconnect` and `release` visit every lane.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Two `Lanes` are equal when their lanes (by key, each with its core and
+/// the ordinals of its records), generation, counters and what their store
+/// was told are: which slot holds a lane does not count.
+#[derive(Clone, Debug)]
 pub struct Lanes<K, T> {
     policy: LanesPolicy,
     generation: Generation,
@@ -118,6 +121,24 @@ pub struct Lanes<K, T> {
     totals: Counts,
     /// What the store was told, for durable lanes (see [`Lanes::restore`]).
     journal: Option<Box<durable::LanesJournal<K>>>,
+}
+
+impl<K: PartialEq, T: PartialEq> PartialEq for Lanes<K, T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.policy == other.policy
+            && self.generation == other.generation
+            && self.next_ordinal == other.next_ordinal
+            && self.released == other.released
+            && self.totals == other.totals
+            && self.idle == other.idle
+            && self.journal == other.journal
+            && self.index.len() == other.index.len()
+            && self
+                .index
+                .iter()
+                .zip(&other.index)
+                .all(|((ka, &sa), (kb, &sb))| ka == kb && self.slots[sa] == other.slots[sb])
+    }
 }
 
 /// One lane: its key, its core, the ordinal of each of its records, its
@@ -429,9 +450,13 @@ impl<K: LaneKey, T> Lanes<K, T> {
         let lane = self.slots[slot].as_mut().expect("invariant broken: an index names a free slot");
         let gated = lane.core.gated_len();
         let ordinal = self.next_ordinal;
+        // Before the record goes in: at the end of the ordinals (2^64
+        // enqueues, or a store's counter restored there) the panic leaves
+        // every count true.
+        let next = ordinal.next();
         let t = enqueue(&mut lane.core, payload);
         lane.ordinals.push_back(ordinal);
-        self.next_ordinal = ordinal.next();
+        self.next_ordinal = next;
         // What an enqueue moves, and nothing else: one record pending
         // (gated, when it waits). Its head was there before (the new
         // record is the highest of the lane) unless nothing was pending, in
@@ -444,11 +469,13 @@ impl<K: LaneKey, T> Lanes<K, T> {
             self.ready.set(slot, lane.ready);
         }
         if lane.idle {
-            lane.idle = false;
+            // Out of the set before the flag: an `Ord` that panics leaves
+            // the lane marked idle and in the set, to be taken out again.
             self.idle.remove(&lane.key);
+            lane.idle = false;
         }
         if let Some(j) = self.journal.as_deref_mut() {
-            j.touched(&lane.key);
+            j.touched(slot);
         }
         self.debug_check();
         Transition::new(Ok(Enqueued { ordinal, sequence: t.outcome, new_lane }), t.changes.union(freed))
@@ -482,29 +509,27 @@ impl<K: LaneKey, T> Lanes<K, T> {
         let lane = Lane::new(key.clone(), core);
         let mut freed = Changes::NONE;
         if full && let Some(idle) = self.idle.pop_first() {
-            if let Some(gone) = self.index.remove(&idle).and_then(|slot| self.take_slot(slot)) {
-                freed = gone.freed_changes();
-            }
+            let slot = self.index.remove(&idle).expect("invariant broken: an idle lane has no slot");
+            freed = self.take_slot(slot).map_or(Changes::NONE, |gone| gone.freed_changes());
             if let Some(j) = self.journal.as_deref_mut() {
-                j.freed(idle);
+                j.freed(idle, slot);
             }
         }
         Ok((self.insert_lane(key, lane), freed))
     }
 
     /// Puts `lane` in a free slot under `key` (not in the index before).
+    /// The key goes into the index first: an `Ord` that panics there
+    /// leaves no slot taken.
     fn insert_lane(&mut self, key: K, lane: Lane<K, T>) -> usize {
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                self.slots[slot] = Some(lane);
-                slot
-            }
-            None => {
-                self.slots.push(Some(lane));
-                self.slots.len() - 1
-            }
-        };
+        let slot = self.free.last().copied().unwrap_or(self.slots.len());
         self.index.insert(key, slot);
+        if slot == self.slots.len() {
+            self.slots.push(Some(lane));
+        } else {
+            self.free.pop();
+            self.slots[slot] = Some(lane);
+        }
         slot
     }
 
@@ -562,7 +587,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
         lane.ready = lane.ready_ordinal();
         self.ready.claimed(slot, lane.ready);
         if let Some(j) = self.journal.as_deref_mut() {
-            j.touched(&lane.key);
+            j.touched(slot);
         }
         self.debug_check();
         let lane = self.at(slot);
@@ -621,7 +646,7 @@ impl<K: LaneKey, T> Lanes<K, T> {
             lane.due = due;
         }
         if let Some(j) = self.journal.as_deref_mut() {
-            j.touched(&lane.key);
+            j.touched(slot);
         }
         let idle = after.is_idle() && !lane.writing;
         if idle != lane.idle {
