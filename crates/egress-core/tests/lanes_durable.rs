@@ -513,6 +513,20 @@ mod probes {
         assert_eq!(lanes.poll_ready(), None, "and nothing to write");
     }
 
+    /// What the store was told counts: two lanes alike but for a write
+    /// handed out (the generation's) differ.
+    #[test]
+    fn what_the_store_was_told_counts_for_equality() {
+        let policy = LanesPolicy::new(Policy::default(), 4).unwrap();
+        let mut told: Lanes<Key, u8> = Lanes::restore(policy, RestoredLanes::empty()).unwrap();
+        let _ = told.reconnect(Generation(1));
+        let untold = told.clone();
+        let ready = told.poll_ready().expect("the generation to write");
+        assert_eq!((ready.generation, ready.lanes.len()), (Some(Generation(1)), 0));
+        assert!(told != untold, "a write handed out");
+        assert!(told.clone() == told);
+    }
+
     thread_local! { static PANIC: Cell<bool> = const { Cell::new(false) }; }
 
     #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -125,20 +125,26 @@ pub struct Lanes<K, T> {
 
 impl<K: PartialEq, T: PartialEq> PartialEq for Lanes<K, T> {
     fn eq(&self, other: &Self) -> bool {
-        self.policy == other.policy
-            && self.generation == other.generation
-            && self.next_ordinal == other.next_ordinal
-            && self.released == other.released
-            && self.totals == other.totals
-            && self.idle == other.idle
-            && self.journal == other.journal
-            && self.index.len() == other.index.len()
-            && self
-                .index
-                .iter()
-                .zip(&other.index)
-                .all(|((ka, &sa), (kb, &sb))| ka == kb && self.slots[sa] == other.slots[sb])
+        compared(self) == compared(other)
     }
+}
+
+/// What of a [`Lanes`] counts for its equality: everything but where each
+/// lane sits (its slot) and the indexes, which follow from the lanes.
+type Compared<'a, K, T> = (
+    (LanesPolicy, Generation, Ordinal, FlushEpoch, Counts),
+    &'a BTreeSet<K>,
+    &'a Option<Box<durable::LanesJournal<K>>>,
+    Vec<(&'a K, &'a Option<Lane<K, T>>)>,
+);
+
+fn compared<K, T>(l: &Lanes<K, T>) -> Compared<'_, K, T> {
+    (
+        (l.policy, l.generation, l.next_ordinal, l.released, l.totals),
+        &l.idle,
+        &l.journal,
+        l.index.iter().map(|(k, &slot)| (k, &l.slots[slot])).collect(),
+    )
 }
 
 /// One lane: its key, its core, the ordinal of each of its records, its
