@@ -480,6 +480,16 @@ mod probes {
         }
     }
 
+    /// Durable lanes with one record in `key`, written and reported.
+    fn one_record_persisted<K: LaneKey, T>(key: K, payload: T) -> Lanes<K, T> {
+        let policy = LanesPolicy::new(Policy::default(), 4).unwrap();
+        let mut lanes = Lanes::restore(policy, RestoredLanes::empty()).unwrap();
+        lanes.enqueue(key, payload).outcome.unwrap();
+        let ready = lanes.poll_ready().unwrap();
+        let _ = lanes.persisted(ready.epoch);
+        lanes
+    }
+
     /// Which slot holds a lane does not count: the same store restored
     /// with its lanes listed in another order is the same `Lanes`.
     #[test]
@@ -499,11 +509,7 @@ mod probes {
     /// to be asked for writes is not a change (asked, it has none).
     #[test]
     fn a_refused_call_on_durable_lanes_changes_nothing() {
-        let policy = LanesPolicy::new(Policy::default(), 4).unwrap();
-        let mut lanes: Lanes<Key, u8> = Lanes::restore(policy, RestoredLanes::empty()).unwrap();
-        lanes.enqueue(Key(1), 7).outcome.unwrap();
-        let ready = lanes.poll_ready().unwrap();
-        let _ = lanes.persisted(ready.epoch);
+        let mut lanes: Lanes<Key, u8> = one_record_persisted(Key(1), 7);
         let before = lanes.clone();
         let g = lanes.generation();
         let t = lanes.requeue(g, &Key(1), Sequence(9));
@@ -547,11 +553,7 @@ mod probes {
     /// interrupt it after the record went in flight.
     #[test]
     fn a_durable_claim_copies_no_key() {
-        let policy = LanesPolicy::new(Policy::default(), 4).unwrap();
-        let mut lanes: Lanes<Fragile, u32> = Lanes::restore(policy, RestoredLanes::empty()).unwrap();
-        lanes.enqueue(Fragile(1), 7).outcome.unwrap();
-        let ready = lanes.poll_ready().unwrap();
-        let _ = lanes.persisted(ready.epoch);
+        let mut lanes: Lanes<Fragile, u32> = one_record_persisted(Fragile(1), 7);
         assert!(lanes.poll_ready().is_none(), "nothing more to write: the lane is not marked");
         let g = lanes.generation();
         PANIC.with(|p| p.set(true));

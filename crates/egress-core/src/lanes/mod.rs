@@ -91,10 +91,11 @@ use crate::outcome::Transition;
 /// # Costs
 /// A transition on one lane costs what the lane's core costs plus O(log L)
 /// for L lanes: finding the lane by its key, and moving it in the release
-/// index and, when its timer moved, in the timer index. `claim` finds no key: it takes the lane at
-/// the top of the release index. A key is cloned when a lane is made (it is
-/// kept twice: in the lane and in the index of keys) and when it becomes
-/// idle. `reconnect` and `release` visit every lane.
+/// index and, when its timer moved, in the timer index. `claim` finds no
+/// key: it takes the lane at the front of the release index. A key is
+/// cloned when a lane is made (it is kept twice: in the lane and in the
+/// index of keys) and when it becomes idle. `reconnect` and `release` visit
+/// every lane.
 ///
 /// Two `Lanes` are equal when their lanes (by key, each with its core and
 /// the ordinals of its records), generation, counters and what their store

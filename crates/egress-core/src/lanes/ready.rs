@@ -152,14 +152,20 @@ impl ReadyHeap {
             self.fifo.pop_front();
             self.fifo.push_back((next, slot));
             self.current[slot] = Some(next);
-            while let Some(&front) = self.fifo.front()
-                && !self.is_live(front)
-            {
-                self.fifo.pop_front();
-            }
+            self.drop_stale_fifo_front();
             return;
         }
         self.set(slot, next);
+    }
+
+    /// Drops the stale entries at the FIFO's front.
+    #[inline]
+    fn drop_stale_fifo_front(&mut self) {
+        while let Some(&front) = self.fifo.front()
+            && !self.is_live(front)
+        {
+            self.fifo.pop_front();
+        }
     }
 
     /// Whether an entry is its slot's current one.
@@ -171,11 +177,7 @@ impl ReadyHeap {
     /// Drops stale entries from both fronts, and rebuilds when stale
     /// entries outnumber the live ones by more than [`SLACK`].
     fn clean(&mut self) {
-        while let Some(&front) = self.fifo.front()
-            && !self.is_live(front)
-        {
-            self.fifo.pop_front();
-        }
+        self.drop_stale_fifo_front();
         while let Some(&Reverse(top)) = self.heap.peek()
             && !self.is_live(top)
         {
