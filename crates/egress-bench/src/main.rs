@@ -14,6 +14,7 @@ mod http;
 mod nats;
 mod pg;
 mod prng;
+mod queued;
 mod spill;
 mod suite;
 mod ws;
@@ -73,6 +74,8 @@ USAGE:
   egress-bench http [--requests N] [--runs K]
   egress-bench spill [--ops N] [--dir PATH]
   egress-bench spill-child N DIR             (one measurement; used by `spill`)
+  egress-bench queued [--n N]
+  egress-bench queued-child LIB N            (one measurement; used by `queued`)
 
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
@@ -94,6 +97,11 @@ spill: peak RSS of N RawFifo ops (default 10,000,000) through a RelayCell
 with Overflow::Spill over a SqliteSpill into an EgressCell delivering one
 record per two ops sent, against the same run of 1,000 ops (each run its
 own process; every op checked delivered once, in order).
+
+queued: bytes per queued envelope: N u64 payloads (default 1,000,000)
+enqueued and left queued in the bare core and in each cell, against a
+VecDeque<u64> filled one push at a time; each its own process, reading
+its resident set (VmRSS) and the allocator's net bytes before and after.
 
 http: requests per second over loopback HTTP to the homeserver: the egress
 path (AsyncLanesCell + HttpSender, 32 serial lanes) against a plain reqwest
@@ -227,6 +235,8 @@ fn main() -> anyhow::Result<()> {
         Some("http") => http_table(&args[1..]),
         Some("spill") => spill::table(&args[1..]),
         Some("spill-child") => spill::child(&args[1..]),
+        Some("queued") => queued::table(&args[1..]),
+        Some("queued-child") => queued::child(&args[1..]),
         Some("--help") | Some("-h") | None => {
             print!("{HELP}");
             Ok(())

@@ -279,8 +279,7 @@ impl<T> EgressCore<T> {
 
     /// The records waiting to be claimed, in sequence order.
     pub fn pending(&self) -> impl ExactSizeIterator<Item = Envelope<&T>> + '_ {
-        let g = self.generation;
-        self.pending.iter().map(move |r| r.view(g))
+        self.pending.iter(self.generation)
     }
 
     /// The records in flight, in the order they went in flight.
@@ -360,6 +359,7 @@ impl<T> EgressCore<T> {
     /// Whether [`claim`](Self::claim) under the current generation would
     /// claim a record now.
     #[must_use]
+    #[inline]
     pub fn can_claim(&self) -> bool {
         self.pending.head().is_some_and(|head| self.refusal_for(head).is_none())
     }
@@ -381,7 +381,7 @@ impl<T> EgressCore<T> {
     /// Changes: pending; durable, with a journal.
     pub fn enqueue(&mut self, payload: T) -> Transition<Sequence> {
         let sequence = self.next_sequence;
-        self.pending.push_new(Record::new(sequence, payload));
+        self.pending.push_new(sequence, payload);
         self.next_sequence = sequence.next();
         Transition::new(sequence, self.enqueue_changes())
     }
@@ -462,6 +462,7 @@ impl<T> EgressCore<T> {
     /// [`enqueue_after`](Self::enqueue_after)).
     ///
     /// Changes: pending and inflight, when claimed.
+    #[inline(always)]
     pub fn claim(&mut self, generation: Generation) -> Transition<ClaimOutcome<'_, T>> {
         if generation != self.generation {
             return Transition::unchanged(ClaimOutcome::StaleGeneration { current: self.generation });
@@ -554,7 +555,7 @@ impl<T> EgressCore<T> {
         // Usually none of them is a tombstone: look before gathering.
         let dead = |r: &Record<T>| r.dead.is_some();
         if !(self.inflight.any_through(through, dead)
-            || self.pending.any_through(through, dead)
+            || self.pending.any_returned_through(through, dead)
             || self.parked.any_through(through, dead))
         {
             return;
@@ -562,7 +563,7 @@ impl<T> EgressCore<T> {
         let mut skipped: Vec<(Sequence, DeadReason)> = self
             .inflight
             .through(through)
-            .chain(self.pending.through(through))
+            .chain(self.pending.returned_through(through))
             .chain(self.parked.through(through))
             .filter_map(|r| Some((r.sequence, r.dead?)))
             .collect();

@@ -274,11 +274,13 @@ impl<T> EgressCore<T> {
                 Some(DeadMark { reason, held: true }) => {
                     exhausted.insert(r.sequence, Exhausted { generation, reason, record });
                 }
-                dead => {
-                    record.dead = dead.map(|d| d.reason);
-                    tombstones += usize::from(dead.is_some());
-                    pending.push_new(record);
+                Some(DeadMark { reason, held: false }) => {
+                    // Tombstones are records put back, not fresh ones.
+                    record.dead = Some(reason);
+                    tombstones += 1;
+                    pending.put_back(record);
                 }
+                None => pending.push_new(record.sequence, record.payload),
             }
         }
         if expected != next_sequence {
@@ -396,7 +398,7 @@ impl<T> EgressCore<T> {
         // failed: they are the tail of pending's fresh part.
         let durable = self.journal.as_ref().map_or(self.next_sequence, |j| j.durable_next);
         let (from, to) = (range.start.max(durable), range.end.min(self.next_sequence));
-        self.pending.fresh_from(from).take_while(move |r| r.sequence < to).map(|r| (r.sequence, &r.payload))
+        self.pending.fresh_from(from).take_while(move |(s, _)| *s < to)
     }
 
     /// What the store must write next, if anything: one [`Ready`] at a time.
@@ -570,18 +572,15 @@ impl<T> EgressCore<T> {
             return Transition::unchanged(RebaseOutcome::OutOfOrder { expected: from, found: Sequence(u64::MAX) });
         }
         // Never durable, so never claimed: the tail of pending's fresh part.
-        let mut moved = self.pending.split_fresh(from);
+        let moved = self.pending.split_fresh(from);
         let count = moved.len();
         for (sequence, payload) in appended {
-            self.pending.push_new(crate::envelope::Record::new(sequence, payload));
-        }
-        for record in &mut moved {
-            record.sequence = Sequence(record.sequence.0 + k);
+            self.pending.push_new(sequence, payload);
         }
         let gates = self.gates.split_off(&from);
         self.gates.extend(gates.into_iter().map(|(s, e)| (Sequence(s.0 + k), e)));
         for record in moved {
-            self.pending.push_new(record);
+            self.pending.push_new(Sequence(record.sequence.0 + k), record.payload);
         }
         self.next_sequence = Sequence(next.0 + k);
         j.durable_next = Sequence(from.0 + k);
@@ -612,19 +611,19 @@ impl<T> EgressCore<T> {
         if let Some(e) = self.exhausted.get(&sequence) {
             return Some(MessageStatus::Dead(e.reason));
         }
-        let (record, live) = if let Some(p) = self.parked.get(sequence) {
-            (&p.record, MessageStatus::Retrying)
+        let (dead, live) = if let Some(p) = self.parked.get(sequence) {
+            (p.record.dead, MessageStatus::Retrying)
         } else if let Some(r) = self.inflight.get(sequence) {
             let held = self.received_through.is_some_and(|t| sequence <= t);
-            (r, if held { MessageStatus::Received } else { MessageStatus::Sending })
-        } else if let Some(r) = self.pending.get(sequence) {
+            (r.dead, if held { MessageStatus::Received } else { MessageStatus::Sending })
+        } else if let Some(dead) = self.pending.dead(sequence) {
             let saving =
                 self.gates.contains_key(&sequence) || self.journal.as_ref().is_some_and(|j| sequence >= j.durable_next);
-            (r, if saving { MessageStatus::Saving } else { MessageStatus::Queued })
+            (dead, if saving { MessageStatus::Saving } else { MessageStatus::Queued })
         } else {
             return None;
         };
-        Some(record.dead.map_or(live, MessageStatus::Dead))
+        Some(dead.map_or(live, MessageStatus::Dead))
     }
 
     /// Queues `payload`, like [`enqueue`](Self::enqueue), to go out only

@@ -217,10 +217,14 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// trigger.
     pub(super) fn keys(&self, entered: &Entered, core: &EgressCore<T>, changes: Changes, wake: bool, keys: &mut Keys) {
         let bits = changes.bits();
-        for (i, trigger) in self.triggers.iter().enumerate() {
-            if bits >> i & 1 != 0 {
+        // The set bits only: a transition changes one to three of the ten
+        // projections.
+        let mut rest = bits;
+        while rest != 0 {
+            if let Some(trigger) = self.triggers.get(rest.trailing_zeros() as usize) {
                 keys.push(*trigger);
             }
+            rest &= rest - 1;
         }
         for (which, reader) in self.counts.iter().enumerate() {
             if overlaps(bits, COUNTED[which].bits()) && reader.push(entered, count(core, which)) {
@@ -332,6 +336,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// payload whose `Clone` panics) fails the record as a transient
     /// failure, so that it is not left in flight unsent; the panic is
     /// returned, to be resumed once the readers know of both transitions.
+    #[inline(always)]
     fn claim_in(
         s: &mut State<T>,
         generation: Generation,
