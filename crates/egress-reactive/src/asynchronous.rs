@@ -350,11 +350,12 @@ impl Handle<Threaded> {
 }
 
 /// A future whose panics are caught: `Err` with the payload when a poll
-/// panicked. (Boxed, to be `Unpin` without `unsafe`: one allocation per
-/// run of an async effect.)
-pub(crate) struct CatchUnwind<Fut>(pub(crate) Pin<Box<Fut>>);
+/// panicked. It holds the future pinned where its caller pinned it (with
+/// `std::pin::pin!`, in the caller's own state), so catching costs no
+/// allocation.
+pub(crate) struct CatchUnwind<'a, Fut>(pub(crate) Pin<&'a mut Fut>);
 
-impl<Fut: Future> Future for CatchUnwind<Fut> {
+impl<Fut: Future> Future for CatchUnwind<'_, Fut> {
     type Output = Result<Fut::Output, crate::run::Panic>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let fut = self.0.as_mut();
@@ -439,7 +440,7 @@ impl Handle<Threaded> {
                 if !begin_run(&cx) {
                     return;
                 }
-                match CatchUnwind(Box::pin(f(cx.clone()))).await {
+                match CatchUnwind(std::pin::pin!(f(cx.clone()))).await {
                     Ok(()) => end_run(&cx),
                     // What the run did not get to read stays a dependency.
                     Err(panic) => runs.record(&*panic),

@@ -473,3 +473,88 @@ async fn room_waits_until_an_acknowledgement_makes_room_and_never_without_a_capa
     cell.dispose();
     tokio::time::timeout(Duration::from_secs(10), room).await.expect("disposed: the wait ends").unwrap();
 }
+
+/// Sends at once, except that the send of `hold` waits for a permit and the
+/// send of `panic` panics (once).
+struct Gate {
+    hold: u64,
+    panic: Option<u64>,
+    permit: Arc<Semaphore>,
+    sent: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl AsyncTransport<u32> for Gate {
+    async fn send(&mut self, envelope: Envelope<u32>) -> Result<(), SendError> {
+        if envelope.sequence.0 == self.hold {
+            self.permit.acquire().await.unwrap().forget();
+        }
+        if self.panic.take_if(|p| *p == envelope.sequence.0).is_some() {
+            panic!("the transport panics on {}", envelope.sequence.0);
+        }
+        self.sent.lock().unwrap().push(envelope.sequence.0);
+        Ok(())
+    }
+}
+
+/// An effect on `count` that records each value it runs with.
+fn seen(
+    cx: &AsyncContext,
+    count: &egress_reactive::Computed<usize, egress_reactive::Threaded>,
+) -> (egress_reactive::Effect<egress_reactive::Threaded>, Arc<std::sync::Mutex<Vec<usize>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let effect = cx.effect({
+        let (count, seen) = (count.clone(), seen.clone());
+        move || seen.lock().unwrap().push(count.get())
+    });
+    (effect, seen)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_async_attachment_tells_the_readers_of_each_claim_before_its_send() {
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<u32> = AsyncEgressCell::new(&cx, policy(8));
+    for i in 0..4 {
+        cell.enqueue(i);
+    }
+    let (_ui, inflight) = seen(&cx, cell.inflight_len());
+    let permit = Arc::new(Semaphore::new(0));
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _link = cell.attach(Gate { hold: 2, panic: None, permit: permit.clone(), sent: sent.clone() });
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    // Sends 0 and 1 were done at their first poll, 2 waits. Its sends run
+    // outside the graph's lock, where another thread may see what was sent:
+    // the readers heard of each claim before its send.
+    assert_eq!(*sent.lock().unwrap(), [0, 1]);
+    assert_eq!((cell.inflight_len().get(), cell.pending_len().get()), (3, 1));
+    assert_eq!(*inflight.lock().unwrap(), [0, 1, 2, 3]);
+    permit.add_permits(1);
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(*sent.lock().unwrap(), [0, 1, 2, 3]);
+    assert_eq!((cell.inflight_len().get(), cell.pending_len().get()), (4, 0));
+    assert_eq!(*inflight.lock().unwrap(), [0, 1, 2, 3, 4]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_async_send_that_panics_fails_its_record_and_the_readers_know_both() {
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<u32> = AsyncEgressCell::new(&cx, policy(8));
+    for i in 0..3 {
+        cell.enqueue(i);
+    }
+    let (_ui, pending) = seen(&cx, cell.pending_len());
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let gate = Gate { hold: u64::MAX, panic: Some(1), permit: Arc::new(Semaphore::new(0)), sent: sent.clone() };
+    let _link = cell.attach(gate);
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    // 0 was sent, 1 panicked and is parked for its retry (the pass ended
+    // there: 2 is still pending).
+    assert_eq!(*sent.lock().unwrap(), [0]);
+    assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.parked_len().get()), (1, 1, 1));
+    assert_eq!(*pending.lock().unwrap(), [3, 2, 1]);
+}
