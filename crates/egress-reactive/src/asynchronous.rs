@@ -350,8 +350,9 @@ impl Handle<Threaded> {
 }
 
 /// A future whose panics are caught: `Err` with the payload when a poll
-/// panicked. It holds the future pinned where its caller pinned it (with
-/// `std::pin::pin!`, in the caller's own state), so catching costs no
+/// panicked. It borrows the future pinned where its caller pinned it: an
+/// async effect's run in a box per run, an attachment's send in place (in
+/// the run's state, which that box holds), so that a send costs no
 /// allocation.
 pub(crate) struct CatchUnwind<'a, Fut>(pub(crate) Pin<&'a mut Fut>);
 
@@ -440,11 +441,16 @@ impl Handle<Threaded> {
                 if !begin_run(&cx) {
                     return;
                 }
-                match CatchUnwind(std::pin::pin!(f(cx.clone()))).await {
+                // Boxed, one allocation per run: in place, the run's state
+                // would be the task's for the effect's whole life, and built
+                // on the stack of whoever spawns it.
+                let mut run = Box::pin(f(cx.clone()));
+                match CatchUnwind(run.as_mut()).await {
                     Ok(()) => end_run(&cx),
                     // What the run did not get to read stays a dependency.
                     Err(panic) => runs.record(&*panic),
                 }
+                drop(run);
                 bell.notified().await;
             }
         });
