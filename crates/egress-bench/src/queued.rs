@@ -36,6 +36,23 @@ fn sample() -> anyhow::Result<(u64, i64)> {
     Ok((rss()?, crate::alloc::allocated()))
 }
 
+/// The samples around building a queue with `make`, enqueueing `0..n` with
+/// `push`, and checking `len` says all `n` are queued (the queue is kept
+/// until the second sample).
+fn around<Q>(
+    n: u64,
+    make: impl FnOnce() -> Q,
+    push: impl Fn(&mut Q, u64),
+    len: impl Fn(&Q) -> usize,
+) -> anyhow::Result<((u64, i64), (u64, i64))> {
+    let before = sample()?;
+    let mut queue = make();
+    (0..n).for_each(|i| push(&mut queue, i));
+    let after = sample()?;
+    assert_eq!(len(&queue) as u64, n, "every payload queued");
+    Ok((before, after))
+}
+
 /// `queued-child LIB N`: prints `OK rss-bytes allocated-bytes` (the
 /// differences across enqueueing `N` payloads).
 pub fn child(args: &[String]) -> anyhow::Result<()> {
@@ -43,61 +60,49 @@ pub fn child(args: &[String]) -> anyhow::Result<()> {
     let n: u64 = n.parse()?;
     let policy = egress_core::Policy::default();
     let (before, after) = match lib.as_str() {
-        "vecdeque" => {
-            let before = sample()?;
-            let mut q = std::collections::VecDeque::new();
-            (0..n).for_each(|i| q.push_back(i));
-            let after = sample()?;
-            assert_eq!(q.len() as u64, n);
-            std::hint::black_box(&q);
-            (before, after)
-        }
-        "core" => {
-            let before = sample()?;
-            let mut core = EgressCore::new(policy);
-            (0..n).for_each(|i| {
+        "vecdeque" => around(n, std::collections::VecDeque::new, |q, i| q.push_back(i), |q| q.len())?,
+        "core" => around(
+            n,
+            || EgressCore::new(policy),
+            |core, i| {
                 let _ = core.enqueue(i);
-            });
-            let after = sample()?;
-            assert_eq!(core.pending_len() as u64, n);
-            std::hint::black_box(&core);
-            (before, after)
-        }
+            },
+            |core| core.pending_len(),
+        )?,
         "egress" => {
             let cx = Context::new();
-            let before = sample()?;
-            let cell: EgressCell<u64> = EgressCell::new(&cx, policy);
-            (0..n).for_each(|i| {
-                let _ = cell.enqueue(i);
-            });
-            let after = sample()?;
-            assert_eq!(cell.pending_len().get() as u64, n);
-            (before, after)
+            around(
+                n,
+                || EgressCell::<u64>::new(&cx, policy),
+                |c, i| {
+                    let _ = c.enqueue(i);
+                },
+                |c| c.pending_len().get(),
+            )?
         }
         "egress-ts" => {
             let cx = ThreadSafeContext::new();
-            let before = sample()?;
-            let cell: ThreadSafeEgressCell<u64> = ThreadSafeEgressCell::new(&cx, policy);
-            (0..n).for_each(|i| {
-                let _ = cell.enqueue(i);
-            });
-            let after = sample()?;
-            assert_eq!(cell.pending_len().get() as u64, n);
-            (before, after)
+            around(
+                n,
+                || ThreadSafeEgressCell::<u64>::new(&cx, policy),
+                |c, i| {
+                    let _ = c.enqueue(i);
+                },
+                |c| c.pending_len().get(),
+            )?
         }
         "egress-async" => {
             let rt = tokio::runtime::Builder::new_current_thread().build()?;
-            rt.block_on(async {
-                let cx = AsyncContext::new();
-                let before = sample()?;
-                let cell: AsyncEgressCell<u64> = AsyncEgressCell::new(&cx, policy);
-                (0..n).for_each(|i| {
-                    let _ = cell.enqueue(i);
-                });
-                let after = sample()?;
-                assert_eq!(cell.pending_len().get() as u64, n);
-                anyhow::Ok((before, after))
-            })?
+            let _entered = rt.enter();
+            let cx = AsyncContext::new();
+            around(
+                n,
+                || AsyncEgressCell::<u64>::new(&cx, policy),
+                |c, i| {
+                    let _ = c.enqueue(i);
+                },
+                |c| c.pending_len().get(),
+            )?
         }
         other => bail!("unknown library {other:?}"),
     };
