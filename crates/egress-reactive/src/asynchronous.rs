@@ -349,21 +349,37 @@ impl Handle<Threaded> {
     }
 }
 
-/// A future whose panics are caught: `Err` with the payload when a poll
-/// panicked. It borrows the future pinned where its caller pinned it: an
-/// async effect's run in a box per run, an attachment's send in place (in
-/// the run's state, which that box holds), so that a send costs no
-/// allocation.
-pub(crate) struct CatchUnwind<'a, Fut>(pub(crate) Pin<&'a mut Fut>);
+/// A future whose panics are caught, in its polls and in its drop: `Err`
+/// with the payload when a poll panicked, or when the future, done, panicked
+/// as it was dropped (its output is then lost: a send that panics is failed
+/// whatever it returned). It borrows the future pinned where its caller
+/// pinned it, in an `Option` that it empties once the future is done or has
+/// panicked: an async effect's run in a box per run, an attachment's send in
+/// place (in the run's state, which that box holds), so that a send costs no
+/// allocation. Polled again once it returned, it is `Err` again.
+pub(crate) struct CatchUnwind<'a, Fut>(pub(crate) Pin<&'a mut Option<Fut>>);
 
 impl<Fut: Future> Future for CatchUnwind<'_, Fut> {
     type Output = Result<Fut::Output, crate::run::Panic>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        let fut = self.0.as_mut();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.poll(cx))) {
+        let slot = &mut self.0;
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let Some(fut) = slot.as_mut().as_pin_mut() else {
+                panic!("CatchUnwind polled after it returned");
+            };
+            let Poll::Ready(out) = fut.poll(cx) else { return Poll::Pending };
+            slot.set(None);
+            Poll::Ready(out)
+        }));
+        match polled {
             Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
             Ok(Poll::Pending) => Poll::Pending,
-            Err(panic) => Poll::Ready(Err(panic)),
+            Err(panic) => {
+                // Dropped here, where a panic of its drop is caught too (the
+                // slot is empty after a drop that panicked as well).
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| slot.set(None)));
+                Poll::Ready(Err(panic))
+            }
         }
     }
 }
@@ -444,7 +460,7 @@ impl Handle<Threaded> {
                 // Boxed, one allocation per run: in place, the run's state
                 // would be the task's for the effect's whole life, and built
                 // on the stack of whoever spawns it.
-                let mut run = Box::pin(f(cx.clone()));
+                let mut run = Box::pin(Some(f(cx.clone())));
                 match CatchUnwind(run.as_mut()).await {
                     Ok(()) => end_run(&cx),
                     // What the run did not get to read stays a dependency.

@@ -558,3 +558,62 @@ async fn an_async_send_that_panics_fails_its_record_and_the_readers_know_both() 
     assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.parked_len().get()), (1, 1, 1));
     assert_eq!(*pending.lock().unwrap(), [3, 2, 1]);
 }
+
+/// Sends at once; the future of the send of `armed`, once it has returned
+/// `Ok`, panics when dropped.
+struct DropBomb {
+    armed: Option<u64>,
+    sent: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+struct Bomb {
+    sequence: u64,
+    armed: bool,
+    sent: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl std::future::Future for Bomb {
+    type Output = Result<(), SendError>;
+    fn poll(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        self.sent.lock().unwrap().push(self.sequence);
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        if self.armed {
+            panic!("the send of {} panics in its drop", self.sequence);
+        }
+    }
+}
+
+impl AsyncTransport<u32> for DropBomb {
+    fn send(&mut self, envelope: Envelope<u32>) -> impl Future<Output = Result<(), SendError>> + Send {
+        let sequence = envelope.sequence.0;
+        let armed = self.armed.take_if(|a| *a == sequence).is_some();
+        Bomb { sequence, armed, sent: self.sent.clone() }
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_async_send_whose_future_panics_in_its_drop_fails_its_record_and_the_pass_goes_on_later() {
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<u32> = AsyncEgressCell::new(&cx, policy(8));
+    for i in 0..3 {
+        cell.enqueue(i);
+    }
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _link = cell.attach(DropBomb { armed: Some(1), sent: sent.clone() });
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    // 1 returned Ok, but its future panicked when dropped: failed as a send
+    // that panicked, parked for its retry, and the pass ended there.
+    assert_eq!(*sent.lock().unwrap(), [0, 1]);
+    assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.parked_len().get()), (1, 1, 1));
+    // Its retry comes due and wakes the attachment, which sends it and 2.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(*sent.lock().unwrap(), [0, 1, 1, 2]);
+    assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.parked_len().get()), (0, 3, 0));
+}

@@ -46,6 +46,45 @@ async fn an_async_effect_whose_run_panics_runs_again_and_reports_it() {
     assert_eq!(fx.panics(), 1);
 }
 
+/// A run done at once, whose future panics as it is dropped when it read 1.
+struct DoneThenPanics {
+    value: u32,
+    tx: mpsc::UnboundedSender<u32>,
+}
+
+impl Future for DoneThenPanics {
+    type Output = ();
+    fn poll(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.tx.send(self.value).unwrap();
+        std::task::Poll::Ready(())
+    }
+}
+
+impl Drop for DoneThenPanics {
+    fn drop(&mut self) {
+        assert!(self.value != 1, "one panics as it goes");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_async_effect_whose_run_panics_in_its_drop_runs_again_and_reports_it() {
+    let cx = AsyncContext::new();
+    let s = cx.signal(0);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let fx = cx.effect_async({
+        let s = s.clone();
+        move |ecx| DoneThenPanics { value: ecx.get(&s), tx: tx.clone() }
+    });
+    assert_eq!(rx.recv().await.unwrap(), 0);
+    s.set(1);
+    assert_eq!(rx.recv().await.unwrap(), 1);
+    settle().await;
+    assert_eq!((fx.panics(), fx.last_panic().as_deref()), (1, Some("one panics as it goes")));
+    s.set(2);
+    assert_eq!(rx.recv().await.unwrap(), 2, "the task lives on, subscribed to what it read");
+    assert_eq!(fx.panics(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_watch_over_a_computed_that_panicked_once_goes_on() {
     let cx = AsyncContext::new();

@@ -350,7 +350,7 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
                 let mut transport = transport.lock().await;
                 while let Some(envelope) = inner.claim_for(generation) {
                     let sequence = envelope.sequence;
-                    let sent = CatchUnwind(std::pin::pin!(transport.send(envelope))).await;
+                    let sent = CatchUnwind(std::pin::pin!(Some(transport.send(envelope)))).await;
                     let goes_on = inner.send_in_pass(generation, sequence, || match sent {
                         Ok(result) => result,
                         Err(panic) => resume_unwind(panic),
