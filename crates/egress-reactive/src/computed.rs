@@ -339,7 +339,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     }
 
     /// Brings the value up to date and tracks the read.
-    #[inline]
+    #[inline(always)]
     fn prepare(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
         {
             let mut g = cell.borrow_mut();
@@ -361,7 +361,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
 
     /// [`Computed::prepare`] when the computed is not known to be up to
     /// date.
-    #[inline]
+    #[inline(never)]
     fn prepare_slow(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
         {
             // A refresh that panics still makes the reader depend on this

@@ -76,23 +76,28 @@ pub(crate) fn update<F: Flavor>(cell: &Cell<F>, key: Key) -> bool {
     if !g.alive(key) {
         return false;
     }
-    update_borrowed(cell, g, key)
+    update_borrowed(cell, g, key).0
 }
 
-/// [`update`] for a caller that has the graph borrowed already.
+/// [`update`] for a caller that has the graph borrowed already; returns the
+/// graph borrowed again, for the caller's next step.
 #[inline(always)]
-fn update_borrowed<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key: Key) -> bool {
+fn update_borrowed<'a, F: Flavor>(
+    cell: &'a Cell<F>,
+    mut g: RefMut<'a, Graph<F>>,
+    key: Key,
+) -> (bool, RefMut<'a, Graph<F>>) {
     let index = key.index;
     debug_assert!(g.alive(key), "graph invariant: only live nodes are updated");
     let node = g.node(index);
     if node.last_child != NONE || node.flags & HAS_CLEANUP != 0 {
         drop(g);
         if !clean_before_run(cell, key) {
-            return false;
+            return (false, cell.borrow_mut());
         }
         g = cell.borrow_mut();
     }
-    let Some((key, saved, obj)) = g.begin(index) else { return false };
+    let Some((key, saved, obj)) = g.begin(index) else { return (false, g) };
     drop(g);
     let guard = Unwind { cell, key, saved, obj: Some(obj) };
     let obj = guard.obj.as_ref().expect("graph invariant: a running node keeps its object");
@@ -104,14 +109,19 @@ fn update_borrowed<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>
     };
     let mut guard = std::mem::ManuallyDrop::new(guard);
     let obj = guard.obj.take();
-    let ended = cell.borrow_mut().end(key, saved, obj, false);
+    let mut g = cell.borrow_mut();
+    let ended = g.end(key, saved, obj, false);
     // A computed that had failed has had no valid value since: whatever it
     // computes now is a change.
     let changed = changed || ended.flags & FAILED != 0;
-    if let Some(panic) = finish(cell, key, ended) {
+    if ended.leftover.is_none() && ended.flags & DOOMED == 0 {
+        return (changed, g);
+    }
+    drop(g);
+    if let Some(panic) = finish_slow(cell, key, ended) {
         resume_unwind(panic);
     }
-    changed
+    (changed, cell.borrow_mut())
 }
 
 /// Disposes what the previous run of `key` created and runs its cleanups.
@@ -310,8 +320,7 @@ fn recompute_in_walk<'a, F: Flavor>(
     let epoch = g.epoch;
     let key = g.key(node);
     // Alive: the walk reached it through a link, under this borrow.
-    let changed = update_borrowed(cell, g, key);
-    let mut g = cell.borrow_mut();
+    let (changed, mut g) = update_borrowed(cell, g, key);
     g.walk_stack.truncate(depth);
     // A changed value reaches the subscribers before anything else: when
     // the run freed nodes, the walk starts over (or ends, its start gone),
@@ -466,25 +475,65 @@ pub(crate) fn notify<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> Result<(), 
 /// inside an effect, whose flush (or creation) runs them next. Returns
 /// whether a batch deferred the triggers.
 pub(crate) fn mark<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> bool {
-    {
-        let mut g = cell.borrow_mut();
+    let mut marker = Marker::new(cell);
+    for &key in triggers {
+        marker.mark(key);
+    }
+    marker.batching()
+}
+
+/// Marks triggers one at a time under one borrow of the graph, as
+/// [`mark`] does a slice of them: for a caller that learns them one by one
+/// (a cell recounting its readers), so that they are never gathered first.
+/// Runs no user code; dropping it releases the graph.
+pub(crate) struct Marker<'a, F: Flavor> {
+    cell: &'a Cell<F>,
+    g: RefMut<'a, Graph<F>>,
+    batching: bool,
+}
+
+impl<'a, F: Flavor> Marker<'a, F> {
+    #[inline(always)]
+    pub(crate) fn new(cell: &'a Cell<F>) -> Self {
+        let g = cell.borrow_mut();
         let batching = g.batching();
-        for &key in triggers {
-            // Nobody to notify: a later subscriber reads the fresh value.
-            if !g.alive(key) || g.node(key.index).subs_head == NONE {
-                continue;
-            }
-            if batching {
-                let node = g.node_mut(key.index);
-                if node.flags & BATCHED == 0 {
-                    node.flags |= BATCHED;
-                    g.writes.push(key);
-                }
-            } else {
-                g.propagate(key.index);
-            }
+        Marker { cell, g, batching }
+    }
+
+    /// Notifies the subscribers of trigger `key`, if it is alive and has
+    /// any: deferred to the batch's end inside one, propagated otherwise.
+    #[inline(always)]
+    pub(crate) fn mark(&mut self, key: Key) {
+        let g = &mut *self.g;
+        // Nobody to notify: a later subscriber reads the fresh value.
+        if !g.alive(key) || g.node(key.index).subs_head == NONE {
+            return;
         }
-        batching
+        if self.batching {
+            let node = g.node_mut(key.index);
+            if node.flags & BATCHED == 0 {
+                node.flags |= BATCHED;
+                g.writes.push(key);
+            }
+        } else {
+            g.propagate(key.index);
+        }
+    }
+
+    /// Whether a batch deferred the triggers (then nothing is to flush).
+    #[inline(always)]
+    pub(crate) fn batching(&self) -> bool {
+        self.batching
+    }
+
+    /// Ends the marking: runs the effects it queued, unless a batch (or a
+    /// run, or a flush under way) is to run them.
+    #[inline(always)]
+    pub(crate) fn flush(self) -> Result<(), EffectLoopError> {
+        if self.batching {
+            return Ok(());
+        }
+        flush_borrowed(self.cell, self.g)
     }
 }
 
@@ -501,11 +550,12 @@ pub(crate) fn settle_and_flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLo
     flush(cell)
 }
 
-/// Ends a flush on every path: the queue loses what has run. If the flush
+/// Ends a flush that unwinds: the queue loses what has run. If the flush
 /// unwinds (an effect, a computed it read or a cleanup panicked), it first
 /// runs every effect still queued, each under `catch_unwind` (their panics
 /// are dropped: the first one is on its way), so a panic never cuts a
-/// flush short and the normal path pays for no `catch_unwind`.
+/// flush short and the normal path pays for no `catch_unwind`. (A flush
+/// that returns ends itself, under the borrow it returns with.)
 struct FlushGuard<'a, F: Flavor> {
     cell: &'a Cell<F>,
     /// The queue position: what is before it has run.
@@ -518,22 +568,24 @@ impl<F: Flavor> Drop for FlushGuard<'_, F> {
     #[inline(always)]
     fn drop(&mut self) {
         if self.armed {
-            self.finish_unwinding();
+            self.unwound();
         }
-        let mut g = self.cell.borrow_mut();
-        g.flushing = false;
-        let done = self.next.min(g.queue.len());
-        g.queue.drain(..done);
     }
 }
 
 impl<F: Flavor> FlushGuard<'_, F> {
     /// Runs what is still queued (counting rounds afresh), each panic
-    /// caught and dropped.
+    /// caught and dropped, then ends the flush.
     #[cold]
     #[inline(never)]
-    fn finish_unwinding(&mut self) {
-        while catch_unwind(AssertUnwindSafe(|| flush_rounds(self.cell, &mut self.next))).is_err() {}
+    fn unwound(&mut self) {
+        while catch_unwind(AssertUnwindSafe(|| drop(flush_rounds(self.cell, self.cell.borrow_mut(), &mut self.next))))
+            .is_err()
+        {}
+        let mut g = self.cell.borrow_mut();
+        g.flushing = false;
+        let done = self.next.min(g.queue.len());
+        g.queue.drain(..done);
     }
 }
 
@@ -545,26 +597,40 @@ impl<F: Flavor> FlushGuard<'_, F> {
 /// others ([`FlushGuard`]), and the first panic continues once every queued
 /// effect has run.
 pub(crate) fn flush<F: Flavor>(cell: &Cell<F>) -> Result<(), EffectLoopError> {
-    {
-        let mut g = cell.borrow_mut();
-        if g.flushing || g.batching() || g.queue.is_empty() {
-            return Ok(());
-        }
-        g.flushing = true;
+    flush_borrowed(cell, cell.borrow_mut())
+}
+
+/// [`flush`] for a caller that has the graph borrowed already (it has just
+/// propagated a write).
+#[inline]
+pub(crate) fn flush_borrowed<'a, F: Flavor>(
+    cell: &'a Cell<F>,
+    mut g: RefMut<'a, Graph<F>>,
+) -> Result<(), EffectLoopError> {
+    if g.flushing || g.batching() || g.queue.is_empty() {
+        return Ok(());
     }
+    g.flushing = true;
     let mut guard = FlushGuard { cell, next: 0, armed: true };
-    let result = flush_rounds(cell, &mut guard.next);
+    let (result, mut g) = flush_rounds(cell, g, &mut guard.next);
     guard.armed = false;
+    // Returned, so everything queued has run (or was unqueued, on a loop).
+    g.flushing = false;
+    g.queue.clear();
     result
 }
 
-/// The body of [`flush`]: runs queued effects from `*next` on.
+/// The body of [`flush`]: runs queued effects from `*next` on. Returns with
+/// the graph borrowed and `*next` at the queue's end.
 #[inline(always)]
-fn flush_rounds<F: Flavor>(cell: &Cell<F>, next: &mut usize) -> Result<(), EffectLoopError> {
+fn flush_rounds<'a, F: Flavor>(
+    cell: &'a Cell<F>,
+    mut g: RefMut<'a, Graph<F>>,
+    next: &mut usize,
+) -> (Result<(), EffectLoopError>, RefMut<'a, Graph<F>>) {
     let mut round_end = *next;
     let mut rounds = 0;
     loop {
-        let mut g = cell.borrow_mut();
         // What the previous run wrote settles before anything else runs.
         if !g.writes.is_empty() {
             drop(g);
@@ -573,7 +639,7 @@ fn flush_rounds<F: Flavor>(cell: &Cell<F>, next: &mut usize) -> Result<(), Effec
         }
         if *next == round_end {
             if round_end == g.queue.len() {
-                return Ok(());
+                return (Ok(()), g);
             }
             round_end = g.queue.len();
             rounds += 1;
@@ -588,43 +654,43 @@ fn flush_rounds<F: Flavor>(cell: &Cell<F>, next: &mut usize) -> Result<(), Effec
                     }
                 }
                 let effect = effect.unwrap_or_else(|| g.site(g.root));
-                return Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect });
+                return (Err(EffectLoopError { rounds: MAX_FLUSH_ROUNDS, effect }), g);
             }
         }
         // Past the end only if something drained the queue under this
         // flush (a nested flush, which `flush` never starts): nothing left.
         let Some(&key) = g.queue.get(*next) else {
-            return Ok(());
+            *next = g.queue.len();
+            return (Ok(()), g);
         };
         *next += 1;
-        run_queued(cell, g, key);
+        g = run_queued(cell, g, key);
     }
 }
 
 /// Runs a queued effect if what it read changed. If the re-validation
-/// unwinds, the effect is marked failed.
+/// unwinds, the effect is marked failed. Returns the graph borrowed again.
 #[inline(always)]
-fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key: Key) {
+fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key: Key) -> RefMut<'a, Graph<F>> {
     if !g.alive(key) {
-        return;
+        return g;
     }
     let node = g.node_mut(key.index);
     node.flags &= !QUEUED;
     let flags = node.flags;
     if flags & (DIRTY | ASYNC) == DIRTY {
         // The common case: a synchronous effect that a write reached.
-        update_borrowed(cell, g, key);
-        return;
+        return update_borrowed(cell, g, key).1;
     }
     drop(g);
     if flags & (DIRTY | ORPHAN) == 0 && !(flags & PENDING != 0 && check_dirty(cell, key)) {
-        return;
+        return cell.borrow_mut();
     }
     if flags & ASYNC != 0 {
         let obj = {
             let mut g = cell.borrow_mut();
             if !g.alive(key) {
-                return;
+                return g;
             }
             let node = g.node_mut(key.index);
             node.flags |= DIRTY;
@@ -636,6 +702,7 @@ fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key
     } else {
         update(cell, key);
     }
+    cell.borrow_mut()
 }
 
 /// A panic caught from user code, to be resumed later.

@@ -482,19 +482,17 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
             if !changed {
                 return Ok(());
             }
-            {
-                let mut g = cell.borrow_mut();
-                if batching {
-                    let node = g.node_mut(self.key.index);
-                    if node.flags & BATCHED == 0 {
-                        node.flags |= BATCHED;
-                        g.writes.push(self.key);
-                    }
-                    return Ok(());
+            let mut g = cell.borrow_mut();
+            if batching {
+                let node = g.node_mut(self.key.index);
+                if node.flags & BATCHED == 0 {
+                    node.flags |= BATCHED;
+                    g.writes.push(self.key);
                 }
-                g.propagate(self.key.index);
+                return Ok(());
             }
-            run::flush(cell).map_err(WriteError::from)
+            g.propagate(self.key.index);
+            run::flush_borrowed(cell, g).map_err(WriteError::from)
         });
         written.unwrap_or(Err(WriteError::ForeignGraph))
     }

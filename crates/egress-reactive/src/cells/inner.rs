@@ -164,14 +164,30 @@ impl Keys {
         Keys { keys: [filler; TRIGGERS + COUNTS + 1], n: 0 }
     }
 
+    pub(super) fn as_slice(&self) -> &[Key] {
+        &self.keys[..self.n]
+    }
+}
+
+/// Where the keys a transition notifies go: gathered, for a caller that
+/// must do something between learning them and notifying ([`Keys`]), or
+/// marked as they come, under one borrow of the graph ([`run::Marker`]).
+pub(super) trait KeySink {
+    fn push(&mut self, key: Key);
+}
+
+impl KeySink for Keys {
     #[inline]
     fn push(&mut self, key: Key) {
         self.keys[self.n] = key;
         self.n += 1;
     }
+}
 
-    pub(super) fn as_slice(&self) -> &[Key] {
-        &self.keys[..self.n]
+impl<F: Flavor> KeySink for run::Marker<'_, F> {
+    #[inline(always)]
+    fn push(&mut self, key: Key) {
+        self.mark(key);
     }
 }
 
@@ -191,14 +207,22 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     pub(crate) fn apply<R>(&self, by: By, op: impl FnOnce(&mut State<T>) -> (R, Changes)) -> R {
         self.handle.enter(|cell| {
             let entered = Entered::by(cell);
-            let mut keys = Keys::new(self.wake);
-            let outcome = self.state.with_mut(&entered, |s| {
+            let (outcome, marked) = self.state.with_mut(&entered, |s| {
                 let (outcome, changes) = op(s);
-                let wake = by == By::Caller && !changes.is_empty() && s.core.can_claim();
-                self.keys(&entered, &s.core, changes, wake, &mut keys);
-                outcome
+                if changes.is_empty() {
+                    return (outcome, None);
+                }
+                let wake = by == By::Caller && s.core.can_claim();
+                let mut marker = run::Marker::new(cell);
+                self.keys(&entered, &s.core, changes, wake, &mut marker);
+                (outcome, Some(marker))
             });
-            self.notify(cell, keys.as_slice());
+            // The effects run once the core is released: they read it.
+            if let Some(marker) = marked
+                && let Err(e) = marker.flush()
+            {
+                panic!("{e}");
+            }
             outcome
         })
     }
@@ -215,7 +239,15 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// array is copied out): the triggers of the lazy readers, the counts
     /// whose value changed (recounted here, from `core`), and the wake
     /// trigger.
-    pub(super) fn keys(&self, entered: &Entered, core: &EgressCore<T>, changes: Changes, wake: bool, keys: &mut Keys) {
+    #[inline(always)]
+    pub(super) fn keys(
+        &self,
+        entered: &Entered,
+        core: &EgressCore<T>,
+        changes: Changes,
+        wake: bool,
+        keys: &mut impl KeySink,
+    ) {
         let bits = changes.bits();
         // The set bits only: a transition changes one to three of the ten
         // projections.
@@ -270,9 +302,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         }
         self.handle.enter(|cell| {
             let entered = Entered::by(cell);
-            let mut keys = Keys::new(self.wake);
-            self.state.with(&entered, |s| self.keys(&entered, &s.core, changes, false, &mut keys));
-            run::mark(cell, keys.as_slice());
+            self.state.with(&entered, |s| self.keys(&entered, &s.core, changes, false, &mut run::Marker::new(cell)));
         });
     }
 
