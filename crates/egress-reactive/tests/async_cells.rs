@@ -481,10 +481,17 @@ struct Gate {
     panic: Option<u64>,
     permit: Arc<Semaphore>,
     sent: Arc<std::sync::Mutex<Vec<u64>>>,
+    /// A count read as each send starts, and what it read.
+    probe: Option<(Count, Arc<std::sync::Mutex<Vec<usize>>>)>,
 }
+
+type Count = egress_reactive::Computed<usize, egress_reactive::Threaded>;
 
 impl AsyncTransport<u32> for Gate {
     async fn send(&mut self, envelope: Envelope<u32>) -> Result<(), SendError> {
+        if let Some((count, read)) = &self.probe {
+            read.lock().unwrap().push(count.get());
+        }
         if envelope.sequence.0 == self.hold {
             self.permit.acquire().await.unwrap().forget();
         }
@@ -519,7 +526,9 @@ async fn an_async_attachment_tells_the_readers_of_each_claim_before_its_send() {
     let (_ui, inflight) = seen(&cx, cell.inflight_len());
     let permit = Arc::new(Semaphore::new(0));
     let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let _link = cell.attach(Gate { hold: 2, panic: None, permit: permit.clone(), sent: sent.clone() });
+    let read = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let probe = Some((cell.inflight_len().clone(), read.clone()));
+    let _link = cell.attach(Gate { hold: 2, panic: None, permit: permit.clone(), sent: sent.clone(), probe });
     for _ in 0..20 {
         tokio::task::yield_now().await;
     }
@@ -527,15 +536,20 @@ async fn an_async_attachment_tells_the_readers_of_each_claim_before_its_send() {
     // outside the graph's lock, where another thread may see what was sent:
     // the readers heard of each claim before its send.
     assert_eq!(*sent.lock().unwrap(), [0, 1]);
+    assert_eq!(*read.lock().unwrap(), [1, 2, 3]);
     assert_eq!((cell.inflight_len().get(), cell.pending_len().get()), (3, 1));
-    assert_eq!(*inflight.lock().unwrap(), [0, 1, 2, 3]);
+    // The effects its claims queued ran once, before the pass waited on 2
+    // (not once per claim: sends 0 and 1 completed at once).
+    assert_eq!(*inflight.lock().unwrap(), [0, 3]);
     permit.add_permits(1);
     for _ in 0..20 {
         tokio::task::yield_now().await;
     }
     assert_eq!(*sent.lock().unwrap(), [0, 1, 2, 3]);
+    assert_eq!(*read.lock().unwrap(), [1, 2, 3, 4]);
     assert_eq!((cell.inflight_len().get(), cell.pending_len().get()), (4, 0));
-    assert_eq!(*inflight.lock().unwrap(), [0, 1, 2, 3, 4]);
+    // And once more when the pass ended.
+    assert_eq!(*inflight.lock().unwrap(), [0, 3, 4]);
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -547,16 +561,18 @@ async fn an_async_send_that_panics_fails_its_record_and_the_readers_know_both() 
     }
     let (_ui, pending) = seen(&cx, cell.pending_len());
     let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let gate = Gate { hold: u64::MAX, panic: Some(1), permit: Arc::new(Semaphore::new(0)), sent: sent.clone() };
+    let gate =
+        Gate { hold: u64::MAX, panic: Some(1), permit: Arc::new(Semaphore::new(0)), sent: sent.clone(), probe: None };
     let _link = cell.attach(gate);
     for _ in 0..20 {
         tokio::task::yield_now().await;
     }
     // 0 was sent, 1 panicked and is parked for its retry (the pass ended
-    // there: 2 is still pending).
+    // there: 2 is still pending). The effects ran once the failure was
+    // known (the pass's claims of 0 and 1 had queued them).
     assert_eq!(*sent.lock().unwrap(), [0]);
     assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.parked_len().get()), (1, 1, 1));
-    assert_eq!(*pending.lock().unwrap(), [3, 2, 1]);
+    assert_eq!(*pending.lock().unwrap(), [3, 1]);
 }
 
 /// Sends at once; the future of the send of `armed`, once it has returned
@@ -616,4 +632,87 @@ async fn an_async_send_whose_future_panics_in_its_drop_fails_its_record_and_the_
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(*sent.lock().unwrap(), [0, 1, 1, 2]);
     assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.parked_len().get()), (0, 3, 0));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_effect_that_panics_in_an_async_pass_neither_stops_the_sends_nor_goes_unreported() {
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<u32> = AsyncEgressCell::new(&cx, policy(8));
+    for i in 0..4 {
+        cell.enqueue(i);
+    }
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _ui = cx.effect({
+        let (count, seen) = (cell.inflight_len().clone(), seen.clone());
+        move || {
+            let n = count.get();
+            seen.lock().unwrap().push(n);
+            assert!(n != 3, "the screen cannot show 3");
+        }
+    });
+    let permit = Arc::new(Semaphore::new(0));
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let link = cell.attach(Gate { hold: 2, panic: None, permit: permit.clone(), sent: sent.clone(), probe: None });
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    // The effect panicked on 3 as the pass was about to wait on 2's send;
+    // the send waits on.
+    assert_eq!(*seen.lock().unwrap(), [0, 3]);
+    assert_eq!(*sent.lock().unwrap(), [0, 1]);
+    permit.add_permits(1);
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(*sent.lock().unwrap(), [0, 1, 2, 3]);
+    assert_eq!((cell.inflight_len().get(), cell.pending_len().get()), (4, 0));
+    assert_eq!(*seen.lock().unwrap(), [0, 3, 4]);
+    // The pass ended with the effect's panic; the attachment sends on.
+    cell.enqueue(4);
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(*sent.lock().unwrap(), [0, 1, 2, 3, 4]);
+    assert!(!link.is_fenced());
+}
+
+/// A payload whose copy panics when it is 1.
+#[derive(Debug, PartialEq)]
+struct Fragile(u32);
+
+impl Clone for Fragile {
+    fn clone(&self) -> Self {
+        assert!(self.0 != 1, "1 cannot be copied");
+        Fragile(self.0)
+    }
+}
+
+struct FragileSink(Arc<std::sync::Mutex<Vec<u32>>>);
+
+impl AsyncTransport<Fragile> for FragileSink {
+    async fn send(&mut self, envelope: Envelope<Fragile>) -> Result<(), SendError> {
+        self.0.lock().unwrap().push(envelope.payload.0);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_async_pass_that_unwinds_runs_the_effects_its_claims_queued() {
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<Fragile> = AsyncEgressCell::new(&cx, policy(8));
+    for i in 0..3 {
+        cell.enqueue(Fragile(i));
+    }
+    let (_ui, inflight) = seen(&cx, cell.inflight_len());
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _link = cell.attach(FragileSink(sent.clone()));
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    // 0 was sent; the copy of 1 panicked, which failed it (parked) and
+    // unwound the pass: the effects its claims had queued ran as it
+    // unwound, with nothing else to run them.
+    assert_eq!(*sent.lock().unwrap(), [0]);
+    assert_eq!((cell.inflight_len().get(), cell.parked_len().get(), cell.pending_len().get()), (1, 1, 1));
+    assert_eq!(*inflight.lock().unwrap(), [0, 1]);
 }

@@ -348,9 +348,14 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
                 ecx.track(inner.wake);
                 // Runs are serialized, so the lock is never contended.
                 let mut transport = transport.lock().await;
-                while let Some(envelope) = inner.claim_for(generation) {
+                let mut pass = Pass { inner: &inner, queued: false, panic: None };
+                loop {
+                    // Set first: a claim whose copy panics has queued them.
+                    pass.queued = true;
+                    let Some(envelope) = inner.claim_marked(generation) else { break };
                     let sequence = envelope.sequence;
-                    let sent = CatchUnwind(std::pin::pin!(Some(transport.send(envelope)))).await;
+                    let send = CatchUnwind(std::pin::pin!(Some(transport.send(envelope))));
+                    let sent = RunQueuedBeforeWaiting { pass: &mut pass, send }.await;
                     let goes_on = inner.send_in_pass(generation, sequence, || match sent {
                         Ok(result) => result,
                         Err(panic) => resume_unwind(panic),
@@ -359,8 +364,12 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
                         break;
                     }
                 }
+                pass.run_queued();
                 // A failed flush leaves the records in flight for the replay.
                 let _ = transport.flush().await;
+                if let Some(panic) = pass.panic.take() {
+                    resume_unwind(panic);
+                }
             }
         };
         let handle = self.cell.inner().handle.clone();
@@ -390,6 +399,63 @@ impl<T: Clone + Send + Sync + 'static> AsyncEgressCell<T> {
                 return;
             }
         }
+    }
+}
+
+/// An async attachment's sending pass: its claims queue the effects that
+/// read the cell without running them ([`Inner::claim_marked`]), and the
+/// pass runs them before it waits on a send and when it ends. Its sends
+/// that complete at once (a transport that buffers) thus run the effects
+/// once, as a synchronous attachment's pass does, and nothing it queued
+/// waits while it is suspended (where a cancellation may drop it). If the
+/// pass unwinds, its drop runs them.
+///
+/// An effect that panics there does not end the pass: every queued effect
+/// runs, the sends go on, and the first panic goes on when the pass ends,
+/// as a panic of the attachment's run (which runs again at the next wake).
+struct Pass<'a, T: 'static> {
+    inner: &'a Inner<T, Threaded>,
+    /// Whether effects may be queued by this pass and not run yet.
+    queued: bool,
+    /// The first panic of an effect the pass ran.
+    panic: Option<crate::run::Panic>,
+}
+
+impl<T: 'static> Pass<'_, T> {
+    /// Runs the effects the pass queued, keeping the first panic.
+    fn run_queued(&mut self) {
+        if std::mem::take(&mut self.queued)
+            && let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.inner.flush_effects()))
+        {
+            self.panic.get_or_insert(panic);
+        }
+    }
+}
+
+impl<T: 'static> Drop for Pass<'_, T> {
+    fn drop(&mut self) {
+        // Only when unwinding: a pass that returned, or is suspended, has
+        // nothing queued.
+        self.run_queued();
+    }
+}
+
+/// A send of a [`Pass`]: the pass's queued effects run before the send
+/// first waits.
+struct RunQueuedBeforeWaiting<'p, 'a, T: 'static, Fut> {
+    pass: &'p mut Pass<'a, T>,
+    send: Fut,
+}
+
+impl<T: 'static, Fut: Future + Unpin> Future for RunQueuedBeforeWaiting<'_, '_, T, Fut> {
+    type Output = Fut::Output;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Fut::Output> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.send).poll(cx);
+        if polled.is_pending() {
+            this.pass.run_queued();
+        }
+        polled
     }
 }
 

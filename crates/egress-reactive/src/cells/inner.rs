@@ -205,6 +205,14 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// attachments if a caller's transition made a claim possible), as one
     /// write. `op` must not call into the cell.
     pub(crate) fn apply<R>(&self, by: By, op: impl FnOnce(&mut State<T>) -> (R, Changes)) -> R {
+        self.transition(by, true, op)
+    }
+
+    /// [`apply`](Self::apply), which runs the effects it queued (`flush`)
+    /// or leaves them queued, for the caller to run soon: the readers know
+    /// of the transition either way (a count read now is the new count).
+    #[inline(always)]
+    fn transition<R>(&self, by: By, flush: bool, op: impl FnOnce(&mut State<T>) -> (R, Changes)) -> R {
         self.handle.enter(|cell| {
             let entered = Entered::by(cell);
             let (outcome, marked) = self.state.with_mut(&entered, |s| {
@@ -218,13 +226,26 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
                 (outcome, Some(marker))
             });
             // The effects run once the core is released: they read it.
-            if let Some(marker) = marked
+            if flush
+                && let Some(marker) = marked
                 && let Err(e) = marker.flush()
             {
                 panic!("{e}");
             }
             outcome
         })
+    }
+
+    /// Runs the effects that transitions left queued (see
+    /// [`claim_marked`](Self::claim_marked)), unless a batch or a flush
+    /// under way is to run them.
+    #[cfg(feature = "async")]
+    pub(crate) fn flush_effects(&self) {
+        self.handle.enter(|cell| {
+            if let Err(e) = run::flush(cell) {
+                panic!("{e}");
+            }
+        });
     }
 
     pub(super) fn notify(&self, cell: &run::Cell<F>, keys: &[Key]) {
@@ -343,16 +364,21 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         !matches!(self.fail(By::Attachment, generation, sequence, kind, None), FailOutcome::Retrying(_))
     }
 
-    /// Claims the next record for an attachment of `generation`: a copy of
-    /// it, or `None` when the core allows no claim (or the attachment is
-    /// fenced).
+    /// Claims the next record for an async attachment of `generation`: a
+    /// copy of it, or `None` when the core allows no claim (or the
+    /// attachment is fenced). The readers know of the claim when this
+    /// returns (its sends run outside the graph's lock, where another
+    /// thread may see what was sent); the effects it queued are left
+    /// queued, for the attachment to run before it waits and when its pass
+    /// ends ([`flush_effects`](Self::flush_effects)), so that a pass of
+    /// sends that complete at once runs them once.
     #[cfg(feature = "async")]
-    pub(crate) fn claim_for(&self, generation: Generation) -> Option<Envelope<T>>
+    pub(crate) fn claim_marked(&self, generation: Generation) -> Option<Envelope<T>>
     where
         T: Clone,
     {
         let clock = &*self.clock;
-        let (envelope, panic) = self.apply(By::Attachment, |s| {
+        let (envelope, panic) = self.transition(By::Attachment, false, |s| {
             let (envelope, changes, panic) = Self::claim_in(s, generation, clock);
             ((envelope, panic), changes)
         });
@@ -393,7 +419,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         }
     }
 
-    /// [`claim_for`](Self::claim_for) inside the attachment's own effect run:
+    /// [`claim_marked`](Self::claim_marked) inside a synchronous attachment's own effect run:
     /// the readers are marked with the run's other claims, when it ends (see
     /// [`Marks`]).
     #[inline]
