@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used)]
 //! A cell over a journaled core, as a chat screen shows it: a message's
-//! status goes saving, queued, sending, acknowledged, one notification per
-//! change, and never vanishes; the durability readers follow the journal.
+//! status goes saving, (queued,) sending, acknowledged, one notification
+//! per settled change, and never vanishes; the durability readers follow
+//! the journal.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -50,8 +51,9 @@ fn a_message_status_walks_from_saving_to_acknowledged_and_stays() {
             // Journaled, a sequence not yet taken may be in the store.
             (Some(M::Saving), 0),
             (Some(M::Saving), 1),
-            // Durable, then claimed by the attachment: two transitions.
-            (Some(M::Queued), 0),
+            // Durable, then claimed by the attachment it woke, in one
+            // flush: the attachment runs before the screen's effect, which
+            // sees the claim (one redraw, not a queued then a sending).
             (Some(M::Sending), 0),
             (Some(M::Acknowledged), 0),
             (Some(M::Acknowledged), 1),

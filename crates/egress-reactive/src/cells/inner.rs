@@ -269,6 +269,12 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         wake: bool,
         keys: &mut impl KeySink,
     ) {
+        // The wake first: the attachments it queues run before the
+        // effects of the readers, which then see their claims too (one run
+        // of a screen's effect per enqueue that starts a pass, not two).
+        if wake {
+            keys.push(self.wake);
+        }
         let bits = changes.bits();
         // The set bits only: a transition changes one to three of the ten
         // projections.
@@ -284,9 +290,6 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
                 keys.push(reader.key);
             }
         }
-        if wake {
-            keys.push(self.wake);
-        }
     }
 
     /// Takes a completion above the acknowledgement watermark (see
@@ -300,12 +303,13 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             let ended = self.state.with_mut(&entered, |s| {
                 let ended = s.core.progressed(generation, sequence).outcome;
                 if ended {
+                    // The wake first, as in `keys`.
+                    if s.core.can_claim() {
+                        keys.push(self.wake);
+                    }
                     let room = &self.counts[WINDOW_ROOM];
                     if room.push(&entered, s.core.window_room()) {
                         keys.push(room.key);
-                    }
-                    if s.core.can_claim() {
-                        keys.push(self.wake);
                     }
                 }
                 ended
