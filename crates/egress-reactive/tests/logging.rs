@@ -84,3 +84,53 @@ fn failures_dead_letters_reconnects_and_store_failures_are_logged() {
         ""
     );
 }
+
+/// Sends at once, but never completes the send of 2.
+struct Stuck(Arc<Mutex<Vec<u64>>>);
+
+impl egress_reactive::AsyncTransport<u32> for Stuck {
+    async fn send(&mut self, envelope: Envelope<u32>) -> Result<(), SendError> {
+        if envelope.sequence.0 == 2 {
+            std::future::pending::<()>().await;
+        }
+        self.0.lock().unwrap().push(envelope.sequence.0);
+        Ok(())
+    }
+}
+
+#[test]
+fn an_effect_panic_in_an_async_pass_that_is_cancelled_is_logged() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let text = logged(|| {
+        runtime.block_on(async {
+            let cx = egress_reactive::AsyncContext::new();
+            let policy = Policy::builder().inflight_limit(8).build().unwrap();
+            let cell: egress_reactive::AsyncEgressCell<u32> = egress_reactive::AsyncEgressCell::new(&cx, policy);
+            for i in 0..4 {
+                cell.enqueue(i);
+            }
+            let _screen = cx.effect({
+                let count = cell.inflight_len().clone();
+                move || assert!(count.get() != 3, "the screen cannot show 3")
+            });
+            let link = cell.attach(Stuck(sent.clone()));
+            for _ in 0..20 {
+                tokio::task::yield_now().await;
+            }
+            // The pass waits on 2 for ever, holding the effect's panic for
+            // its end; dropping the attachment cancels it instead.
+            drop(link);
+            for _ in 0..20 {
+                tokio::task::yield_now().await;
+            }
+        });
+    });
+    assert_eq!(*sent.lock().unwrap(), [0, 1]);
+    assert!(
+        text.lines().any(|l| l.contains("ERROR")
+            && l.contains("which was cancelled")
+            && l.contains("the screen cannot show 3")),
+        "in:\n{text}"
+    );
+}

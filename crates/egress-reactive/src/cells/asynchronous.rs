@@ -437,6 +437,14 @@ impl<T: 'static> Drop for Pass<'_, T> {
         // Only when unwinding: a pass that returned, or is suspended, has
         // nothing queued.
         self.run_queued();
+        // A pass cancelled while it waited (its attachment dropped or
+        // fenced) never ends: its effect's panic has no run to go on from.
+        if let Some(panic) = self.panic.take() {
+            tracing::error!(
+                panic = egress_core::panic_message(&*panic).unwrap_or("(not a message)"),
+                "egress cell: an effect panicked during an async attachment's pass, which was cancelled"
+            );
+        }
     }
 }
 
