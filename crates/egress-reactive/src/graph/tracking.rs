@@ -31,18 +31,24 @@ impl<F: Flavor> Graph<F> {
                 return;
             }
         }
-        self.link_slow(dep, sub, prev, next);
-    }
-
-    #[inline(never)]
-    pub(super) fn link_slow(&mut self, dep: u32, sub: u32, prev: u32, next: u32) {
-        let subs_tail = self.nodes[dep as usize].subs_tail;
+        // A dependency read again in this run, after others (its link is
+        // the newest of its subscribers'): nothing to do.
+        let runs = node.runs;
+        let subs_tail = nodes[dep as usize].subs_tail;
         if subs_tail != NONE {
-            let last = &self.links[subs_tail as usize];
-            if last.sub == sub && last.version == self.nodes[sub as usize].runs {
+            let last = &links[subs_tail as usize];
+            if last.sub == sub && last.version == runs {
                 return;
             }
         }
+        self.link_slow(dep, sub, prev, next, subs_tail);
+    }
+
+    /// Links `dep` to `sub` anew, between `prev` and `next` in the
+    /// subscriber's dependencies and after `subs_tail` in the dependency's
+    /// subscribers.
+    #[inline(never)]
+    pub(super) fn link_slow(&mut self, dep: u32, sub: u32, prev: u32, next: u32, subs_tail: u32) {
         let link = Link {
             dep,
             sub,
