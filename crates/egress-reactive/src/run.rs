@@ -468,18 +468,20 @@ impl<F: Flavor> Settling<'_, F> {
 /// inside a batch they are deferred to its end like signal writes;
 /// otherwise they propagate and queued effects run once, after all of them.
 pub(crate) fn notify<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> Result<(), EffectLoopError> {
-    if mark(cell, triggers) { Ok(()) } else { flush(cell) }
-}
-
-/// [`notify`] without running the effects it queues: for code running
-/// inside an effect, whose flush (or creation) runs them next. Returns
-/// whether a batch deferred the triggers.
-pub(crate) fn mark<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) -> bool {
     let mut marker = Marker::new(cell);
     for &key in triggers {
         marker.mark(key);
     }
-    marker.batching()
+    marker.flush()
+}
+
+/// [`notify`] without running the effects it queues: for code running
+/// inside an effect, whose flush (or creation) runs them next.
+pub(crate) fn mark<F: Flavor>(cell: &Cell<F>, triggers: &[Key]) {
+    let mut marker = Marker::new(cell);
+    for &key in triggers {
+        marker.mark(key);
+    }
 }
 
 /// Marks triggers one at a time under one borrow of the graph, as
@@ -518,12 +520,6 @@ impl<'a, F: Flavor> Marker<'a, F> {
         } else {
             g.propagate(key.index);
         }
-    }
-
-    /// Whether a batch deferred the triggers (then nothing is to flush).
-    #[inline(always)]
-    pub(crate) fn batching(&self) -> bool {
-        self.batching
     }
 
     /// Ends the marking: runs the effects it queued, unless a batch (or a
