@@ -716,3 +716,52 @@ async fn an_async_pass_that_unwinds_runs_the_effects_its_claims_queued() {
     assert_eq!((cell.inflight_len().get(), cell.parked_len().get(), cell.pending_len().get()), (1, 1, 1));
     assert_eq!(*inflight.lock().unwrap(), [0, 1]);
 }
+
+/// Holds the send of 1 until told, after saying it started.
+struct Held {
+    started: std::sync::mpsc::Sender<u64>,
+    release: Arc<Semaphore>,
+}
+
+impl AsyncTransport<u32> for Held {
+    async fn send(&mut self, envelope: Envelope<u32>) -> Result<(), SendError> {
+        let _ = self.started.send(envelope.sequence.0);
+        if envelope.sequence.0 == 1 {
+            self.release.acquire().await.unwrap().forget();
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_thread_reading_during_an_async_send_sees_its_claim() {
+    let cx = AsyncContext::new();
+    let cell: AsyncEgressCell<u32> = AsyncEgressCell::new(&cx, policy(8));
+    for i in 0..3 {
+        cell.enqueue(i);
+    }
+    let (started, sends) = std::sync::mpsc::channel();
+    let release = Arc::new(Semaphore::new(0));
+    let _link = cell.attach(Held { started, release: release.clone() });
+    // A thread apart from the runtime's: it learns from the transport that
+    // the send of 1 began, and reads the counts while that send waits.
+    let reader = std::thread::spawn({
+        let cell = cell.clone();
+        move || {
+            let mut seen = Vec::new();
+            for _ in 0..2 {
+                sends.recv().unwrap();
+                seen.push((cell.inflight_len().get(), cell.pending_len().get()));
+            }
+            seen
+        }
+    });
+    let seen = tokio::task::spawn_blocking(move || reader.join().unwrap()).await.unwrap();
+    // 0's send began with 0 claimed; 1's with 0 and 1 claimed (2 still
+    // pending): each read came after its send began, so it counts that
+    // claim.
+    let [(first, _), second] = seen[..] else { panic!("two reads: {seen:?}") };
+    assert!(first >= 1, "{seen:?}");
+    assert_eq!(second, (2, 1), "{seen:?}");
+    release.add_permits(1);
+}
