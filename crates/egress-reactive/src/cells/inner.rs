@@ -423,9 +423,10 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         }
     }
 
-    /// [`claim_marked`](Self::claim_marked) inside a synchronous attachment's own effect run:
-    /// the readers are marked with the run's other claims, when it ends (see
-    /// [`Marks`]).
+    /// A claim, as [`claim_marked`](Self::claim_marked) makes, inside a
+    /// synchronous attachment's own effect run: the readers are marked
+    /// with the run's other claims when it ends (see [`Marks`]), since its
+    /// sends run under the graph's lock.
     #[inline]
     pub(super) fn claim_quiet(&self, generation: Generation, marks: &mut Marks<'_, T, F>) -> Option<Envelope<T>>
     where
