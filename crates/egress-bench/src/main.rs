@@ -74,8 +74,9 @@ USAGE:
   egress-bench http [--requests N] [--runs K]
   egress-bench spill [--ops N] [--dir PATH]
   egress-bench spill-child N DIR             (one measurement; used by `spill`)
-  egress-bench queued [--n N]
+  egress-bench queued [--n N] [--reads K]
   egress-bench queued-child LIB N            (one measurement; used by `queued`)
+  egress-bench queued-reads-child LIB N K    (one measurement; used by `queued`)
 
   --quick     assertions at reduced sizes, one repetition (what CI runs)
   --tests     comma-separated test names or prefixes (default: all)
@@ -102,6 +103,9 @@ queued: bytes per queued envelope: N u64 payloads (default 1,000,000)
 enqueued and left queued in the bare core and in each cell, against a
 VecDeque<u64> filled one push at a time; each its own process, reading
 its resident set (VmRSS) and the allocator's net bytes before and after.
+Then what a read of the pending list costs at N queued: K reads (default
+100), each after one more enqueue, in EgressCell and ThreadSafeEgressCell
+against a copy of the core's pending list per read.
 
 http: requests per second over loopback HTTP to the homeserver: the egress
 path (AsyncLanesCell + HttpSender, 32 serial lanes) against a plain reqwest
@@ -237,6 +241,7 @@ fn main() -> anyhow::Result<()> {
         Some("spill-child") => spill::child(&args[1..]),
         Some("queued") => queued::table(&args[1..]),
         Some("queued-child") => queued::child(&args[1..]),
+        Some("queued-reads-child") => queued::reads_child(&args[1..]),
         Some("--help") | Some("-h") | None => {
             print!("{HELP}");
             Ok(())

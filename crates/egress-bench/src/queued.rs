@@ -12,7 +12,10 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
 use egress_core::EgressCore;
-use egress_reactive::{AsyncContext, AsyncEgressCell, Context, EgressCell, ThreadSafeContext, ThreadSafeEgressCell};
+use egress_reactive::{
+    AsyncContext, AsyncEgressCell, CellFlavor, Context, EgressCell, EgressCellOf, Handle, ThreadSafeContext,
+    ThreadSafeEgressCell,
+};
 
 /// The libraries, in column order: key and title.
 const LIBS: &[(&str, &str)] = &[
@@ -110,13 +113,85 @@ pub fn child(args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `queued [--n N]`: the table (default N = 1,000,000).
+/// The pending reads' rows, in column order: key and title.
+const READS: &[(&str, &str)] = &[
+    ("copy", "a copy of the core's pending list per read (the reader before sharing)"),
+    ("egress", "EgressCell `pending()`"),
+    ("egress-ts", "ThreadSafeEgressCell `pending()`"),
+];
+
+/// What a pending read costs at `n` queued: `k` times, one more enqueue
+/// and a read of the whole pending list, holding the last snapshot as a UI
+/// would. Returns the nanoseconds and the net bytes allocated per read.
+fn reads_of<Q, S>(
+    n: u64,
+    k: u64,
+    queue: &mut Q,
+    push: impl Fn(&mut Q, u64),
+    read: impl Fn(&Q) -> S,
+    len: impl Fn(&S) -> usize,
+) -> (f64, f64) {
+    (0..n).for_each(|i| push(queue, i));
+    let mut held = read(queue);
+    let (bytes, started) = (crate::alloc::allocated(), std::time::Instant::now());
+    for i in n..n + k {
+        push(queue, i);
+        held = read(queue);
+    }
+    let elapsed = started.elapsed();
+    let bytes = crate::alloc::allocated() - bytes;
+    assert_eq!(len(&held) as u64, n + k, "every payload in the snapshot");
+    (elapsed.as_nanos() as f64 / k as f64, bytes as f64 / k as f64)
+}
+
+/// [`reads_of`] through a cell of flavour `F`.
+fn cell_reads<F: CellFlavor<u64>>(cx: &Handle<F>, n: u64, k: u64) -> (f64, f64) {
+    let mut cell = EgressCellOf::<u64, F>::new(cx, egress_core::Policy::default());
+    reads_of(
+        n,
+        k,
+        &mut cell,
+        |c, i| {
+            let _ = c.enqueue(i);
+        },
+        |c| c.pending().get(),
+        |s| s.len(),
+    )
+}
+
+/// `queued-reads-child LIB N K`: prints `OK ns-per-read bytes-per-read`.
+pub fn reads_child(args: &[String]) -> anyhow::Result<()> {
+    let [lib, n, k] = args else { bail!("queued-reads-child LIB N K") };
+    let (n, k): (u64, u64) = (n.parse()?, k.parse::<u64>()?.max(1));
+    let policy = egress_core::Policy::default();
+    let (nanos, bytes) = match lib.as_str() {
+        "copy" => reads_of(
+            n,
+            k,
+            &mut EgressCore::new(policy),
+            |core, i| {
+                let _ = core.enqueue(i);
+            },
+            |core| core.pending().map(egress_core::Envelope::cloned).collect::<std::sync::Arc<[_]>>(),
+            |s| s.len(),
+        ),
+        "egress" => cell_reads(&Context::new().handle(), n, k),
+        "egress-ts" => cell_reads(&ThreadSafeContext::new().handle(), n, k),
+        other => bail!("unknown library {other:?}"),
+    };
+    println!("OK {nanos} {bytes}");
+    Ok(())
+}
+
+/// `queued [--n N] [--reads K]`: the tables (default N = 1,000,000, K =
+/// 100).
 pub fn table(args: &[String]) -> anyhow::Result<()> {
-    let mut n = 1_000_000u64;
+    let (mut n, mut reads) = (1_000_000u64, 100u64);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--n" => n = it.next().context("--n N")?.parse::<u64>()?.max(1),
+            "--reads" => reads = it.next().context("--reads K")?.parse::<u64>()?.max(1),
             other => bail!("unknown option {other:?}"),
         }
     }
@@ -133,6 +208,22 @@ pub fn table(args: &[String]) -> anyhow::Result<()> {
         let rss: f64 = fields.next().context("rss")?.parse()?;
         let allocated: f64 = fields.next().context("allocated")?.parse()?;
         println!("| {title} | {:.1} | {:.1} |", rss / n as f64, allocated / n as f64);
+    }
+    println!(
+        "\n| a pending read at {n} queued ({reads} reads, one enqueue before each) | ns per read | allocated bytes per read |"
+    );
+    println!("|---|---:|---:|");
+    for (key, title) in READS {
+        let out = Command::new(std::env::current_exe()?)
+            .args(["queued-reads-child", key, &n.to_string(), &reads.to_string()])
+            .stderr(Stdio::inherit())
+            .output()?;
+        let line = String::from_utf8(out.stdout)?;
+        let Some(rest) = line.trim().strip_prefix("OK ") else { bail!("queued-reads-child {key}: {line}") };
+        let mut fields = rest.split(' ');
+        let nanos: f64 = fields.next().context("nanos")?.parse()?;
+        let bytes: f64 = fields.next().context("bytes")?.parse()?;
+        println!("| {title} | {nanos:.0} | {bytes:.0} |");
     }
     println!("\nRun of {}.", crate::date());
     Ok(())

@@ -11,7 +11,7 @@ use crate::envelope::{Envelope, Exhausted, Record};
 use crate::ids::{FlushEpoch, Generation, Sequence, Time};
 use crate::outcome::{AckOutcome, ClaimOutcome, Transition};
 use crate::parked::ParkedSet;
-use crate::pending::PendingQueue;
+use crate::pending::{PendingParts, PendingQueue};
 use crate::policy::{Ordering, Policy};
 use crate::retry::{DeadReason, ParkedView, Retry};
 use crate::window::Window;
@@ -280,6 +280,13 @@ impl<T> EgressCore<T> {
     /// The records waiting to be claimed, in sequence order.
     pub fn pending(&self) -> impl ExactSizeIterator<Item = Envelope<&T>> + '_ {
         self.pending.iter(self.generation)
+    }
+
+    /// The records waiting to be claimed, in two parts, for a reader that
+    /// keeps copies of them between reads: see [`PendingParts`].
+    #[must_use]
+    pub fn pending_parts(&self) -> PendingParts<'_, T> {
+        self.pending.parts(self.generation)
     }
 
     /// The records in flight, in the order they went in flight.

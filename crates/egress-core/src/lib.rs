@@ -86,6 +86,7 @@ pub use crate::outcome::{
     AckOutcome, ClaimOutcome, FailOutcome, ReceivedOutcome, ReconnectOutcome, Refusal, ScheduleOutcome, Transition,
 };
 pub use crate::panic::panic_message;
+pub use crate::pending::PendingParts;
 pub use crate::policy::{DeadLetters, Ordering, Policy, PolicyBuilder, PolicyError};
 pub use crate::relay::{
     Backpressure, Drained, KeepLatest, Max, MergePolicy, Overflow, RawFifo, Relay, RelayConfigError, RelayStats,

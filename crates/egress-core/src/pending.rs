@@ -10,6 +10,12 @@
 //! A fresh record was never claimed: its counts are all zero and it is no
 //! tombstone, so the fresh part keeps only its sequence and payload (a
 //! queued `u64` costs 16 bytes), and a claim makes the whole [`Record`].
+//!
+//! The fresh part changes only at its ends (claims and acknowledgements
+//! take from its front, enqueues add at its back), except when a rebase
+//! renumbers its tail; `rewrites` counts those, so a reader that keeps
+//! copies of fresh records between reads ([`PendingParts`]) knows when its
+//! copies may no longer match.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -29,11 +35,13 @@ pub(crate) struct Fresh<T> {
 pub(crate) struct PendingQueue<T> {
     fresh: VecDeque<Fresh<T>>,
     returned: BTreeMap<Sequence, Record<T>>,
+    /// How many times the fresh part was changed other than at its ends.
+    rewrites: u64,
 }
 
 impl<T> Default for PendingQueue<T> {
     fn default() -> Self {
-        Self { fresh: VecDeque::new(), returned: BTreeMap::new() }
+        Self { fresh: VecDeque::new(), returned: BTreeMap::new(), rewrites: 0 }
     }
 }
 
@@ -138,16 +146,97 @@ impl<T> PendingQueue<T> {
         }
     }
 
-    /// Takes the newly enqueued records from sequence `from` on, in order.
+    /// Takes the newly enqueued records from sequence `from` on, in order
+    /// (for a rebase, which puts them back under new sequences: a rewrite).
     pub(crate) fn split_fresh(&mut self, from: Sequence) -> VecDeque<Fresh<T>> {
         let at = self.fresh.partition_point(|r| r.sequence < from);
+        self.rewrites = self.rewrites.wrapping_add(1);
         self.fresh.split_off(at)
+    }
+
+    /// The queue in its two parts, as [`PendingParts`] describes them.
+    pub(crate) fn parts(&self, generation: Generation) -> PendingParts<'_, T> {
+        PendingParts { queue: self, generation }
     }
 
     /// The records in sequence order, as a transport would see them under
     /// `generation`.
     pub(crate) fn iter(&self, generation: Generation) -> Merge<'_, T> {
         Merge { generation, fresh: self.fresh.iter().peekable(), returned: self.returned.values().peekable() }
+    }
+}
+
+/// The pending records in two parts, for a reader that keeps copies of
+/// them between reads and copies only what changed (the cells' `pending`
+/// reader). From [`EgressCore::pending_parts`](crate::EgressCore::pending_parts).
+///
+/// The *fresh run* holds the records enqueued and never claimed, in
+/// sequence order; each one's envelope has the core's generation, attempt
+/// 0 and no tombstone mark. While [`rewrites`](Self::rewrites) stays the
+/// same, the fresh run changes only at its ends: claims and
+/// acknowledgements remove records from its front, and enqueues add
+/// records at its back whose sequences are above every sequence it held
+/// before. So a record keeps its sequence and payload for as long as it
+/// stays in the run, and a reader that copied the run earlier finds what
+/// it copied still true from [`fresh_first`](Self::fresh_first) up to the
+/// last sequence it copied, and the rest with
+/// [`fresh_from`](Self::fresh_from). A rebase
+/// ([`EgressCore::rebase`](crate::EgressCore::rebase)) renumbers the run's
+/// tail, and counts as a rewrite.
+///
+/// The other pending records, [`returned`](Self::returned), came back from
+/// a claim (a failure, a requeue, a reconnect) or from a restore, and may
+/// fall anywhere among the fresh run's sequences.
+#[derive(Debug)]
+pub struct PendingParts<'a, T> {
+    queue: &'a PendingQueue<T>,
+    generation: Generation,
+}
+
+impl<'a, T> PendingParts<'a, T> {
+    /// The generation every envelope of the view carries.
+    #[must_use]
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// How many times the fresh run has been rewritten (other than at its
+    /// ends) in the core's life; wraps.
+    #[must_use]
+    pub fn rewrites(&self) -> u64 {
+        self.queue.rewrites
+    }
+
+    /// The fresh run's lowest sequence (`None`: the run is empty).
+    #[must_use]
+    pub fn fresh_first(&self) -> Option<Sequence> {
+        self.queue.fresh.front().map(|f| f.sequence)
+    }
+
+    /// How many records the fresh run holds.
+    #[must_use]
+    pub fn fresh_len(&self) -> usize {
+        self.queue.fresh.len()
+    }
+
+    /// The fresh run's records from sequence `from` on, in order. Finding
+    /// where to start is O(log n).
+    pub fn fresh_from(&self, from: Sequence) -> impl ExactSizeIterator<Item = Envelope<&'a T>> + 'a {
+        let generation = self.generation;
+        let at = self.queue.fresh.partition_point(|r| r.sequence < from);
+        self.queue.fresh.range(at..).map(move |f| Envelope {
+            generation,
+            sequence: f.sequence,
+            attempt: Attempt(0),
+            payload: &f.payload,
+            dead: None,
+        })
+    }
+
+    /// The pending records outside the fresh run, in sequence order.
+    pub fn returned(&self) -> impl ExactSizeIterator<Item = Envelope<&'a T>> + 'a {
+        let generation = self.generation;
+        self.queue.returned.values().map(move |r| r.view(generation))
     }
 }
 
@@ -240,6 +329,34 @@ mod tests {
         let popped: Vec<u64> = std::iter::from_fn(|| q.pop_head()).map(|r| r.sequence.0).collect();
         assert_eq!(popped, [1, 4, 5, 6, 7, 9]);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn parts_show_the_fresh_run_apart_and_count_its_rewrites() {
+        let mut q = PendingQueue::default();
+        for s in [4, 6, 9] {
+            q.push_new(Sequence(s), s * 10);
+        }
+        q.put_back(Record { attempt: Attempt(2), ..rec(5) });
+        let p = q.parts(Generation(3));
+        assert_eq!(
+            (p.generation(), p.fresh_first(), p.fresh_len(), p.rewrites()),
+            (Generation(3), Some(Sequence(4)), 3, 0)
+        );
+        let fresh: Vec<_> =
+            p.fresh_from(Sequence(5)).map(|e| (e.generation, e.sequence.0, e.attempt, *e.payload, e.dead)).collect();
+        assert_eq!(fresh, [(Generation(3), 6, Attempt(0), 60, None), (Generation(3), 9, Attempt(0), 90, None)]);
+        assert_eq!(p.fresh_from(Sequence(4)).len(), 3);
+        assert_eq!(p.fresh_from(Sequence(10)).len(), 0);
+        let returned: Vec<_> = p.returned().map(|e| (e.generation, e.sequence.0, e.attempt)).collect();
+        assert_eq!(returned, [(Generation(3), 5, Attempt(2))]);
+        // Changes at the ends are no rewrite.
+        assert!(q.pop_head().is_some() && q.remove_through(Sequence(6)));
+        q.push_new(Sequence(12), 120);
+        assert_eq!((q.parts(Generation(3)).rewrites(), q.parts(Generation(3)).fresh_first()), (0, Some(Sequence(9))));
+        assert_eq!(q.split_fresh(Sequence(12)).len(), 1);
+        assert_eq!(q.parts(Generation(3)).rewrites(), 1);
+        assert_eq!(PendingQueue::<u64>::default().parts(Generation(0)).fresh_first(), None);
     }
 
     #[test]

@@ -131,10 +131,10 @@ pub use cells::{
     EgressCell, EgressCellOf, EncodeCheck, Inner, KeyProject, KeyReaders, LaneItem, LaneProject, LaneReaders,
     LanesAppends, LanesAttachment, LanesCell, LanesCellOf, LanesFlavor, LanesInner, LanesRefused, LanesRun, LanesState,
     LanesTransport, LatestAttachment, LatestCell, LatestCellOf, LatestCheck, LatestFlavor, LatestInner, LatestItem,
-    LatestRefused, LatestRun, LatestSink, LatestState, ManualClock, MonotonicClock, ParkedRecord, Project, Refused,
-    RelayCell, RelayCellOf, RelayDrain, SendError, SizeCheck, Snapshot, SpillError, SpillStore, SpilledEntry, State,
-    ThreadSafeEgressCell, ThreadSafeLanesCell, ThreadSafeLatestCell, ThreadSafeRelayCell, Transport, Written, Xorshift,
-    delay,
+    LatestRefused, LatestRun, LatestSink, LatestState, ManualClock, MonotonicClock, ParkedRecord, PendingList, Project,
+    Refused, RelayCell, RelayCellOf, RelayDrain, SendError, SizeCheck, Snapshot, SnapshotIter, SpillError, SpillStore,
+    SpilledEntry, State, ThreadSafeEgressCell, ThreadSafeLanesCell, ThreadSafeLatestCell, ThreadSafeRelayCell,
+    Transport, Written, Xorshift, delay,
 };
 #[cfg(feature = "async")]
 pub use cells::{

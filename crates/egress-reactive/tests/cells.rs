@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, Weak};
 
 use common::Counter;
@@ -83,6 +84,17 @@ impl Transport<Bomb> for BombWire {
     fn send(&mut self, envelope: Envelope<Bomb>) -> Result<(), SendError> {
         self.0.lock().expect("sent").push(envelope.payload.0);
         Ok(())
+    }
+}
+
+/// A payload that counts its clones.
+#[derive(Debug)]
+struct Tally(u32, Arc<AtomicUsize>);
+
+impl Clone for Tally {
+    fn clone(&self) -> Self {
+        self.1.fetch_add(1, AtomicOrdering::Relaxed);
+        Tally(self.0, self.1.clone())
     }
 }
 
@@ -648,6 +660,49 @@ each_flavour! {
         cell.enqueue(1);
         assert!(wire.sequences().is_empty());
         assert_eq!((cell.parked_len().get(), cell.pending_len().get()), (1, 1));
+    }
+
+    fn the_pending_reader_shares_its_copies_between_reads(cx) {
+        let clock = ManualClock::new();
+        let clones = Arc::new(AtomicUsize::new(0));
+        let cell: EgressCellOf<Tally, _> = EgressCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let n = 2_000u32;
+        let mut last = cell.pending().get();
+        for i in 0..n {
+            cell.enqueue(Tally(i, clones.clone()));
+            let now = cell.pending().get();
+            assert_eq!((now.len(), now.last().map(|e| e.payload.0)), (i as usize + 1, Some(i)));
+            assert_eq!(last.len(), i as usize, "an earlier snapshot stays as it was");
+            last = now;
+        }
+        // A read copies what joined since the one before, and merges copy a
+        // record at most log2(4096) = 12 times more; reads that copied the
+        // queue would have made n(n+1)/2 = 2,001,000 copies.
+        let copied = clones.load(AtomicOrdering::Relaxed);
+        assert!(copied <= n as usize * 13, "{copied} copies for {n} reads");
+        assert!(last.iter().map(|e| e.payload.0).eq(0..n));
+        // The reader stays the core's list through claims, a failure, a
+        // reconnect and a requeue.
+        let view = |cell: &EgressCellOf<Tally, _>| {
+            let core = cell.with_core(|c| c.pending().map(|e| (e.generation, e.sequence, e.attempt, e.payload.0)).collect::<Vec<_>>());
+            let read: Vec<_> = cell.pending().get().iter().map(|e| (e.generation, e.sequence, e.attempt, e.payload.0)).collect();
+            assert_eq!(read, core);
+            read
+        };
+        let g = Generation(1);
+        for _ in 0..5 {
+            cell.claim_with(g, |_| ());
+        }
+        assert_eq!(view(&cell)[0].1, Sequence(5));
+        assert!(matches!(cell.fail(g, Sequence(2), FailureKind::Transient), FailOutcome::Retrying(_)));
+        let _ = cell.handle_timeout(Time(u64::MAX / 2));
+        assert_eq!(view(&cell)[..2].iter().map(|v| (v.1, v.2)).collect::<Vec<_>>(), [(Sequence(2), Attempt(1)), (Sequence(5), Attempt(0))]);
+        assert!(matches!(cell.reconnect(Generation(2)), ReconnectOutcome::Advanced { .. }));
+        let after = view(&cell);
+        assert_eq!(after.len(), n as usize);
+        assert!(after.iter().all(|v| v.0 == Generation(2)));
+        cell.enqueue(Tally(n, clones.clone()));
+        assert_eq!(view(&cell).last().map(|v| (v.1, v.3)), Some((Sequence(u64::from(n)), n)));
     }
 
     fn a_payload_whose_clone_panics_fails_its_record_and_the_counts_agree(cx) {

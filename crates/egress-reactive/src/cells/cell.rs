@@ -23,7 +23,10 @@ use super::inner::{
     unacknowledged,
 };
 use super::options::{CellOptions, EncodeCheck, Refused, SizeCheck};
-use super::readers::{ParkedRecord, Reader, Readers, Snapshot, StatusOf, Statuses, list, parked_records, reader};
+use super::readers::{
+    ParkedRecord, PendingReader, Reader, Readers, Snapshot, StatusOf, Statuses, list, parked_records, pending_reader,
+    reader,
+};
 use crate::computed::{ByEq, ComputedObj, Never};
 use crate::context::{Handle, Scope};
 use crate::flavor::{Entered, Flavor, Holds, Local, Threaded, ValueCell};
@@ -38,6 +41,7 @@ pub trait CellFlavor<T: Clone + 'static>:
     + Holds<Reader<T, Option<Retry>, ByEq, Self>>
     + Holds<Reader<T, Generation, ByEq, Self>>
     + Holds<Reader<T, Snapshot<Envelope<T>>, Never, Self>>
+    + Holds<PendingReader<T, Self>>
     + Holds<Reader<T, Snapshot<ParkedRecord<T>>, Never, Self>>
     + Holds<Reader<T, Option<PersistError>, ByEq, Self>>
     + Holds<Reader<T, bool, ByEq, Self>>
@@ -234,7 +238,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             let state = F::ptr(ValueCell::new(State { core, rng: seed }));
             let inner = Inner { handle: cx.clone(), state, triggers, wake: cx.trigger(at), counts, clock };
             let readers = Readers {
-                pending: reader(&inner, Projection::Pending, Never, |c| list(c.pending()), at),
+                pending: pending_reader(&inner, at),
                 inflight: reader(&inner, Projection::Inflight, Never, |c| list(c.inflight()), at),
                 parked: reader(&inner, Projection::Parked, Never, parked_records, at),
                 exhausted: reader(&inner, Projection::Exhausted, Never, |c| list(c.exhausted()), at),

@@ -26,6 +26,7 @@ mod latest;
 mod options;
 mod readers;
 mod relay;
+mod snapshot;
 mod spill;
 mod transport;
 
@@ -53,7 +54,8 @@ pub use latest::{
     LatestItem, LatestRefused, LatestRun, LatestSink, LatestState, ThreadSafeLatestCell, Written,
 };
 pub use options::{CellOptions, EncodeCheck, Refused, SizeCheck};
-pub use readers::{ParkedRecord, Project, Snapshot};
+pub use readers::{ParkedRecord, PendingList, Project, Snapshot};
 pub use relay::{DrainRefused, DrainRun, RelayCell, RelayCellOf, RelayDrain, ThreadSafeRelayCell};
+pub use snapshot::Iter as SnapshotIter;
 pub use spill::{SpillError, SpillStore, SpilledEntry};
 pub use transport::{AsyncTransport, SendError, Transport};

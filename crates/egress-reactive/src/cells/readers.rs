@@ -2,7 +2,6 @@
 //! pushed counts, and the per-message status readers the cell keeps.
 
 use std::panic::Location;
-use std::sync::Arc;
 
 use egress_core::{
     DeadReason, EgressCore, Envelope, Generation, Incarnation, MessageStatus, PersistError, Projection, Retry,
@@ -11,15 +10,13 @@ use egress_core::{
 
 use super::cell::{CellFlavor, EgressCellOf};
 use super::inner::{EXHAUSTED_LEN, INFLIGHT_LEN, Inner, PARKED_LEN, PENDING_LEN, UNPERSISTED_LEN, WINDOW_ROOM};
-use crate::computed::{ByEq, Compute, Computed, ComputedObj, Cutoff};
+use crate::computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never};
 use crate::context::Handle;
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};
 use crate::graph::Key;
 
-/// A list reader's value: an immutable snapshot, cheap to clone (one
-/// reference count). Built only when a list reader is read after a change;
-/// no write path copies a list.
-pub type Snapshot<E> = Arc<[E]>;
+use super::snapshot::FreshCopies;
+pub use super::snapshot::Snapshot;
 
 /// A parked record, as the [`parked`](EgressCellOf::parked) reader shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -58,6 +55,30 @@ impl<T: 'static, P: 'static, F: Flavor> Compute<P> for Project<T, P, F> {
 }
 
 pub(super) type Reader<T, P, E, F> = ComputedObj<P, Project<T, P, F>, E, F>;
+
+/// What the [`pending`](EgressCellOf::pending) reader computes: the
+/// pending records, sharing the copies of earlier reads (see
+/// [`Snapshot`]).
+#[doc(hidden)]
+pub struct PendingList<T: Clone + 'static, F: Flavor> {
+    pub(super) inner: Inner<T, F>,
+    pub(super) copies: F::Cell<FreshCopies<T>>,
+}
+
+impl<T: Clone + 'static, F: Flavor> Compute<Snapshot<Envelope<T>>> for PendingList<T, F> {
+    fn compute(&self) -> Snapshot<Envelope<T>> {
+        let inner = &self.inner;
+        inner.handle.enter(|cell| {
+            Handle::track(cell, inner.triggers[Projection::Pending as usize]);
+            let entered = Entered::by(cell);
+            inner
+                .state
+                .with(&entered, |s| self.copies.with_mut(&entered, |copies| copies.snapshot(&s.core.pending_parts())))
+        })
+    }
+}
+
+pub(super) type PendingReader<T, F> = ComputedObj<Snapshot<Envelope<T>>, PendingList<T, F>, Never, F>;
 
 /// What a [`status`](EgressCellOf::status) reader computes: one message's
 /// status, after tracking every projection it depends on.
@@ -360,6 +381,17 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
     pub fn now(&self) -> Time {
         self.shared.inner.now()
     }
+}
+
+pub(super) fn pending_reader<T: Clone + 'static, F>(
+    inner: &Inner<T, F>,
+    at: &'static Location<'static>,
+) -> Computed<Snapshot<Envelope<T>>, F>
+where
+    F: Holds<PendingReader<T, F>>,
+{
+    let f = PendingList { inner: inner.clone(), copies: ValueCell::new(FreshCopies::default()) };
+    inner.handle.make_computed(Never, f, at)
 }
 
 pub(super) fn reader<T: Clone + 'static, P: 'static, E: Cutoff<P>, F>(
