@@ -1,10 +1,12 @@
 //! A counting global allocator: net bytes allocated by this process, for
-//! the bytes-per-node rows.
+//! the bytes-per-node rows, and gross bytes requested.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 
 static NET: AtomicI64 = AtomicI64::new(0);
+/// Bytes ever requested (a `realloc` counts its new size).
+static GROSS: AtomicI64 = AtomicI64::new(0);
 
 /// The system allocator, counting.
 pub(crate) struct Counting;
@@ -16,6 +18,7 @@ pub(crate) struct Counting;
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         NET.fetch_add(layout.size() as i64, Relaxed);
+        GROSS.fetch_add(layout.size() as i64, Relaxed);
         // SAFETY: forwarded as is.
         unsafe { System.alloc(layout) }
     }
@@ -26,9 +29,15 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         NET.fetch_add(new_size as i64 - layout.size() as i64, Relaxed);
+        GROSS.fetch_add(new_size as i64, Relaxed);
         // SAFETY: forwarded as is.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
+}
+
+/// Bytes requested so far, freed or not.
+pub(crate) fn requested() -> i64 {
+    GROSS.load(Relaxed)
 }
 
 /// Net bytes allocated so far.
