@@ -98,6 +98,29 @@ impl Clone for Tally {
     }
 }
 
+/// A payload that counts the live instances of its kind.
+#[derive(Debug)]
+struct Live(Arc<AtomicUsize>);
+
+impl Live {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, AtomicOrdering::Relaxed);
+        Live(count.clone())
+    }
+}
+
+impl Clone for Live {
+    fn clone(&self) -> Self {
+        Live::new(&self.0)
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, AtomicOrdering::Relaxed);
+    }
+}
+
 fn policy(window: usize) -> Policy {
     policy_with(window, DeadLetters::Skip)
 }
@@ -703,6 +726,28 @@ each_flavour! {
         assert!(after.iter().all(|v| v.0 == Generation(2)));
         cell.enqueue(Tally(n, clones.clone()));
         assert_eq!(view(&cell).last().map(|v| (v.1, v.3)), Some((Sequence(u64::from(n)), n)));
+    }
+
+    fn the_pending_reader_keeps_no_more_gone_payloads_alive_than_pending_ones(cx) {
+        let clock = ManualClock::new();
+        let live = Arc::new(AtomicUsize::new(0));
+        let cell: EgressCellOf<Live, _> = EgressCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let n = 10_000u64;
+        cell.enqueue_all((0..n).map(|_| Live::new(&live)));
+        assert_eq!(cell.pending().get().len(), n as usize);
+        assert_eq!(live.load(AtomicOrdering::Relaxed), 2 * n as usize, "the core's and the reader's");
+        let g = Generation(1);
+        for s in 0..n - 1 {
+            cell.claim_with(g, |_| ());
+            assert!(matches!(cell.ack(g, Sequence(s)), AckOutcome::Advanced { .. }));
+            if s % 1_000 == 0 {
+                assert_eq!(cell.pending().get().len(), (n - s - 1) as usize);
+            }
+        }
+        // One record left: the reader copied it out of the chunk the others
+        // left, and the snapshot before this read is gone.
+        assert_eq!(cell.pending().get().len(), 1);
+        assert_eq!(live.load(AtomicOrdering::Relaxed), 2, "{} payloads alive for one pending", live.load(AtomicOrdering::Relaxed));
     }
 
     fn a_payload_whose_clone_panics_fails_its_record_and_the_counts_agree(cx) {
