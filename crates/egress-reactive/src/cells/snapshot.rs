@@ -477,6 +477,11 @@ mod tests {
         let h = |s: &Snapshot<u32>| std::hash::BuildHasher::hash_one(&state, s);
         assert_eq!(h(&s), h(&[1, 2, 10, 11, 3].into_iter().collect()));
         assert_ne!(h(&s), h(&Snapshot::from([1, 2, 10, 11])));
+        let copy = s.clone();
+        assert!(copy == s && copy.to_vec() == s.to_vec());
+        assert_eq!(Snapshot::from(vec![7, 8]).to_vec(), [7, 8]);
+        assert_eq!(Snapshot::from([7, 8, 9]).to_vec(), [7, 8, 9]);
+        assert_eq!((5..8).collect::<Snapshot<u32>>().to_vec(), [5, 6, 7]);
         let empty = Snapshot::<u32>::default();
         assert_eq!(
             (empty.len(), empty.is_empty(), empty.first(), empty.last(), empty.get(0)),
