@@ -469,6 +469,10 @@ mod tests {
         assert_eq!((it.len(), it.next(), it.next_back(), it.len()), (5, Some(&1), Some(&3), 3));
         assert_eq!(it.clone().count(), 3);
         assert_eq!(s, [1, 2, 10, 11, 3]);
+        assert_ne!(s, [1, 2, 10, 11, 4]);
+        assert_ne!(s, [1, 2, 10, 11]);
+        assert!(s == vec![1, 2, 10, 11, 3] && s != vec![1, 2, 10, 11, 4] && s != vec![1, 2, 10, 11, 3, 5]);
+        assert!(s == [1, 2, 10, 11, 3][..] && s != [1, 2, 10, 11, 4][..] && s != [1, 2][..]);
         assert_eq!(s, Snapshot::from(vec![1, 2, 10, 11, 3]));
         assert_ne!(s, Snapshot::from(vec![1, 2, 10, 11, 4]));
         assert_ne!(s, Snapshot::from(vec![1, 2, 10, 11]));
@@ -623,13 +627,80 @@ mod tests {
         assert!(per_record <= 1.0 + f64::from(MERGE_MAX.ilog2()), "{per_record} clones per record");
         assert_eq!(last.len(), n as usize);
         assert!(last.iter().map(|e| e.payload.0).eq(0..n));
-        // The long queue is a few shared chunks, and the next read shares them.
+        // The long queue is a few shared chunks, and the next read shares
+        // them: merges fill chunks up to the bound, and no further.
         assert!(copies.chunks.len() <= 2 * n as usize / MERGE_MAX + 13, "{} chunks", copies.chunks.len());
+        assert!(copies.chunks[0].len() == MERGE_MAX && copies.chunks.iter().all(|c| c.len() <= MERGE_MAX));
         let _ = core.enqueue(Counted(n));
         let before = clones();
         let next = copies.snapshot(&core.pending_parts());
         assert!(clones() - before <= MERGE_MAX, "one read clones at most a merge");
         assert!(Arc::ptr_eq(&last.parts[0].chunk, &next.parts[0].chunk), "the front chunk is shared");
+    }
+
+    fn lengths(copies: &FreshCopies<Counted>) -> Vec<usize> {
+        copies.chunks.iter().map(|c| c.len()).collect()
+    }
+
+    #[test]
+    fn chunks_merge_as_a_binary_counter_carries_counting_the_live_records() {
+        let mut core = EgressCore::new(Policy::default());
+        let mut copies = FreshCopies::default();
+        let mut seen = Vec::new();
+        for i in 0..8 {
+            let _ = core.enqueue(Counted(i));
+            let _ = copies.snapshot(&core.pending_parts());
+            seen.push(lengths(&copies));
+        }
+        let expected: [&[usize]; 8] = [&[1], &[2], &[2, 1], &[4], &[4, 1], &[4, 2], &[4, 2, 1], &[8]];
+        assert_eq!(seen, expected);
+        // 3 of the 8 leave: skipped, not copied out (3 < 5 remain).
+        let g = core.generation();
+        for _ in 0..3 {
+            assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)));
+        }
+        let _ = copies.snapshot(&core.pending_parts());
+        assert_eq!((lengths(&copies), copies.skip), (vec![8], 3));
+        // 4 join: the first chunk's 5 live records are of the same level, so
+        // they merge, and only the live ones are copied.
+        for i in 8..12 {
+            let _ = core.enqueue(Counted(i));
+        }
+        let before = clones();
+        let snapshot = copies.snapshot(&core.pending_parts());
+        assert_eq!((lengths(&copies), copies.skip, clones() - before), (vec![9], 0, 5 + 4));
+        assert!(snapshot.iter().map(|e| e.payload.0).eq(3..12));
+        // 5 of the 9 leave: more than remain, so the 4 left are copied out.
+        for _ in 0..5 {
+            assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)));
+        }
+        let before = clones();
+        let _ = copies.snapshot(&core.pending_parts());
+        assert_eq!((lengths(&copies), copies.skip, clones() - before), (vec![4], 0, 4));
+        // Half of them leave: as many gone as live is kept, skipped.
+        for _ in 0..2 {
+            assert!(matches!(core.claim(g).outcome, ClaimOutcome::Claimed(_)));
+        }
+        let _ = copies.snapshot(&core.pending_parts());
+        assert_eq!((lengths(&copies), copies.skip), (vec![4], 2));
+    }
+
+    #[test]
+    fn copies_are_kept_under_a_generation_and_a_rewrite_count_not_zero() {
+        let restored = Restored { generation: egress_core::Generation(6), ..Restored::empty() };
+        let mut core = EgressCore::restore(Policy::default(), restored).expect("a restore");
+        assert!(matches!(core.rebase(vec![(Sequence(0), Counted(0))]).outcome, RebaseOutcome::Rebased { .. }));
+        let parts = core.pending_parts();
+        assert!(parts.generation() != egress_core::Generation(0) && parts.rewrites() == 1);
+        let mut copies = FreshCopies::default();
+        let start = clones();
+        for i in 1..=1_000 {
+            let _ = core.enqueue(Counted(i));
+            let _ = copies.snapshot(&core.pending_parts());
+        }
+        // Kept across reads: a payload cloned at most 1 + log2(1000) times,
+        // where copies started over at each read would clone 500,500.
+        assert!(clones() - start <= 1_001 * 11, "{} clones", clones() - start);
     }
 
     #[test]
