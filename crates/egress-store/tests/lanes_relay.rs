@@ -409,3 +409,30 @@ async fn a_shutdown_writes_what_is_pending_and_checkpoints_the_wal() {
     let stored: i64 = app.query_row("SELECT COUNT(*) FROM egress_outbox", [], |r| r.get(0)).unwrap();
     assert_eq!(stored, 3);
 }
+
+/// Whoever sees a write on the cell sees the relay's count of it: the
+/// lanes relay counts a commit before it tells the cell (an effect that
+/// runs as the cell shows its records written reads the stats then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lanes_relays_stats_count_a_write_before_the_cell_shows_it() {
+    use std::sync::{Arc, Mutex};
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &dir, config()).await;
+    let cell = durable.cell.clone();
+    let relay = Arc::new(durable.relay);
+    let seen: Arc<Mutex<Vec<(usize, egress_store::RelayStats)>>> = Arc::default();
+    let _effect = cx.effect({
+        let (cell, relay, seen) = (cell.clone(), relay.clone(), seen.clone());
+        move || {
+            let unpersisted = cell.unpersisted_len().get();
+            seen.lock().unwrap().push((unpersisted, relay.stats()));
+        }
+    });
+    cell.enqueue(room("a"), Msg("a0".into())).unwrap();
+    until("a0 written", || cell.unpersisted_len().get_untracked() == 0 && relay.stats().commits >= 1).await;
+    let seen = seen.lock().unwrap().clone();
+    let waiting = seen.iter().position(|s| s.0 == 1).expect("the effect saw a0 wait");
+    let written = seen[waiting..].iter().find(|s| s.0 == 0).expect("the effect saw a0 written");
+    assert!(written.1.commits >= 1 && written.1.appended >= 1, "{seen:?}");
+}

@@ -391,3 +391,40 @@ async fn a_payload_clone_that_panics_once_fails_one_write_not_the_relay() {
     cell.enqueue(Flaky("b".into()));
     until(&cell, |c| c.with_core(|core| core.durable_through()) == Some(Sequence(1))).await;
 }
+
+/// Whoever sees the cell's state sees the relay's count of what made it:
+/// the relay counts a commit, and a failure, before it tells the cell. An
+/// effect that runs as the cell shows a write or an error (on the relay's
+/// thread, in the same write) reads the stats there and then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relays_stats_count_what_the_cell_shows_before_it_shows_it() {
+    use std::sync::{Arc, Mutex};
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable_with(&cx, dir.db(), "chat", Panicky, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("opens");
+    let cell: AsyncEgressCell<Line> = durable.cell.clone();
+    let relay = Arc::new(durable.relay);
+    // (durable through, whether an error shows, the stats as it showed)
+    type Seen = (Option<Sequence>, bool, egress_store::RelayStats);
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let _effect = cx.effect({
+        let (cell, relay, seen) = (cell.clone(), relay.clone(), seen.clone());
+        move || {
+            let shown = (cell.durable_through().get(), cell.persist_error().get().is_some());
+            seen.lock().expect("not poisoned").push((shown.0, shown.1, relay.stats()));
+        }
+    });
+    cell.enqueue(line("first"));
+    until(&cell, |c| c.durable_through().get_untracked() == Some(Sequence(0))).await;
+    let app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
+    Outbox::new("chat").append(&app, b"boom").expect("appends");
+    cell.enqueue(line("second"));
+    until(&cell, |c| c.persist_error().get_untracked().is_some()).await;
+    let seen = seen.lock().expect("not poisoned").clone();
+    let written = seen.iter().find(|s| s.0.is_some()).expect("the effect saw the write");
+    assert!(written.2.commits >= 1 && written.2.appended >= 1, "{seen:?}");
+    let failed = seen.iter().find(|s| s.1).expect("the effect saw the error");
+    assert!(failed.2.failures >= 1 && failed.2.undecodable >= 1, "{seen:?}");
+}

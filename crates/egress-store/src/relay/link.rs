@@ -186,14 +186,22 @@ impl<L: Link> Run<L> {
             Err(e) => return Some(Err(e)),
         };
         let (epoch, appended) = (L::epoch(&offer), L::appended(&offer));
-        let link = self.link.clone();
+        let (link, counters) = (self.link.clone(), self.counters.clone());
         // Written and reported in a task of its own: a relay aborted while
-        // the store works does not leave the epoch unreported.
+        // the store works does not leave the epoch unreported. Counted
+        // before the cell is told, so whoever sees its state sees the count.
         let task = tokio::spawn(async move {
+            let started = std::time::Instant::now();
             let result = link.write(offer).await;
             match &result {
-                Ok(()) => link.persisted(epoch),
-                Err(e) => link.persist_failed(epoch, e.to_string()),
+                Ok(()) => {
+                    counters.committed(appended, started.elapsed());
+                    link.persisted(epoch);
+                }
+                Err(e) => {
+                    counters.failed(e);
+                    link.persist_failed(epoch, e.to_string());
+                }
             }
             result
         });
@@ -204,20 +212,11 @@ impl<L: Link> Run<L> {
             // the write again.
             Err(e) => {
                 let e = StoreError::Task(e.to_string());
+                self.counters.failed(&e);
                 self.link.persist_failed(epoch, e.to_string());
                 Err(e)
             }
         };
-        match &result {
-            Ok(()) => {
-                self.counters.commits.fetch_add(1, Ordering::Relaxed);
-                self.counters.appended.fetch_add(appended, Ordering::Relaxed);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, what = L::WHAT, "egress relay: a commit failed");
-                self.counters.failures.fetch_add(1, Ordering::Relaxed);
-            }
-        }
         Some(result)
     }
 }

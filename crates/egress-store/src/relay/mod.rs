@@ -56,7 +56,9 @@ impl Default for RelayConfig {
     }
 }
 
-/// What a relay has done.
+/// What a relay has done. Each commit and each failure is counted before
+/// the cell is told of it, so whoever sees the cell's state (its records
+/// written, or its `persist_error`) sees the count that made it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RelayStats {
     /// Transactions committed (one per `Ready`).
@@ -97,6 +99,38 @@ struct Counters {
 }
 
 impl Counters {
+    /// A commit of `appended` records that `took` so long, counted before the cell is told, so
+    /// that whoever sees the cell's state sees the count.
+    fn committed(&self, appended: u64, took: Duration) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.appended.fetch_add(appended, Ordering::Relaxed);
+        tracing::event!(
+            target: "egress::metrics",
+            tracing::Level::DEBUG,
+            monotonic_counter.egress_relay_commits = 1u64,
+            monotonic_counter.egress_relay_appended = appended,
+            histogram.egress_relay_commit_seconds = took.as_secs_f64(),
+            "egress relay: committed"
+        );
+    }
+
+    /// A cell's appends moved behind an application's, counted before the
+    /// cell is told.
+    fn rebased(&self) {
+        self.rebases.fetch_add(1, Ordering::Relaxed);
+        tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_rebases = 1u64, "egress relay: rebased");
+    }
+
+    /// A commit that failed with `error`, counted before the cell shows it.
+    fn failed(&self, error: &StoreError) {
+        tracing::warn!(%error, "egress relay: a commit failed");
+        tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_failures = 1u64, "egress relay: a commit failed");
+        if let StoreError::Undecodable { .. } = error {
+            self.undecodable.fetch_add(1, Ordering::Relaxed);
+        }
+        self.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn snapshot(&self) -> RelayStats {
         RelayStats {
             commits: self.commits.load(Ordering::Relaxed),

@@ -3,6 +3,7 @@
 //! connection.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use egress_codec::{Codec, Raw};
@@ -24,12 +25,10 @@ pub(super) struct Written<T> {
     pub(super) codec: Arc<dyn Codec<T>>,
 }
 
-/// What one commit did, for the counters.
-pub(super) enum Committed {
-    /// Written: this many records appended.
-    Written(u64),
-    /// Refused for another writer's appends; the cell's moved behind them.
-    Rebased,
+impl<T> Clone for Written<T> {
+    fn clone(&self) -> Self {
+        Self { counters: self.counters.clone(), stored: self.stored.clone(), codec: self.codec.clone() }
+    }
 }
 
 /// What a store's answer to one `Ready` means for the cell, reported to it
@@ -48,9 +47,13 @@ pub(super) fn report<T: Clone + 'static, F: CellFlavor<T>>(
     epoch: Epoch,
     result: Result<(), StoreError>,
     appended: usize,
+    counters: Option<(&Counters, Instant)>,
 ) -> Result<Reported, StoreError> {
     match result {
         Ok(()) => {
+            if let Some((counters, started)) = counters {
+                counters.committed(appended as u64, started.elapsed());
+            }
             let _ = cell.persisted(epoch);
             Ok(Reported::Written(appended as u64))
         }
@@ -60,6 +63,9 @@ pub(super) fn report<T: Clone + 'static, F: CellFlavor<T>>(
             count: usize::try_from(stored - expected).unwrap_or(usize::MAX),
         }),
         Err(e) => {
+            if let Some((counters, _)) = counters {
+                counters.failed(&e);
+            }
             let _ = cell.persist_failed(epoch, e.to_string());
             Err(e)
         }
@@ -77,13 +83,21 @@ pub(super) fn conflict<T: Clone + 'static, F: CellFlavor<T>>(
     theirs: Result<Vec<(Sequence, Bytes)>, StoreError>,
     codec: &dyn Codec<T>,
     stream: &str,
-) -> Result<Committed, StoreError> {
+    counters: Option<&Counters>,
+) -> Result<(), StoreError> {
     match theirs.and_then(|rows| decode_all(codec, stream, rows)) {
         Ok(theirs) => {
+            if let Some(counters) = counters {
+                counters.rebased();
+            }
             let _ = cell.persist_failed(epoch, "appended by another writer meanwhile");
-            Ok(rebase(cell, theirs))
+            rebase(cell, theirs);
+            Ok(())
         }
         Err(e) => {
+            if let Some(counters) = counters {
+                counters.failed(&e);
+            }
             let _ = cell.persist_failed(epoch, e.to_string());
             Err(e)
         }
@@ -91,10 +105,9 @@ pub(super) fn conflict<T: Clone + 'static, F: CellFlavor<T>>(
 }
 
 /// Moves the cell's unwritten records behind `theirs` (another writer's).
-fn rebase<T: Clone + 'static, F: CellFlavor<T>>(cell: &EgressCellOf<T, F>, theirs: Vec<(Sequence, T)>) -> Committed {
+fn rebase<T: Clone + 'static, F: CellFlavor<T>>(cell: &EgressCellOf<T, F>, theirs: Vec<(Sequence, T)>) {
     let outcome = cell.rebase(theirs);
     tracing::info!(?outcome, "egress relay: the cell's appends moved behind the outbox's");
-    Committed::Rebased
 }
 
 impl SqliteStore {
@@ -136,11 +149,11 @@ impl SqliteStore {
                 Ok(bytes) => (self.apply(stream, &ready, &bytes), bytes.len()),
                 Err(e) => (Err(e), 0),
             };
-            match report(cell, ready.epoch, result, count)? {
+            match report(cell, ready.epoch, result, count, None)? {
                 Reported::Written(n) => written += n,
                 Reported::Conflict { from, count } => {
                     let theirs = self.appended(stream, from, count);
-                    conflict(cell, ready.epoch, theirs, codec, stream)?;
+                    conflict(cell, ready.epoch, theirs, codec, stream, None)?;
                 }
             }
         }

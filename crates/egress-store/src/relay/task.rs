@@ -5,13 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use egress_codec::Codec;
 use egress_core::{AdoptOutcome, Ready, Sequence};
 use egress_reactive::AsyncEgressCell;
 use tokio::sync::{Notify, watch};
 
 use super::journal::JournalStore;
-use super::report::{Committed, Reported, Written, conflict, report};
+use super::report::{Reported, Written, conflict, report};
 use super::{Counters, RelayConfig};
 use crate::StoreError;
 use crate::stored::{decode, encode_all};
@@ -25,16 +24,17 @@ async fn commit<S: JournalStore, T: Clone + Send + Sync + 'static>(
     cell: AsyncEgressCell<T>,
     ready: Ready,
     appends: Vec<(Sequence, T)>,
-    stored: Arc<watch::Sender<Option<Sequence>>>,
-    codec: Arc<dyn Codec<T>>,
-) -> Result<Committed, StoreError> {
+    written: Written<T>,
+) -> Result<(), StoreError> {
+    let started = std::time::Instant::now();
+    let Written { counters, stored, codec } = written;
     let mut store = store.lock().await;
     let (result, count) = match encode_all(&*codec, store.stream(), &appends) {
         Ok(bytes) => (store.apply(&ready, &bytes).await, bytes.len()),
         Err(e) => (Err(e), 0),
     };
     let wrote = result.is_ok();
-    let reported = report(&cell, ready.epoch, result, count);
+    let reported = report(&cell, ready.epoch, result, count, Some((&counters, started)));
     if wrote && let Some(acked) = ready.acked_through {
         stored.send_if_modified(|s| {
             let raised = s.is_none_or(|s| acked > s);
@@ -45,16 +45,18 @@ async fn commit<S: JournalStore, T: Clone + Send + Sync + 'static>(
         });
     }
     match reported? {
-        Reported::Written(n) => Ok(Committed::Written(n)),
+        Reported::Written(_) => Ok(()),
         Reported::Conflict { from, count } => {
             let theirs = store.appended(from, count).await;
-            conflict(&cell, ready.epoch, theirs, &*codec, store.stream())
+            conflict(&cell, ready.epoch, theirs, &*codec, store.stream(), Some(&counters))
         }
     }
 }
 
 /// Commits one `Ready` if the journal has one. Returns whether it did
-/// anything, and the error if the commit failed.
+/// anything, and the error if the commit failed. The counters are counted
+/// before the cell is told (in the commit's task), so whoever sees the
+/// cell's state sees them.
 async fn write_once<S: JournalStore, T: Clone + Send + Sync + 'static>(
     cell: &AsyncEgressCell<T>,
     store: &Arc<tokio::sync::Mutex<S>>,
@@ -65,49 +67,20 @@ async fn write_once<S: JournalStore, T: Clone + Send + Sync + 'static>(
         Err(e) => return Some(Err(e)),
     };
     let epoch = ready.epoch;
-    let counters = &written.counters;
-    let started = std::time::Instant::now();
-    let (stored, codec) = (written.stored.clone(), written.codec.clone());
-    let task = tokio::spawn(commit(store.clone(), cell.clone(), ready, appends, stored, codec));
-    let result = match task.await {
-        Ok(Ok(Committed::Written(n))) => {
-            counters.commits.fetch_add(1, Ordering::Relaxed);
-            counters.appended.fetch_add(n, Ordering::Relaxed);
-            tracing::event!(
-                target: "egress::metrics",
-                tracing::Level::DEBUG,
-                monotonic_counter.egress_relay_commits = 1u64,
-                monotonic_counter.egress_relay_appended = n,
-                histogram.egress_relay_commit_seconds = started.elapsed().as_secs_f64(),
-                "egress relay: committed"
-            );
-            Ok(())
-        }
-        Ok(Ok(Committed::Rebased)) => {
-            counters.rebases.fetch_add(1, Ordering::Relaxed);
-            tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_rebases = 1u64, "egress relay: rebased");
-            Ok(())
-        }
-        Ok(Err(e)) => Err(e),
+    let task = tokio::spawn(commit(store.clone(), cell.clone(), ready, appends, written.clone()));
+    Some(match task.await {
+        Ok(result) => result,
         // The commit's task ended without answering the `Ready` (a panic
         // under the store): answered here, so that the cell shows it and
         // offers the `Ready` again rather than wait for an answer that
         // never comes. (An answer given already makes this one stale.)
         Err(e) => {
             let e = StoreError::Task(e.to_string());
+            written.counters.failed(&e);
             let _ = cell.persist_failed(epoch, e.to_string());
             Err(e)
         }
-    };
-    if let Err(StoreError::Undecodable { .. }) = &result {
-        counters.undecodable.fetch_add(1, Ordering::Relaxed);
-    }
-    if let Err(e) = &result {
-        tracing::warn!(error = %e, "egress relay: a commit failed");
-        tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_failures = 1u64, "egress relay: a commit failed");
-        counters.failures.fetch_add(1, Ordering::Relaxed);
-    }
-    Some(result)
+    })
 }
 
 /// Adopts what applications appended; returns whether a full batch came
