@@ -431,6 +431,40 @@ fn time(c: &Cell) -> Option<Duration> {
     }
 }
 
+/// Runs this binary as a child with `args` (its own process, so that a
+/// measurement of memory sees only its own work) and returns the fields of
+/// the `OK f1 f2 ...` line it prints.
+fn child_fields(args: &[&str]) -> anyhow::Result<Vec<String>> {
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    let line = String::from_utf8(out.stdout)?;
+    let Some(rest) = line.trim().strip_prefix("OK ") else { anyhow::bail!("{}: {line}", args.join(" ")) };
+    Ok(rest.split(' ').map(str::to_owned).collect())
+}
+
+/// Field `i` of a child's line ([`child_fields`]), parsed; `what` names it
+/// in the error.
+fn field<N: std::str::FromStr>(fields: &[String], i: usize, what: &str) -> anyhow::Result<N>
+where
+    N::Err: std::error::Error + Send + Sync + 'static,
+{
+    Ok(fields.get(i).ok_or_else(|| anyhow::anyhow!("no {what} in {fields:?}"))?.parse()?)
+}
+
+/// A line of this process's `/proc/self/status` (`VmRSS`, `VmHWM`), in
+/// bytes.
+fn proc_status_bytes(key: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let line = status
+        .lines()
+        .find(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')))
+        .ok_or_else(|| anyhow::anyhow!("no {key} in /proc/self/status"))?;
+    let kib: u64 = line.split_whitespace().nth(1).ok_or_else(|| anyhow::anyhow!("{key}"))?.parse()?;
+    Ok(kib * 1024)
+}
+
 fn date() -> String {
     Command::new("date")
         .arg("+%Y-%m-%d")

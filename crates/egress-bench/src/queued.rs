@@ -8,8 +8,6 @@
 //! also counts a growing buffer's spare capacity (up to 2x just after it
 //! doubled), in the baseline as in ours.
 
-use std::process::{Command, Stdio};
-
 use anyhow::{Context as _, bail};
 use egress_core::EgressCore;
 use egress_reactive::{
@@ -26,17 +24,9 @@ const LIBS: &[(&str, &str)] = &[
     ("egress-async", "AsyncEgressCell"),
 ];
 
-/// The process's resident set now (VmRSS), in bytes.
-fn rss() -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS in /proc/self/status")?;
-    let kib: u64 = line.split_whitespace().nth(1).context("VmRSS")?.parse()?;
-    Ok(kib * 1024)
-}
-
 /// What a measurement reads: the resident set and the allocator's net bytes.
 fn sample() -> anyhow::Result<(u64, i64)> {
-    Ok((rss()?, crate::alloc::allocated()))
+    Ok((crate::proc_status_bytes("VmRSS")?, crate::alloc::allocated()))
 }
 
 /// The samples around building a queue with `make`, enqueueing `0..n` with
@@ -199,15 +189,8 @@ pub fn table(args: &[String]) -> anyhow::Result<()> {
     println!("| {n} queued u64 envelopes | RSS difference, bytes each | allocated, bytes each |");
     println!("|---|---:|---:|");
     for (key, title) in LIBS {
-        let out = Command::new(std::env::current_exe()?)
-            .args(["queued-child", key, &n.to_string()])
-            .stderr(Stdio::inherit())
-            .output()?;
-        let line = String::from_utf8(out.stdout)?;
-        let Some(rest) = line.trim().strip_prefix("OK ") else { bail!("queued-child {key}: {line}") };
-        let mut fields = rest.split(' ');
-        let rss: f64 = fields.next().context("rss")?.parse()?;
-        let allocated: f64 = fields.next().context("allocated")?.parse()?;
+        let fields = crate::child_fields(&["queued-child", key, &n.to_string()])?;
+        let (rss, allocated): (f64, f64) = (crate::field(&fields, 0, "rss")?, crate::field(&fields, 1, "allocated")?);
         println!("| {title} | {:.1} | {:.1} |", rss / n as f64, allocated / n as f64);
     }
     println!(
@@ -215,15 +198,8 @@ pub fn table(args: &[String]) -> anyhow::Result<()> {
     );
     println!("|---|---:|---:|");
     for (key, title) in READS {
-        let out = Command::new(std::env::current_exe()?)
-            .args(["queued-reads-child", key, &n.to_string(), &reads.to_string()])
-            .stderr(Stdio::inherit())
-            .output()?;
-        let line = String::from_utf8(out.stdout)?;
-        let Some(rest) = line.trim().strip_prefix("OK ") else { bail!("queued-reads-child {key}: {line}") };
-        let mut fields = rest.split(' ');
-        let nanos: f64 = fields.next().context("nanos")?.parse()?;
-        let bytes: f64 = fields.next().context("bytes")?.parse()?;
+        let fields = crate::child_fields(&["queued-reads-child", key, &n.to_string(), &reads.to_string()])?;
+        let (nanos, bytes): (f64, f64) = (crate::field(&fields, 0, "nanos")?, crate::field(&fields, 1, "bytes")?);
         println!("| {title} | {nanos:.0} | {bytes:.0} |");
     }
     println!("\nRun of {}.", crate::date());

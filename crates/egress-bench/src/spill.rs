@@ -7,7 +7,6 @@
 //! run against the small one.
 
 use std::num::NonZeroUsize;
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context as _, bail};
@@ -61,16 +60,8 @@ pub fn child(args: &[String]) -> anyhow::Result<()> {
     let seconds = started.elapsed().as_secs_f64();
     drop((relay, cell));
     let _ = std::fs::remove_file(&db);
-    println!("OK {} {seconds:.1} {spilled}", peak_rss()?);
+    println!("OK {} {seconds:.1} {spilled}", crate::proc_status_bytes("VmHWM")?);
     Ok(())
-}
-
-/// The process's peak resident set (VmHWM), in bytes.
-fn peak_rss() -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).context("no VmHWM in /proc/self/status")?;
-    let kib: u64 = line.split_whitespace().nth(1).context("VmHWM")?.parse()?;
-    Ok(kib * 1024)
 }
 
 /// `spill [--ops N] [--dir PATH]`: the table.
@@ -86,15 +77,12 @@ pub fn table(args: &[String]) -> anyhow::Result<()> {
         }
     }
     let run = |n: u64| -> anyhow::Result<(u64, String, String)> {
-        let out = Command::new(std::env::current_exe()?)
-            .args(["spill-child", &n.to_string(), &dir.to_string_lossy()])
-            .stderr(Stdio::inherit())
-            .output()?;
-        let line = String::from_utf8(out.stdout)?;
-        let Some(rest) = line.trim().strip_prefix("OK ") else { bail!("spill-child {n}: {line}") };
-        let mut fields = rest.split(' ');
-        let rss: u64 = fields.next().context("rss")?.parse()?;
-        Ok((rss, fields.next().context("seconds")?.to_owned(), fields.next().context("spilled")?.to_owned()))
+        let fields = crate::child_fields(&["spill-child", &n.to_string(), &dir.to_string_lossy()])?;
+        Ok((
+            crate::field(&fields, 0, "rss")?,
+            crate::field(&fields, 1, "seconds")?,
+            crate::field(&fields, 2, "spilled")?,
+        ))
     };
     let (small, small_s, small_spilled) = run(1_000)?;
     let (large, large_s, large_spilled) = run(ops)?;

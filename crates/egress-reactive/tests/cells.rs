@@ -6,7 +6,7 @@
 mod common;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, Weak};
 
 use common::Counter;
@@ -84,6 +84,17 @@ impl Transport<Bomb> for BombWire {
     fn send(&mut self, envelope: Envelope<Bomb>) -> Result<(), SendError> {
         self.0.lock().expect("sent").push(envelope.payload.0);
         Ok(())
+    }
+}
+
+/// A payload whose clone panics while its flag is up.
+#[derive(Debug)]
+struct Fragile(u32, Arc<AtomicBool>);
+
+impl Clone for Fragile {
+    fn clone(&self) -> Self {
+        assert!(!self.1.load(AtomicOrdering::Relaxed), "this payload cannot be copied now");
+        Fragile(self.0, self.1.clone())
     }
 }
 
@@ -748,6 +759,32 @@ each_flavour! {
         // left, and the snapshot before this read is gone.
         assert_eq!(cell.pending().get().len(), 1);
         assert_eq!(live.load(AtomicOrdering::Relaxed), 2, "{} payloads alive for one pending", live.load(AtomicOrdering::Relaxed));
+    }
+
+    fn a_payload_whose_clone_panics_during_a_pending_read_leaves_the_reader_true(cx) {
+        let clock = ManualClock::new();
+        let fragile = Arc::new(AtomicBool::new(false));
+        let cell: EgressCellOf<Fragile, _> = EgressCellOf::with_options(&cx.handle(), policy(8), options(&clock));
+        let core_list = |cell: &EgressCellOf<Fragile, _>| cell.with_core(|c| c.pending().map(|e| (e.sequence, e.payload.0)).collect::<Vec<_>>());
+        let read_list = |cell: &EgressCellOf<Fragile, _>| cell.pending().get().iter().map(|e| (e.sequence, e.payload.0)).collect::<Vec<_>>();
+        for i in 0..40u32 {
+            cell.enqueue(Fragile(i, fragile.clone()));
+        }
+        let held = cell.pending().get();
+        for round in 0..20u32 {
+            cell.enqueue(Fragile(40 + round, fragile.clone()));
+            if round % 4 == 1 {
+                cell.claim_with(Generation(1), |_| ());
+            }
+            // Every third read meets a payload that cannot be copied.
+            fragile.store(round % 3 == 0, AtomicOrdering::Relaxed);
+            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.pending().get().len()));
+            fragile.store(false, AtomicOrdering::Relaxed);
+            assert_eq!(read.is_err(), round % 3 == 0, "round {round}");
+            assert_eq!(read_list(&cell), core_list(&cell), "round {round}: the next good read is the core's list");
+        }
+        assert_eq!(held.len(), 40, "a snapshot held through the panics stays as it was");
+        assert!(held.iter().map(|e| e.payload.0).eq(0..40));
     }
 
     fn a_payload_whose_clone_panics_fails_its_record_and_the_counts_agree(cx) {

@@ -428,3 +428,45 @@ async fn the_relays_stats_count_what_the_cell_shows_before_it_shows_it() {
     let failed = seen.iter().find(|s| s.1).expect("the effect saw the error");
     assert!(failed.2.failures >= 1 && failed.2.undecodable >= 1, "{seen:?}");
 }
+
+/// A rebase is counted before the cell is told too: the cell's record
+/// enqueued while an application's transaction holds the database, which
+/// then appends under the same sequence, is refused, moved behind the
+/// application's, and the effect that runs as the cell shows why reads the
+/// count there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebase_is_counted_before_the_cell_shows_it() {
+    use std::sync::{Arc, Mutex};
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("opens");
+    let cell: AsyncEgressCell<Line> = durable.cell.clone();
+    let relay = Arc::new(durable.relay);
+    // (the reason the cell shows, the stats as it showed)
+    type Seen = (Option<String>, egress_store::RelayStats);
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let _effect = cx.effect({
+        let (cell, relay, seen) = (cell.clone(), relay.clone(), seen.clone());
+        move || {
+            let error = cell.persist_error().get().map(|e| e.reason);
+            seen.lock().expect("not poisoned").push((error, relay.stats()));
+        }
+    });
+    let mut app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
+    let tx = app.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).expect("holds the database");
+    // Enqueued while the application holds the database: the relay's
+    // commit waits (or fails and is retried), and meets the application's.
+    cell.enqueue(line("mine"));
+    Outbox::new("chat").append_encoded(&tx, &Json, &line("theirs")).expect("appends");
+    tx.commit().expect("commits");
+    until(&cell, |c| c.durable_through().get_untracked() == Some(Sequence(1))).await;
+    assert_eq!(pending(&cell), vec![(0, line("theirs")), (1, line("mine"))]);
+    let seen = seen.lock().expect("not poisoned").clone();
+    let moved = seen
+        .iter()
+        .find(|s| s.0.as_deref().is_some_and(|r| r.contains("another writer")))
+        .expect("the effect saw the cell moved behind the application's record");
+    assert!(moved.1.rebases >= 1, "{seen:?}");
+}
