@@ -132,9 +132,9 @@ pub use cells::{
     LanesAppends, LanesAttachment, LanesCell, LanesCellOf, LanesFlavor, LanesInner, LanesRefused, LanesRun, LanesState,
     LanesTransport, LatestAttachment, LatestCell, LatestCellOf, LatestCheck, LatestFlavor, LatestInner, LatestItem,
     LatestRefused, LatestRun, LatestSink, LatestState, ManualClock, MonotonicClock, ParkedRecord, PendingList, Project,
-    Refused, RelayCell, RelayCellOf, RelayDrain, SendError, SizeCheck, Snapshot, SnapshotIter, SpillError, SpillStore,
-    SpilledEntry, State, ThreadSafeEgressCell, ThreadSafeLanesCell, ThreadSafeLatestCell, ThreadSafeRelayCell,
-    Transport, Written, Xorshift, delay,
+    Projector, Refused, RelayCell, RelayCellOf, RelayDrain, SendError, SizeCheck, Snapshot, SnapshotIter, SpillError,
+    SpillStore, SpilledEntry, State, ThreadSafeEgressCell, ThreadSafeLanesCell, ThreadSafeLatestCell,
+    ThreadSafeRelayCell, Transport, Written, Xorshift, delay,
 };
 #[cfg(feature = "async")]
 pub use cells::{

@@ -54,7 +54,7 @@ pub use latest::{
     LatestItem, LatestRefused, LatestRun, LatestSink, LatestState, ThreadSafeLatestCell, Written,
 };
 pub use options::{CellOptions, EncodeCheck, Refused, SizeCheck};
-pub use readers::{ParkedRecord, PendingList, Project, Snapshot};
+pub use readers::{ParkedRecord, PendingList, Project, Projector, Snapshot};
 pub use relay::{DrainRefused, DrainRun, RelayCell, RelayCellOf, RelayDrain, ThreadSafeRelayCell};
 pub use snapshot::Iter as SnapshotIter;
 pub use spill::{SpillError, SpillStore, SpilledEntry};

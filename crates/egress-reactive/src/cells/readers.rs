@@ -38,47 +38,57 @@ pub struct ParkedRecord<T> {
 /// What a reader computes: one projection of the core, after tracking the
 /// projection's trigger.
 #[doc(hidden)]
-pub struct Project<T: 'static, P, F: Flavor> {
+pub struct Project<T: 'static, Pr, F: Flavor> {
     pub(super) inner: Inner<T, F>,
     pub(super) trigger: Key,
-    pub(super) project: fn(&EgressCore<T>) -> P,
+    pub(super) project: Pr,
 }
 
-impl<T: 'static, P: 'static, F: Flavor> Compute<P> for Project<T, P, F> {
-    fn compute(&self) -> P {
-        let inner = &self.inner;
-        inner.handle.enter(|cell| {
-            Handle::track(cell, self.trigger);
-            inner.state.with(&Entered::by(cell), |s| (self.project)(&s.core))
-        })
+/// How a [`Project`] reads the core: a plain function of it, or one that
+/// keeps what it made between reads ([`PendingList`]).
+#[doc(hidden)]
+pub trait Projector<T: 'static, F: Flavor>: 'static {
+    /// The reader's value.
+    type Out: 'static;
+    /// The value, from the core (inside the graph, as `entered` proves).
+    fn project(&self, core: &EgressCore<T>, entered: &Entered) -> Self::Out;
+}
+
+impl<T: 'static, P: 'static, F: Flavor> Projector<T, F> for fn(&EgressCore<T>) -> P {
+    type Out = P;
+    #[inline]
+    fn project(&self, core: &EgressCore<T>, _: &Entered) -> P {
+        self(core)
     }
 }
 
-pub(super) type Reader<T, P, E, F> = ComputedObj<P, Project<T, P, F>, E, F>;
-
-/// What the [`pending`](EgressCellOf::pending) reader computes: the
+/// How the [`pending`](EgressCellOf::pending) reader reads the core: the
 /// pending records, sharing the copies of earlier reads (see
 /// [`Snapshot`]).
 #[doc(hidden)]
-pub struct PendingList<T: Clone + 'static, F: Flavor> {
-    pub(super) inner: Inner<T, F>,
-    pub(super) copies: F::Cell<FreshCopies<T>>,
+pub struct PendingList<T: Clone + 'static, F: Flavor>(F::Cell<FreshCopies<T>>);
+
+impl<T: Clone + 'static, F: Flavor> Projector<T, F> for PendingList<T, F> {
+    type Out = Snapshot<Envelope<T>>;
+    fn project(&self, core: &EgressCore<T>, entered: &Entered) -> Self::Out {
+        self.0.with_mut(entered, |copies| copies.snapshot(&core.pending_parts()))
+    }
 }
 
-impl<T: Clone + 'static, F: Flavor> Compute<Snapshot<Envelope<T>>> for PendingList<T, F> {
-    fn compute(&self) -> Snapshot<Envelope<T>> {
+impl<T: 'static, Pr: Projector<T, F>, F: Flavor> Compute<Pr::Out> for Project<T, Pr, F> {
+    fn compute(&self) -> Pr::Out {
         let inner = &self.inner;
         inner.handle.enter(|cell| {
-            Handle::track(cell, inner.triggers[Projection::Pending as usize]);
+            Handle::track(cell, self.trigger);
             let entered = Entered::by(cell);
-            inner
-                .state
-                .with(&entered, |s| self.copies.with_mut(&entered, |copies| copies.snapshot(&s.core.pending_parts())))
+            inner.state.with(&entered, |s| self.project.project(&s.core, &entered))
         })
     }
 }
 
-pub(super) type PendingReader<T, F> = ComputedObj<Snapshot<Envelope<T>>, PendingList<T, F>, Never, F>;
+pub(super) type Reader<T, P, E, F> = ComputedObj<P, Project<T, fn(&EgressCore<T>) -> P, F>, E, F>;
+
+pub(super) type PendingReader<T, F> = ComputedObj<Snapshot<Envelope<T>>, Project<T, PendingList<T, F>, F>, Never, F>;
 
 /// What a [`status`](EgressCellOf::status) reader computes: one message's
 /// status, after tracking every projection it depends on.
@@ -390,7 +400,11 @@ pub(super) fn pending_reader<T: Clone + 'static, F>(
 where
     F: Holds<PendingReader<T, F>>,
 {
-    let f = PendingList { inner: inner.clone(), copies: ValueCell::new(FreshCopies::default()) };
+    let f = Project {
+        inner: inner.clone(),
+        trigger: inner.triggers[Projection::Pending as usize],
+        project: PendingList(ValueCell::new(FreshCopies::default())),
+    };
     inner.handle.make_computed(Never, f, at)
 }
 
