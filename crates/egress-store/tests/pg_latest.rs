@@ -1,8 +1,8 @@
 //! Durable latest projections on PostgreSQL against a real server:
 //! `postgres::open_durable_latest` hands a value to the sink only once it
 //! is stored, and another worker (the first gone without a shutdown)
-//! resumes each key at its stored frontier with its stored desire; the
-//! lease fences a worker taken over; a refused commit is shown and tried
+//! resumes each key at its stored frontier with its stored desire (also
+//! after a worker process SIGKILLed mid-stream); the lease fences a worker taken over; a refused commit is shown and tried
 //! again; projections, streams and lanes stay apart by name; stored rows
 //! that break the rules refuse the take.
 //!
@@ -372,4 +372,100 @@ async fn a_key_the_store_cannot_write_is_refused_at_the_upsert_naming_the_projec
     let cell = picky.cell.clone();
     until("the good key written", || cell.unpersisted_len().get_untracked() == 0).await;
     assert_eq!(cell.persist_error().get_untracked(), None);
+}
+
+/// The child of the SIGKILL test: a worker (lease 1 s) that upserts each
+/// of three keys at versions 1, 2, 3, ... into the projection on the
+/// database in `EGRESS_PG_LATEST_CHILD`, its sink applying each value at
+/// once, and every third round, once everything is applied and stored,
+/// prints `stored V`: every key applied through V, and that written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_latest_child() {
+    let Ok(url) = std::env::var("EGRESS_PG_LATEST_CHILD") else { return };
+    let store = PgStore::connect(&url, "child").await.unwrap();
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &store, Duration::from_secs(1)).await;
+    let cell = durable.cell.clone();
+    let _link = cell.attach(Panel::default());
+    for v in 1..=1_000_000u64 {
+        for (i, key) in KILL_KEYS.iter().enumerate() {
+            cell.upsert(key(), Version(v), value_of(i, v)).unwrap();
+        }
+        if v % 3 == 0 {
+            until("applied and stored", || {
+                cell.is_settled().get_untracked() && cell.unpersisted_len().get_untracked() == 0
+            })
+            .await;
+            println!("stored {v}");
+        }
+    }
+}
+
+/// The keys of the SIGKILL test.
+const KILL_KEYS: [fn() -> Setting; 3] = [|| Setting::Volume, || theme("a"), || theme("b")];
+
+/// The value key `i` takes at version `v`.
+fn value_of(i: usize, v: u64) -> u32 {
+    u32::try_from(v % 1_000_000).unwrap() * 10 + u32::try_from(i).unwrap()
+}
+
+/// A worker SIGKILLed while it upserts, at three points (after 1, 4 and
+/// 12 `stored` lines): the next worker waits out its lease, finds each key
+/// applied at least through what the killed worker last saw stored, holds
+/// the newer desire a kill cut short (with the value of its version), and
+/// hands its sink exactly those desires, once each.
+#[test]
+fn a_worker_killed_mid_stream_loses_nothing_it_stored_and_the_next_resumes_each_key() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    for lines in [1usize, 4, 12] {
+        let Some(url) = runtime.block_on(database()) else { return };
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "pg_latest_child", "--nocapture", "--test-threads=1"])
+            .env("EGRESS_PG_LATEST_CHILD", &url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut stored = 0u64;
+        let mut seen = 0;
+        while seen < lines {
+            let line = out.next().expect("the child printed").unwrap();
+            // (The first may follow libtest's "test pg_latest_child ... ".)
+            if let Some((_, v)) = line.split_once("stored ") {
+                stored = v.parse().unwrap();
+                seen += 1;
+            }
+        }
+        child.kill().unwrap(); // SIGKILL
+        let _ = child.wait();
+        runtime.block_on(async {
+            let store = PgStore::connect(&url, "next").await.unwrap();
+            let cx = AsyncContext::new();
+            let durable = open(&cx, &store, LONG).await;
+            let cell = &durable.cell;
+            let mut owed = Vec::new();
+            for (i, key) in KILL_KEYS.iter().enumerate() {
+                let through = cell.with_latest(|l| l.durable_through(&key())).expect("applied before the kill");
+                assert!(through.0 >= stored, "after {lines} lines: {:?} applied through {through:?} < {stored}", key());
+                if let Some((v, value)) = cell.with_latest(|l| l.desired(&key()).map(|(v, x)| (v, *x))) {
+                    assert!(v > through, "a desire above the frontier");
+                    assert_eq!(value, value_of(i, v.0), "the value of its version");
+                    owed.push((key(), v.0, value));
+                }
+            }
+            let panel = Panel::default();
+            let _link = cell.attach(panel.clone());
+            until("settled", || cell.is_settled().get_untracked()).await;
+            let mut handed = panel.seen();
+            handed.sort();
+            owed.sort();
+            assert_eq!(handed, owed, "after {lines} lines: each cut-short desire, once");
+            until("the frontiers written", || cell.unpersisted_len().get_untracked() == 0).await;
+            let stats = durable.relay.shutdown().await;
+            assert!(stats.failures == 0 && !stats.fenced, "{stats:?}");
+        });
+    }
 }
