@@ -68,6 +68,7 @@ USAGE:
   egress-bench cells-child LIB N [RUNS]      (one measurement; used by `cells`)
   egress-bench list-tests                    (the reactivity suite's tests, one per line)
   egress-bench ws [--messages N] [--runs K]
+  egress-bench ws-child plain|split|egress N (one run of one path, for callgrind)
   egress-bench durable [--appends N] [--groups G,H] [--messages M] [--runs K] [--dir PATH]
   egress-bench pg [--url URL] [--messages N] [--runs K] [--batch B]
   egress-bench nats [--url URL] [--messages N] [--runs K]
@@ -233,6 +234,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Some("ws") => ws_table(&args[1..]),
+        Some("ws-child") => ws_child(&args[1..]),
         Some("durable") => durable_table(&args[1..]),
         Some("pg") => pg_table(&args[1..]),
         Some("nats") => nats_table(&args[1..]),
@@ -699,6 +701,22 @@ fn http_table(args: &[String]) -> anyhow::Result<()> {
         plain.as_secs_f64() / egress.as_secs_f64()
     );
     println!("| egress AsyncLanesCell + HttpSender, {c} rooms | {:.0} | 1.00x |", rate(n as u64, egress));
+    Ok(())
+}
+
+/// `ws-child PATH N`: one run of one path of the WebSocket table (`plain`,
+/// `split` or `egress`), for a profiler or callgrind: prints `OK nanos`.
+fn ws_child(args: &[String]) -> anyhow::Result<()> {
+    let [path, n] = args else { bail!("usage: ws-child plain|split|egress N") };
+    let n: u64 = n.parse()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let took = match path.as_str() {
+        "plain" => rt.block_on(ws::plain(n)),
+        "split" => rt.block_on(ws::plain_split(n)),
+        "egress" => rt.block_on(ws::egress(n)),
+        other => bail!("unknown path {other:?}"),
+    };
+    println!("OK {}", took.as_nanos());
     Ok(())
 }
 

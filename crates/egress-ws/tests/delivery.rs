@@ -1219,3 +1219,28 @@ async fn a_connection_that_got_records_through_resets_the_failures() {
     assert_eq!(sender.stats().failed_attempts, 3);
     sender.shutdown().await;
 }
+
+/// A frame from the receiver larger than the sender's read buffer (a
+/// close with a 100,000-byte reason) is read whole: the sender acts on its
+/// code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_frame_larger_than_the_read_buffer_is_read_whole() {
+    fn long(_: u64) -> Frame {
+        Frame::Close { code: CloseCode::Retry, detail: 0, reason: "r".repeat(100_000) }
+    }
+    let (addr, _accepted) = refusing_receiver(long).await;
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{addr}"), sender_config(13)).unwrap();
+    let mut states = sender.watch_state();
+    let error = loop {
+        match states.next().await.expect("the sender runs") {
+            egress_ws::ConnectionState::Reconnecting { error, .. } => break error,
+            _ => continue,
+        }
+    };
+    // Read whole and decoded: the close's code, not a broken read or a
+    // protocol error.
+    assert!(matches!(error, egress_ws::ConnectError::Renew(_)), "{error:?}");
+    sender.shutdown().await;
+}

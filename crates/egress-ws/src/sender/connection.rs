@@ -15,6 +15,7 @@ use tokio::sync::{Mutex, Notify, watch};
 use tokio::time::Instant;
 use tokio_tungstenite::MaybeTlsStream;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use super::{ConnectionState, Counters, Io, SenderConfig, Sink, Target, Unwritten, Ws, WsTransport};
 use crate::protocol::{
@@ -369,6 +370,19 @@ const MAX_KEEPALIVE_WAIT: Duration = Duration::from_secs(60);
 /// receiver cannot park a producer for longer with one frame.
 const MAX_BUSY_WAIT: Duration = Duration::from_secs(60);
 
+/// The sender's WebSocket read buffer. What it reads are the receiver's
+/// small frames (a welcome, acknowledgements, receipts); tungstenite
+/// zero-fills the free part of this buffer before every read, so its
+/// default of 128 KiB cost more than the rest of a read of an ack. A larger
+/// frame still arrives whole: the buffer grows to a frame's length.
+const READ_BUFFER: usize = 4 * 1024;
+
+/// The sender's WebSocket configuration (tungstenite's defaults but for
+/// [`READ_BUFFER`]).
+fn ws_config() -> WebSocketConfig {
+    WebSocketConfig::default().read_buffer_size(READ_BUFFER)
+}
+
 /// Opens the byte stream ([`SenderConfig::connect`], or TCP), then TLS on
 /// top for `wss://`, then the WebSocket upgrade with the configured headers.
 async fn open(target: &Target, config: &SenderConfig) -> Result<Ws, ConnectError> {
@@ -386,13 +400,13 @@ async fn open(target: &Target, config: &SenderConfig) -> Result<Ws, ConnectError
     if target.tls {
         let tls = config.tls.clone().unwrap_or_else(crate::tls::webpki_client_config);
         let connector = Some(tokio_tungstenite::Connector::Rustls(tls));
-        let (ws, _) = tokio_tungstenite::client_async_tls_with_config(request, io, None, connector)
+        let (ws, _) = tokio_tungstenite::client_async_tls_with_config(request, io, Some(ws_config()), connector)
             .await
             .map_err(|e| ConnectError::of_ws(&e))?;
         return Ok(ws);
     }
     // Without the `tls` feature, `Target::new` refused wss:// already.
-    let (ws, _) = tokio_tungstenite::client_async_with_config(request, MaybeTlsStream::Plain(io), None)
+    let (ws, _) = tokio_tungstenite::client_async_with_config(request, MaybeTlsStream::Plain(io), Some(ws_config()))
         .await
         .map_err(|e| ConnectError::of_ws(&e))?;
     Ok(ws)

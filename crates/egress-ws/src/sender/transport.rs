@@ -90,7 +90,80 @@ pub(super) struct Unwritten(parking_lot::Mutex<Writes>);
 #[derive(Debug, Default)]
 struct Writes {
     refused: std::collections::BTreeSet<u64>,
-    written: std::collections::BTreeSet<u64>,
+    written: Ranges,
+}
+
+/// A set of sequences as disjoint, non-adjacent ranges (`start -> end`,
+/// both included). Writes come in runs (a window, then its replay), so
+/// adding the next sequence of a run extends the last range in place
+/// rather than taking a node per sequence; at most one range per record
+/// the cell holds.
+#[derive(Debug, Default)]
+struct Ranges(std::collections::BTreeMap<u64, u64>);
+
+impl Ranges {
+    fn contains(&self, s: u64) -> bool {
+        self.0.range(..=s).next_back().is_some_and(|(_, &end)| end >= s)
+    }
+
+    fn insert(&mut self, s: u64) {
+        if let Some(mut last) = self.0.last_entry()
+            && *last.key() <= s
+        {
+            // The common case: at or after the last range's start.
+            match s.checked_sub(1) {
+                _ if s <= *last.get() => return,
+                Some(before) if before == *last.get() => {
+                    *last.get_mut() = s;
+                    return;
+                }
+                _ => {}
+            }
+            self.0.insert(s, s);
+            return;
+        }
+        if self.contains(s) {
+            return;
+        }
+        // Below the last range: joined to its neighbours where adjacent.
+        let mut start = s;
+        if let Some(before) = s.checked_sub(1)
+            && let Some((&b, &end)) = self.0.range(..=before).next_back()
+            && end == before
+        {
+            start = b;
+        }
+        let mut end = s;
+        if let Some(after) = s.checked_add(1)
+            && let Some(after_end) = self.0.remove(&after)
+        {
+            end = after_end;
+        }
+        self.0.insert(start, end);
+    }
+
+    /// Forgets everything at or below `through`.
+    fn forget_through(&mut self, through: u64) {
+        let Some(above) = through.checked_add(1) else {
+            self.0.clear();
+            return;
+        };
+        let straddling = self.0.range(..above).next_back().map(|(_, &end)| end).filter(|&end| end >= above);
+        self.0 = self.0.split_off(&above);
+        if let Some(end) = straddling {
+            self.0.insert(above, end);
+        }
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.0.iter().flat_map(|(&start, &end)| start..=end)
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl Unwritten {
@@ -102,7 +175,7 @@ impl Unwritten {
     /// `sequence`'s send was refused before it was written.
     pub(super) fn refused(&self, sequence: u64) {
         let mut w = self.0.lock();
-        if !w.written.contains(&sequence) {
+        if !w.written.contains(sequence) {
             w.refused.insert(sequence);
         }
     }
@@ -111,18 +184,16 @@ impl Unwritten {
     /// still hold it).
     pub(super) fn written(&self, sequence: u64) {
         let mut w = self.0.lock();
-        w.refused.remove(&sequence);
+        if !w.refused.is_empty() {
+            w.refused.remove(&sequence);
+        }
         w.written.insert(sequence);
     }
 
     /// Everything through `through` is acknowledged: its writes need no
     /// remembering.
     pub(super) fn acked(&self, through: u64) {
-        let mut w = self.0.lock();
-        w.written = match through.checked_add(1) {
-            Some(above) => w.written.split_off(&above),
-            None => std::collections::BTreeSet::new(),
-        };
+        self.0.lock().written.forget_through(through);
     }
 }
 
@@ -185,7 +256,7 @@ pub use egress_codec::Unencodable;
 
 #[cfg(test)]
 mod tests {
-    use super::Unwritten;
+    use super::{Ranges, Unwritten};
 
     #[test]
     fn what_was_written_is_remembered_until_acknowledged_and_never_refused_again() {
@@ -203,10 +274,53 @@ mod tests {
         // An ack through 5 forgets the writes it covers: a refusal of 6 is
         // still not unwritten, one of 2 (acknowledged) would be.
         u.acked(5);
-        assert_eq!(u.0.lock().written.iter().copied().collect::<Vec<_>>(), [6, 7]);
+        assert_eq!(u.0.lock().written.iter().collect::<Vec<_>>(), [6, 7]);
         u.refused(6);
         assert_eq!(u.covered(9), None);
         u.acked(u64::MAX);
         assert!(u.0.lock().written.is_empty());
+    }
+
+    /// The ranges against a `BTreeSet` of the same sequences, through
+    /// seeded random inserts (runs, replays, gaps, the ends of `u64`) and
+    /// forgets.
+    #[test]
+    fn the_written_ranges_hold_what_a_set_would() {
+        use std::collections::BTreeSet;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for round in 0..200 {
+            let mut ranges = Ranges::default();
+            let mut set = BTreeSet::new();
+            let base = if round % 10 == 0 { u64::MAX - 40 } else { 0 };
+            for _ in 0..300 {
+                let s = base + next(41);
+                match next(10) {
+                    0 => {
+                        ranges.forget_through(s);
+                        set.retain(|&x| x > s);
+                    }
+                    1 => {
+                        ranges.forget_through(u64::MAX);
+                        set.clear();
+                    }
+                    _ => {
+                        ranges.insert(s);
+                        set.insert(s);
+                    }
+                }
+                assert_eq!(ranges.iter().collect::<Vec<_>>(), set.iter().copied().collect::<Vec<_>>(), "round {round}");
+                assert!((0..41).all(|d| ranges.contains(base + d) == set.contains(&(base + d))));
+                // Disjoint and not adjacent: the fewest ranges.
+                let spans: Vec<(u64, u64)> = ranges.0.iter().map(|(&a, &b)| (a, b)).collect();
+                assert!(spans.iter().all(|(a, b)| a <= b));
+                assert!(spans.windows(2).all(|w| w[0].1.checked_add(1).is_some_and(|n| n < w[1].0)), "{spans:?}");
+            }
+        }
     }
 }
