@@ -75,4 +75,5 @@ async fn commits_are_counted_in_metrics_and_raise_the_stored_watermark() {
     });
     assert!(by_name.keys().all(|n| n.starts_with("monotonic_counter.") || n.starts_with("histogram.")), "{by_name:?}");
     assert_eq!(metrics.streams(), ["s", "s"], "each relay in a span naming its stream");
+    assert_eq!(metrics.outside_span(), Vec::<String>::new(), "every metrics event in its relay's span");
 }

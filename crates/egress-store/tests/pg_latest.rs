@@ -376,9 +376,11 @@ async fn a_key_the_store_cannot_write_is_refused_at_the_upsert_naming_the_projec
 
 /// The child of the SIGKILL test: a worker (lease 1 s) that upserts each
 /// of three keys at versions 1, 2, 3, ... into the projection on the
-/// database in `EGRESS_PG_LATEST_CHILD`, its sink applying each value at
-/// once, and every third round, once everything is applied and stored,
-/// prints `stored V`: every key applied through V, and that written.
+/// database in `EGRESS_PG_LATEST_CHILD`. Its sink takes each value and
+/// answers only every third round. After each round's desires are stored
+/// it prints `desired V` (stored, not applied); every third round, once it
+/// applied everything handed and that is stored, `stored V` (every key
+/// applied through V, and that written).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_latest_child() {
     let Ok(url) = std::env::var("EGRESS_PG_LATEST_CHILD") else { return };
@@ -386,18 +388,36 @@ async fn pg_latest_child() {
     let cx = AsyncContext::new();
     let durable = open(&cx, &store, Duration::from_secs(1)).await;
     let cell = durable.cell.clone();
-    let _link = cell.attach(Panel::default());
+    let sink = Later::default();
+    let link = cell.attach(sink.clone());
     for v in 1..=1_000_000u64 {
         for (i, key) in KILL_KEYS.iter().enumerate() {
             cell.upsert(key(), Version(v), value_of(i, v)).unwrap();
         }
+        until("the desires stored", || cell.unpersisted_len().get_untracked() == 0).await;
+        println!("desired {v}");
         if v % 3 == 0 {
             until("applied and stored", || {
+                let handed: Vec<_> = sink.0.lock().unwrap().drain(..).collect();
+                for (key, version, _) in handed {
+                    let _ = link.applied(&key, Version(version));
+                }
                 cell.is_settled().get_untracked() && cell.unpersisted_len().get_untracked() == 0
             })
             .await;
             println!("stored {v}");
         }
+    }
+}
+
+/// A child process, SIGKILLed when dropped (also when the test fails
+/// before it means to kill it).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -409,38 +429,50 @@ fn value_of(i: usize, v: u64) -> u32 {
     u32::try_from(v % 1_000_000).unwrap() * 10 + u32::try_from(i).unwrap()
 }
 
-/// A worker SIGKILLed while it upserts, at three points (after 1, 4 and
-/// 12 `stored` lines): the next worker waits out its lease, finds each key
-/// applied at least through what the killed worker last saw stored, holds
-/// the newer desire a kill cut short (with the value of its version), and
-/// hands its sink exactly those desires, once each.
+/// A worker SIGKILLed while it upserts, at three points: right after its
+/// first `stored` line (everything applied), and right after the `desired`
+/// line that follows its 4th and its 12th (desires stored, not applied).
+/// The next worker waits out its lease, finds each key applied at least
+/// through what the killed worker last saw stored, holds a desire at least
+/// as new as the last it saw stored (with the value of its version) where
+/// the kill cut one short, and hands its sink exactly those desires, once
+/// each.
 #[test]
 fn a_worker_killed_mid_stream_loses_nothing_it_stored_and_the_next_resumes_each_key() {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    for lines in [1usize, 4, 12] {
+    for (lines, in_flight) in [(1usize, false), (4, true), (12, true)] {
         let Some(url) = runtime.block_on(database()) else { return };
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "pg_latest_child", "--nocapture", "--test-threads=1"])
-            .env("EGRESS_PG_LATEST_CHILD", &url)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut stored = 0u64;
+        let mut child = Killed(
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "pg_latest_child", "--nocapture", "--test-threads=1"])
+                .env("EGRESS_PG_LATEST_CHILD", &url)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let mut out = BufReader::new(child.0.stdout.take().unwrap()).lines();
+        let (mut stored, mut desired) = (0u64, 0u64);
         let mut seen = 0;
-        while seen < lines {
+        loop {
             let line = out.next().expect("the child printed").unwrap();
             // (The first may follow libtest's "test pg_latest_child ... ".)
             if let Some((_, v)) = line.split_once("stored ") {
                 stored = v.parse().unwrap();
                 seen += 1;
+                if seen == lines && !in_flight {
+                    break;
+                }
+            } else if let Some((_, v)) = line.split_once("desired ") {
+                desired = v.parse().unwrap();
+                if seen >= lines && in_flight {
+                    break;
+                }
             }
         }
-        child.kill().unwrap(); // SIGKILL
-        let _ = child.wait();
+        drop(child); // SIGKILL
         runtime.block_on(async {
             let store = PgStore::connect(&url, "next").await.unwrap();
             let cx = AsyncContext::new();
@@ -455,6 +487,12 @@ fn a_worker_killed_mid_stream_loses_nothing_it_stored_and_the_next_resumes_each_
                     assert_eq!(value, value_of(i, v.0), "the value of its version");
                     owed.push((key(), v.0, value));
                 }
+            }
+            if in_flight {
+                // Killed with desires stored above the frontier: each key
+                // owes one at least as new as the last seen stored.
+                assert_eq!(owed.len(), KILL_KEYS.len(), "after {lines} lines: {owed:?}");
+                assert!(owed.iter().all(|o| o.1 >= desired), "after {lines} lines: {owed:?} older than {desired}");
             }
             let panel = Panel::default();
             let _link = cell.attach(panel.clone());

@@ -470,3 +470,35 @@ async fn a_rebase_is_counted_before_the_cell_shows_it() {
         .expect("the effect saw the cell moved behind the application's record");
     assert!(moved.1.rebases >= 1, "{seen:?}");
 }
+
+/// An effect that panics as the cell shows a write (the relay's answer
+/// runs it, in the commit's task) does not make the commit a failure too:
+/// the commit was counted and the cell answered before the panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_effect_that_panics_at_a_write_is_not_counted_as_a_failed_commit() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("opens");
+    let cell: AsyncEgressCell<Line> = durable.cell.clone();
+    let fired = Arc::new(AtomicBool::new(false));
+    let _effect = cx.effect({
+        let (cell, fired) = (cell.clone(), fired.clone());
+        move || {
+            if cell.durable_through().get().is_some() && !fired.swap(true, Ordering::Relaxed) {
+                panic!("the application's effect fails once");
+            }
+        }
+    });
+    cell.enqueue(line("first"));
+    until(&cell, |c| c.durable_through().get_untracked() == Some(Sequence(0))).await;
+    cell.enqueue(line("second"));
+    until(&cell, |c| c.durable_through().get_untracked() == Some(Sequence(1))).await;
+    assert!(fired.load(Ordering::Relaxed));
+    let stats = durable.relay.stats();
+    assert_eq!((stats.commits, stats.appended, stats.failures), (2, 2, 0), "{stats:?}");
+    assert!(cell.persist_error().get_untracked().is_none());
+}

@@ -221,6 +221,7 @@ pub struct Metrics {
     fields: Arc<Mutex<Vec<(String, f64)>>>,
     streams: Arc<Mutex<Vec<String>>>,
     span: Option<&'static str>,
+    outside: Arc<Mutex<Vec<String>>>,
 }
 
 impl Metrics {
@@ -250,6 +251,12 @@ impl Metrics {
     pub fn streams(&self) -> Vec<String> {
         self.streams.lock().clone()
     }
+
+    /// The fields of every metrics event that came outside a span named
+    /// as [`with_span`](Self::with_span) says (none without one).
+    pub fn outside_span(&self) -> Vec<String> {
+        self.outside.lock().clone()
+    }
 }
 
 struct Fields<'a>(&'a mut Vec<(String, f64)>);
@@ -275,10 +282,19 @@ impl Visit for Stream<'_> {
     fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
 }
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Metrics {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+impl<S> tracing_subscriber::Layer<S> for Metrics
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
         if event.metadata().target() == "egress::metrics" {
             event.record(&mut Fields(&mut self.fields.lock()));
+            if let Some(name) = self.span
+                && !ctx.event_scope(event).is_some_and(|mut scope| scope.any(|span| span.name() == name))
+            {
+                let fields = event.metadata().fields().iter().map(|f| f.name().to_owned());
+                self.outside.lock().extend(fields);
+            }
         }
     }
 

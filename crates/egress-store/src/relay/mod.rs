@@ -56,9 +56,12 @@ impl Default for RelayConfig {
     }
 }
 
-/// What a relay has done. Each commit and each failure is counted before
-/// the cell is told of it, so whoever sees the cell's state (its records
-/// written, or its `persist_error`) sees the count that made it.
+/// What a relay has done. Each commit, rebase and failed write (a fence
+/// included) is counted before the cell is told of it, so whoever sees the
+/// cell's state (its records written, or its `persist_error`) sees the
+/// count that made it. (A payload whose `Clone` panics as the relay takes
+/// a `Ready` is caught by the cell, which shows it first; the relay counts
+/// it as a failure after.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RelayStats {
     /// Transactions committed (one per `Ready`).
@@ -121,8 +124,12 @@ impl Counters {
         tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_rebases = 1u64, "egress relay: rebased");
     }
 
-    /// A commit that failed with `error`, counted before the cell shows it.
+    /// A commit that failed with `error`, counted before the cell shows it
+    /// (a fence sets `fenced` here too; the relay stops after).
     fn failed(&self, error: &StoreError) {
+        if matches!(error, StoreError::Fenced { .. } | StoreError::Closed) {
+            self.fenced.store(true, Ordering::Relaxed);
+        }
         tracing::warn!(%error, "egress relay: a commit failed");
         tracing::event!(target: "egress::metrics", tracing::Level::DEBUG, monotonic_counter.egress_relay_failures = 1u64, "egress relay: a commit failed");
         if let StoreError::Undecodable { .. } = error {
@@ -142,6 +149,38 @@ impl Counters {
             undecodable: self.undecodable.load(Ordering::Relaxed),
             fenced: self.fenced.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// One commit's counting, done in its task: each outcome counted once,
+/// before the cell is told, and `told` set then, so that a panic after it
+/// (an effect the cell's answer ran) is not counted again as a failure.
+struct Tally {
+    counters: Arc<Counters>,
+    started: std::time::Instant,
+    told: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Tally {
+    /// A tally for a commit starting now, and the flag its task sets.
+    fn start(counters: &Arc<Counters>) -> (Self, Arc<std::sync::atomic::AtomicBool>) {
+        let told = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        (Tally { counters: counters.clone(), started: std::time::Instant::now(), told: told.clone() }, told)
+    }
+
+    fn committed(&self, appended: u64) {
+        self.counters.committed(appended, self.started.elapsed());
+        self.told.store(true, Ordering::Relaxed);
+    }
+
+    fn rebased(&self) {
+        self.counters.rebased();
+        self.told.store(true, Ordering::Relaxed);
+    }
+
+    fn failed(&self, error: &StoreError) {
+        self.counters.failed(error);
+        self.told.store(true, Ordering::Relaxed);
     }
 }
 

@@ -3,7 +3,6 @@
 //! connection.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use egress_codec::{Codec, Raw};
@@ -11,9 +10,9 @@ use egress_core::{Epoch, Sequence};
 use egress_reactive::{CellFlavor, EgressCellOf};
 use tokio::sync::watch;
 
-use super::Counters;
 #[cfg(doc)]
 use super::open_durable_with;
+use super::{Counters, Tally};
 use crate::stored::{decode_all, encode_all};
 use crate::{SqliteStore, StoreError};
 
@@ -47,12 +46,12 @@ pub(super) fn report<T: Clone + 'static, F: CellFlavor<T>>(
     epoch: Epoch,
     result: Result<(), StoreError>,
     appended: usize,
-    counters: Option<(&Counters, Instant)>,
+    tally: Option<&Tally>,
 ) -> Result<Reported, StoreError> {
     match result {
         Ok(()) => {
-            if let Some((counters, started)) = counters {
-                counters.committed(appended as u64, started.elapsed());
+            if let Some(tally) = tally {
+                tally.committed(appended as u64);
             }
             let _ = cell.persisted(epoch);
             Ok(Reported::Written(appended as u64))
@@ -63,8 +62,8 @@ pub(super) fn report<T: Clone + 'static, F: CellFlavor<T>>(
             count: usize::try_from(stored - expected).unwrap_or(usize::MAX),
         }),
         Err(e) => {
-            if let Some((counters, _)) = counters {
-                counters.failed(&e);
+            if let Some(tally) = tally {
+                tally.failed(&e);
             }
             let _ = cell.persist_failed(epoch, e.to_string());
             Err(e)
@@ -83,20 +82,20 @@ pub(super) fn conflict<T: Clone + 'static, F: CellFlavor<T>>(
     theirs: Result<Vec<(Sequence, Bytes)>, StoreError>,
     codec: &dyn Codec<T>,
     stream: &str,
-    counters: Option<&Counters>,
+    tally: Option<&Tally>,
 ) -> Result<(), StoreError> {
     match theirs.and_then(|rows| decode_all(codec, stream, rows)) {
         Ok(theirs) => {
-            if let Some(counters) = counters {
-                counters.rebased();
+            if let Some(tally) = tally {
+                tally.rebased();
             }
             let _ = cell.persist_failed(epoch, "appended by another writer meanwhile");
             rebase(cell, theirs);
             Ok(())
         }
         Err(e) => {
-            if let Some(counters) = counters {
-                counters.failed(&e);
+            if let Some(tally) = tally {
+                tally.failed(&e);
             }
             let _ = cell.persist_failed(epoch, e.to_string());
             Err(e)

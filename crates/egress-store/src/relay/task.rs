@@ -11,7 +11,7 @@ use tokio::sync::{Notify, watch};
 
 use super::journal::JournalStore;
 use super::report::{Reported, Written, conflict, report};
-use super::{Counters, RelayConfig};
+use super::{Counters, RelayConfig, Tally};
 use crate::StoreError;
 use crate::stored::{decode, encode_all};
 
@@ -25,16 +25,16 @@ async fn commit<S: JournalStore, T: Clone + Send + Sync + 'static>(
     ready: Ready,
     appends: Vec<(Sequence, T)>,
     written: Written<T>,
+    tally: Tally,
 ) -> Result<(), StoreError> {
-    let started = std::time::Instant::now();
-    let Written { counters, stored, codec } = written;
+    let Written { stored, codec, .. } = written;
     let mut store = store.lock().await;
     let (result, count) = match encode_all(&*codec, store.stream(), &appends) {
         Ok(bytes) => (store.apply(&ready, &bytes).await, bytes.len()),
         Err(e) => (Err(e), 0),
     };
     let wrote = result.is_ok();
-    let reported = report(&cell, ready.epoch, result, count, Some((&counters, started)));
+    let reported = report(&cell, ready.epoch, result, count, Some(&tally));
     if wrote && let Some(acked) = ready.acked_through {
         stored.send_if_modified(|s| {
             let raised = s.is_none_or(|s| acked > s);
@@ -48,7 +48,7 @@ async fn commit<S: JournalStore, T: Clone + Send + Sync + 'static>(
         Reported::Written(_) => Ok(()),
         Reported::Conflict { from, count } => {
             let theirs = store.appended(from, count).await;
-            conflict(&cell, ready.epoch, theirs, &*codec, store.stream(), Some(&counters))
+            conflict(&cell, ready.epoch, theirs, &*codec, store.stream(), Some(&tally))
         }
     }
 }
@@ -67,9 +67,18 @@ async fn write_once<S: JournalStore, T: Clone + Send + Sync + 'static>(
         Err(e) => return Some(Err(e)),
     };
     let epoch = ready.epoch;
-    let task = tokio::spawn(commit(store.clone(), cell.clone(), ready, appends, written.clone()));
+    let (tally, told) = Tally::start(&written.counters);
+    let commit = commit(store.clone(), cell.clone(), ready, appends, written.clone(), tally);
+    // In the relay's span, as everything the relay does.
+    let task = tokio::spawn(tracing::Instrument::in_current_span(commit));
     Some(match task.await {
         Ok(result) => result,
+        // The cell was told, and an effect its answer ran panicked: counted
+        // already, and answered (a failure now would be stale).
+        Err(e) if told.load(Ordering::Relaxed) => {
+            tracing::warn!(error = %e, "egress relay: the commit's task panicked after the cell was told");
+            Err(StoreError::Task(e.to_string()))
+        }
         // The commit's task ended without answering the `Ready` (a panic
         // under the store): answered here, so that the cell shows it and
         // offers the `Ready` again rather than wait for an answer that
@@ -188,9 +197,9 @@ pub(super) fn poll_caught<R>(poll: impl FnOnce() -> Option<R>, counters: &Counte
         Ok(polled) => polled.map(Ok),
         Err(panic) => {
             let what = egress_core::panic_message(&*panic).unwrap_or_default();
-            tracing::warn!(%what, "egress relay: a payload's Clone panicked");
-            counters.failures.fetch_add(1, Ordering::Relaxed);
-            Some(Err(StoreError::Task(format!("a payload's Clone panicked: {what}"))))
+            let e = StoreError::Task(format!("a payload's Clone panicked: {what}"));
+            counters.failed(&e);
+            Some(Err(e))
         }
     }
 }
