@@ -436,3 +436,34 @@ async fn the_lanes_relays_stats_count_a_write_before_the_cell_shows_it() {
     let written = seen[waiting..].iter().find(|s| s.0 == 0).expect("the effect saw a0 written");
     assert!(written.1.commits >= 1 && written.1.appended >= 1, "{seen:?}");
 }
+
+/// An effect that panics as the cell shows its records written (the
+/// relay's answer runs it, in the commit's task) does not make the commit
+/// a failure too: it was counted, and the cell answered, before the panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_effect_that_panics_at_a_write_is_not_counted_as_a_failed_commit() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let durable = open(&cx, &dir, config()).await;
+    let cell = durable.cell.clone();
+    let (armed, fired) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let _effect = cx.effect({
+        let (cell, armed, fired) = (cell.clone(), armed.clone(), fired.clone());
+        move || {
+            let written = cell.unpersisted_len().get() == 0;
+            if written && armed.load(Ordering::Relaxed) && !fired.swap(true, Ordering::Relaxed) {
+                panic!("the application's effect fails once");
+            }
+        }
+    });
+    armed.store(true, Ordering::Relaxed);
+    cell.enqueue(room("a"), Msg("a0".into())).unwrap();
+    until("a0 written", || cell.unpersisted_len().get_untracked() == 0 && fired.load(Ordering::Relaxed)).await;
+    cell.enqueue(room("a"), Msg("a1".into())).unwrap();
+    until("a1 written", || cell.unpersisted_len().get_untracked() == 0 && durable.relay.stats().commits >= 2).await;
+    let stats = durable.relay.stats();
+    assert_eq!((stats.commits, stats.failures), (2, 0), "{stats:?}");
+    assert!(cell.persist_error().get_untracked().is_none());
+}
