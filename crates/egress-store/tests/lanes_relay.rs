@@ -467,3 +467,60 @@ async fn an_effect_that_panics_at_a_write_is_not_counted_as_a_failed_commit() {
     assert_eq!((stats.commits, stats.failures), (2, 0), "{stats:?}");
     assert!(cell.persist_error().get_untracked().is_none());
 }
+
+/// SQLite's lanes journal, except that its first write panics.
+struct PanicsOnce(egress_store::SqliteLanes, std::sync::atomic::AtomicBool);
+
+impl egress_store::LanesJournal<Lane> for PanicsOnce {
+    fn lanes(&self) -> &str {
+        egress_store::LanesJournal::<Lane>::lanes(&self.0)
+    }
+    fn apply(
+        &self,
+        ready: egress_core::LanesReady<Lane>,
+        appends: Vec<Vec<(Sequence, bytes::Bytes)>>,
+    ) -> impl Future<Output = Result<(), egress_store::StoreError>> + Send {
+        let panics = self.1.swap(false, std::sync::atomic::Ordering::Relaxed);
+        let write = self.0.apply(ready, appends);
+        async move {
+            assert!(!panics, "the store panics once");
+            write.await
+        }
+    }
+    fn owns(&self) -> impl Future<Output = Result<(), egress_store::StoreError>> + Send {
+        egress_store::LanesJournal::<Lane>::owns(&self.0)
+    }
+    fn close(&self) -> impl Future<Output = ()> + Send {
+        egress_store::LanesJournal::<Lane>::close(&self.0)
+    }
+}
+
+/// A write that panics under the store (before the cell is told) is a
+/// failure: counted, shown by the cell, and tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_panics_under_the_store_is_a_failure_shown_and_tried_again() {
+    let dir = TempDir::new();
+    let cx = AsyncContext::new();
+    let mut store = egress_store::SqliteStore::open(dir.db()).unwrap();
+    let policy = LanesPolicy::new(Policy::default(), 16).unwrap();
+    let restored = store
+        .load_lanes_then::<Lane, _>("client", |loaded| {
+            let loaded = loaded.decode("client", &Json)?;
+            Ok(egress_core::Lanes::restore(policy, loaded.restored)?)
+        })
+        .unwrap();
+    let cell = egress_reactive::AsyncLanesCell::from_lanes(&cx, restored, CellOptions::new());
+    let journal = PanicsOnce(egress_store::SqliteLanes::new(store, "client"), std::sync::atomic::AtomicBool::new(true));
+    let relay = egress_store::LanesRelay::spawn_with(&cx, &cell, journal, Json, config());
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<bool>>> = std::sync::Arc::default();
+    let _effect = cx.effect({
+        let (cell, seen) = (cell.clone(), seen.clone());
+        move || seen.lock().unwrap().push(cell.persist_error().get().is_some())
+    });
+    cell.enqueue(room("a"), Msg("a0".into())).unwrap();
+    until("written on the second try", || cell.unpersisted_len().get_untracked() == 0).await;
+    let stats = relay.stats();
+    assert_eq!((stats.commits, stats.failures), (1, 1), "{stats:?}");
+    assert!(seen.lock().unwrap().contains(&true), "the cell showed the failure");
+    assert!(cell.persist_error().get_untracked().is_none());
+}
