@@ -24,6 +24,8 @@ struct Seen {
     changed: bool,
     /// How many commits to refuse before taking one.
     refuse: u32,
+    /// How many commits panic (after the refusals) before one is taken.
+    panic: u32,
     /// When each commit was tried.
     applies: Vec<Instant>,
     /// How many reads of stored records the relay made.
@@ -40,6 +42,11 @@ impl JournalStore for Memory {
         if seen.refuse > 0 {
             seen.refuse -= 1;
             return Err(StoreError::Task("refused".into()));
+        }
+        if seen.panic > 0 {
+            seen.panic -= 1;
+            drop(seen);
+            panic!("the store panics");
         }
         seen.rows.extend(appends.iter().map(|(_, b)| b.clone()));
         Ok(())
@@ -125,4 +132,30 @@ async fn a_backlog_of_several_batches_is_adopted_at_once_and_an_idle_relay_reads
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(seen.lock().reads, read, "an idle relay read the store");
     assert_eq!(cell.next_sequence(), Sequence(10));
+}
+
+/// A store that panics under a commit (before the cell is told): the
+/// commit's task ends without an answer, and the relay answers for it: a
+/// failure, counted, shown by the cell, and tried again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_commit_whose_store_panics_is_a_failure_shown_and_tried_again() {
+    let cx = AsyncContext::new();
+    let cell = cell(&cx);
+    let seen = Arc::new(Mutex::new(Seen { panic: 1, ..Seen::default() }));
+    let config = RelayConfig { poll_interval: Duration::from_secs(3600), ..RelayConfig::default() };
+    let relay = Relay::spawn_on(&cx, &cell, Memory(seen.clone()), config);
+    let shown = Arc::new(Mutex::new(Vec::new()));
+    let _effect = cx.effect({
+        let (cell, shown) = (cell.clone(), shown.clone());
+        move || {
+            if let Some(error) = cell.persist_error().get() {
+                shown.lock().push(error.reason);
+            }
+        }
+    });
+    cell.enqueue(Bytes::from_static(b"m0"));
+    assert!(until(Duration::from_secs(60), || seen.lock().rows.len() == 1).await, "written after the panic");
+    let stats = relay.stats();
+    assert_eq!(stats.failures, 1, "{stats:?}");
+    assert!(shown.lock().iter().any(|r| r.contains("panic")), "{:?}", shown.lock());
 }
