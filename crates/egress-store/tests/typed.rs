@@ -23,6 +23,17 @@ fn line(text: &str) -> Line {
     Line { room: "tea".into(), text: text.into() }
 }
 
+/// The stream "chat" of `dir`'s database, its records written by `codec`.
+async fn open_chat<T: Clone + Send + Sync + 'static>(
+    cx: &AsyncContext,
+    dir: &TempDir,
+    codec: impl Codec<T>,
+) -> egress_store::Durable<T> {
+    open_durable_with(cx, dir.db(), "chat", codec, Policy::default(), CellOptions::new(), config())
+        .await
+        .expect("opens")
+}
+
 /// Waits (on the relay's own tasks) until `f` holds.
 async fn until<T: Clone + Send + Sync + 'static>(cell: &AsyncEgressCell<T>, f: impl Fn(&AsyncEgressCell<T>) -> bool) {
     egress_testkit::until(|| f(cell).then_some(()), || "the cell's condition".to_owned()).await;
@@ -41,9 +52,7 @@ fn pending<T: Clone + Send + Sync + 'static>(cell: &AsyncEgressCell<T>) -> Vec<(
 async fn a_typed_cell_and_typed_outbox_appends_come_back_typed_after_a_restart() {
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
-        .await
-        .expect("opens");
+    let durable = open_chat(&cx, &dir, Json).await;
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
     assert_eq!(cell.enqueue(line("hello")), Sequence(0));
     until(&cell, |c| c.durable_through().get_untracked() == Some(Sequence(0))).await;
@@ -135,9 +144,7 @@ async fn a_refused_open_does_not_fence_the_process_that_holds_the_stream() {
 async fn adoption_stops_at_a_record_the_codec_cannot_read_and_the_records_after_it_wait() {
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
-        .await
-        .expect("opens");
+    let durable = open_chat(&cx, &dir, Json).await;
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
     let mut app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
     let outbox = Outbox::new("chat");
@@ -181,9 +188,7 @@ impl Codec<Line> for Picky {
 async fn a_value_the_codec_cannot_write_stops_the_journal_there_visibly_and_nothing_goes_out() {
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable_with(&cx, dir.db(), "chat", Picky, Policy::default(), CellOptions::new(), config())
-        .await
-        .expect("opens");
+    let durable = open_chat(&cx, &dir, Picky).await;
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let _link = cell.attach(Channel(tx));
@@ -253,9 +258,7 @@ impl Codec<Line> for Panicky {
 async fn a_codec_that_panics_encoding_is_a_refusal_shown_and_retried_not_a_silent_wedge() {
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable_with(&cx, dir.db(), "chat", Panicky, Policy::default(), CellOptions::new(), config())
-        .await
-        .expect("opens");
+    let durable = open_chat(&cx, &dir, Panicky).await;
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
     cell.enqueue(line("fine"));
     until(&cell, |c| c.durable_through().get_untracked() == Some(Sequence(0))).await;
@@ -285,9 +288,7 @@ async fn a_codec_that_panics_encoding_is_a_refusal_shown_and_retried_not_a_silen
 async fn a_codec_that_panics_decoding_stops_adoption_there_and_the_cell_says_why_at_its_next_write() {
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable_with(&cx, dir.db(), "chat", Panicky, Policy::default(), CellOptions::new(), config())
-        .await
-        .expect("opens");
+    let durable = open_chat(&cx, &dir, Panicky).await;
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
     let app = rusqlite::Connection::open(dir.db()).expect("the app's connection");
     Outbox::new("chat").append(&app, b"boom").expect("appends");
@@ -341,9 +342,7 @@ fn a_synchronous_typed_cell_moves_behind_an_outbox_append_and_says_when_it_canno
 async fn a_relay_fenced_while_idle_shows_why_on_the_cell() {
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
-        .await
-        .expect("opens");
+    let durable = open_chat(&cx, &dir, Json).await;
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
     cell.enqueue(line("first"));
     until(&cell, |c| c.durable_through().get_untracked() == Some(Sequence(0))).await;
@@ -380,9 +379,7 @@ impl Clone for Flaky {
 async fn a_payload_clone_that_panics_once_fails_one_write_not_the_relay() {
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
-        .await
-        .expect("opens");
+    let durable = open_chat(&cx, &dir, Json).await;
     let cell: AsyncEgressCell<Flaky> = durable.cell.clone();
     PANIC_ONCE.store(true, std::sync::atomic::Ordering::SeqCst);
     cell.enqueue(Flaky("a".into()));
@@ -401,9 +398,7 @@ async fn the_relays_stats_count_what_the_cell_shows_before_it_shows_it() {
     use std::sync::{Arc, Mutex};
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable_with(&cx, dir.db(), "chat", Panicky, Policy::default(), CellOptions::new(), config())
-        .await
-        .expect("opens");
+    let durable = open_chat(&cx, &dir, Panicky).await;
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
     let relay = Arc::new(durable.relay);
     // (durable through, whether an error shows, the stats as it showed)
@@ -439,9 +434,7 @@ async fn a_rebase_is_counted_before_the_cell_shows_it() {
     use std::sync::{Arc, Mutex};
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
-        .await
-        .expect("opens");
+    let durable = open_chat(&cx, &dir, Json).await;
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
     let relay = Arc::new(durable.relay);
     // (the reason the cell shows, the stats as it showed)
@@ -480,9 +473,7 @@ async fn an_effect_that_panics_at_a_write_is_not_counted_as_a_failed_commit() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let dir = TempDir::new();
     let cx = AsyncContext::new();
-    let durable = open_durable_with(&cx, dir.db(), "chat", Json, Policy::default(), CellOptions::new(), config())
-        .await
-        .expect("opens");
+    let durable = open_chat(&cx, &dir, Json).await;
     let cell: AsyncEgressCell<Line> = durable.cell.clone();
     let fired = Arc::new(AtomicBool::new(false));
     let _effect = cx.effect({

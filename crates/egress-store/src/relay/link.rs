@@ -187,11 +187,9 @@ impl<L: Link> Run<L> {
         };
         let (epoch, appended) = (L::epoch(&offer), L::appended(&offer));
         let link = self.link.clone();
-        let (tally, told) = super::Tally::start(&self.counters);
-        // Written and reported in a task of its own: a relay aborted while
-        // the store works does not leave the epoch unreported. Counted
-        // before the cell is told, so whoever sees its state sees the count.
-        let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
+        // Counted before the cell is told, so whoever sees its state sees
+        // the count.
+        let commit = |tally: super::Tally| async move {
             let result = link.write(offer).await;
             match &result {
                 Ok(()) => {
@@ -204,25 +202,8 @@ impl<L: Link> Run<L> {
                 }
             }
             result
-        }));
-        let result = match task.await {
-            Ok(result) => result,
-            // The cell was told, and an effect its answer ran panicked:
-            // counted already, and answered.
-            Err(e) if told.load(Ordering::Relaxed) => {
-                tracing::warn!(error = %e, what = L::WHAT, "egress relay: the commit's task panicked after the cell was told");
-                Err(StoreError::Task(e.to_string()))
-            }
-            // The commit's task ended without answering (a panic under the
-            // store): answered here, so that the cell shows it and offers
-            // the write again.
-            Err(e) => {
-                let e = StoreError::Task(e.to_string());
-                self.counters.failed(&e);
-                self.link.persist_failed(epoch, e.to_string());
-                Err(e)
-            }
         };
+        let result = super::commit_in_task(&self.counters, commit, |why| self.link.persist_failed(epoch, why)).await;
         Some(result)
     }
 }

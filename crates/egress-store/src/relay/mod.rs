@@ -162,12 +162,6 @@ struct Tally {
 }
 
 impl Tally {
-    /// A tally for a commit starting now, and the flag its task sets.
-    fn start(counters: &Arc<Counters>) -> (Self, Arc<std::sync::atomic::AtomicBool>) {
-        let told = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        (Tally { counters: counters.clone(), started: std::time::Instant::now(), told: told.clone() }, told)
-    }
-
     fn committed(&self, appended: u64) {
         self.counters.committed(appended, self.started.elapsed());
         self.told.store(true, Ordering::Relaxed);
@@ -181,6 +175,38 @@ impl Tally {
     fn failed(&self, error: &StoreError) {
         self.counters.failed(error);
         self.told.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs one commit (`commit`, given its tally) in a task of its own, in the
+/// relay's span: a relay aborted while the store works does not leave the
+/// commit unreported. A task that ends without telling the cell (a panic
+/// under the store) is a failure, counted, and answered with `answer`
+/// (the cell shows it and offers the write again); one that panics after
+/// the cell was told (an effect its answer ran) was counted already. The
+/// one rule of both relays (task.rs, link.rs).
+async fn commit_in_task<F>(
+    counters: &Arc<Counters>,
+    commit: impl FnOnce(Tally) -> F,
+    answer: impl FnOnce(String),
+) -> Result<(), StoreError>
+where
+    F: Future<Output = Result<(), StoreError>> + Send + 'static,
+{
+    let told = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tally = Tally { counters: counters.clone(), started: std::time::Instant::now(), told: told.clone() };
+    match tokio::spawn(tracing::Instrument::in_current_span(commit(tally))).await {
+        Ok(result) => result,
+        Err(e) if told.load(Ordering::Relaxed) => {
+            tracing::warn!(error = %e, "egress relay: the commit's task panicked after the cell was told");
+            Err(StoreError::Task(e.to_string()))
+        }
+        Err(e) => {
+            let e = StoreError::Task(e.to_string());
+            counters.failed(&e);
+            answer(e.to_string());
+            Err(e)
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::{Notify, watch};
 
 use super::journal::JournalStore;
 use super::report::{Reported, Written, conflict, report};
-use super::{Counters, RelayConfig, Tally};
+use super::{Counters, RelayConfig, Tally, commit_in_task};
 use crate::StoreError;
 use crate::stored::{decode, encode_all};
 
@@ -67,29 +67,14 @@ async fn write_once<S: JournalStore, T: Clone + Send + Sync + 'static>(
         Err(e) => return Some(Err(e)),
     };
     let epoch = ready.epoch;
-    let (tally, told) = Tally::start(&written.counters);
-    let commit = commit(store.clone(), cell.clone(), ready, appends, written.clone(), tally);
-    // In the relay's span, as everything the relay does.
-    let task = tokio::spawn(tracing::Instrument::in_current_span(commit));
-    Some(match task.await {
-        Ok(result) => result,
-        // The cell was told, and an effect its answer ran panicked: counted
-        // already, and answered (a failure now would be stale).
-        Err(e) if told.load(Ordering::Relaxed) => {
-            tracing::warn!(error = %e, "egress relay: the commit's task panicked after the cell was told");
-            Err(StoreError::Task(e.to_string()))
-        }
-        // The commit's task ended without answering the `Ready` (a panic
-        // under the store): answered here, so that the cell shows it and
-        // offers the `Ready` again rather than wait for an answer that
-        // never comes. (An answer given already makes this one stale.)
-        Err(e) => {
-            let e = StoreError::Task(e.to_string());
-            written.counters.failed(&e);
-            let _ = cell.persist_failed(epoch, e.to_string());
-            Err(e)
-        }
-    })
+    let (store, task_cell, written_too) = (store.clone(), cell.clone(), written.clone());
+    let commit = |tally| commit(store, task_cell, ready, appends, written_too, tally);
+    Some(
+        commit_in_task(&written.counters, commit, |why| {
+            let _ = cell.persist_failed(epoch, why);
+        })
+        .await,
+    )
 }
 
 /// Adopts what applications appended; returns whether a full batch came
