@@ -218,6 +218,18 @@ impl<F: Flavor> Handle<F> {
     }
 }
 
+/// The panic of a tracked read that failed (a cycle is kept for
+/// [`Computed::try_with`]'s caller up the stack, which reports it). Out of
+/// line: the read's fast path is smaller without it.
+#[cold]
+#[inline(never)]
+fn read_failed<F: Flavor>(cell: &run::Cell<F>, e: ReadError, at: &Location<'_>) -> ! {
+    if let ReadError::Cycle(c) = &e {
+        cell.borrow_mut().cycle = Some(c.clone());
+    }
+    panic!("{e} (read at {at})")
+}
+
 impl<F: Flavor> Handle<F> {
     /// A computed whose value its owner pushes with [`Computed::push`]
     /// instead of a function: a source node with a slot. It never runs;
@@ -275,15 +287,48 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     #[track_caller]
     pub fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
         let at = Location::caller();
-        self.handle.enter(|cell| match self.prepare(cell, true) {
-            Ok(()) => self.read(cell, f),
-            Err(e) => {
-                if let ReadError::Cycle(c) = &e {
-                    cell.borrow_mut().cycle = Some(c.clone());
-                }
-                panic!("{e} (read at {at})")
+        self.handle.enter(|cell| {
+            if self.fresh(cell) {
+                return self.read(cell, f);
             }
+            self.with_slow(cell, f, at)
         })
+    }
+
+    /// [`Computed::with`] when the value is not known to be up to date: out
+    /// of line, so that the fast path saves no registers for it.
+    #[inline(never)]
+    fn with_slow<R>(&self, cell: &run::Cell<F>, f: impl FnOnce(&T) -> R, at: &Location<'_>) -> R {
+        // Not fresh: disposed, or to be refreshed (the rest of `prepare`).
+        let alive = cell.borrow().alive(self.key);
+        let prepared = if alive {
+            self.refresh(cell, true)
+        } else {
+            Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.created_at })
+        };
+        match prepared {
+            Ok(()) => self.read(cell, f),
+            Err(e) => read_failed(cell, e, at),
+        }
+    }
+
+    /// Whether the value is up to date with nothing batched to settle
+    /// first (then the read is tracked here): [`Computed::prepare`]'s fast
+    /// path, alone.
+    #[inline(always)]
+    fn fresh(&self, cell: &run::Cell<F>) -> bool {
+        let mut g = cell.borrow_mut();
+        if !g.alive(self.key)
+            || g.node(self.key.index).flags & (DIRTY | PENDING | RUNNING | FAILED | ORPHAN) != 0
+            || !g.writes.is_empty()
+        {
+            return false;
+        }
+        let active = g.active;
+        if active != NONE {
+            g.link(self.key.index, active);
+        }
+        true
     }
 
     /// Calls `f` with a reference to the value; tracked. Disposal and cycles
@@ -363,6 +408,13 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     /// date.
     #[inline(never)]
     fn prepare_slow(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
+        self.refresh(cell, track)
+    }
+
+    /// The body of [`Computed::prepare_slow`], inlined into
+    /// [`Computed::with_slow`] (a tracked read's slow path, one call).
+    #[inline(always)]
+    fn refresh(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
         {
             // A refresh that panics still makes the reader depend on this
             // computed: its recovery must reach the reader.

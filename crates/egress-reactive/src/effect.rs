@@ -60,22 +60,24 @@ pub struct EffectObj<C: 'static, F: Flavor> {
 }
 
 /// What an effect runs: any `FnMut()`, or a crate type that names its
-/// function (an egress cell's attachment).
+/// function (an egress cell's attachment). `entered` is the proof that the
+/// run is inside its graph: a crate type reaches the values of that graph's
+/// cells through it without entering the graph again.
 #[doc(hidden)]
 pub trait RunEffect: 'static {
-    fn run_effect(&mut self);
+    fn run_effect(&mut self, entered: &Entered);
 }
 
 impl<C: FnMut() + 'static> RunEffect for C {
     #[inline(always)]
-    fn run_effect(&mut self) {
+    fn run_effect(&mut self, _: &Entered) {
         self()
     }
 }
 
 impl<C: RunEffect, F: Flavor> NodeObj for EffectObj<C, F> {
     fn run(&self, entered: &Entered) -> bool {
-        self.f.with_mut(entered, RunEffect::run_effect);
+        self.f.with_mut(entered, |f| f.run_effect(entered));
         true
     }
 }

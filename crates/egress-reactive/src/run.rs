@@ -11,7 +11,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
 use crate::error::{CycleError, EffectLoopError};
 use crate::flavor::{Entered, Flavor};
-use crate::graph::{Ended, Graph, Key, NONE, Saved, flags::*};
+use crate::graph::{Ended, Graph, Key, NONE, Queued, Saved, flags::*};
 
 pub(crate) type Cell<F> = RefCell<Graph<F>>;
 
@@ -98,6 +98,20 @@ fn update_borrowed<'a, F: Flavor>(
         g = cell.borrow_mut();
     }
     let Some((key, saved, obj)) = g.begin(index) else { return (false, g) };
+    run_begun(cell, g, key, saved, obj)
+}
+
+/// Runs the function of node `key`, whose run [`Graph::begin`] (or
+/// [`Graph::begin_queued`]) has begun, and ends the run; as
+/// [`update_borrowed`] returns.
+#[inline(always)]
+fn run_begun<'a, F: Flavor>(
+    cell: &'a Cell<F>,
+    g: RefMut<'a, Graph<F>>,
+    key: Key,
+    saved: Saved,
+    obj: F::Obj,
+) -> (bool, RefMut<'a, Graph<F>>) {
     drop(g);
     let guard = Unwind { cell, key, saved, obj: Some(obj) };
     let obj = guard.obj.as_ref().expect("graph invariant: a running node keeps its object");
@@ -409,7 +423,7 @@ fn settle_from<F: Flavor>(cell: &Cell<F>, next: &mut usize) {
         let changed =
             obj.is_none_or(|(obj, aux, own)| F::obj(&obj).settle(&Entered::by(cell), aux, own.as_deref().map(F::any)));
         if changed {
-            cell.borrow_mut().propagate(key.index);
+            cell.borrow_mut().propagate_inline(key.index);
         }
     }
 }
@@ -668,14 +682,14 @@ fn flush_rounds<'a, F: Flavor>(
 /// unwinds, the effect is marked failed. Returns the graph borrowed again.
 #[inline(always)]
 fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key: Key) -> RefMut<'a, Graph<F>> {
-    if !g.alive(key) {
-        return g;
-    }
-    let node = g.node_mut(key.index);
-    node.flags &= !QUEUED;
-    let flags = node.flags;
-    if flags & (DIRTY | ASYNC) == DIRTY {
+    let flags = match g.begin_queued(key) {
+        Queued::Gone => return g,
         // The common case: a synchronous effect that a write reached.
+        Queued::Begun(key, saved, obj) => return run_begun(cell, g, key, saved, obj).1,
+        Queued::Other(flags) => flags,
+    };
+    if flags & (DIRTY | ASYNC) == DIRTY {
+        // One with children or cleanups to dispose first.
         return update_borrowed(cell, g, key).1;
     }
     drop(g);

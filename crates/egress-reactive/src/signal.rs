@@ -491,7 +491,7 @@ impl<T: 'static, F: Flavor> Signal<T, F> {
                 }
                 return Ok(());
             }
-            g.propagate(self.key.index);
+            g.propagate_inline(self.key.index);
             run::flush_borrowed(cell, g).map_err(WriteError::from)
         });
         written.unwrap_or(Err(WriteError::ForeignGraph))

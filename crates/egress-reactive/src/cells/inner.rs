@@ -424,17 +424,22 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     }
 
     /// A claim, as [`claim_marked`](Self::claim_marked) makes, inside a
-    /// synchronous attachment's own effect run: the readers are marked
-    /// with the run's other claims when it ends (see [`Marks`]), since its
-    /// sends run under the graph's lock.
+    /// synchronous attachment's own effect run (`entered`: the graph is
+    /// entered already): the readers are marked with the run's other
+    /// claims when it ends (see [`Marks`]), since its sends run under the
+    /// graph's lock.
     #[inline]
-    pub(super) fn claim_quiet(&self, generation: Generation, marks: &mut Marks<'_, T, F>) -> Option<Envelope<T>>
+    pub(super) fn claim_quiet(
+        &self,
+        entered: &Entered,
+        generation: Generation,
+        marks: &mut Marks<'_, T, F>,
+    ) -> Option<Envelope<T>>
     where
         T: Clone,
     {
         let clock = &*self.clock;
-        let (envelope, changes, panic) =
-            self.handle.enter(|cell| self.state.with_mut(&Entered::by(cell), |s| Self::claim_in(s, generation, clock)));
+        let (envelope, changes, panic) = self.state.with_mut(entered, |s| Self::claim_in(s, generation, clock));
         marks.changes = marks.changes.union(changes);
         if let Some(panic) = panic {
             resume_unwind(panic);
@@ -513,10 +518,10 @@ impl<T: 'static, F: Flavor> Drop for Marks<'_, T, F> {
 
 impl<T: Clone + 'static, Tr: Transport<T>, F: Flavor> RunEffect for AttachRun<T, Tr, F> {
     #[inline]
-    fn run_effect(&mut self) {
+    fn run_effect(&mut self, entered: &Entered) {
         self.inner.track_wake();
         let mut marks = Marks { inner: &self.inner, changes: Changes::NONE };
-        while let Some(envelope) = self.inner.claim_quiet(self.generation, &mut marks) {
+        while let Some(envelope) = self.inner.claim_quiet(entered, self.generation, &mut marks) {
             let sequence = envelope.sequence;
             let transport = &mut self.transport;
             if !self.inner.send_in_pass(self.generation, sequence, || transport.send(envelope)) {

@@ -680,7 +680,7 @@ pub struct DrainRun<T: 'static, M: 'static, F: Flavor> {
 }
 
 impl<T: Clone + 'static, M: MergePolicy<T> + 'static, F: CellFlavor<T>> RunEffect for DrainRun<T, M, F> {
-    fn run_effect(&mut self) {
+    fn run_effect(&mut self, _: &Entered) {
         // What makes room or work: a new entry, a claim, an ack (under a
         // capacity). Read tracked; a read of a disposed node ends the run.
         let tracked = self.relay.counts[DEPTH].try_get().and_then(|_| self.cell.pending_len().try_get());

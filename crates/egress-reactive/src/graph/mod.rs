@@ -33,6 +33,7 @@ use crate::flavor::{Entered, Flavor};
 mod ownership;
 mod propagation;
 mod tracking;
+pub(crate) use tracking::Queued;
 
 /// No node, no link.
 pub(crate) const NONE: u32 = u32::MAX;

@@ -2,8 +2,41 @@
 //! runs, in the two lists each link sits in.
 
 use super::flags::*;
-use super::{Ended, Graph, Key, Link, NONE, Saved};
+use super::{Ended, Graph, Key, Link, NONE, Node, Saved};
 use crate::flavor::Flavor;
+
+/// What [`Graph::begin_queued`] found.
+pub(crate) enum Queued<F: Flavor> {
+    /// The effect was disposed since it was queued: nothing to run.
+    Gone,
+    /// Its run has begun: key, what the run replaces, and the object.
+    Begun(Key, Saved, F::Obj),
+    /// Anything else, with the node's flags (unqueued).
+    Other(u32),
+}
+
+/// The body of [`Graph::begin`] for `node` (at `index`), whose object `obj`
+/// was taken out: `active`, `owner` and `depth` are the graph's.
+#[inline(always)]
+fn start<F: Flavor>(
+    node: &mut Node<F>,
+    index: u32,
+    obj: F::Obj,
+    active: &mut u32,
+    owner: &mut u32,
+    depth: &mut u32,
+) -> (Key, Saved, F::Obj) {
+    let saved = Saved { active: *active, owner: *owner, depth: *depth };
+    node.flags = (node.flags & !(DIRTY | PENDING | ORPHAN)) | RUNNING;
+    node.deps_tail = NONE;
+    node.runs = node.runs.wrapping_add(1);
+    node.aux = saved.active;
+    let key = Key { index, generation: node.generation };
+    *owner = index;
+    *active = index;
+    *depth = saved.depth + 1;
+    (key, saved, obj)
+}
 
 impl<F: Flavor> Graph<F> {
     /// Records that `sub`, now running, read `dep`. The common case, a run
@@ -168,18 +201,34 @@ impl<F: Flavor> Graph<F> {
     /// change) if the node has no object to run.
     #[inline(always)]
     pub(crate) fn begin(&mut self, index: u32) -> Option<(Key, Saved, F::Obj)> {
-        let node = &mut self.nodes[index as usize];
+        let Graph { nodes, active, owner, depth, .. } = self;
+        let node = &mut nodes[index as usize];
         let obj = node.obj.take()?;
-        let saved = Saved { active: self.active, owner: self.owner, depth: self.depth };
-        node.flags = (node.flags & !(DIRTY | PENDING | ORPHAN)) | RUNNING;
-        node.deps_tail = NONE;
-        node.runs = node.runs.wrapping_add(1);
-        node.aux = saved.active;
-        let key = Key { index, generation: node.generation };
-        self.owner = index;
-        self.active = index;
-        self.depth = saved.depth + 1;
-        Some((key, saved, obj))
+        Some(start(node, index, obj, active, owner, depth))
+    }
+
+    /// Unqueues effect `key` (queued by a write) and, in the common case, a
+    /// synchronous effect the write reached with nothing to dispose or
+    /// clean up before it runs, begins its run as [`Graph::begin`] does,
+    /// in the same look at the node. Any other case is left to the caller
+    /// with the node's flags: one whose dependencies must be re-validated,
+    /// an async one, one with children or cleanups, or one without an
+    /// object.
+    #[inline(always)]
+    pub(crate) fn begin_queued(&mut self, key: Key) -> Queued<F> {
+        let Graph { nodes, active, owner, depth, .. } = self;
+        let node = &mut nodes[key.index as usize];
+        if node.generation != key.generation || node.flags & ALIVE == 0 {
+            return Queued::Gone;
+        }
+        let flags = node.flags & !QUEUED;
+        node.flags = flags;
+        if flags & (DIRTY | ASYNC | HAS_CLEANUP) != DIRTY || node.last_child != NONE {
+            return Queued::Other(flags);
+        }
+        let Some(obj) = node.obj.take() else { return Queued::Other(flags) };
+        let (key, saved, obj) = start(node, key.index, obj, active, owner, depth);
+        Queued::Begun(key, saved, obj)
     }
 
     /// Ends a run started by [`Graph::begin`]: restores the context, takes

@@ -16,7 +16,7 @@ use super::super::transport::SendError;
 use super::{LanesCellOf, LanesFlavor, LanesInner, LanesState, Touched};
 use crate::context::NodeRef;
 use crate::effect::{EffectObj, RunEffect};
-use crate::flavor::{Flavor, Holds};
+use crate::flavor::{Entered, Flavor, Holds};
 use crate::graph::Key;
 use crate::run;
 
@@ -115,13 +115,13 @@ fn claim_in<K: LaneKey, T: Clone>(
 impl<K: LaneKey + 'static, T: Clone + 'static, Tr: LanesTransport<K, T>, F: Flavor> RunEffect
     for LanesRun<K, T, Tr, F>
 {
-    fn run_effect(&mut self) {
+    fn run_effect(&mut self, entered: &Entered) {
         let inner = &self.inner;
         inner.track_wake();
         let mut marks = Marks { inner, keys: Vec::new() };
         loop {
             let clock = &*inner.clock;
-            let (item, panic) = inner.apply_quiet(&mut marks.keys, |s| claim_in(s, self.generation, clock));
+            let (item, panic) = inner.apply_quiet(entered, &mut marks.keys, |s| claim_in(s, self.generation, clock));
             if let Some(panic) = panic {
                 resume_unwind(panic);
             }

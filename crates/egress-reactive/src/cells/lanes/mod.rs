@@ -176,20 +176,19 @@ impl<K: LaneKey + 'static, T: 'static, F: Flavor> LanesInner<K, T, F> {
         })
     }
 
-    /// As [`apply`](Self::apply) inside an attachment's own run: the keys
-    /// go to `marks`, marked when the run ends.
+    /// As [`apply`](Self::apply) inside an attachment's own run (`entered`:
+    /// the graph is entered already): the keys go to `marks`, marked when
+    /// the run ends.
     pub(super) fn apply_quiet<R>(
         &self,
+        entered: &Entered,
         marks: &mut Vec<Key>,
         op: impl FnOnce(&mut LanesState<K, T>) -> (R, Touched<K>),
     ) -> R {
-        self.handle.enter(|cell| {
-            let entered = Entered::by(cell);
-            self.state.with_mut(&entered, |s| {
-                let (outcome, touched) = op(s);
-                marks.extend(self.keys(&entered, s, &touched, false));
-                outcome
-            })
+        self.state.with_mut(entered, |s| {
+            let (outcome, touched) = op(s);
+            marks.extend(self.keys(entered, s, &touched, false));
+            outcome
         })
     }
 

@@ -171,20 +171,19 @@ impl<K: Ord + Clone + 'static, V: PartialEq + 'static, F: Flavor> LatestInner<K,
         })
     }
 
-    /// As [`apply`](Self::apply) inside a sink effect's own run: the keys
-    /// go to `marks`, marked when the run ends.
+    /// As [`apply`](Self::apply) inside a sink effect's own run (`entered`:
+    /// the graph is entered already): the keys go to `marks`, marked when
+    /// the run ends.
     pub(super) fn apply_quiet<R>(
         &self,
+        entered: &Entered,
         marks: &mut Vec<Key>,
         op: impl FnOnce(&mut LatestState<K, V>) -> (R, Touched<K>),
     ) -> R {
-        let outcome = self.handle.enter(|cell| {
-            let entered = Entered::by(cell);
-            self.state.with_mut(&entered, |s| {
-                let (outcome, touched) = caught(s, op);
-                marks.extend(self.keys(&entered, s, &touched, false));
-                outcome
-            })
+        let outcome = self.state.with_mut(entered, |s| {
+            let (outcome, touched) = caught(s, op);
+            marks.extend(self.keys(entered, s, &touched, false));
+            outcome
         });
         outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }

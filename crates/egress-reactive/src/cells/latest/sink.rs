@@ -12,7 +12,7 @@ use super::super::transport::SendError;
 use super::{LatestCellOf, LatestFlavor, LatestInner, LatestState, Touched, ack_in, fail_in};
 use crate::context::NodeRef;
 use crate::effect::{EffectObj, RunEffect};
-use crate::flavor::{Flavor, Holds};
+use crate::flavor::{Entered, Flavor, Holds};
 use crate::graph::Key;
 use crate::run;
 
@@ -148,7 +148,7 @@ where
     S: LatestSink<K, V>,
     F: Flavor,
 {
-    fn run_effect(&mut self) {
+    fn run_effect(&mut self, entered: &Entered) {
         self.inner.track_wake();
         let inner = self.inner.clone();
         let mut marks = Marks { inner: &inner, keys: Vec::new() };
@@ -161,7 +161,8 @@ where
         // panic) does not hold the others back.
         loop {
             let clock = &*inner.clock;
-            let (key, item) = match inner.apply_quiet(&mut marks.keys, |s| claim_in(s, self.generation, clock)) {
+            let (key, item) = match inner.apply_quiet(entered, &mut marks.keys, |s| claim_in(s, self.generation, clock))
+            {
                 Step::Done => break,
                 Step::Claimed(key, item) => (key, item),
                 Step::Failed(panic) => {
@@ -177,19 +178,23 @@ where
             let sink = &mut self.sink;
             match catch_unwind(AssertUnwindSafe(|| sink.write(item))) {
                 Ok(Ok(Written::Applied)) => {
-                    inner.apply_quiet(&mut marks.keys, |s| ack_in(s, self.generation, &key, version));
+                    inner.apply_quiet(entered, &mut marks.keys, |s| ack_in(s, self.generation, &key, version));
                 }
                 Ok(Ok(Written::Taken)) => {}
                 Ok(Err(error)) => {
                     tracing::debug!(%error, "egress latest: a write failed; the key backs off");
                     let (now, hint) = (clock.now(), hint(error.kind()));
-                    inner.apply_quiet(&mut marks.keys, |s| fail_in(s, self.generation, &key, version, now, hint, None));
+                    inner.apply_quiet(entered, &mut marks.keys, |s| {
+                        fail_in(s, self.generation, &key, version, now, hint, None)
+                    });
                 }
                 Err(panic) => {
                     // It may never have been written: failed, so that it is
                     // not left in flight with nobody to write it.
                     let now = clock.now();
-                    inner.apply_quiet(&mut marks.keys, |s| fail_in(s, self.generation, &key, version, now, None, None));
+                    inner.apply_quiet(entered, &mut marks.keys, |s| {
+                        fail_in(s, self.generation, &key, version, now, None, None)
+                    });
                     panicked.get_or_insert(panic);
                 }
             }
