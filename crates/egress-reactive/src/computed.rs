@@ -288,7 +288,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     pub fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
         let at = Location::caller();
         self.handle.enter(|cell| {
-            if self.fresh(cell) {
+            if self.fresh(cell, true) {
                 return self.read(cell, f);
             }
             self.with_slow(cell, f, at)
@@ -299,24 +299,17 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     /// of line, so that the fast path saves no registers for it.
     #[inline(never)]
     fn with_slow<R>(&self, cell: &run::Cell<F>, f: impl FnOnce(&T) -> R, at: &Location<'_>) -> R {
-        // Not fresh: disposed, or to be refreshed (the rest of `prepare`).
-        let alive = cell.borrow().alive(self.key);
-        let prepared = if alive {
-            self.refresh(cell, true)
-        } else {
-            Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.created_at })
-        };
-        match prepared {
+        match self.stale(cell, true) {
             Ok(()) => self.read(cell, f),
             Err(e) => read_failed(cell, e, at),
         }
     }
 
-    /// Whether the value is up to date with nothing batched to settle
-    /// first (then the read is tracked here): [`Computed::prepare`]'s fast
-    /// path, alone.
+    /// Whether the computed is alive and up to date with nothing batched to
+    /// settle first; then the read is tracked here (with `track`). The
+    /// fast path of every read.
     #[inline(always)]
-    fn fresh(&self, cell: &run::Cell<F>) -> bool {
+    fn fresh(&self, cell: &run::Cell<F>, track: bool) -> bool {
         let mut g = cell.borrow_mut();
         if !g.alive(self.key)
             || g.node(self.key.index).flags & (DIRTY | PENDING | RUNNING | FAILED | ORPHAN) != 0
@@ -325,7 +318,7 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
             return false;
         }
         let active = g.active;
-        if active != NONE {
+        if track && active != NONE {
             g.link(self.key.index, active);
         }
         true
@@ -386,35 +379,27 @@ impl<T: 'static, F: Flavor> Computed<T, F> {
     /// Brings the value up to date and tracks the read.
     #[inline(always)]
     fn prepare(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
-        {
-            let mut g = cell.borrow_mut();
-            if !g.alive(self.key) {
-                return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.created_at });
-            }
-            // Fast path: up to date, nothing batched to settle first.
-            if g.node(self.key.index).flags & (DIRTY | PENDING | RUNNING | FAILED | ORPHAN) == 0 && g.writes.is_empty()
-            {
-                let active = g.active;
-                if track && active != NONE {
-                    g.link(self.key.index, active);
-                }
-                return Ok(());
-            }
+        if self.fresh(cell, track) {
+            return Ok(());
         }
         self.prepare_slow(cell, track)
     }
 
-    /// [`Computed::prepare`] when the computed is not known to be up to
-    /// date.
+    /// [`Computed::prepare`] when the computed is not [fresh](Self::fresh).
     #[inline(never)]
     fn prepare_slow(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
-        self.refresh(cell, track)
+        self.stale(cell, track)
     }
 
     /// The body of [`Computed::prepare_slow`], inlined into
-    /// [`Computed::with_slow`] (a tracked read's slow path, one call).
+    /// [`Computed::with_slow`] (a tracked read's slow path, one call): a
+    /// disposed computed is an error; a live one is refreshed, then the
+    /// read tracked.
     #[inline(always)]
-    fn refresh(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
+    fn stale(&self, cell: &run::Cell<F>, track: bool) -> Result<(), ReadError> {
+        if !cell.borrow().alive(self.key) {
+            return Err(ReadError::Disposed { kind: NodeKind::Computed, created_at: self.created_at });
+        }
         {
             // A refresh that panics still makes the reader depend on this
             // computed: its recovery must reach the reader.

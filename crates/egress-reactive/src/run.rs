@@ -688,10 +688,6 @@ fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key
         Queued::Begun(key, saved, obj) => return run_begun(cell, g, key, saved, obj).1,
         Queued::Other(flags) => flags,
     };
-    if flags & (DIRTY | ASYNC) == DIRTY {
-        // One with children or cleanups to dispose first.
-        return update_borrowed(cell, g, key).1;
-    }
     drop(g);
     if flags & (DIRTY | ORPHAN) == 0 && !(flags & PENDING != 0 && check_dirty(cell, key)) {
         return cell.borrow_mut();

@@ -7,6 +7,45 @@ use common::{Counter, Log};
 use egress_reactive::{MAX_FLUSH_ROUNDS, WriteError};
 
 each_flavour! {
+    fn a_stale_queue_entry_does_not_run_the_node_that_took_its_slot(cx) {
+        // Two effects on one signal. At the write, the first to run
+        // disposes the second (queued behind it) and creates a computed,
+        // which takes the second's freed slot and is never read. The flush
+        // then reaches the second's queue entry: stale, it must not run
+        // the computed in the slot now.
+        let s = cx.signal(0);
+        let evaluated = Counter::new();
+        let victim = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let made = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let h = cx.handle();
+        let _first = cx.effect({
+            let (s, victim, made, evaluated) = (s.clone(), victim.clone(), made.clone(), evaluated.clone());
+            move || {
+                if s.get() == 1 {
+                    if let Some(second) = victim.lock().unwrap().take() {
+                        let second: egress_reactive::Effect<_> = second;
+                        second.dispose();
+                    }
+                    let evaluated = evaluated.clone();
+                    made.lock().unwrap().push(h.computed(move || {
+                        evaluated.hit();
+                        1
+                    }));
+                }
+            }
+        });
+        let second = cx.effect({
+            let s = s.clone();
+            move || {
+                s.get();
+            }
+        });
+        *victim.lock().unwrap() = Some(second);
+        s.set(1);
+        assert_eq!(made.lock().unwrap().len(), 1, "the computed was made");
+        assert_eq!(evaluated.get(), 0, "the computed, never read, never ran");
+    }
+
     fn runs_at_creation_and_after_each_change(cx) {
         let a = cx.signal(0);
         let runs = Counter::new();
