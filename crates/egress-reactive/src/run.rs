@@ -222,7 +222,18 @@ impl<F: Flavor> Walk<'_, F> {
 /// it is still alive (what it already re-validated stays clean). If it
 /// unwinds, every node it stood on is marked failed ([`Walk`]).
 pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
-    let mut g = cell.borrow_mut();
+    check_dirty_borrowed(cell, cell.borrow_mut(), start).0
+}
+
+/// [`check_dirty`] for a caller that has the graph borrowed already;
+/// returns the graph borrowed again, for the caller's next step (a queued
+/// effect's run).
+#[inline(always)]
+fn check_dirty_borrowed<'a, F: Flavor>(
+    cell: &'a Cell<F>,
+    mut g: RefMut<'a, Graph<F>>,
+    start: Key,
+) -> (bool, RefMut<'a, Graph<F>>) {
     let base = g.walk_stack.len();
     let mut walk = Walk { cell, base, start: start.index, node: NONE, armed: true };
     debug_assert!(g.alive(start), "graph invariant: only live nodes are re-validated");
@@ -261,7 +272,7 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
                             continue 'restart;
                         }
                         walk.armed = false;
-                        return false;
+                        return (false, g);
                     };
                     if changed {
                         dirty = true;
@@ -294,7 +305,7 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
                             continue 'restart;
                         }
                         walk.armed = false;
-                        return false;
+                        return (false, g);
                     };
                     g.walk_stack.pop();
                     if changed {
@@ -314,7 +325,7 @@ pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
             g.node_mut(start.index).flags &= !PENDING;
         }
         walk.armed = false;
-        return dirty;
+        return (dirty, g);
     }
 }
 
@@ -682,31 +693,47 @@ fn flush_rounds<'a, F: Flavor>(
 /// unwinds, the effect is marked failed. Returns the graph borrowed again.
 #[inline(always)]
 fn run_queued<'a, F: Flavor>(cell: &'a Cell<F>, mut g: RefMut<'a, Graph<F>>, key: Key) -> RefMut<'a, Graph<F>> {
-    let flags = match g.begin_queued(key) {
-        Queued::Gone => return g,
+    match g.begin_queued(key) {
+        Queued::Gone => g,
         // The common case: a synchronous effect that a write reached.
-        Queued::Begun(key, saved, obj) => return run_begun(cell, g, key, saved, obj).1,
-        Queued::Other(flags) => flags,
-    };
-    drop(g);
-    if flags & (DIRTY | ORPHAN) == 0 && !(flags & PENDING != 0 && check_dirty(cell, key)) {
-        return cell.borrow_mut();
+        Queued::Begun(key, saved, obj) => run_begun(cell, g, key, saved, obj).1,
+        Queued::Other(flags) => run_queued_other(cell, g, key, flags),
     }
-    if flags & ASYNC != 0 {
-        let obj = {
-            let mut g = cell.borrow_mut();
-            if !g.alive(key) {
-                return g;
-            }
-            let node = g.node_mut(key.index);
-            node.flags |= DIRTY;
-            node.obj.clone()
-        };
-        if let Some(obj) = obj {
-            F::obj(&obj).schedule();
-        }
+}
+
+/// [`run_queued`] for any other queued effect (`flags`: its flags,
+/// unqueued): one that read a computed (re-validated first), an async one
+/// (scheduled), one with children or cleanups. Out of line: the flush's
+/// common case stays small.
+#[inline(never)]
+fn run_queued_other<'a, F: Flavor>(
+    cell: &'a Cell<F>,
+    mut g: RefMut<'a, Graph<F>>,
+    key: Key,
+    flags: u32,
+) -> RefMut<'a, Graph<F>> {
+    let run = if flags & (DIRTY | ORPHAN) != 0 {
+        true
+    } else if flags & PENDING != 0 {
+        let dirty;
+        (dirty, g) = check_dirty_borrowed(cell, g, key);
+        dirty
     } else {
-        update(cell, key);
+        false
+    };
+    // The re-validation may have freed it.
+    if !run || !g.alive(key) {
+        return g;
+    }
+    if flags & ASYNC == 0 {
+        return update_borrowed(cell, g, key).1;
+    }
+    let node = g.node_mut(key.index);
+    node.flags |= DIRTY;
+    let obj = node.obj.clone();
+    drop(g);
+    if let Some(obj) = obj {
+        F::obj(&obj).schedule();
     }
     cell.borrow_mut()
 }

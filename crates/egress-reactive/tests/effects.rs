@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::arc_with_non_send_sync)] // Arc: one test body serves the local and the thread-safe flavours
 //! Effect lifecycle: first run, re-runs, cleanup order, nested effects,
 //! writes inside effects, feedback loops.
 
