@@ -31,7 +31,11 @@ impl fmt::Display for NodeKind {
 /// A computed read itself, directly or through others.
 ///
 /// `nodes` lists where each computed on the cycle was created, from the one
-/// read again (first) to the one that read it (last).
+/// read again (first) to the one that read it (last). A cycle can also be
+/// closed while a computed is being re-validated rather than run (a write
+/// upstream made it pending; checking its dependencies reruns one, and that
+/// run reads it): then `nodes` names the two, the computed read and the
+/// computed that read it, and not the dependencies between them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CycleError {
     /// Creation sites of the computeds on the cycle.

@@ -34,7 +34,9 @@
 //!   gone node; the disposal itself runs no effect. [`Scope::disarm`]
 //!   cancels a scope's teardown.
 //! - **No hangs, no stack overflows**: cycles of computeds are errors
-//!   ([`CycleError`]); effect feedback loops stop at [`MAX_FLUSH_ROUNDS`];
+//!   ([`CycleError`]), met on a re-validation as on a first run (a cycle a
+//!   `try_` read caught leaves the graph working, even though the failed
+//!   read links its reader); effect feedback loops stop at [`MAX_FLUSH_ROUNDS`];
 //!   propagation and re-validation are iterative, so a chain of 100,000
 //!   computeds is read and updated on a 2 MiB stack.
 //!

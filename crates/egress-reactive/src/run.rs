@@ -222,23 +222,29 @@ impl<F: Flavor> Walk<'_, F> {
 /// it is still alive (what it already re-validated stays clean). If it
 /// unwinds, every node it stood on is marked failed ([`Walk`]).
 pub(crate) fn check_dirty<F: Flavor>(cell: &Cell<F>, start: Key) -> bool {
-    check_dirty_borrowed(cell, cell.borrow_mut(), start).0
+    check_dirty_borrowed(cell, cell.borrow_mut(), start, true).0
 }
 
 /// [`check_dirty`] for a caller that has the graph borrowed already;
 /// returns the graph borrowed again, for the caller's next step (a queued
-/// effect's run).
+/// effect's run). `computed`: the start is a computed, marked [`WALKING`]
+/// while the walk stands on it; an effect is not (nothing reads it or
+/// depends on it), which saves its walk the mark.
 #[inline(always)]
 fn check_dirty_borrowed<'a, F: Flavor>(
     cell: &'a Cell<F>,
     mut g: RefMut<'a, Graph<F>>,
     start: Key,
+    computed: bool,
 ) -> (bool, RefMut<'a, Graph<F>>) {
     let base = g.walk_stack.len();
     let mut walk = Walk { cell, base, start: start.index, node: NONE, armed: true };
     debug_assert!(g.alive(start), "graph invariant: only live nodes are re-validated");
     'restart: loop {
         let mut node = start.index;
+        if computed {
+            g.node_mut(node).flags |= WALKING;
+        }
         let mut link = g.node(node).deps_head;
         let dirty = 'walk: loop {
             // Scan `node`'s dependencies from `link` for one to re-validate.
@@ -251,7 +257,29 @@ fn check_dirty_borrowed<'a, F: Flavor>(
                 }
                 let dep = g.link_at(link).dep;
                 let f = g.node(dep).flags;
-                if f & COMPUTED != 0 && f & (DIRTY | PENDING | FAILED) != 0 {
+                if f & COMPUTED != 0 && f & (DIRTY | PENDING | FAILED | RUNNING | WALKING) != 0 {
+                    if f & (RUNNING | WALKING) != 0 {
+                        // Being evaluated (its function runs, or a walk
+                        // stands on it): `node` read it after reading
+                        // nothing that changed, so its next run reads it
+                        // again and closes a cycle. `node` must run, to
+                        // meet it, not keep a value computed from what
+                        // `dep` is replacing. When `dep` is on this walk,
+                        // `node` is on a loop of links back to it (a read
+                        // that failed in the cycle links its reader): the
+                        // walk backs up to `dep`, which must run, as it
+                        // would were it read for the first time; what it
+                        // backs out of stays pending.
+                        if f & WALKING != 0 && on_walk(&g, base, start.index, dep) {
+                            while node != dep {
+                                g.node_mut(node).flags &= !WALKING;
+                                let Some((parent, _)) = g.walk_stack.pop() else { break };
+                                node = parent;
+                            }
+                        }
+                        dirty = true;
+                        break;
+                    }
                     step = Some((dep, f & (DIRTY | FAILED) != 0));
                     break;
                 }
@@ -267,7 +295,7 @@ fn check_dirty_borrowed<'a, F: Flavor>(
                     (g, changed) = recompute_in_walk(cell, g, dep);
                     walk.node = NONE;
                     let Some(changed) = changed else {
-                        g.walk_stack.truncate(base);
+                        unwalk(&mut g, base, node, start.index);
                         if g.alive(start) {
                             continue 'restart;
                         }
@@ -284,7 +312,9 @@ fn check_dirty_borrowed<'a, F: Flavor>(
                 Some((dep, false)) => {
                     g.walk_stack.push((node, link));
                     node = dep;
-                    link = g.node(dep).deps_head;
+                    let dep = g.node_mut(dep);
+                    dep.flags |= WALKING;
+                    link = dep.deps_head;
                     continue 'walk;
                 }
                 None => {}
@@ -300,7 +330,7 @@ fn check_dirty_borrowed<'a, F: Flavor>(
                     let changed;
                     (g, changed) = recompute_in_walk(cell, g, node);
                     let Some(changed) = changed else {
-                        g.walk_stack.truncate(base);
+                        unwalk(&mut g, base, node, start.index);
                         if g.alive(start) {
                             continue 'restart;
                         }
@@ -314,18 +344,39 @@ fn check_dirty_borrowed<'a, F: Flavor>(
                     }
                 } else {
                     g.walk_stack.pop();
-                    g.node_mut(node).flags &= !PENDING;
+                    g.node_mut(node).flags &= !(PENDING | WALKING);
                 }
                 node = parent;
                 link = g.link_at(parent_link).next_dep;
                 continue 'walk;
             }
         };
-        if !dirty {
+        // Dirty, it stays pending for the run that follows.
+        if computed {
+            g.node_mut(start.index).flags &= if dirty { !WALKING } else { !(PENDING | WALKING) };
+        } else if !dirty {
             g.node_mut(start.index).flags &= !PENDING;
         }
         walk.armed = false;
         return (dirty, g);
+    }
+}
+
+/// Whether `index` is on the walk whose frames start at `base`: its start,
+/// or a frame's node.
+#[cold]
+fn on_walk<F: Flavor>(g: &Graph<F>, base: usize, start: u32, index: u32) -> bool {
+    index == start || g.walk_stack.iter().skip(base).any(|&(at, _)| at == index)
+}
+
+/// A walk starts over (or ends): the nodes it stood on, `start`, the
+/// frames above `base` and `node` (where it was), are off it. A slot freed
+/// meanwhile clears a mark it no longer has, or one a new node never had.
+#[cold]
+fn unwalk<F: Flavor>(g: &mut Graph<F>, base: usize, node: u32, start: u32) {
+    let frames = g.walk_stack.split_off(base);
+    for (at, _) in frames.into_iter().chain([(node, NONE), (start, NONE)]) {
+        g.node_mut(at).flags &= !WALKING;
     }
 }
 
@@ -373,12 +424,19 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
         let node = g.node(index);
         (node.flags, Key { index, generation: node.generation })
     };
-    if flags & RUNNING != 0 {
+    if flags & (RUNNING | WALKING) != 0 {
         let g = cell.borrow();
         // Follow the callers from the computation running now back to
         // `index`: that is the cycle, innermost first; report it from `index`.
+        // A computed on a walk is not among the callers (the walk runs what
+        // it depends on, and the callers go on past the walk): the cycle
+        // is named by `index` and the computation that read it.
         let mut nodes = Vec::new();
         let mut at = g.active;
+        if flags & RUNNING == 0 && at != NONE {
+            nodes.push(g.site(at));
+            at = index;
+        }
         while at != NONE && at != index {
             nodes.push(g.site(at));
             at = g.node(at).aux;
@@ -716,7 +774,7 @@ fn run_queued_other<'a, F: Flavor>(
         true
     } else if flags & PENDING != 0 {
         let dirty;
-        (dirty, g) = check_dirty_borrowed(cell, g, key);
+        (dirty, g) = check_dirty_borrowed(cell, g, key, false);
         dirty
     } else {
         false

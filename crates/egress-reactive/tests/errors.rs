@@ -119,3 +119,156 @@ each_flavour! {
         assert_eq!(seen.get(), 2);
     }
 }
+
+/// Runs `body` on a thread of its own; fails if it has not finished within
+/// 20 s. For graphs whose bug is a hang (a walk that never ends) rather
+/// than a wrong value: a correct run takes milliseconds.
+fn within(body: impl FnOnce() + Send + 'static) {
+    use std::sync::mpsc::{RecvTimeoutError, channel};
+    let (done, finished) = channel();
+    let run = std::thread::spawn(move || {
+        body();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(std::time::Duration::from_secs(20)) {
+        Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+            if let Err(panic) = run.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+        Err(RecvTimeoutError::Timeout) => panic!("the graph did not finish within 20 s"),
+    }
+}
+
+/// [`each_flavour!`], each test's context made inside [`within`].
+macro_rules! each_flavour_within {
+    ($( fn $name:ident($cx:ident) $body:block )*) => {
+        mod within_local {
+            use super::*;
+            $( #[test] fn $name() { within(|| { let $cx = egress_reactive::Context::new(); $body }) } )*
+        }
+        mod within_thread_safe {
+            use super::*;
+            $( #[test] fn $name() { within(|| { let $cx = egress_reactive::ThreadSafeContext::new(); $body }) } )*
+        }
+        mod within_async_context {
+            use super::*;
+            $( #[test] fn $name() { within(|| { let $cx = egress_reactive::AsyncContext::new(); $body }) } )*
+        }
+    };
+}
+
+/// The cycle `c3 -> c5 -> c3`, with `c3` catching the failed read:
+/// `c3 = c5.try_with(..).unwrap_or(-1) + from`, `c5 = c3 + 1`. Returns
+/// `(c3, c5, errors)`, the errors `c3`'s reads of `c5` returned.
+macro_rules! caught_cycle {
+    ($cx:ident, $from:expr) => {{
+        let slot: Arc<Mutex<Option<egress_reactive::Computed<i64, _>>>> = Arc::new(Mutex::new(None));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let c3 = $cx.computed({
+            let (slot, errors, from) = (slot.clone(), errors.clone(), $from.clone());
+            move || {
+                let c5 = slot.lock().unwrap().clone().unwrap();
+                let read = c5.try_with(|v| *v);
+                if let Err(e) = &read {
+                    errors.lock().unwrap().push(e.clone());
+                }
+                read.unwrap_or(-1) + from.get()
+            }
+        });
+        let c5 = $cx.computed({
+            let c3 = c3.clone();
+            move || c3.get() + 1
+        });
+        *slot.lock().unwrap() = Some(c5.clone());
+        (c3, c5, errors, slot)
+    }};
+}
+
+each_flavour_within! {
+    // c3 is recomputed on an effect's walk that stands on c5 (pending
+    // through c4); c3's read of c5 closes the cycle there, as it did on
+    // the first run. It once re-validated c5 as clean (c3, its dependency,
+    // was running, not dirty), returned c5's old value and linked c3 to
+    // c5: a loop of links that the next write's walk followed for ever.
+    fn a_cycle_closed_on_a_revalidation_walk_is_reported_as_on_the_first_run(cx) {
+        let s = cx.signal(0i64);
+        let c4 = cx.computed({ let s = s.clone(); move || s.get() });
+        let (c3, c5, errors, slot) = caught_cycle!(cx, c4);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let _effect = cx.effect({
+            let (c5, seen) = (c5.clone(), seen.clone());
+            move || seen.lock().unwrap().push(c5.try_get().ok())
+        });
+        let links = cx.link_count();
+        for v in 1..=4 {
+            s.set(v);
+            assert_eq!(cx.link_count(), links, "c3 read c5 in a cycle: no link, as on the first run");
+        }
+        assert_eq!(*seen.lock().unwrap(), [Some(0), Some(1), Some(2), Some(3), Some(4)]);
+        assert_eq!(c3.get(), 3);
+        let errors = errors.lock().unwrap();
+        assert_eq!(errors.len(), 5, "{errors:?}");
+        for e in errors.iter() {
+            match e {
+                ReadError::Cycle(cycle) => assert_eq!(cycle.nodes, vec![c5.created_at(), c3.created_at()]),
+                other => panic!("expected a cycle, got {other:?}"),
+            }
+        }
+        *slot.lock().unwrap() = None;
+    }
+
+    // c3 is read (and recomputed) first; c5, pending under it, depends on
+    // c3, which is running: c5 must run to find the cycle. It once
+    // re-validated as clean, and c3 computed from its old value.
+    fn a_computed_whose_dependency_is_running_runs_and_meets_the_cycle(cx) {
+        let s = cx.signal(0i64);
+        let (c3, c5, errors, slot) = caught_cycle!(cx, s);
+        assert_eq!(c5.get(), 0);
+        for v in 1..=4 {
+            s.set(v);
+            assert_eq!(c3.get(), v - 1, "c3's read of c5 runs c5, which reads c3: a cycle, as on a first run");
+            assert_eq!(c5.get(), v);
+        }
+        let errors = errors.lock().unwrap();
+        assert_eq!(errors.len(), 5, "{errors:?}");
+        for (i, e) in errors.iter().enumerate() {
+            // The first run read c5 running; the later ones ran c5, which read c3 running.
+            let expected = if i == 0 { vec![c5.created_at(), c3.created_at()] } else { vec![c3.created_at(), c5.created_at()] };
+            match e {
+                ReadError::Cycle(cycle) => assert_eq!(cycle.nodes, expected, "read {i}"),
+                other => panic!("expected a cycle, got {other:?}"),
+            }
+        }
+        *slot.lock().unwrap() = None;
+    }
+
+    // A failed read still links its reader (so that a recovery reaches it):
+    // c3's read of c5, failed in the cycle, links c3 to c5, which links
+    // back to c3. A walk down that loop of links ends (it does not descend
+    // into a computed it stands on) and runs c3, the computed it started
+    // from, as a first read would: c3 meets the cycle in its read of c5.
+    fn a_walk_ends_on_a_loop_of_links(cx) {
+        let s = cx.signal(0i64);
+        let c4 = cx.computed({ let s = s.clone(); move || s.get() });
+        let (c3, c5, _errors, slot) = caught_cycle!(cx, c4);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let _effect = cx.effect({
+            let (c5, seen) = (c5.clone(), seen.clone());
+            move || seen.lock().unwrap().push(c5.try_get().ok())
+        });
+        for v in 1..=4i64 {
+            // Read first in the batch, c3 runs c5 (pending, off any walk),
+            // whose run fails on the cycle: c3 is linked to c5 from then on.
+            let inside = cx.batch(|| {
+                s.set(v);
+                c3.try_get()
+            });
+            assert_eq!(inside, Ok(v - 1), "as on a first run: c3's read of c5 fails, c3's value stands");
+            assert_eq!(c3.try_get(), Ok(v - 1));
+            assert_eq!(c5.try_get(), Ok(v));
+        }
+        assert_eq!(seen.lock().unwrap().last(), Some(&Some(4)));
+        *slot.lock().unwrap() = None;
+    }
+}

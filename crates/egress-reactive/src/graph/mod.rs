@@ -76,6 +76,15 @@ pub(crate) mod flags {
     /// the value it had. Not a mark for propagation (a later write still
     /// queues the node); cleared when the node runs.
     pub(crate) const ORPHAN: u32 = 1 << 15;
+    /// The node is on a re-validation walk ([`check_dirty`]): its start,
+    /// or a pending computed the walk descended into and has not settled.
+    /// Like [`RUNNING`], the node is being evaluated: a computed run inside
+    /// the walk that reads it closes a cycle, and a walk that meets it as
+    /// a dependency does not descend into it again. Cleared when the walk
+    /// settles the node (or runs it, or unwinds, or starts over).
+    ///
+    /// [`check_dirty`]: crate::run::check_dirty
+    pub(crate) const WALKING: u32 = 1 << 16;
 }
 use flags::*;
 
@@ -401,14 +410,14 @@ impl<F: Flavor> Graph<F> {
 
     /// Marks a node whose run (or the re-validation before it) panicked: a
     /// computed is [`FAILED`], an effect clean (the next change of what it
-    /// read queues it again). Neither stays marked, so propagation reaches
-    /// them and what depends on them.
+    /// read queues it again). Neither stays marked (dirty, pending or on a
+    /// walk), so propagation reaches them and what depends on them.
     pub(crate) fn mark_failed(&mut self, index: u32) {
         let node = &mut self.nodes[index as usize];
         if node.flags & ALIVE == 0 {
             return;
         }
-        node.flags &= !(DIRTY | PENDING);
+        node.flags &= !(DIRTY | PENDING | WALKING);
         if node.flags & COMPUTED != 0 {
             node.flags |= FAILED;
         }

@@ -27,7 +27,7 @@ fn start<F: Flavor>(
     depth: &mut u32,
 ) -> (Key, Saved, F::Obj) {
     let saved = Saved { active: *active, owner: *owner, depth: *depth };
-    node.flags = (node.flags & !(DIRTY | PENDING | ORPHAN)) | RUNNING;
+    node.flags = (node.flags & !(DIRTY | PENDING | ORPHAN | WALKING)) | RUNNING;
     node.deps_tail = NONE;
     node.runs = node.runs.wrapping_add(1);
     node.aux = saved.active;
