@@ -270,7 +270,7 @@ fn check_dirty_borrowed<'a, F: Flavor>(
                         // walk backs up to `dep`, which must run, as it
                         // would were it read for the first time; what it
                         // backs out of stays pending.
-                        if f & WALKING != 0 && on_walk(&g, base, start.index, dep) {
+                        if f & WALKING != 0 && on_walk(&g, base, dep) {
                             while node != dep {
                                 g.node_mut(node).flags &= !WALKING;
                                 let Some((parent, _)) = g.walk_stack.pop() else { break };
@@ -362,11 +362,14 @@ fn check_dirty_borrowed<'a, F: Flavor>(
     }
 }
 
-/// Whether `index` is on the walk whose frames start at `base`: its start,
-/// or a frame's node.
+/// Whether `index` is on the walk whose frames start at `base`, above the
+/// node it stands on now: a frame's node (the walk's start is the first
+/// frame's, once it has descended; before, the start reads nothing on the
+/// walk, since no computed is its own dependency: a read of itself fails
+/// before it links).
 #[cold]
-fn on_walk<F: Flavor>(g: &Graph<F>, base: usize, start: u32, index: u32) -> bool {
-    index == start || g.walk_stack.iter().skip(base).any(|&(at, _)| at == index)
+fn on_walk<F: Flavor>(g: &Graph<F>, base: usize, index: u32) -> bool {
+    g.walk_stack.iter().skip(base).any(|&(at, _)| at == index)
 }
 
 /// A walk starts over (or ends): the nodes it stood on, `start`, the

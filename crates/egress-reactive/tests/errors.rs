@@ -243,6 +243,79 @@ each_flavour_within! {
         *slot.lock().unwrap() = None;
     }
 
+    // A loop of links under an effect: its walk descends c3, then c5, whose
+    // dependency c3 is on the walk (a frame, not its start). It backs up
+    // to c3 and runs it, as a first read would: c3's read of c5 runs c5,
+    // whose read of c3 fails, and c3 catches that. (Run first, c5 would
+    // have met c3 on the walk, failed, and the effect's walk with it.)
+    fn a_walk_backs_up_to_the_computed_its_loop_of_links_returns_to(cx) {
+        let s = cx.signal(0i64);
+        let c4 = cx.computed({ let s = s.clone(); move || s.get() });
+        let (c3, c5, _errors, slot) = caught_cycle!(cx, c4);
+        assert_eq!(c5.get(), 0);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let _effect = cx.effect({
+            let (c3, seen) = (c3.clone(), seen.clone());
+            move || seen.lock().unwrap().push(c3.try_get())
+        });
+        for v in 1..=4 {
+            s.set(v);
+            // c5 failed in c3's run (the read that links c3 to it); read, it
+            // recovers, and the next write finds the loop pending.
+            assert_eq!(c5.try_get(), Ok(v));
+        }
+        assert_eq!(*seen.lock().unwrap(), [Ok(-1), Ok(0), Ok(1), Ok(2), Ok(3)]);
+        *slot.lock().unwrap() = None;
+    }
+
+    // A walk inside another: the effect's walk stands on x and runs r,
+    // whose read of y walks y (down to z) and meets x, on the outer walk,
+    // not this one: z must run (and meets the cycle at its read of x), and
+    // the inner walk does not back out of frames that are not its own.
+    // `r = y.try_with(..).unwrap_or(-1) + s`, `y = z + 1`, `z = x + 1`,
+    // `x = r + 1`: as on a first run, r's read of y fails, so r = s - 1,
+    // x = s, z = s + 1 and y = s + 2.
+    fn a_walk_inside_another_meets_the_outer_walk_as_a_cycle(cx) {
+        let s = cx.signal(0i64);
+        let slot: Arc<Mutex<Option<egress_reactive::Computed<i64, _>>>> = Arc::new(Mutex::new(None));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let r = cx.computed({
+            let (slot, errors, s) = (slot.clone(), errors.clone(), s.clone());
+            move || {
+                let y = slot.lock().unwrap().clone().unwrap();
+                let read = y.try_with(|v| *v);
+                if let Err(e) = &read {
+                    errors.lock().unwrap().push(e.clone());
+                }
+                read.unwrap_or(-1) + s.get()
+            }
+        });
+        let x = cx.computed({ let r = r.clone(); move || r.get() + 1 });
+        let z = cx.computed({ let x = x.clone(); move || x.get() + 1 });
+        let y = cx.computed({ let z = z.clone(); move || z.get() + 1 });
+        *slot.lock().unwrap() = Some(y.clone());
+        assert_eq!(y.get(), 2, "y read first: r's read of y fails");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let _effect = cx.effect({
+            let (x, seen) = (x.clone(), seen.clone());
+            move || seen.lock().unwrap().push(x.try_get().ok())
+        });
+        for v in 1..=3 {
+            s.set(v);
+            assert_eq!((r.try_get(), x.try_get()), (Ok(v - 1), Ok(v)));
+            assert_eq!((z.try_get(), y.try_get()), (Ok(v + 1), Ok(v + 2)));
+        }
+        assert_eq!(*seen.lock().unwrap(), [Some(0), Some(1), Some(2), Some(3)]);
+        let errors = errors.lock().unwrap();
+        assert_eq!(errors.len(), 4, "{errors:?}");
+        assert_eq!(errors[0], ReadError::Cycle(egress_reactive::CycleError { nodes: vec![y.created_at(), z.created_at(), x.created_at(), r.created_at()] }));
+        for e in &errors[1..] {
+            // z, run by the inner walk, read x, on the outer one.
+            assert_eq!(*e, ReadError::Cycle(egress_reactive::CycleError { nodes: vec![x.created_at(), z.created_at()] }));
+        }
+        *slot.lock().unwrap() = None;
+    }
+
     // A failed read still links its reader (so that a recovery reaches it):
     // c3's read of c5, failed in the cycle, links c3 to c5, which links
     // back to c3. A walk down that loop of links ends (it does not descend
