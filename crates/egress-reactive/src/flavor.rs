@@ -367,14 +367,23 @@ impl Flavor for Threaded {
                 return None;
             }
             INSIDE.set(me);
+            // Released by the guard's drop (`force_unlock`), as this entry
+            // took it.
+            std::mem::forget(cell.lock());
         }
-        Some(ThreadedGuard { guard: cell.lock(), outer, me })
+        // Nested (`outer == me`): the thread holds the lock already, through
+        // the entry that set the mark (see `ThreadedGuard`); this one takes
+        // and releases nothing.
+        Some(ThreadedGuard { cell, outer, me })
     }
     fn try_lock<G: 'static>(cell: &Self::GraphCell<G>) -> Option<ThreadedGuard<'_, G>> {
-        let guard = cell.try_lock()?;
         let me = std::ptr::from_ref(cell).addr();
+        if INSIDE.get() == me {
+            return Self::enter(cell);
+        }
+        std::mem::forget(cell.try_lock()?);
         let outer = INSIDE.replace(me);
-        Some(ThreadedGuard { guard, outer, me })
+        Some(ThreadedGuard { cell, outer, me })
     }
     #[inline]
     fn leave<G: 'static>(guard: ThreadedGuard<'_, G>) -> bool {
@@ -417,11 +426,23 @@ unsafe impl lock_api::GetThreadId for ThreadMark {
     }
 }
 
-/// A thread's entry into a [`Threaded`] graph: its lock, held, and the
-/// graph the thread was inside before (restored when it leaves).
+/// A thread's entry into a [`Threaded`] graph, and the graph the thread was
+/// inside before (restored when it leaves).
+///
+/// The entry that finds the thread outside the graph takes its lock (and
+/// forgets the lock's guard) and sets the thread's mark ([`INSIDE`]) to the
+/// graph; its drop restores the mark, then releases the lock. An entry
+/// that finds the mark already set to this graph is nested in such an
+/// entry, on the same thread: it takes and releases nothing. So the mark
+/// is a graph's while, and only while, an entry holding the graph's lock
+/// is alive on the thread (set before the lock is taken, with no code of
+/// the thread running in between; cleared just before it is released),
+/// and every entry is a local of a call (`Flavor::enter`'s callers are
+/// scoped so) made inside the one that took the lock, and is not `Send`:
+/// it is dropped first.
 #[doc(hidden)]
 pub struct ThreadedGuard<'a, G> {
-    guard: lock_api::ReentrantMutexGuard<'a, parking_lot::RawMutex, ThreadMark, RefCell<G>>,
+    cell: &'a lock_api::ReentrantMutex<parking_lot::RawMutex, ThreadMark, RefCell<G>>,
     outer: usize,
     /// This graph's mark.
     me: usize,
@@ -431,17 +452,31 @@ impl<G> Deref for ThreadedGuard<'_, G> {
     type Target = RefCell<G>;
     #[inline(always)]
     fn deref(&self) -> &RefCell<G> {
-        &self.guard
+        // SAFETY: this thread holds the graph's lock for as long as this
+        // entry lives (see the type's docs), so no other thread touches the
+        // `RefCell` meanwhile, and the borrow ends with `&self`. Tested by
+        // `tests/threads.rs` (threads entering again at every read while
+        // another waits on the graph; 8 threads on one graph).
+        #[allow(unsafe_code)]
+        unsafe {
+            &*self.cell.data_ptr()
+        }
     }
 }
 
 impl<G> Drop for ThreadedGuard<'_, G> {
     #[inline]
     fn drop(&mut self) {
-        // A re-entrant call (the common case: reads inside a run) leaves
-        // the mark as it found it.
+        // A nested entry (the common case: reads inside a run) leaves the
+        // mark and the lock as it found them.
         if self.outer != self.me {
             INSIDE.set(self.outer);
+            // SAFETY: this entry took the lock, and forgot its guard; it
+            // releases it once, here.
+            #[allow(unsafe_code)]
+            unsafe {
+                self.cell.force_unlock();
+            }
         }
     }
 }

@@ -126,3 +126,47 @@ fn a_disposal_asked_while_another_thread_holds_the_graph_is_done_when_it_leaves(
     assert_eq!(cleaned.load(Ordering::SeqCst), 1, "done by the thread that left b");
     assert!(effect.is_disposed());
 }
+
+/// A thread's entry into a graph it is already inside takes no lock and
+/// releases none: while one thread is inside (a batch, entering again at
+/// every read and write in it), another that waits on the graph never gets
+/// in, however often the inner entries end. (The waiting thread keeps
+/// trying until the first is done; each of its entries checks.)
+#[test]
+fn a_nested_entry_neither_takes_nor_releases_the_graph() {
+    use std::sync::atomic::AtomicBool;
+    let cx = ThreadSafeContext::new();
+    let s = cx.signal(0u64);
+    let (inside, done) = (AtomicBool::new(false), AtomicBool::new(false));
+    let (overlaps, entries) = (AtomicU64::new(0), AtomicU64::new(0));
+    let start = std::sync::Barrier::new(2);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            start.wait();
+            for round in 0..2_000u64 {
+                cx.batch(|| {
+                    inside.store(true, Ordering::SeqCst);
+                    for i in 0..50 {
+                        let v = s.get();
+                        s.set(v + round + i);
+                    }
+                    inside.store(false, Ordering::SeqCst);
+                });
+            }
+            done.store(true, Ordering::SeqCst);
+        });
+        scope.spawn(|| {
+            start.wait();
+            while !done.load(Ordering::SeqCst) {
+                cx.batch(|| {
+                    entries.fetch_add(1, Ordering::SeqCst);
+                    if inside.load(Ordering::SeqCst) {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+    });
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "a thread got into the graph while another was inside");
+    assert!(entries.load(Ordering::SeqCst) > 0);
+}
