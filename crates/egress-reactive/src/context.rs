@@ -4,7 +4,7 @@ use std::ops::Deref;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 
 use crate::error::{EffectLoopError, NodeKind, ReadError};
-use crate::flavor::{Flavor, HoldsCleanup, Local, Threaded};
+use crate::flavor::{Flavor, HoldsCleanup, Local, Threaded, Token};
 use crate::graph::{Graph, Key, NONE, flags::*};
 use crate::run;
 
@@ -163,7 +163,9 @@ impl<F: Flavor> Deref for Ctx<F> {
 
 impl<F: Flavor> Drop for Ctx<F> {
     fn drop(&mut self) {
-        let Some(guard) = F::enter(&self.handle.rt.cell).or_else(|| F::try_lock(&self.handle.rt.cell)) else {
+        let Some(guard) =
+            F::enter(&self.handle.rt.cell, Token(())).or_else(|| F::try_lock(&self.handle.rt.cell, Token(())))
+        else {
             // Dropped inside a call into another graph, with this one busy.
             self.handle.defer(Deferred::Close);
             return;
@@ -222,7 +224,7 @@ impl<F: Flavor> Handle<F> {
     pub(crate) fn enter<R>(&self, f: impl FnOnce(&run::Cell<F>) -> R) -> R {
         if !F::REFUSES {
             // `Local`: entering is free and never refused.
-            let Some(guard) = F::enter(&self.rt.cell) else { Foreign.panic() };
+            let Some(guard) = F::enter(&self.rt.cell, Token(())) else { Foreign.panic() };
             return f(&guard);
         }
         match self.try_enter(f) {
@@ -235,7 +237,7 @@ impl<F: Flavor> Handle<F> {
     /// inside a call into another thread-safe graph.
     #[inline(always)]
     pub(crate) fn try_enter<R>(&self, f: impl FnOnce(&run::Cell<F>) -> R) -> Result<R, Foreign> {
-        let Some(guard) = F::enter(&self.rt.cell) else { return Err(Foreign) };
+        let Some(guard) = F::enter(&self.rt.cell, Token(())) else { return Err(Foreign) };
         if !F::REFUSES {
             return Ok(f(&guard));
         }
@@ -278,7 +280,7 @@ impl<F: Flavor> Handle<F> {
         use std::sync::atomic::Ordering::SeqCst;
         let mut first_panic = None;
         while self.rt.has_deferred.load(SeqCst) {
-            let Some(guard) = F::try_lock(&self.rt.cell) else { break };
+            let Some(guard) = F::try_lock(&self.rt.cell, Token(())) else { break };
             self.rt.has_deferred.store(false, SeqCst);
             let work = std::mem::take(&mut *self.rt.deferred.lock());
             for what in work {
@@ -506,7 +508,7 @@ impl<F: Flavor> Handle<F> {
             }
         };
         if self.try_enter(dispose).is_err() {
-            match F::try_lock(&self.rt.cell) {
+            match F::try_lock(&self.rt.cell, Token(())) {
                 Some(guard) => {
                     dispose(&guard);
                     drop(guard);

@@ -17,6 +17,7 @@
 //! calls from other threads wait for it (see `ThreadSafeContext`).
 
 use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::ops::Deref;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -25,7 +26,13 @@ use crate::graph::NodeObj;
 
 mod sealed {
     pub trait Sealed {}
+    /// The proof a caller is this crate: `Flavor::enter` and
+    /// `Flavor::try_lock` take it, so that no code outside the crate can
+    /// make a graph's entry (whose soundness rests on how the crate nests
+    /// them: see `ThreadedGuard`).
+    pub struct Token(pub(crate) ());
 }
+pub(crate) use sealed::Token;
 
 /// How a graph is shared between handles and threads. Implemented by
 /// [`Local`] and [`Threaded`] only.
@@ -87,12 +94,12 @@ pub trait Flavor: sealed::Sealed + Sized + 'static {
     /// [`Threaded`]); `None`, without waiting, if this thread is inside a
     /// call into another graph of the flavour (see [`Threaded`]).
     #[doc(hidden)]
-    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Option<Self::Guard<'_, G>>;
+    fn enter<G: 'static>(cell: &Self::GraphCell<G>, crate_only: Token) -> Option<Self::Guard<'_, G>>;
     /// Enters the graph only if that needs no waiting, whatever graph this
     /// thread is inside: for disposals, which must neither deadlock nor
     /// fail.
     #[doc(hidden)]
-    fn try_lock<G: 'static>(cell: &Self::GraphCell<G>) -> Option<Self::Guard<'_, G>>;
+    fn try_lock<G: 'static>(cell: &Self::GraphCell<G>, crate_only: Token) -> Option<Self::Guard<'_, G>>;
     /// Leaves the graph; returns whether this was the thread's outermost
     /// entry into it.
     #[doc(hidden)]
@@ -281,11 +288,11 @@ impl Flavor for Local {
     }
     const REFUSES: bool = false;
     #[inline(always)]
-    fn enter<G: 'static>(cell: &LocalCell<G>) -> Option<&RefCell<G>> {
+    fn enter<G: 'static>(cell: &LocalCell<G>, _: Token) -> Option<&RefCell<G>> {
         Some(&cell.0)
     }
     #[inline(always)]
-    fn try_lock<G: 'static>(cell: &LocalCell<G>) -> Option<&RefCell<G>> {
+    fn try_lock<G: 'static>(cell: &LocalCell<G>, _: Token) -> Option<&RefCell<G>> {
         Some(&cell.0)
     }
     #[inline(always)]
@@ -359,7 +366,7 @@ impl Flavor for Threaded {
     }
     const REFUSES: bool = true;
     #[inline]
-    fn enter<G: 'static>(cell: &Self::GraphCell<G>) -> Option<ThreadedGuard<'_, G>> {
+    fn enter<G: 'static>(cell: &Self::GraphCell<G>, _: Token) -> Option<ThreadedGuard<'_, G>> {
         let me = std::ptr::from_ref(cell).addr();
         let outer = INSIDE.get();
         if outer != me {
@@ -374,16 +381,16 @@ impl Flavor for Threaded {
         // Nested (`outer == me`): the thread holds the lock already, through
         // the entry that set the mark (see `ThreadedGuard`); this one takes
         // and releases nothing.
-        Some(ThreadedGuard { cell, outer, me })
+        Some(ThreadedGuard { cell, outer, me, not_send: PhantomData })
     }
-    fn try_lock<G: 'static>(cell: &Self::GraphCell<G>) -> Option<ThreadedGuard<'_, G>> {
+    fn try_lock<G: 'static>(cell: &Self::GraphCell<G>, _: Token) -> Option<ThreadedGuard<'_, G>> {
         let me = std::ptr::from_ref(cell).addr();
         if INSIDE.get() == me {
-            return Self::enter(cell);
+            return Self::enter(cell, Token(()));
         }
         std::mem::forget(cell.try_lock()?);
         let outer = INSIDE.replace(me);
-        Some(ThreadedGuard { cell, outer, me })
+        Some(ThreadedGuard { cell, outer, me, not_send: PhantomData })
     }
     #[inline]
     fn leave<G: 'static>(guard: ThreadedGuard<'_, G>) -> bool {
@@ -437,15 +444,17 @@ unsafe impl lock_api::GetThreadId for ThreadMark {
 /// is a graph's while, and only while, an entry holding the graph's lock
 /// is alive on the thread (set before the lock is taken, with no code of
 /// the thread running in between; cleared just before it is released),
-/// and every entry is a local of a call (`Flavor::enter`'s callers are
-/// scoped so) made inside the one that took the lock, and is not `Send`:
-/// it is dropped first.
+/// and every entry is a local of a call (`Flavor::enter`'s callers, all in
+/// this crate, which alone can make the `Token` they take, are scoped so) made inside the one that took the
+/// lock, and is not `Send`: it is dropped first.
 #[doc(hidden)]
 pub struct ThreadedGuard<'a, G> {
     cell: &'a lock_api::ReentrantMutex<parking_lot::RawMutex, ThreadMark, RefCell<G>>,
     outer: usize,
     /// This graph's mark.
     me: usize,
+    /// Neither `Send` nor `Sync`: an entry stays on its thread.
+    not_send: PhantomData<*const ()>,
 }
 
 impl<G> Deref for ThreadedGuard<'_, G> {

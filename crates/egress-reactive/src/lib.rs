@@ -34,9 +34,14 @@
 //!   gone node; the disposal itself runs no effect. [`Scope::disarm`]
 //!   cancels a scope's teardown.
 //! - **No hangs, no stack overflows**: cycles of computeds are errors
-//!   ([`CycleError`]), met on a re-validation as on a first run (a cycle a
-//!   `try_` read caught leaves the graph working, even though the failed
-//!   read links its reader); effect feedback loops stop at [`MAX_FLUSH_ROUNDS`];
+//!   ([`CycleError`]), never a hang or a value computed from what the cycle
+//!   is replacing: a computed whose dependency is being evaluated runs and
+//!   meets the cycle. A re-validation (after a write upstream) can meet a
+//!   cycle at another read than a first run would, so a `try_` read that
+//!   catches it on a first run may not see it there; a cycle a `try_` read
+//!   caught (the failed read still links its reader, so the graph's links
+//!   loop) leaves no re-validation that loops. Effect feedback loops stop
+//!   at [`MAX_FLUSH_ROUNDS`];
 //!   propagation and re-validation are iterative, so a chain of 100,000
 //!   computeds is read and updated on a 2 MiB stack.
 //!

@@ -5,7 +5,7 @@ use std::panic::Location;
 
 use crate::context::{Foreign, Handle, NodeRef};
 use crate::error::{NodeKind, ReadError, WriteError};
-use crate::flavor::{Entered, Flavor, Holds, HoldsEq, ValueCell};
+use crate::flavor::{Entered, Flavor, Holds, HoldsEq, Token, ValueCell};
 use crate::graph::{Graph, NONE, NodeObj, Pool, flags::*};
 use crate::run;
 
@@ -224,7 +224,7 @@ impl<F: Flavor> Handle<F> {
     where
         F: Holds<SignalBlock<T, F>>,
     {
-        let Some(guard) = F::enter(&self.rt.cell) else { Foreign.panic() };
+        let Some(guard) = F::enter(&self.rt.cell, Token(())) else { Foreign.panic() };
         let cell: &run::Cell<F> = &guard;
         let mut g = cell.borrow_mut();
         let (block, slot) = take_slot::<T, F>(&mut g);

@@ -127,6 +127,38 @@ fn a_disposal_asked_while_another_thread_holds_the_graph_is_done_when_it_leaves(
     assert!(effect.is_disposed());
 }
 
+/// A disposal asked from inside another graph's call, of a graph no one
+/// holds, is done at once (the graph's lock is taken without waiting), not
+/// deferred to the graph's next call; the same for a context dropped there.
+#[test]
+fn a_disposal_asked_from_inside_another_graph_is_done_at_once_when_the_graph_is_free() {
+    let (a, b) = (ThreadSafeContext::new(), ThreadSafeContext::new());
+    let cleaned = Arc::new(AtomicU64::new(0));
+    let cleanup_counter = |cx: &ThreadSafeContext| {
+        let (h, cleaned) = (cx.handle(), cleaned.clone());
+        move || {
+            let cleaned = cleaned.clone();
+            h.on_cleanup(move || {
+                cleaned.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    };
+    let effect = b.effect(cleanup_counter(&b));
+    let inside = a.batch(|| {
+        effect.dispose();
+        cleaned.load(Ordering::SeqCst)
+    });
+    assert_eq!(inside, 1, "b is free: disposed before a's call returned");
+    assert!(effect.is_disposed());
+    let c = ThreadSafeContext::new();
+    let _kept = c.effect(cleanup_counter(&c));
+    let inside = a.batch(|| {
+        drop(c);
+        cleaned.load(Ordering::SeqCst)
+    });
+    assert_eq!(inside, 2, "c is free: closed before a's call returned");
+}
+
 /// A thread's entry into a graph it is already inside takes no lock and
 /// releases none: while one thread is inside (a batch, entering again at
 /// every read and write in it), another that waits on the graph never gets
