@@ -443,10 +443,11 @@ unsafe impl lock_api::GetThreadId for ThreadMark {
 /// entry, on the same thread: it takes and releases nothing. So the mark
 /// is a graph's while, and only while, an entry holding the graph's lock
 /// is alive on the thread (set before the lock is taken, with no code of
-/// the thread running in between; cleared just before it is released),
-/// and every entry is a local of a call (`Flavor::enter`'s callers, all in
-/// this crate, which alone can make the `Token` they take, are scoped so) made inside the one that took the
-/// lock, and is not `Send`: it is dropped first.
+/// the thread running in between; cleared just before it is released).
+/// Every entry is a local of a call made inside the one that took the
+/// lock (`Flavor::enter`'s callers are all in this crate, which alone can
+/// make the `Token` they take, and all scoped so), and is not `Send`: it
+/// is dropped first.
 #[doc(hidden)]
 pub struct ThreadedGuard<'a, G> {
     cell: &'a lock_api::ReentrantMutex<parking_lot::RawMutex, ThreadMark, RefCell<G>>,
