@@ -158,30 +158,58 @@ macro_rules! each_flavour_within {
     };
 }
 
-/// The cycle `c3 -> c5 -> c3`, with `c3` catching the failed read:
-/// `c3 = c5.try_with(..).unwrap_or(-1) + from`, `c5 = c3 + 1`. Returns
-/// `(c3, c5, errors)`, the errors `c3`'s reads of `c5` returned.
-macro_rules! caught_cycle {
+/// A computed that reads the computed put in `slot` later, catching its
+/// failure: `try_with(..).unwrap_or(-1) + from`. Returns `(computed, slot,
+/// errors)`, the errors its reads returned.
+macro_rules! catcher {
     ($cx:ident, $from:expr) => {{
         let slot: Arc<Mutex<Option<egress_reactive::Computed<i64, _>>>> = Arc::new(Mutex::new(None));
         let errors = Arc::new(Mutex::new(Vec::new()));
-        let c3 = $cx.computed({
+        let catcher = $cx.computed({
             let (slot, errors, from) = (slot.clone(), errors.clone(), $from.clone());
             move || {
-                let c5 = slot.lock().unwrap().clone().unwrap();
-                let read = c5.try_with(|v| *v);
+                let read = slot.lock().unwrap().clone().unwrap().try_with(|v| *v);
                 if let Err(e) = &read {
                     errors.lock().unwrap().push(e.clone());
                 }
                 read.unwrap_or(-1) + from.get()
             }
         });
+        (catcher, slot, errors)
+    }};
+}
+
+/// The cycle `c3 -> c5 -> c3`, with `c3` catching the failed read:
+/// `c3 = c5.try_with(..).unwrap_or(-1) + from`, `c5 = c3 + 1`. Returns
+/// `(c3, c5, errors, slot)`, the errors `c3`'s reads of `c5` returned.
+macro_rules! caught_cycle {
+    ($cx:ident, $from:expr) => {{
+        let (c3, slot, errors) = catcher!($cx, $from);
         let c5 = $cx.computed({
             let c3 = c3.clone();
             move || c3.get() + 1
         });
         *slot.lock().unwrap() = Some(c5.clone());
         (c3, c5, errors, slot)
+    }};
+}
+
+/// [`caught_cycle!`] from `c4 = s`, with an effect recording `c5`'s reads.
+/// Returns `(s, c3, c5, errors, slot, seen, effect)`.
+macro_rules! watched_cycle {
+    ($cx:ident) => {{
+        let s = $cx.signal(0i64);
+        let c4 = $cx.computed({
+            let s = s.clone();
+            move || s.get()
+        });
+        let (c3, c5, errors, slot) = caught_cycle!($cx, c4);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let effect = $cx.effect({
+            let (c5, seen) = (c5.clone(), seen.clone());
+            move || seen.lock().unwrap().push(c5.try_get().ok())
+        });
+        (s, c3, c5, errors, slot, seen, effect)
     }};
 }
 
@@ -192,14 +220,7 @@ each_flavour_within! {
     // was running, not dirty), returned c5's old value and linked c3 to
     // c5: a loop of links that the next write's walk followed for ever.
     fn a_cycle_closed_on_a_revalidation_walk_is_reported_as_on_the_first_run(cx) {
-        let s = cx.signal(0i64);
-        let c4 = cx.computed({ let s = s.clone(); move || s.get() });
-        let (c3, c5, errors, slot) = caught_cycle!(cx, c4);
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let _effect = cx.effect({
-            let (c5, seen) = (c5.clone(), seen.clone());
-            move || seen.lock().unwrap().push(c5.try_get().ok())
-        });
+        let (s, c3, c5, errors, slot, seen, _effect) = watched_cycle!(cx);
         let links = cx.link_count();
         for v in 1..=4 {
             s.set(v);
@@ -277,19 +298,7 @@ each_flavour_within! {
     // x = s, z = s + 1 and y = s + 2.
     fn a_walk_inside_another_meets_the_outer_walk_as_a_cycle(cx) {
         let s = cx.signal(0i64);
-        let slot: Arc<Mutex<Option<egress_reactive::Computed<i64, _>>>> = Arc::new(Mutex::new(None));
-        let errors = Arc::new(Mutex::new(Vec::new()));
-        let r = cx.computed({
-            let (slot, errors, s) = (slot.clone(), errors.clone(), s.clone());
-            move || {
-                let y = slot.lock().unwrap().clone().unwrap();
-                let read = y.try_with(|v| *v);
-                if let Err(e) = &read {
-                    errors.lock().unwrap().push(e.clone());
-                }
-                read.unwrap_or(-1) + s.get()
-            }
-        });
+        let (r, slot, errors) = catcher!(cx, s);
         let x = cx.computed({ let r = r.clone(); move || r.get() + 1 });
         let z = cx.computed({ let x = x.clone(); move || x.get() + 1 });
         let y = cx.computed({ let z = z.clone(); move || z.get() + 1 });
@@ -354,14 +363,7 @@ each_flavour_within! {
     // into a computed it stands on) and runs c3, the computed it started
     // from, as a first read would: c3 meets the cycle in its read of c5.
     fn a_walk_ends_on_a_loop_of_links(cx) {
-        let s = cx.signal(0i64);
-        let c4 = cx.computed({ let s = s.clone(); move || s.get() });
-        let (c3, c5, _errors, slot) = caught_cycle!(cx, c4);
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let _effect = cx.effect({
-            let (c5, seen) = (c5.clone(), seen.clone());
-            move || seen.lock().unwrap().push(c5.try_get().ok())
-        });
+        let (s, c3, c5, _errors, slot, seen, _effect) = watched_cycle!(cx);
         for v in 1..=4i64 {
             // Read first in the batch, c3 runs c5 (pending, off any walk),
             // whose run fails on the cycle: c3 is linked to c5 from then on.

@@ -202,3 +202,46 @@ fn a_nested_entry_neither_takes_nor_releases_the_graph() {
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "a thread got into the graph while another was inside");
     assert!(entries.load(Ordering::SeqCst) > 0);
 }
+
+/// A panic in user code, deep in a thread's nested entries, unwinds out of
+/// its outermost one and releases the graph: another thread then enters
+/// (it does not wait for ever), and the panicking thread's writes made
+/// before the panic are kept, the batch's settled.
+#[test]
+fn a_panic_out_of_nested_entries_releases_the_graph() {
+    use std::sync::mpsc::channel;
+    use std::time::Duration;
+    let cx = ThreadSafeContext::new();
+    let s = cx.signal(0u64);
+    let panicker = std::thread::spawn({
+        let (h, s) = (cx.handle(), s.clone());
+        move || {
+            h.batch(|| {
+                s.set(1);
+                h.batch(|| {
+                    let _ = s.get();
+                    panic!("user code panics two entries deep");
+                })
+            })
+        }
+    });
+    assert!(panicker.join().is_err(), "the panic reached the thread's top");
+    let (done, entered) = channel();
+    std::thread::spawn({
+        let (h, s) = (cx.handle(), s.clone());
+        move || {
+            let v = h.batch(|| {
+                s.set(s.get() + 1);
+                s.get()
+            });
+            let _ = done.send(v);
+        }
+    });
+    let Ok(v) = entered.recv_timeout(Duration::from_secs(20)) else {
+        // The graph stays held: dropping the handles would wait on it too.
+        std::mem::forget((cx, s));
+        panic!("no other thread entered the graph within 20 s of the panic");
+    };
+    assert_eq!(v, 2, "the panicking batch's write settled, then this one's");
+    assert_eq!(s.get(), 2);
+}
