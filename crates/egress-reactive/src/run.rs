@@ -608,6 +608,25 @@ impl<'a, F: Flavor> Marker<'a, F> {
         }
     }
 
+    /// Whether marking trigger `key` now queues, first, a synchronous effect
+    /// that the flush ending this marking then runs before anything else:
+    /// no batch, run or flush is under way (the queue is empty), and the
+    /// trigger's first subscriber is a synchronous effect that is not
+    /// dirty or queued already.
+    #[inline(always)]
+    pub(crate) fn runs_first(&self, key: Key) -> bool {
+        let g = &*self.g;
+        if self.batching || g.flushing || !g.alive(key) {
+            return false;
+        }
+        let head = g.node(key.index).subs_head;
+        if head == NONE {
+            return false;
+        }
+        let flags = g.node(g.links[head as usize].sub).flags;
+        flags & (EFFECT | ASYNC | DIRTY | PENDING | QUEUED) == EFFECT
+    }
+
     /// Ends the marking: runs the effects it queued, unless a batch (or a
     /// run, or a flush under way) is to run them.
     #[inline(always)]

@@ -394,6 +394,39 @@ each_flavour! {
         assert_eq!(wire.sent().last(), Some(&(1, 11, 1)));
     }
 
+    fn an_enqueue_and_the_pass_it_runs_at_once_are_one_write(cx) {
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(2), options(&clock));
+        let wire = Wire::default();
+        let link = cell.attach(wire.clone());
+        let c = counters!(cx, cell: pending, inflight, pending_len, inflight_len, window_room);
+        let _ = fired(&c);
+        // Queued and claimed in one write: the pending count went 0, 1, 0
+        // and notifies nobody; what the claim changed is notified once.
+        cell.enqueue(1);
+        assert_eq!(wire.sequences(), [0]);
+        assert_eq!(fired(&c), ["pending", "inflight", "inflight_len", "window_room"]);
+        assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.window_room().get()), (0, 1, 1));
+        cell.enqueue(2);
+        assert_eq!(fired(&c), ["pending", "inflight", "inflight_len", "window_room"]);
+        // Into a full window: no pass, the enqueue is notified alone.
+        cell.enqueue(3);
+        assert_eq!(fired(&c), ["pending", "pending_len"]);
+        // An ack that reopens the window runs a pass as it always did.
+        link.ack(Sequence(0));
+        assert_eq!(wire.sequences(), [0, 1, 2]);
+        assert_eq!(fired(&c), ["pending", "inflight", "pending_len"]);
+        assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.window_room().get()), (0, 2, 0));
+        // With the attachment gone, a wake runs no pass: the enqueue is
+        // notified alone.
+        drop(link);
+        let _ = cell.reconnect(Generation(2));
+        let _ = fired(&c);
+        cell.enqueue(4);
+        assert_eq!(fired(&c), ["pending", "pending_len"]);
+        assert_eq!(cell.pending_len().get(), 3);
+    }
+
     fn send_failures_become_fails_with_their_kind_and_the_clock(cx) {
         let clock = ManualClock::new();
         clock.set(Time(1_000));

@@ -27,6 +27,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         let at = Location::caller();
         let inner = self.shared.inner.clone();
         let generation = self.with_core(EgressCore::generation);
+        inner.note_sync_attachment();
         let run = AttachRun { inner, transport, generation };
         let handle = &self.shared.inner.handle;
         let node = self.attach_with(generation, || handle.make_effect(run, at));

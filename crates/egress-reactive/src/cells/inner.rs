@@ -26,6 +26,15 @@ use crate::run;
 pub struct State<T> {
     pub(super) core: EgressCore<T>,
     pub(super) rng: u64,
+    /// What a caller's transition changed whose readers it left to the
+    /// sending pass it started (see [`Inner::apply`]): notified when that
+    /// pass ends (an attachment's run marks it with its own changes), or
+    /// by the transition itself if the pass did not take it.
+    pub(super) deferred: Changes,
+    /// Whether a synchronous attachment was ever made: only then may a
+    /// wake run a pass at once, and [`Inner::apply`] look for one (an
+    /// async cell's attachments are scheduled, never run by the wake).
+    pub(super) sync_attached: bool,
 }
 
 impl<T> State<T> {
@@ -204,6 +213,14 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// exactly the readers of the projections it changed (and wakes the
     /// attachments if a caller's transition made a claim possible), as one
     /// write. `op` must not call into the cell.
+    ///
+    /// A wake that runs a synchronous attachment at once (no batch, run or
+    /// flush under way: its pass is the first thing the write runs) makes
+    /// the transition and the pass one write: the readers are notified once,
+    /// when the pass ends, of what both changed, and a count the pass
+    /// brings back where it was (the pending count of an enqueue sent at
+    /// once) notifies nobody. Whatever the pass did not notify (it did not
+    /// run) is notified before this returns.
     pub(crate) fn apply<R>(&self, by: By, op: impl FnOnce(&mut State<T>) -> (R, Changes)) -> R {
         self.transition(by, true, op)
     }
@@ -215,15 +232,21 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     fn transition<R>(&self, by: By, flush: bool, op: impl FnOnce(&mut State<T>) -> (R, Changes)) -> R {
         self.handle.enter(|cell| {
             let entered = Entered::by(cell);
-            let (outcome, marked) = self.state.with_mut(&entered, |s| {
+            let (outcome, marked, deferred) = self.state.with_mut(&entered, |s| {
                 let (outcome, changes) = op(s);
                 if changes.is_empty() {
-                    return (outcome, None);
+                    return (outcome, None, false);
                 }
                 let wake = by == By::Caller && s.core.can_claim();
                 let mut marker = run::Marker::new(cell);
-                self.keys(&entered, &s.core, changes, wake, &mut marker);
-                (outcome, Some(marker))
+                let deferred = flush && wake && s.sync_attached && marker.runs_first(self.wake);
+                if deferred {
+                    s.deferred = s.deferred.union(changes);
+                    marker.mark(self.wake);
+                } else {
+                    self.keys(&entered, &s.core, changes, wake, &mut marker);
+                }
+                (outcome, Some(marker), deferred)
             });
             // The effects run once the core is released: they read it.
             if flush
@@ -232,8 +255,32 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             {
                 panic!("{e}");
             }
+            if deferred {
+                self.notify_deferred(cell);
+            }
             outcome
         })
+    }
+
+    /// Notifies what a pass that [`apply`](Self::apply) expected to run
+    /// left deferred, having not run (an attachment whose effect did not
+    /// run, or ran without marking), and runs the effects that queues.
+    #[inline(never)]
+    fn notify_deferred(&self, cell: &run::Cell<F>) {
+        let entered = Entered::by(cell);
+        let left = self.state.with_mut(&entered, |s| {
+            (!s.deferred.is_empty()).then(|| {
+                let changes = std::mem::take(&mut s.deferred);
+                let mut marker = run::Marker::new(cell);
+                self.keys(&entered, &s.core, changes, false, &mut marker);
+                marker
+            })
+        });
+        if let Some(marker) = left
+            && let Err(e) = marker.flush()
+        {
+            panic!("{e}");
+        }
     }
 
     /// Runs the effects that transitions left queued (see
@@ -319,16 +366,25 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         })
     }
 
-    /// Marks the readers of `changes` dirty without running effects: for an
+    /// Marks the readers of `changes` (and of what is
+    /// [deferred](State::deferred)) dirty without running effects: for an
     /// attachment's run, whose flush runs them when the run ends.
     pub(super) fn mark(&self, changes: Changes) {
-        if changes.is_empty() {
-            return;
-        }
         self.handle.enter(|cell| {
             let entered = Entered::by(cell);
-            self.state.with(&entered, |s| self.keys(&entered, &s.core, changes, false, &mut run::Marker::new(cell)));
+            self.state.with_mut(&entered, |s| {
+                let changes = changes.union(std::mem::take(&mut s.deferred));
+                if !changes.is_empty() {
+                    self.keys(&entered, &s.core, changes, false, &mut run::Marker::new(cell));
+                }
+            });
         });
+    }
+
+    /// Notes that a synchronous attachment is being made (see
+    /// [`State::sync_attached`]).
+    pub(super) fn note_sync_attachment(&self) {
+        self.handle.enter(|cell| self.state.with_mut(&Entered::by(cell), |s| s.sync_attached = true));
     }
 
     /// Reads the core, untracked.
@@ -541,7 +597,12 @@ mod tests {
     fn the_jitter_generator_is_splitmix64() {
         // Reference values computed apart (splitmix64 from state 0: the
         // high halves of 0xe220a8397b1dcdaf, 0x6e789e6a53e4a4a0, …).
-        let mut s = State { core: EgressCore::<()>::new(Policy::default()), rng: 0 };
+        let mut s = State {
+            core: EgressCore::<()>::new(Policy::default()),
+            rng: 0,
+            deferred: egress_core::Changes::NONE,
+            sync_attached: false,
+        };
         let drawn: Vec<JitterSample> = (0..4).map(|_| s.jitter()).collect();
         let expected: Vec<JitterSample> =
             [0xe220_a839, 0x6e78_9e6a, 0x06c4_5d18, 0xf88b_b8a8].into_iter().map(JitterSample::from_u32).collect();
