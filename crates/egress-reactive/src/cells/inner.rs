@@ -27,9 +27,8 @@ pub struct State<T> {
     pub(super) core: EgressCore<T>,
     pub(super) rng: u64,
     /// What a caller's transition changed whose readers it left to the
-    /// sending pass it started (see [`Inner::apply`]): notified when that
-    /// pass ends (an attachment's run marks it with its own changes), or
-    /// by the transition itself if the pass did not take it.
+    /// sending pass it runs at once (see [`Inner::apply`]): notified when
+    /// that pass ends (an attachment's run marks it with its own changes).
     pub(super) deferred: Changes,
     /// Whether a synchronous attachment was ever made: only then may a
     /// wake run a pass at once, and [`Inner::apply`] look for one (an
@@ -219,8 +218,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// the transition and the pass one write: the readers are notified once,
     /// when the pass ends, of what both changed, and a count the pass
     /// brings back where it was (the pending count of an enqueue sent at
-    /// once) notifies nobody. Whatever the pass did not notify (it did not
-    /// run) is notified before this returns.
+    /// once) notifies nobody.
     pub(crate) fn apply<R>(&self, by: By, op: impl FnOnce(&mut State<T>) -> (R, Changes)) -> R {
         self.transition(by, true, op)
     }
@@ -255,32 +253,16 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             {
                 panic!("{e}");
             }
-            if deferred {
-                self.notify_deferred(cell);
-            }
+            // The pass ran first in the flush (`runs_first`): the wake's
+            // first subscriber is a synchronous effect, and only an
+            // attachment's run tracks the wake; its run ends by marking
+            // what was deferred (`Marks`), whether it returns or unwinds.
+            debug_assert!(
+                !deferred || self.state.with(&entered, |s| s.deferred.is_empty()),
+                "a deferred notification outlived the pass it was left to"
+            );
             outcome
         })
-    }
-
-    /// Notifies what a pass that [`apply`](Self::apply) expected to run
-    /// left deferred, having not run (an attachment whose effect did not
-    /// run, or ran without marking), and runs the effects that queues.
-    #[inline(never)]
-    fn notify_deferred(&self, cell: &run::Cell<F>) {
-        let entered = Entered::by(cell);
-        let left = self.state.with_mut(&entered, |s| {
-            (!s.deferred.is_empty()).then(|| {
-                let changes = std::mem::take(&mut s.deferred);
-                let mut marker = run::Marker::new(cell);
-                self.keys(&entered, &s.core, changes, false, &mut marker);
-                marker
-            })
-        });
-        if let Some(marker) = left
-            && let Err(e) = marker.flush()
-        {
-            panic!("{e}");
-        }
     }
 
     /// Runs the effects that transitions left queued (see

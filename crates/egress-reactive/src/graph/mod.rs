@@ -283,26 +283,24 @@ pub(crate) struct Pool<F: Flavor> {
 impl<F: Flavor> Graph<F> {
     #[track_caller]
     pub(crate) fn new() -> Self {
-        const START_NODES: usize = 64;
-        const START_QUEUE: usize = 16;
         let mut graph = Graph {
-            nodes: Vec::with_capacity(START_NODES),
-            sites: Vec::with_capacity(START_NODES),
-            free_nodes: Vec::with_capacity(START_NODES),
-            links: Vec::with_capacity(START_NODES),
+            nodes: Vec::new(),
+            sites: Vec::new(),
+            free_nodes: Vec::new(),
+            links: Vec::new(),
             free_link: NONE,
             live_links: 0,
             active: NONE,
             owner: NONE,
             batch_depth: 0,
             flushing: false,
-            queue: Vec::with_capacity(START_QUEUE),
-            writes: Vec::with_capacity(START_QUEUE),
+            queue: Vec::new(),
+            writes: Vec::new(),
             cleanups: HashMap::new(),
             depth: 0,
             walk_stack: Vec::new(),
             unwatched: Vec::new(),
-            propagate_stack: Vec::with_capacity(START_QUEUE),
+            propagate_stack: Vec::new(),
             root: NONE,
             cycle: None,
             pools: Vec::new(),
