@@ -608,23 +608,20 @@ impl<'a, F: Flavor> Marker<'a, F> {
         }
     }
 
-    /// Whether marking trigger `key` now queues, first, a synchronous effect
-    /// that the flush ending this marking then runs before anything else:
-    /// no batch, run or flush is under way (the queue is empty), and the
-    /// trigger's first subscriber is a synchronous effect that is not
-    /// dirty or queued already.
+    /// Whether nothing is queued and nothing defers what this marking
+    /// queues: no batch or run is under way (then the flush that ends the
+    /// marking runs what it queued), and the queue is empty (a flush under
+    /// way never empties it before it ends).
     #[inline(always)]
-    pub(crate) fn runs_first(&self, key: Key) -> bool {
-        let g = &*self.g;
-        if self.batching || g.flushing || !g.alive(key) {
-            return false;
-        }
-        let head = g.node(key.index).subs_head;
-        if head == NONE {
-            return false;
-        }
-        let flags = g.node(g.links[head as usize].sub).flags;
-        flags & (EFFECT | ASYNC | DIRTY | PENDING | QUEUED) == EFFECT
+    pub(crate) fn idle(&self) -> bool {
+        !self.batching && self.g.queue.is_empty()
+    }
+
+    /// Whether the first effect queued is synchronous: the flush that ends
+    /// an [idle](Self::idle) marking runs it before anything else.
+    #[inline(always)]
+    pub(crate) fn first_queued_is_sync(&self) -> bool {
+        self.g.queue.first().is_some_and(|k| self.g.node(k.index).flags & ASYNC == 0)
     }
 
     /// Ends the marking: runs the effects it queued, unless a batch (or a

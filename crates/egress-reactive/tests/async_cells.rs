@@ -41,6 +41,17 @@ impl AsyncTransport<u32> for Channel {
     }
 }
 
+/// A synchronous transport that records the sequences it sends.
+#[derive(Clone, Default)]
+struct Sink(Arc<std::sync::Mutex<Vec<u64>>>);
+
+impl egress_reactive::Transport<u32> for Sink {
+    fn send(&mut self, envelope: Envelope<u32>) -> Result<(), SendError> {
+        self.0.lock().expect("sink").push(envelope.sequence.0);
+        Ok(())
+    }
+}
+
 fn policy(window: usize) -> Policy {
     Policy::builder()
         .inflight_limit(window)
@@ -764,4 +775,27 @@ async fn another_thread_reading_during_an_async_send_sees_its_claim() {
     assert!(first >= 1, "{seen:?}");
     assert_eq!(second, (2, 1), "{seen:?}");
     release.add_permits(1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_that_only_schedules_an_async_pass_notifies_its_transition_at_once() {
+    // The cell had a synchronous attachment once; the wake now schedules
+    // an async pass, which runs later: the enqueue is notified at once.
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy(4));
+    let sink = Sink::default();
+    drop((*cell).attach(sink.clone()));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _link = cell.attach(Channel::new(tx));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _screen = cx.effect({
+        let (count, seen) = (cell.pending_len().clone(), seen.clone());
+        move || seen.lock().expect("seen").push(count.get())
+    });
+    cell.enqueue(7);
+    assert_eq!(cell.pending_len().get(), 1);
+    assert_eq!(*seen.lock().expect("seen"), [0, 1]);
+    assert_eq!(drain(&mut rx).await, [(0, 1)]);
+    assert_eq!(*seen.lock().expect("seen"), [0, 1, 0]);
+    assert!(sink.0.lock().expect("sink").is_empty(), "the dropped attachment sent nothing");
 }

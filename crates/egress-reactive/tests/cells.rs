@@ -407,8 +407,12 @@ each_flavour! {
         assert_eq!(wire.sequences(), [0]);
         assert_eq!(fired(&c), ["pending", "inflight", "inflight_len", "window_room"]);
         assert_eq!((cell.pending_len().get(), cell.inflight_len().get(), cell.window_room().get()), (0, 1, 1));
-        cell.enqueue(2);
-        assert_eq!(fired(&c), ["pending", "inflight", "inflight_len", "window_room"]);
+        // Inside a batch the pass runs when the batch ends, after the
+        // batch's writes are notified: the pending count's readers see 1,
+        // then 0.
+        cx.batch(|| cell.enqueue(2));
+        assert_eq!(wire.sequences(), [0, 1]);
+        assert_eq!(fired(&c), ["pending", "inflight", "pending_len", "inflight_len", "window_room"]);
         // Into a full window: no pass, the enqueue is notified alone.
         cell.enqueue(3);
         assert_eq!(fired(&c), ["pending", "pending_len"]);
@@ -425,6 +429,43 @@ each_flavour! {
         cell.enqueue(4);
         assert_eq!(fired(&c), ["pending", "pending_len"]);
         assert_eq!(cell.pending_len().get(), 3);
+    }
+
+    fn an_enqueue_from_user_code_a_flush_runs_is_notified_at_once(cx) {
+        // A signal's equality runs when a write made inside an effect
+        // settles, in the flush that ran the effect, outside any run: an
+        // enqueue from there finds the flush's queue in use, and its pass
+        // queued behind what is there.
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(4), options(&clock));
+        let wire = Wire::default();
+        let _link = cell.attach(wire.clone());
+        let c = counters!(cx, cell: pending_len, inflight_len);
+        let _ = fired(&c);
+        let same = cx.signal_with(0u32, {
+            let cell = cell.clone();
+            move |a: &u32, b: &u32| {
+                cell.enqueue(*b);
+                a == b
+            }
+        });
+        let go = cx.signal(0u32);
+        let _writer = cx.effect({
+            let (go, same) = (go.clone(), same.clone());
+            move || {
+                let v = go.get();
+                if v > 0 {
+                    same.set(v);
+                }
+            }
+        });
+        // The equality runs twice: at the write, inside the effect's run,
+        // and when the write settles, in the flush.
+        go.set(7);
+        assert_eq!(wire.sent(), [(1, 0, 1), (1, 1, 1)]);
+        assert_eq!((cell.pending_len().get(), cell.inflight_len().get()), (0, 2));
+        // The enqueues queued the count's readers, then the pass ran.
+        assert_eq!(fired(&c), ["pending_len", "inflight_len"]);
     }
 
     fn send_failures_become_fails_with_their_kind_and_the_clock(cx) {
@@ -636,6 +677,8 @@ each_flavour! {
         // with a subscriber, take their slots. A transition of the disposed
         // cell reaches none of them.
         let cell: EgressCellOf<u32, _> = EgressCellOf::new(&cx.handle(), policy(2));
+        // An attachment too: the wake the transitions mark is freed.
+        let _link = cell.attach(Wire::default());
         let freed = cx.node_count();
         cell.dispose();
         let freed = freed - cx.node_count();

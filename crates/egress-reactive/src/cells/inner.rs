@@ -237,13 +237,12 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
                 }
                 let wake = by == By::Caller && s.core.can_claim();
                 let mut marker = run::Marker::new(cell);
-                let deferred = flush && wake && s.sync_attached && marker.runs_first(self.wake);
-                if deferred {
-                    s.deferred = s.deferred.union(changes);
-                    marker.mark(self.wake);
+                let deferred = if flush && wake && s.sync_attached {
+                    self.wake_first(&entered, s, changes, &mut marker)
                 } else {
                     self.keys(&entered, &s.core, changes, wake, &mut marker);
-                }
+                    false
+                };
                 (outcome, Some(marker), deferred)
             });
             // The effects run once the core is released: they read it.
@@ -253,16 +252,43 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             {
                 panic!("{e}");
             }
-            // The pass ran first in the flush (`runs_first`): the wake's
-            // first subscriber is a synchronous effect, and only an
-            // attachment's run tracks the wake; its run ends by marking
-            // what was deferred (`Marks`), whether it returns or unwinds.
+            // The pass ran first in the flush (`wake_first`), and an
+            // attachment's run ends by marking what was deferred (`Marks`),
+            // whether it returns or unwinds.
             debug_assert!(
                 !deferred || self.state.with(&entered, |s| s.deferred.is_empty()),
                 "a deferred notification outlived the pass it was left to"
             );
             outcome
         })
+    }
+
+    /// [`keys`](Self::keys) for a transition that wakes the attachments of
+    /// a cell that has had a synchronous one: marks the wake, then leaves
+    /// `changes` to the pass it runs at once, if it does (see
+    /// [`apply`](Self::apply)), or marks their readers. Returns whether it
+    /// left them. Out of line: the transitions that wake no attachment
+    /// stay small.
+    #[inline(never)]
+    fn wake_first(
+        &self,
+        entered: &Entered,
+        s: &mut State<T>,
+        changes: Changes,
+        marker: &mut run::Marker<'_, F>,
+    ) -> bool {
+        let idle = marker.idle();
+        marker.mark(self.wake);
+        // Only the wake's subscribers are queued, in subscription order,
+        // and they are attachments: the first one queued, if synchronous,
+        // is the pass that runs first, and its run ends by marking what is
+        // deferred (`Marks`).
+        if idle && marker.first_queued_is_sync() {
+            s.deferred = s.deferred.union(changes);
+            return true;
+        }
+        self.keys(entered, &s.core, changes, false, marker);
+        false
     }
 
     /// Runs the effects that transitions left queued (see
