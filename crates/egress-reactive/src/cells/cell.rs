@@ -75,6 +75,10 @@ pub(super) struct Shared<T: 'static, F: Flavor> {
     pub(super) statuses: parking_lot::Mutex<Statuses<F>>,
 }
 
+/// How many nodes a cell makes: its scope, a trigger per projection and the
+/// wake, the counts, the readers (a unit test counts them).
+const CELL_NODES: usize = 29;
+
 /// An egress cell on a graph of flavour `F`: delivery state as signals.
 /// Use it as [`EgressCell`] (on [`Context`](crate::Context)),
 /// [`ThreadSafeEgressCell`] (on [`ThreadSafeContext`](crate::ThreadSafeContext))
@@ -231,6 +235,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         at: &'static Location<'static>,
     ) -> Self {
         let (incarnation, seed) = options.identity();
+        cx.reserve_nodes(CELL_NODES);
         let (scope, (inner, readers)) = cx.scope(|| {
             let triggers = Projection::ALL.map(|_| cx.trigger(at));
             let counts = [PENDING_LEN, INFLIGHT_LEN, WINDOW_ROOM, PARKED_LEN, EXHAUSTED_LEN, UNPERSISTED_LEN]
@@ -605,5 +610,37 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             let t = s.core.rebase(appended);
             (t.outcome, t.changes)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use egress_core::Policy;
+
+    use super::{CELL_NODES, EgressCellOf};
+    use crate::Context;
+
+    #[test]
+    fn a_cell_makes_the_nodes_it_reserves_room_for_in_one_growth() {
+        let cx = Context::new();
+        let h = cx.handle();
+        // Two free slots, which the reservation counts as room.
+        let (a, b) = (cx.signal(0), cx.signal(1));
+        a.dispose();
+        b.dispose();
+        let arena = || {
+            h.enter(|cell| {
+                let g = cell.borrow();
+                (g.nodes.len(), g.nodes.capacity())
+            })
+        };
+        let (len, _) = arena();
+        let before = cx.node_count();
+        let cell: EgressCellOf<u64, _> = EgressCellOf::new(&h, Policy::default());
+        assert_eq!(cx.node_count() - before, CELL_NODES, "the count the cell reserves for");
+        // The arena grew once, to exactly what the free slots left to make.
+        let made = len + CELL_NODES - 2;
+        assert_eq!(arena(), (made, made));
+        drop(cell);
     }
 }

@@ -9,7 +9,7 @@ use egress_core::{
 };
 
 use super::cell::{CellFlavor, EgressCellOf};
-use super::inner::{EXHAUSTED_LEN, INFLIGHT_LEN, Inner, PARKED_LEN, PENDING_LEN, UNPERSISTED_LEN, WINDOW_ROOM};
+use super::inner::{EXHAUSTED_LEN, INFLIGHT_LEN, Inner, PARKED_LEN, PENDING_LEN, State, UNPERSISTED_LEN, WINDOW_ROOM};
 use crate::computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never};
 use crate::context::Handle;
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};
@@ -36,10 +36,12 @@ pub struct ParkedRecord<T> {
 }
 
 /// What a reader computes: one projection of the core, after tracking the
-/// projection's trigger.
+/// projection's trigger. It keeps the graph and the core, not the whole
+/// [`Inner`] (the counts and the clock are not its to hold).
 #[doc(hidden)]
 pub struct Project<T: 'static, Pr, F: Flavor> {
-    pub(super) inner: Inner<T, F>,
+    pub(super) handle: Handle<F>,
+    pub(super) state: F::Ptr<F::Cell<State<T>>>,
     pub(super) trigger: Key,
     pub(super) project: Pr,
 }
@@ -77,11 +79,10 @@ impl<T: Clone + 'static, F: Flavor> Projector<T, F> for PendingList<T, F> {
 
 impl<T: 'static, Pr: Projector<T, F>, F: Flavor> Compute<Pr::Out> for Project<T, Pr, F> {
     fn compute(&self) -> Pr::Out {
-        let inner = &self.inner;
-        inner.handle.enter(|cell| {
+        self.handle.enter(|cell| {
             Handle::track(cell, self.trigger);
             let entered = Entered::by(cell);
-            inner.state.with(&entered, |s| self.project.project(&s.core, &entered))
+            self.state.with(&entered, |s| self.project.project(&s.core, &entered))
         })
     }
 }
@@ -401,7 +402,8 @@ where
     F: Holds<PendingReader<T, F>>,
 {
     let f = Project {
-        inner: inner.clone(),
+        handle: inner.handle.clone(),
+        state: inner.state.clone(),
         trigger: inner.triggers[Projection::Pending as usize],
         project: PendingList(ValueCell::new(FreshCopies::default())),
     };
@@ -418,6 +420,11 @@ pub(super) fn reader<T: Clone + 'static, P: 'static, E: Cutoff<P>, F>(
 where
     F: Holds<Reader<T, P, E, F>>,
 {
-    let f = Project { inner: inner.clone(), trigger: inner.triggers[projection as usize], project };
+    let f = Project {
+        handle: inner.handle.clone(),
+        state: inner.state.clone(),
+        trigger: inner.triggers[projection as usize],
+        project,
+    };
     inner.handle.make_computed(cutoff, f, at)
 }

@@ -317,6 +317,15 @@ impl<F: Flavor> Graph<F> {
         graph
     }
 
+    /// Makes room for `n` more nodes than the free slots hold, in one
+    /// growth of the arena rather than a doubling per power of two: for a
+    /// caller that creates a known number at once (an egress cell's).
+    pub(crate) fn reserve(&mut self, n: usize) {
+        let fresh = n.saturating_sub(self.free_nodes.len());
+        self.nodes.reserve(fresh);
+        self.sites.reserve(fresh);
+    }
+
     /// Creates a node owned by the current owner.
     #[inline(always)]
     pub(crate) fn alloc(
