@@ -464,7 +464,13 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
 /// panics (a signal's own, or `PartialEq`) counts as a difference: that
 /// write propagates, and every one after it settles as usual ([`Settling`]),
 /// before the panic goes on.
+///
+/// The settlement counts as a batch: what the user code it runs (an
+/// equality) writes joins it, at the list's end, and what that code's
+/// transitions mark waits for the flush after it, so that no settlement
+/// starts inside another (which would settle the write being compared).
 pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
+    cell.borrow_mut().batch_depth += 1;
     let mut settling = Settling { cell, next: 0, armed: true };
     settle_from(cell, &mut settling.next);
     settling.armed = false;
@@ -526,6 +532,7 @@ impl<F: Flavor> Drop for Settling<'_, F> {
         if self.armed {
             self.unwound();
         }
+        self.cell.borrow_mut().batch_depth -= 1;
     }
 }
 
@@ -609,19 +616,26 @@ impl<'a, F: Flavor> Marker<'a, F> {
     }
 
     /// Whether nothing is queued and nothing defers what this marking
-    /// queues: no batch or run is under way (then the flush that ends the
-    /// marking runs what it queued), and the queue is empty (a flush under
-    /// way never empties it before it ends).
+    /// queues: no batch, run or settlement is under way (then nothing is
+    /// waiting to settle either, and the flush that ends the marking runs
+    /// what it queued, first), and the queue is empty (a flush under way
+    /// never empties it before it ends).
     #[inline(always)]
     pub(crate) fn idle(&self) -> bool {
         !self.batching && self.g.queue.is_empty()
     }
 
-    /// Whether the first effect queued is synchronous: the flush that ends
-    /// an [idle](Self::idle) marking runs it before anything else.
+    /// Whether the first effect queued runs its own code as soon as the
+    /// flush reaches it: synchronous, and with no cleanups to run and no
+    /// children to dispose first (user code that may dispose it, or
+    /// panic, before it runs). The flush that ends an [idle](Self::idle)
+    /// marking runs it before anything else.
     #[inline(always)]
-    pub(crate) fn first_queued_is_sync(&self) -> bool {
-        self.g.queue.first().is_some_and(|k| self.g.node(k.index).flags & ASYNC == 0)
+    pub(crate) fn first_queued_runs_at_once(&self) -> bool {
+        self.g.queue.first().is_some_and(|k| {
+            let node = self.g.node(k.index);
+            node.flags & (ASYNC | HAS_CLEANUP) == 0 && node.last_child == NONE
+        })
     }
 
     /// Ends the marking: runs the effects it queued, unless a batch (or a

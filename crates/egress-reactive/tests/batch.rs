@@ -98,6 +98,33 @@ each_flavour! {
         assert_eq!(double.get(), 12);
     }
 
+    fn an_equality_that_writes_as_a_batch_ends_joins_the_settlement(cx) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        // x's equality writes z when the batch's end compares x: the write
+        // joins the settlement (it settles after x's, and z's effect runs
+        // once, in the flush after it) rather than starting a settlement
+        // of its own, which would compare x again while x is compared.
+        let z = cx.signal(0u32);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let x = cx.signal_with(0u32, {
+            let (z, calls) = (z.clone(), calls.clone());
+            move |a: &u32, b: &u32| {
+                // The first call is the write's, inside the batch; the
+                // second, the settlement's.
+                if calls.fetch_add(1, Ordering::SeqCst) == 1 {
+                    z.set(*b + 100);
+                }
+                a == b
+            }
+        });
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        cx.effect({ let (x, z, seen) = (x.clone(), z.clone(), seen.clone()); move || seen.lock().unwrap().push((x.get(), z.get())) });
+        cx.batch(|| x.set(1));
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "compared at the write and at the settlement only");
+        assert_eq!(*seen.lock().unwrap(), [(0, 0), (1, 101)], "one run, after both writes");
+    }
+
     fn an_equality_that_panics_as_a_batch_ends_lets_that_write_and_the_later_ones_through(cx) {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         use std::sync::Arc;

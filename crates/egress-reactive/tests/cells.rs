@@ -468,6 +468,35 @@ each_flavour! {
         assert_eq!(fired(&c), ["pending_len", "inflight_len"]);
     }
 
+    fn an_enqueue_from_a_batchs_settlement_is_notified_at_once(cx) {
+        // A batch's end settles its writes, running a signal's equality
+        // outside any batch, run or flush, with the writes still to settle:
+        // an enqueue from there is notified on its own, before its pass.
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(4), options(&clock));
+        let wire = Wire::default();
+        let _link = cell.attach(wire.clone());
+        let c = counters!(cx, cell: pending_len, inflight_len);
+        let _ = fired(&c);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let same = cx.signal_with(0u32, {
+            let (cell, calls) = (cell.clone(), calls.clone());
+            move |a: &u32, b: &u32| {
+                // The first call is the write's, inside the batch; the
+                // second, the settlement's.
+                if calls.fetch_add(1, AtomicOrdering::SeqCst) == 1 {
+                    cell.enqueue(*b);
+                }
+                a == b
+            }
+        });
+        cx.batch(|| same.set(7));
+        assert!(calls.load(AtomicOrdering::SeqCst) >= 2);
+        assert_eq!(wire.sent(), [(1, 0, 1)]);
+        assert_eq!((cell.pending_len().get(), cell.inflight_len().get()), (0, 1));
+        assert_eq!(fired(&c), ["pending_len", "inflight_len"]);
+    }
+
     fn send_failures_become_fails_with_their_kind_and_the_clock(cx) {
         let clock = ManualClock::new();
         clock.set(Time(1_000));
@@ -949,4 +978,108 @@ fn producers_on_eight_threads_lose_nothing() {
     let mut expected: Vec<u32> = (0..8).flat_map(|t| (0..500).map(move |i| t * 1_000 + i)).collect();
     expected.sort_unstable();
     assert_eq!(payloads, expected);
+}
+
+/// A transport that runs a closure (on `Context`, where it may hold `Rc`s).
+struct Calls(Box<dyn FnMut(Envelope<u32>) -> Result<(), SendError>>);
+
+impl Transport<u32> for Calls {
+    fn send(&mut self, envelope: Envelope<u32>) -> Result<(), SendError> {
+        (self.0)(envelope)
+    }
+}
+
+/// The counts, the lists' lengths and the room as the readers say and as
+/// the core says.
+fn readers_and_core(cell: &EgressCellOf<u32, egress_reactive::Local>) -> [(usize, usize); 6] {
+    let (p, i, r, k, x) =
+        cell.with_core(|c| (c.pending_len(), c.inflight_len(), c.window_room(), c.parked_len(), c.exhausted_len()));
+    [
+        (cell.pending_len().get(), p),
+        (cell.inflight_len().get(), i),
+        (cell.window_room().get(), r),
+        (cell.parked_len().get(), k),
+        (cell.exhausted_len().get(), x),
+        (cell.pending().get().len(), p),
+    ]
+}
+
+fn agree(pairs: [(usize, usize); 6]) -> bool {
+    pairs.iter().all(|(reader, core)| reader == core)
+}
+
+/// A send registers a cleanup that detaches the attachment, on the
+/// attachment's run or (`in_a_scope`) on a scope the run made: the next
+/// pass never runs (the cleanup disposes it as the run begins), so the
+/// enqueue that woke it must notify on its own.
+fn a_pass_whose_cleanup_detaches_the_attachment(in_a_scope: bool) {
+    let cx = egress_reactive::Context::new();
+    let h = cx.handle();
+    let clock = ManualClock::new();
+    let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&h, policy(4), options(&clock));
+    let slot = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let sent = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let scopes = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let transport = Calls(Box::new({
+        let (h, slot, sent, scopes) = (h.clone(), slot.clone(), sent.clone(), scopes.clone());
+        move |e| {
+            sent.borrow_mut().push(e.sequence.0);
+            let slot = slot.clone();
+            let detach = move || drop(slot.borrow_mut().take());
+            if in_a_scope {
+                let (scope, ()) = h.scope(|| h.on_cleanup(detach));
+                scopes.borrow_mut().push(scope);
+            } else {
+                h.on_cleanup(detach);
+            }
+            Ok(())
+        }
+    }));
+    *slot.borrow_mut() = Some(cell.attach(transport));
+    cell.enqueue(1);
+    assert!(agree(readers_and_core(&cell)), "{:?}", readers_and_core(&cell));
+    cell.enqueue(2);
+    assert_eq!(*sent.borrow(), [0], "detached before its second pass");
+    assert!(agree(readers_and_core(&cell)), "{:?}", readers_and_core(&cell));
+    assert_eq!(cell.pending_len().get(), 1);
+}
+
+#[test]
+fn a_pass_whose_cleanup_detaches_the_attachment_leaves_no_transition_unnotified() {
+    a_pass_whose_cleanup_detaches_the_attachment(false);
+}
+
+#[test]
+fn a_pass_whose_childs_cleanup_detaches_the_attachment_leaves_no_transition_unnotified() {
+    a_pass_whose_cleanup_detaches_the_attachment(true);
+}
+
+#[test]
+fn a_pass_whose_cleanup_panics_leaves_no_transition_unnotified() {
+    // The cleanup panics as the next pass begins: the pass never runs, the
+    // panic reaches the caller whose ack woke it, and the ack is notified.
+    let cx = egress_reactive::Context::new();
+    let h = cx.handle();
+    let clock = ManualClock::new();
+    let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&h, policy(1), options(&clock));
+    let armed = std::rc::Rc::new(std::cell::Cell::new(true));
+    let transport = Calls(Box::new({
+        let (h, armed) = (h.clone(), armed.clone());
+        move |_| {
+            let armed = armed.clone();
+            h.on_cleanup(move || {
+                if armed.replace(false) {
+                    panic!("a cleanup panics");
+                }
+            });
+            Ok(())
+        }
+    }));
+    let link = cell.attach(transport);
+    cell.enqueue_all([1, 2]);
+    assert!(agree(readers_and_core(&cell)), "{:?}", readers_and_core(&cell));
+    let acked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| link.ack(Sequence(0))));
+    assert!(acked.is_err(), "the cleanup's panic reaches the caller");
+    assert!(agree(readers_and_core(&cell)), "{:?}", readers_and_core(&cell));
+    assert_eq!((cell.inflight_len().get(), cell.window_room().get()), (0, 1));
 }

@@ -280,10 +280,10 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         let idle = marker.idle();
         marker.mark(self.wake);
         // Only the wake's subscribers are queued, in subscription order,
-        // and they are attachments: the first one queued, if synchronous,
-        // is the pass that runs first, and its run ends by marking what is
-        // deferred (`Marks`).
-        if idle && marker.first_queued_is_sync() {
+        // and they are attachments: the first one queued, if it runs at
+        // once, is the pass that runs first, and its run ends by marking
+        // what is deferred (`Marks`), whether it returns or unwinds.
+        if idle && marker.first_queued_runs_at_once() {
             s.deferred = s.deferred.union(changes);
             return true;
         }
