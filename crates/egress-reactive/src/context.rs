@@ -311,6 +311,10 @@ impl<F: Flavor> Handle<F> {
     /// A panic inside `f` still ends the batch (its writes are applied and
     /// effects run) before the panic continues.
     ///
+    /// Its end compares each written signal with the value it replaced (its
+    /// equality, user code): what that code writes joins the same
+    /// settlement, and the effects run once, after it.
+    ///
     /// # Panics
     /// If the effects it triggers do not settle ([`EffectLoopError`]); use
     /// [`Handle::try_batch`] to get the error instead.

@@ -179,6 +179,21 @@ fn fired(counters: &[(&'static str, Counter)]) -> Vec<&'static str> {
     names
 }
 
+/// A cell (window 4) with an attachment recording what it sends and
+/// counters on its pending and in-flight counts: `(cell, wire,
+/// attachment, counters)`.
+macro_rules! attached_and_counted {
+    ($cx:ident) => {{
+        let clock = ManualClock::new();
+        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&$cx.handle(), policy(4), options(&clock));
+        let wire = Wire::default();
+        let link = cell.attach(wire.clone());
+        let c = counters!($cx, cell: pending_len, inflight_len);
+        let _ = fired(&c);
+        (cell, wire, link, c)
+    }};
+}
+
 each_flavour! {
     fn readers_project_the_core(cx) {
         let clock = ManualClock::new();
@@ -431,40 +446,26 @@ each_flavour! {
         assert_eq!(cell.pending_len().get(), 3);
     }
 
-    fn an_enqueue_from_user_code_a_flush_runs_is_notified_at_once(cx) {
-        // A signal's equality runs when a write made inside an effect
-        // settles, in the flush that ran the effect, outside any run: an
-        // enqueue from there finds the flush's queue in use, and its pass
-        // queued behind what is there.
-        let clock = ManualClock::new();
-        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(4), options(&clock));
-        let wire = Wire::default();
-        let _link = cell.attach(wire.clone());
-        let c = counters!(cx, cell: pending_len, inflight_len);
-        let _ = fired(&c);
-        let same = cx.signal_with(0u32, {
-            let cell = cell.clone();
-            move |a: &u32, b: &u32| {
-                cell.enqueue(*b);
-                a == b
-            }
-        });
+    fn an_enqueue_from_a_cleanup_a_flush_runs_is_notified_at_once(cx) {
+        // An effect's cleanup runs in the flush that re-runs the effect,
+        // outside any batch or run, with the flush's queue in use: an
+        // enqueue from there is notified on its own, and its pass queued
+        // behind what is there.
+        let (cell, wire, _link, c) = attached_and_counted!(cx);
         let go = cx.signal(0u32);
-        let _writer = cx.effect({
-            let (go, same) = (go.clone(), same.clone());
+        let _effect = cx.effect({
+            let (go, cell, h) = (go.clone(), cell.clone(), cx.handle());
             move || {
                 let v = go.get();
-                if v > 0 {
-                    same.set(v);
-                }
+                let cell = cell.clone();
+                h.on_cleanup(move || {
+                    cell.enqueue(v);
+                });
             }
         });
-        // The equality runs twice: at the write, inside the effect's run,
-        // and when the write settles, in the flush.
-        go.set(7);
-        assert_eq!(wire.sent(), [(1, 0, 1), (1, 1, 1)]);
-        assert_eq!((cell.pending_len().get(), cell.inflight_len().get()), (0, 2));
-        // The enqueues queued the count's readers, then the pass ran.
+        go.set(1);
+        assert_eq!(wire.sent(), [(1, 0, 1)]);
+        assert_eq!((cell.pending_len().get(), cell.inflight_len().get()), (0, 1));
         assert_eq!(fired(&c), ["pending_len", "inflight_len"]);
     }
 
@@ -472,12 +473,7 @@ each_flavour! {
         // A batch's end settles its writes, running a signal's equality
         // outside any batch, run or flush, with the writes still to settle:
         // an enqueue from there is notified on its own, before its pass.
-        let clock = ManualClock::new();
-        let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&cx.handle(), policy(4), options(&clock));
-        let wire = Wire::default();
-        let _link = cell.attach(wire.clone());
-        let c = counters!(cx, cell: pending_len, inflight_len);
-        let _ = fired(&c);
+        let (cell, wire, _link, c) = attached_and_counted!(cx);
         let calls = Arc::new(AtomicUsize::new(0));
         let same = cx.signal_with(0u32, {
             let (cell, calls) = (cell.clone(), calls.clone());
