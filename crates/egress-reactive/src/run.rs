@@ -467,27 +467,30 @@ pub(crate) fn refresh<F: Flavor>(cell: &Cell<F>, index: u32) -> Result<(), Cycle
 ///
 /// The settlement counts as a batch: what the user code it runs (an
 /// equality) writes joins it, at the list's end, and what that code's
-/// transitions mark waits for the flush after it, so that no settlement
-/// starts inside another (which would settle the write being compared).
+/// transitions mark waits for the flush after it. A settlement asked for
+/// while one is under way (that code reads a computed) goes on from where
+/// it is ([`Graph::settled`](crate::graph::Graph)): it never compares a
+/// write twice, or the one being compared.
 pub(crate) fn settle<F: Flavor>(cell: &Cell<F>) {
     cell.borrow_mut().batch_depth += 1;
-    let mut settling = Settling { cell, next: 0, armed: true };
-    settle_from(cell, &mut settling.next);
+    let mut settling = Settling { cell, current: None, armed: true };
+    settle_from(cell, &mut settling.current);
     settling.armed = false;
 }
 
-/// The body of [`settle`]: settles the writes from `*next` on, then clears
-/// the list.
+/// The body of [`settle`]: settles the writes from the list's cursor on,
+/// then clears the list. `current` holds the write whose equality runs.
 #[inline(always)]
-fn settle_from<F: Flavor>(cell: &Cell<F>, next: &mut usize) {
+fn settle_from<F: Flavor>(cell: &Cell<F>, current: &mut Option<Key>) {
     loop {
         let (key, obj) = {
             let mut g = cell.borrow_mut();
-            let Some(&key) = g.writes.get(*next) else {
+            let Some(&key) = g.writes.get(g.settled) else {
                 g.writes.clear();
+                g.settled = 0;
                 return;
             };
-            *next += 1;
+            g.settled += 1;
             if !g.alive(key) {
                 continue;
             }
@@ -498,8 +501,10 @@ fn settle_from<F: Flavor>(cell: &Cell<F>, next: &mut usize) {
             (key, obj.map(|(obj, aux)| (obj, aux, if custom { own_equality(&g, key) } else { None })))
         };
         // A source without an object is a trigger: written means changed.
+        *current = Some(key);
         let changed =
             obj.is_none_or(|(obj, aux, own)| F::obj(&obj).settle(&Entered::by(cell), aux, own.as_deref().map(F::any)));
+        *current = None;
         if changed {
             cell.borrow_mut().propagate_inline(key.index);
         }
@@ -515,13 +520,13 @@ fn own_equality<F: Flavor>(g: &Graph<F>, key: Key) -> Option<F::Ptr<F::Any>> {
 }
 
 /// Ends a [`settle`] cut short by a panicking equality: the write being
-/// settled (`next - 1`, whose comparison consumed what it replaced) counts
+/// settled (`current`, whose comparison consumed what it replaced) counts
 /// as a change, and the later ones settle as usual, each equality's panic
 /// caught and dropped (the first one is on its way), so that every write
 /// forgets what it replaced and none is left marked.
 struct Settling<'a, F: Flavor> {
     cell: &'a Cell<F>,
-    next: usize,
+    current: Option<Key>,
     /// Cleared when `settle` returns (see [`Walk::armed`]).
     armed: bool,
 }
@@ -541,15 +546,13 @@ impl<F: Flavor> Settling<'_, F> {
     #[inline(never)]
     fn unwound(&mut self) {
         loop {
-            {
+            if let Some(key) = self.current.take() {
                 let mut g = self.cell.borrow_mut();
-                if let Some(&key) = self.next.checked_sub(1).and_then(|at| g.writes.get(at))
-                    && g.alive(key)
-                {
+                if g.alive(key) {
                     g.propagate(key.index);
                 }
             }
-            if catch_unwind(AssertUnwindSafe(|| settle_from(self.cell, &mut self.next))).is_ok() {
+            if catch_unwind(AssertUnwindSafe(|| settle_from(self.cell, &mut self.current))).is_ok() {
                 return;
             }
         }

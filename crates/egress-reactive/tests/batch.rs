@@ -125,6 +125,42 @@ each_flavour! {
         assert_eq!(*seen.lock().unwrap(), [(0, 0), (1, 101)], "one run, after both writes");
     }
 
+    fn an_equality_that_reads_a_computed_and_writes_as_a_batch_ends_settles_everything_once(cx) {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        // x's equality reads a computed over z (written in the same batch,
+        // not yet settled) and writes w: the read settles the rest of the
+        // batch's writes (z's) without comparing x again, the write joins
+        // the settlement, and no write is lost or left marked.
+        let z = cx.signal(0u32);
+        let zc = cx.computed({ let z = z.clone(); move || z.get() + 1 });
+        let w = cx.signal(0u32);
+        let armed = Arc::new(AtomicBool::new(false));
+        let read = Arc::new(Mutex::new(Vec::new()));
+        let x = cx.signal_with(0u32, {
+            let (zc, w, armed, read) = (zc.clone(), w.clone(), armed.clone(), read.clone());
+            move |a: &u32, b: &u32| {
+                if armed.swap(false, Ordering::SeqCst) {
+                    read.lock().unwrap().push(zc.get());
+                    w.set(7);
+                }
+                a == b
+            }
+        });
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        cx.effect({ let (x, w, seen) = (x.clone(), w.clone(), seen.clone()); move || seen.lock().unwrap().push((x.get(), w.get())) });
+        cx.batch(|| {
+            x.set(1);
+            z.set(5);
+            armed.store(true, Ordering::SeqCst);
+        });
+        assert_eq!(*read.lock().unwrap(), [6], "the computed read the batch's value of z");
+        assert_eq!(*seen.lock().unwrap(), [(0, 0), (1, 7)], "one run, after every write");
+        // w's write was settled: a later batched write still notifies.
+        cx.batch(|| w.set(8));
+        assert_eq!(seen.lock().unwrap().last(), Some(&(1, 8)));
+    }
+
     fn an_equality_that_panics_as_a_batch_ends_lets_that_write_and_the_later_ones_through(cx) {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         use std::sync::Arc;

@@ -223,6 +223,11 @@ pub(crate) struct Graph<F: Flavor> {
     pub(crate) queue: Vec<Key>,
     /// Signals written in the current batch, settled when it ends.
     pub(crate) writes: Vec<Key>,
+    /// How many of `writes` the settlement under way has taken: a
+    /// settlement asked for inside another (a computed read, or a write,
+    /// in an equality it runs) goes on from here rather than starting
+    /// over, so no write is compared twice, or while it is compared.
+    pub(crate) settled: usize,
     pub(crate) cleanups: HashMap<u32, Vec<F::Cleanup>>,
     /// How many runs are nested now (the native stack grows with it).
     pub(crate) depth: u32,
@@ -296,6 +301,7 @@ impl<F: Flavor> Graph<F> {
             flushing: false,
             queue: Vec::new(),
             writes: Vec::new(),
+            settled: 0,
             cleanups: HashMap::new(),
             depth: 0,
             walk_stack: Vec::new(),
