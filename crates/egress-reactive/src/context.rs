@@ -313,7 +313,8 @@ impl<F: Flavor> Handle<F> {
     ///
     /// Its end compares each written signal with the value it replaced (its
     /// equality, user code): what that code writes joins the same
-    /// settlement, and the effects run once, after it.
+    /// settlement, a computed it reads sees every write of the batch, and
+    /// the effects run once, after it.
     ///
     /// # Panics
     /// If the effects it triggers do not settle ([`EffectLoopError`]); use
