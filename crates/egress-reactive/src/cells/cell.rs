@@ -240,8 +240,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             let triggers = Projection::ALL.map(|_| cx.trigger(at));
             let counts = [PENDING_LEN, INFLIGHT_LEN, WINDOW_ROOM, PARKED_LEN, EXHAUSTED_LEN, UNPERSISTED_LEN]
                 .map(|which| cx.pushed(count(&core, which), at));
-            let state =
-                F::ptr(ValueCell::new(State { core, rng: seed, deferred: Changes::NONE, sync_attached: false }));
+            let state = F::ptr(ValueCell::new(State::new(core, seed)));
             let inner = Inner { handle: cx.clone(), state, triggers, wake: cx.trigger(at), counts, clock };
             let readers = Readers {
                 pending: pending_reader(&inner, at),

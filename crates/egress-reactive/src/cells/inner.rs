@@ -37,6 +37,11 @@ pub struct State<T> {
 }
 
 impl<T> State<T> {
+    /// The state of a new cell over `core`, its jitter drawn from `rng`.
+    pub(super) fn new(core: EgressCore<T>, rng: u64) -> Self {
+        State { core, rng, deferred: Changes::NONE, sync_attached: false }
+    }
+
     /// The next jitter sample.
     fn jitter(&mut self) -> JitterSample {
         next_jitter(&mut self.rng)
@@ -213,12 +218,13 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// attachments if a caller's transition made a claim possible), as one
     /// write. `op` must not call into the cell.
     ///
-    /// A wake that runs a synchronous attachment at once (no batch, run or
-    /// flush under way: its pass is the first thing the write runs) makes
-    /// the transition and the pass one write: the readers are notified once,
-    /// when the pass ends, of what both changed, and a count the pass
-    /// brings back where it was (the pending count of an enqueue sent at
-    /// once) notifies nobody.
+    /// A wake that runs a synchronous attachment at once (no batch, run,
+    /// settlement or flush under way, so that its pass is the first thing
+    /// the write runs, and a run that begins with its own code: see
+    /// [`wake_first`](Self::wake_first)) makes the transition and the pass
+    /// one write: the readers are notified once, when the pass ends, of
+    /// what both changed, and a count the pass brings back where it was
+    /// (the pending count of an enqueue sent at once) notifies nobody.
     pub(crate) fn apply<R>(&self, by: By, op: impl FnOnce(&mut State<T>) -> (R, Changes)) -> R {
         self.transition(by, true, op)
     }
@@ -605,12 +611,7 @@ mod tests {
     fn the_jitter_generator_is_splitmix64() {
         // Reference values computed apart (splitmix64 from state 0: the
         // high halves of 0xe220a8397b1dcdaf, 0x6e789e6a53e4a4a0, …).
-        let mut s = State {
-            core: EgressCore::<()>::new(Policy::default()),
-            rng: 0,
-            deferred: egress_core::Changes::NONE,
-            sync_attached: false,
-        };
+        let mut s = State::new(EgressCore::<()>::new(Policy::default()), 0);
         let drawn: Vec<JitterSample> = (0..4).map(|_| s.jitter()).collect();
         let expected: Vec<JitterSample> =
             [0xe220_a839, 0x6e78_9e6a, 0x06c4_5d18, 0xf88b_b8a8].into_iter().map(JitterSample::from_u32).collect();
