@@ -1079,3 +1079,39 @@ fn a_pass_whose_cleanup_panics_leaves_no_transition_unnotified() {
     assert!(agree(readers_and_core(&cell)), "{:?}", readers_and_core(&cell));
     assert_eq!((cell.inflight_len().get(), cell.window_room().get()), (0, 1));
 }
+
+#[test]
+fn the_readers_of_a_transition_one_with_its_pass_hear_of_it_after_the_pass_a_send_queued() {
+    // docs/cells.md: the effects that read what such a transition changed
+    // are queued when the pass ends, after any further pass its own sends
+    // queued. The ack below reopens the window and runs a pass at once; its
+    // send enqueues (which queues a second pass) and fails (which ends the
+    // first). The effect over the in-flight count runs once, after the
+    // second pass, and reads what it left.
+    let cx = egress_reactive::Context::new();
+    let h = cx.handle();
+    let clock = ManualClock::new();
+    let cell: EgressCellOf<u32, _> = EgressCellOf::with_options(&h, policy(2), options(&clock));
+    let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let transport = Calls(Box::new({
+        let (cell, log) = (cell.clone(), log.clone());
+        move |e| {
+            log.borrow_mut().push(format!("send {}", e.payload));
+            if e.payload == 2 {
+                cell.enqueue(3);
+                return Err(SendError::transient("refused"));
+            }
+            Ok(())
+        }
+    }));
+    let _link = cell.attach(transport);
+    let _screen = cx.effect({
+        let (count, log) = (cell.inflight_len().clone(), log.clone());
+        move || log.borrow_mut().push(format!("in flight {}", count.get()))
+    });
+    cell.enqueue_all([0, 1, 2]);
+    log.borrow_mut().clear();
+    assert_eq!(cell.ack(Generation(1), Sequence(1)), AckOutcome::Advanced { through: Sequence(1) });
+    assert_eq!(*log.borrow(), ["send 2", "send 3", "in flight 1"]);
+    assert!(agree(readers_and_core(&cell)), "{:?}", readers_and_core(&cell));
+}
