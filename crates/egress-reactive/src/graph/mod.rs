@@ -207,7 +207,12 @@ pub(crate) struct Graph<F: Flavor> {
     /// for every node, signals included: computeds then cost less memory
     /// than with a table grown on demand; see docs/benchmarks.md.)
     sites: Vec<&'static Location<'static>>,
-    free_nodes: Vec<u32>,
+    /// The free slots, last freed first: a list threaded through the freed
+    /// nodes' `next_sibling` (a free slot has no siblings), so that freeing
+    /// never allocates and a freed slot costs nothing beside itself.
+    free_head: u32,
+    /// How many slots [`free_head`](Self::free_head)'s list holds.
+    free_count: u32,
     pub(crate) links: Vec<Link>,
     free_link: u32,
     live_links: usize,
@@ -291,7 +296,8 @@ impl<F: Flavor> Graph<F> {
         let mut graph = Graph {
             nodes: Vec::new(),
             sites: Vec::new(),
-            free_nodes: Vec::new(),
+            free_head: NONE,
+            free_count: 0,
             links: Vec::new(),
             free_link: NONE,
             live_links: 0,
@@ -327,7 +333,7 @@ impl<F: Flavor> Graph<F> {
     /// growth of the arena rather than a doubling per power of two: for a
     /// caller that creates a known number at once (an egress cell's).
     pub(crate) fn reserve(&mut self, n: usize) {
-        let fresh = n.saturating_sub(self.free_nodes.len());
+        let fresh = n.saturating_sub(self.free_count as usize);
         self.nodes.reserve(fresh);
         self.sites.reserve(fresh);
     }
@@ -345,21 +351,21 @@ impl<F: Flavor> Graph<F> {
         // The new node is its owner's last child.
         let prev =
             if owner == NONE { NONE } else { std::mem::replace(&mut self.nodes[owner as usize].last_child, NONE) };
-        let (index, generation) = match self.free_nodes.pop() {
-            Some(index) => {
-                let node = &mut self.nodes[index as usize];
-                let generation = node.generation;
-                *node = Node::fresh(kind, generation, owner, prev, aux, obj);
-                self.sites[index as usize] = created_at;
-                (index, generation)
-            }
-            None => {
-                let index = u32::try_from(self.nodes.len()).ok().filter(|&i| i != NONE);
-                let index = index.expect("graph invariant: fewer than 2^32 - 1 live nodes");
-                self.nodes.push(Node::fresh(kind, 0, owner, prev, aux, obj));
-                self.sites.push(created_at);
-                (index, 0)
-            }
+        let (index, generation) = if self.free_head == NONE {
+            let index = u32::try_from(self.nodes.len()).ok().filter(|&i| i != NONE);
+            let index = index.expect("graph invariant: fewer than 2^32 - 1 live nodes");
+            self.nodes.push(Node::fresh(kind, 0, owner, prev, aux, obj));
+            self.sites.push(created_at);
+            (index, 0)
+        } else {
+            let index = self.free_head;
+            let node = &mut self.nodes[index as usize];
+            self.free_head = node.next_sibling;
+            self.free_count -= 1;
+            let generation = node.generation;
+            *node = Node::fresh(kind, generation, owner, prev, aux, obj);
+            self.sites[index as usize] = created_at;
+            (index, generation)
         };
         if owner != NONE {
             self.nodes[owner as usize].last_child = index;
@@ -439,10 +445,74 @@ impl<F: Flavor> Graph<F> {
     }
 
     pub(crate) fn live_nodes(&self) -> usize {
-        self.nodes.len() - self.free_nodes.len()
+        self.nodes.len() - self.free_count as usize
     }
 
     pub(crate) fn live_links(&self) -> usize {
         self.live_links
+    }
+
+    /// Puts freed slot `index` at the head of the free list.
+    #[inline]
+    pub(super) fn push_free(&mut self, index: u32) {
+        self.nodes[index as usize].next_sibling = self.free_head;
+        self.free_head = index;
+        self.free_count += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::Location;
+    use std::rc::Rc;
+
+    use super::flags::SIGNAL;
+    use super::{Graph, Key, NONE, NodeObj};
+    use crate::flavor::{Entered, Local};
+
+    struct Inert;
+
+    impl NodeObj for Inert {
+        fn run(&self, _: &Entered) -> bool {
+            false
+        }
+    }
+
+    fn make(g: &mut Graph<Local>) -> Key {
+        g.alloc(SIGNAL, Some(Rc::new(Inert)), NONE, Location::caller())
+    }
+
+    #[test]
+    fn freed_slots_are_reused_last_freed_first_and_counted() {
+        let mut g = Graph::<Local>::new();
+        let keys: Vec<Key> = (0..4).map(|_| make(&mut g)).collect();
+        assert_eq!(g.live_nodes(), 5, "the root and four");
+        assert!(g.free(keys[1].index).is_some());
+        assert!(g.free(keys[3].index).is_some());
+        assert!(!g.alive(keys[1]) && !g.alive(keys[3]));
+        assert_eq!(g.live_nodes(), 3);
+        let (a, b) = (make(&mut g), make(&mut g));
+        assert_eq!((a.index, b.index), (keys[3].index, keys[1].index), "the last freed first");
+        assert_eq!((a.generation, b.generation), (1, 1), "a reused slot is a new generation");
+        assert_eq!(g.live_nodes(), 5);
+        // The list is empty again: the next node is a new slot.
+        assert_eq!(make(&mut g).index, 5);
+        assert_eq!((g.nodes.len(), g.live_nodes()), (6, 6));
+    }
+
+    #[test]
+    fn freeing_everything_frees_every_slot_but_the_root_lowest_first() {
+        let mut g = Graph::<Local>::new();
+        let keys: Vec<Key> = (0..6).map(|_| make(&mut g)).collect();
+        // One slot is free already: it is listed once.
+        assert!(g.free(keys[1].index).is_some());
+        let mut objs = Vec::new();
+        assert!(g.free_all(&mut objs));
+        assert_eq!(objs.len(), 5, "the objects of the live nodes");
+        assert_eq!(g.live_nodes(), 1, "the root");
+        assert!(keys.iter().all(|&k| !g.alive(k)));
+        let again: Vec<u32> = (0..6).map(|_| make(&mut g).index).collect();
+        assert_eq!(again, [1, 2, 3, 4, 5, 6]);
+        assert_eq!((g.nodes.len(), g.live_nodes()), (7, 7));
     }
 }

@@ -26,7 +26,7 @@ impl<F: Flavor> Graph<F> {
     ///
     /// A freed slot keeps `generation + 1` and otherwise the state
     /// [`Graph::alloc`] expects of a free slot: no links, no children, no
-    /// siblings, no object.
+    /// object, and for a sibling only the next free slot.
     pub(crate) fn free(&mut self, index: u32) -> Option<F::Obj> {
         let node = &self.nodes[index as usize];
         if node.flags & ALIVE == 0 {
@@ -60,7 +60,7 @@ impl<F: Flavor> Graph<F> {
         if had_cleanups {
             self.cleanups.remove(&index);
         }
-        self.free_nodes.push(index);
+        self.push_free(index);
         obj
     }
 
@@ -210,7 +210,9 @@ impl<F: Flavor> Graph<F> {
             return false;
         }
         let root = self.root;
-        self.free_nodes.clear();
+        // Every slot but the root's goes on the free list, the lowest first
+        // (as they were made).
+        let (mut head, mut count) = (NONE, 0);
         for (index, node) in self.nodes.iter_mut().enumerate().rev() {
             let index = index as u32;
             if index == root {
@@ -223,8 +225,10 @@ impl<F: Flavor> Graph<F> {
                     objs.push((obj, aux));
                 }
             }
-            self.free_nodes.push(index);
+            node.next_sibling = head;
+            (head, count) = (index, count + 1);
         }
+        (self.free_head, self.free_count) = (head, count);
         self.links.clear();
         self.free_link = NONE;
         self.live_links = 0;
