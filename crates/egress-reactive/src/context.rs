@@ -586,6 +586,11 @@ pub struct Scope<F: Flavor> {
 }
 
 impl<F: Flavor> Scope<F> {
+    /// The scope's node.
+    pub(crate) fn key(&self) -> Key {
+        self.key
+    }
+
     /// Disposes the scope and everything it owns. Idempotent.
     pub fn dispose(&self) {
         self.handle.dispose_node(self.key);

@@ -1115,3 +1115,70 @@ fn the_readers_of_a_transition_one_with_its_pass_hear_of_it_after_the_pass_a_sen
     assert_eq!(*log.borrow(), ["send 2", "send 3", "in flight 1"]);
     assert!(agree(readers_and_core(&cell)), "{:?}", readers_and_core(&cell));
 }
+
+/// Triggers made on first need: their own module, for the flavour modules.
+mod lazy_triggers {
+    use super::*;
+
+    each_flavour! {
+        fn a_projection_has_a_trigger_once_a_reader_tracks_it(cx) {
+            let h = cx.handle();
+            let base = h.node_count();
+            let cell: EgressCellOf<u32, _> = EgressCellOf::new(&h, policy(4));
+            let built = h.node_count();
+            // Transitions of projections no reader has read make nothing, and
+            // the counts have no trigger.
+            cell.enqueue_all([1, 2, 3]);
+            assert_eq!(cell.pending_len().get(), 3);
+            assert_eq!(h.node_count(), built);
+            // A reader's first read makes its projection's trigger, once.
+            assert_eq!(cell.pending().get().len(), 3);
+            assert_eq!(h.node_count(), built + 1);
+            assert_eq!(cell.pending().get().len(), 3);
+            assert_eq!(h.node_count(), built + 1);
+            // Two readers of one projection share its trigger.
+            let _ = cell.durable_through().get();
+            let _ = cell.generation_durable().get();
+            assert_eq!(h.node_count(), built + 2);
+            // The trigger notifies: the reader and an effect on it follow.
+            let hits = watch!(cx, cell.pending());
+            cell.enqueue(4);
+            assert_eq!((cell.pending().get().len(), hits.get()), (4, 1));
+            // A status reader makes the triggers of what it follows that no
+            // reader made yet: every projection a status follows but pending
+            // and durability.
+            let status = cell.status(Sequence(0));
+            assert_eq!(status.get(), Some(egress_core::MessageStatus::Queued));
+            assert_eq!(h.node_count(), built + 2 + 1 + 1 + 5, "an effect, the status reader, five triggers");
+            // The cell's disposal frees its triggers with the rest of it.
+            cell.dispose();
+            assert_eq!(h.node_count(), base + 1, "the effect is left");
+        }
+
+        fn a_trigger_a_reader_makes_while_its_cell_is_disposed_goes_with_it(cx) {
+            let h = cx.handle();
+            let base = h.node_count();
+            let cell: EgressCellOf<u32, _> = EgressCellOf::new(&h, policy(4));
+            let read = Arc::new(AtomicUsize::new(usize::MAX));
+            // An effect in the cell's scope, made after its readers (so
+            // disposed before them), whose cleanup is the first to read one.
+            let made = cell.in_scope(|h| {
+                h.effect({
+                    let (h, cell, read) = (h.clone(), cell.clone(), read.clone());
+                    move || {
+                        let (cell, read) = (cell.clone(), read.clone());
+                        h.on_cleanup(move || {
+                            let acked = cell.acked_through().try_get();
+                            read.store(acked.map_or(usize::MAX - 1, |a| a.map_or(0, |s| s.get() as usize + 1)), AtomicOrdering::SeqCst);
+                        });
+                    }
+                })
+            });
+            let effect = made.expect("the cell is live");
+            cell.dispose();
+            assert_eq!(read.load(AtomicOrdering::SeqCst), 0, "the cleanup read the reader: nothing acknowledged");
+            assert_eq!(h.node_count(), base, "the trigger the read made was freed with the cell");
+            drop(effect);
+        }
+    }
+}

@@ -248,10 +248,12 @@ fn effects_that_ask_for_statuses_and_drop_the_handles_keep_following_them() {
     // not swept away under them.
     let _link = cell.attach(Sink);
     assert!(shown.borrow().iter().all(|s| *s == Some(M::Sending)), "{:?}", shown.borrow());
-    // A redraw (each effect runs again) makes no new reader.
+    // A redraw (each effect runs again) makes no new reader. (The
+    // generation is read first: a reader's first read makes its trigger.)
+    let generation = cell.generation().get();
     let nodes = cx.node_count();
     cell.enqueue("more".into());
-    let _ = cell.ack(cell.generation().get(), Sequence(69));
+    let _ = cell.ack(generation, Sequence(69));
     assert!(shown.borrow().iter().all(|s| *s == Some(M::Acknowledged)));
     assert_eq!(cx.node_count(), nodes, "the rows' readers are the same ones");
     drop(rows);

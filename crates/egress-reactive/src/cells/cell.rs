@@ -75,9 +75,10 @@ pub(super) struct Shared<T: 'static, F: Flavor> {
     pub(super) statuses: parking_lot::Mutex<Statuses<F>>,
 }
 
-/// How many nodes a cell makes: its scope, a trigger per projection and the
-/// wake, the counts, the readers (a unit test counts them).
-const CELL_NODES: usize = 29;
+/// How many nodes a cell makes when it is built: its scope, the wake, the
+/// counts, the readers (a unit test counts them). A projection's trigger
+/// is made when a reader first tracks it.
+const CELL_NODES: usize = 19;
 
 /// An egress cell on a graph of flavour `F`: delivery state as signals.
 /// Use it as [`EgressCell`] (on [`Context`](crate::Context)),
@@ -237,11 +238,10 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         let (incarnation, seed) = options.identity();
         cx.reserve_nodes(CELL_NODES);
         let (scope, (inner, readers)) = cx.scope(|| {
-            let triggers = Projection::ALL.map(|_| cx.trigger(at));
             let counts = [PENDING_LEN, INFLIGHT_LEN, WINDOW_ROOM, PARKED_LEN, EXHAUSTED_LEN, UNPERSISTED_LEN]
                 .map(|which| cx.pushed(count(&core, which), at));
-            let state = F::ptr(ValueCell::new(State::new(core, seed)));
-            let inner = Inner { handle: cx.clone(), state, triggers, wake: cx.trigger(at), counts, clock };
+            let state = F::ptr(ValueCell::new(State::new(core, seed, at)));
+            let inner = Inner { handle: cx.clone(), state, wake: cx.trigger(at), counts, clock };
             let readers = Readers {
                 pending: pending_reader(&inner, at),
                 inflight: reader(&inner, Projection::Inflight, Never, |c| list(c.inflight()), at),
@@ -257,6 +257,9 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             };
             (inner, readers)
         });
+        // The readers' triggers, made when first tracked, belong to the
+        // scope.
+        cx.enter(|cell| inner.state.with_mut(&Entered::by(cell), |s| s.owner = scope.key()));
         let capacity = options.capacity;
         let shared = Shared {
             inner,
@@ -487,7 +490,7 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
             let mut keys = Keys::new(inner.wake);
             let outcome = inner.state.with_mut(&entered, |s| {
                 let t = s.core.reconnect(generation);
-                inner.keys(&entered, &s.core, t.changes, false, &mut keys);
+                inner.keys(&entered, s, t.changes, false, &mut keys);
                 t.outcome
             });
             if matches!(outcome, ReconnectOutcome::Advanced { .. }) {

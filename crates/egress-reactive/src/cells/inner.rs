@@ -2,7 +2,7 @@
 //! the triggers and counts, the clock; and the one path every transition
 //! takes (apply, then notify exactly what changed).
 
-use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::sync::Arc;
 
 use egress_core::{
@@ -17,7 +17,7 @@ use crate::computed::Computed;
 use crate::context::Handle;
 use crate::effect::RunEffect;
 use crate::flavor::{Entered, Flavor, ValueCell};
-use crate::graph::Key;
+use crate::graph::{Key, NONE};
 use crate::run;
 
 /// The core and the generator of jitter samples, touched only with the
@@ -34,18 +34,66 @@ pub struct State<T> {
     /// wake run a pass at once, and [`Inner::apply`] look for one (an
     /// async cell's attachments are scheduled, never run by the wake).
     pub(super) sync_attached: bool,
+    /// One trigger per [`Projection`], in declaration order, made when a
+    /// reader first tracks it ([`trigger`]): a projection nobody reads
+    /// has none, and a transition that changes it marks nothing. `NONE`
+    /// while not made.
+    pub(super) triggers: [Key; TRIGGERS],
+    /// What owns the triggers: the cell's scope (set once it is made).
+    pub(super) owner: Key,
+    /// Where the cell was made: its triggers' site.
+    pub(super) created_at: &'static Location<'static>,
 }
 
+/// A trigger not made yet.
+const UNMADE: Key = Key { index: NONE, generation: 0 };
+
 impl<T> State<T> {
-    /// The state of a new cell over `core`, its jitter drawn from `rng`.
-    pub(super) fn new(core: EgressCore<T>, rng: u64) -> Self {
-        State { core, rng, deferred: Changes::NONE, sync_attached: false }
+    /// The state of a new cell over `core`, its jitter drawn from `rng`,
+    /// made at `created_at`.
+    pub(super) fn new(core: EgressCore<T>, rng: u64, created_at: &'static Location<'static>) -> Self {
+        State {
+            core,
+            rng,
+            deferred: Changes::NONE,
+            sync_attached: false,
+            triggers: [UNMADE; TRIGGERS],
+            owner: UNMADE,
+            created_at,
+        }
     }
 
     /// The next jitter sample.
     fn jitter(&mut self) -> JitterSample {
         next_jitter(&mut self.rng)
     }
+}
+
+/// Makes the running computation depend on projection `p` of the cell
+/// whose state is `state`: tracks its trigger, made now (owned by the
+/// cell's scope) if no reader has tracked it before. Nothing is tracked
+/// once the scope is gone: the readers went with it.
+pub(super) fn track<T: 'static, F: Flavor>(
+    handle: &Handle<F>,
+    state: &F::Ptr<F::Cell<State<T>>>,
+    cell: &run::Cell<F>,
+    p: Projection,
+) {
+    let entered = Entered::by(cell);
+    let (trigger, owner, at) = state.with(&entered, |s| (s.triggers[p as usize], s.owner, s.created_at));
+    let trigger = if trigger.index == NONE {
+        // (The scope is set as soon as the cell is built, before anything
+        // can read a reader.)
+        if owner.index == NONE {
+            return;
+        }
+        let Ok(made) = handle.with_owner(owner, || handle.trigger(at)) else { return };
+        state.with_mut(&entered, |s| s.triggers[p as usize] = made);
+        made
+    } else {
+        trigger
+    };
+    Handle::track(cell, trigger);
 }
 
 /// Logs a failure that parked a record (debug) or made a dead letter
@@ -93,8 +141,6 @@ pub(super) fn next_jitter(rng: &mut u64) -> JitterSample {
 pub struct Inner<T: 'static, F: Flavor> {
     pub(crate) handle: Handle<F>,
     pub(super) state: F::Ptr<F::Cell<State<T>>>,
-    /// One trigger per [`Projection`], in declaration order.
-    pub(super) triggers: [Key; TRIGGERS],
     /// Notified when a transition not made by an attachment makes a claim
     /// possible: what attachments track.
     pub(crate) wake: Key,
@@ -105,7 +151,7 @@ pub struct Inner<T: 'static, F: Flavor> {
 }
 
 /// The order of [`Inner::counts`], and how each is counted.
-/// How many triggers a cell has: one per projection.
+/// How many triggers a cell can have: one per projection.
 pub(super) const TRIGGERS: usize = Projection::ALL.len();
 /// How many count readers a cell has.
 pub(super) const COUNTS: usize = 6;
@@ -157,7 +203,6 @@ impl<T: 'static, F: Flavor> Clone for Inner<T, F> {
         Inner {
             handle: self.handle.clone(),
             state: self.state.clone(),
-            triggers: self.triggers,
             wake: self.wake,
             counts: self.counts.clone(),
             clock: self.clock.clone(),
@@ -246,7 +291,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
                 let deferred = if flush && wake && s.sync_attached {
                     self.wake_first(&entered, s, changes, &mut marker)
                 } else {
-                    self.keys(&entered, &s.core, changes, wake, &mut marker);
+                    self.keys(&entered, s, changes, wake, &mut marker);
                     false
                 };
                 (outcome, Some(marker), deferred)
@@ -293,7 +338,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             s.deferred = s.deferred.union(changes);
             return true;
         }
-        self.keys(entered, &s.core, changes, false, marker);
+        self.keys(entered, s, changes, false, marker);
         false
     }
 
@@ -322,14 +367,8 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
     /// whose value changed (recounted here, from `core`), and the wake
     /// trigger.
     #[inline(always)]
-    pub(super) fn keys(
-        &self,
-        entered: &Entered,
-        core: &EgressCore<T>,
-        changes: Changes,
-        wake: bool,
-        keys: &mut impl KeySink,
-    ) {
+    pub(super) fn keys(&self, entered: &Entered, s: &State<T>, changes: Changes, wake: bool, keys: &mut impl KeySink) {
+        let core = &s.core;
         // The wake first: the attachments it queues run before the
         // effects of the readers, which then see their claims too (one run
         // of a screen's effect per enqueue that starts a pass, not two).
@@ -338,10 +377,12 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         }
         let bits = changes.bits();
         // The set bits only: a transition changes one to three of the ten
-        // projections.
+        // projections. A trigger not made has no reader to notify.
         let mut rest = bits;
         while rest != 0 {
-            if let Some(trigger) = self.triggers.get(rest.trailing_zeros() as usize) {
+            if let Some(trigger) = s.triggers.get(rest.trailing_zeros() as usize)
+                && trigger.index != NONE
+            {
                 keys.push(*trigger);
             }
             rest &= rest - 1;
@@ -389,7 +430,7 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             self.state.with_mut(&entered, |s| {
                 let changes = changes.union(std::mem::take(&mut s.deferred));
                 if !changes.is_empty() {
-                    self.keys(&entered, &s.core, changes, false, &mut run::Marker::new(cell));
+                    self.keys(&entered, s, changes, false, &mut run::Marker::new(cell));
                 }
             });
         });
@@ -611,7 +652,7 @@ mod tests {
     fn the_jitter_generator_is_splitmix64() {
         // Reference values computed apart (splitmix64 from state 0: the
         // high halves of 0xe220a8397b1dcdaf, 0x6e789e6a53e4a4a0, …).
-        let mut s = State::new(EgressCore::<()>::new(Policy::default()), 0);
+        let mut s = State::new(EgressCore::<()>::new(Policy::default()), 0, std::panic::Location::caller());
         let drawn: Vec<JitterSample> = (0..4).map(|_| s.jitter()).collect();
         let expected: Vec<JitterSample> =
             [0xe220_a839, 0x6e78_9e6a, 0x06c4_5d18, 0xf88b_b8a8].into_iter().map(JitterSample::from_u32).collect();

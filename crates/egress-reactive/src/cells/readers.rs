@@ -9,11 +9,12 @@ use egress_core::{
 };
 
 use super::cell::{CellFlavor, EgressCellOf};
-use super::inner::{EXHAUSTED_LEN, INFLIGHT_LEN, Inner, PARKED_LEN, PENDING_LEN, State, UNPERSISTED_LEN, WINDOW_ROOM};
+use super::inner::{
+    EXHAUSTED_LEN, INFLIGHT_LEN, Inner, PARKED_LEN, PENDING_LEN, State, UNPERSISTED_LEN, WINDOW_ROOM, track,
+};
 use crate::computed::{ByEq, Compute, Computed, ComputedObj, Cutoff, Never};
 use crate::context::Handle;
 use crate::flavor::{Entered, Flavor, Holds, ValueCell};
-use crate::graph::Key;
 
 use super::snapshot::FreshCopies;
 pub use super::snapshot::Snapshot;
@@ -42,7 +43,8 @@ pub struct ParkedRecord<T> {
 pub struct Project<T: 'static, Pr, F: Flavor> {
     pub(super) handle: Handle<F>,
     pub(super) state: F::Ptr<F::Cell<State<T>>>,
-    pub(super) trigger: Key,
+    /// The projection it reads, whose trigger it tracks.
+    pub(super) projection: Projection,
     pub(super) project: Pr,
 }
 
@@ -80,7 +82,7 @@ impl<T: Clone + 'static, F: Flavor> Projector<T, F> for PendingList<T, F> {
 impl<T: 'static, Pr: Projector<T, F>, F: Flavor> Compute<Pr::Out> for Project<T, Pr, F> {
     fn compute(&self) -> Pr::Out {
         self.handle.enter(|cell| {
-            Handle::track(cell, self.trigger);
+            track(&self.handle, &self.state, cell, self.projection);
             let entered = Entered::by(cell);
             self.state.with(&entered, |s| self.project.project(&s.core, &entered))
         })
@@ -115,7 +117,7 @@ impl<T: 'static, F: Flavor> Compute<Option<MessageStatus>> for StatusOf<T, F> {
         let inner = &self.inner;
         inner.handle.enter(|cell| {
             for p in STATUS_FOLLOWS {
-                Handle::track(cell, inner.triggers[p as usize]);
+                track(&inner.handle, &inner.state, cell, p);
             }
             inner.state.with(&Entered::by(cell), |s| s.core.status(self.sequence))
         })
@@ -404,7 +406,7 @@ where
     let f = Project {
         handle: inner.handle.clone(),
         state: inner.state.clone(),
-        trigger: inner.triggers[Projection::Pending as usize],
+        projection: Projection::Pending,
         project: PendingList(ValueCell::new(FreshCopies::default())),
     };
     inner.handle.make_computed(Never, f, at)
@@ -420,11 +422,6 @@ pub(super) fn reader<T: Clone + 'static, P: 'static, E: Cutoff<P>, F>(
 where
     F: Holds<Reader<T, P, E, F>>,
 {
-    let f = Project {
-        handle: inner.handle.clone(),
-        state: inner.state.clone(),
-        trigger: inner.triggers[projection as usize],
-        project,
-    };
+    let f = Project { handle: inner.handle.clone(), state: inner.state.clone(), projection, project };
     inner.handle.make_computed(cutoff, f, at)
 }
