@@ -1180,5 +1180,53 @@ mod lazy_triggers {
             assert_eq!(h.node_count(), base, "the trigger the read made was freed with the cell");
             drop(effect);
         }
+
+        fn a_first_read_while_the_core_is_read_makes_its_trigger(cx) {
+            let h = cx.handle();
+            let cell: EgressCellOf<u32, _> = EgressCellOf::new(&h, policy(4));
+            cell.enqueue(1);
+            let built = h.node_count();
+            // Misuse `with_core`'s doc warns of, which a first read must
+            // survive as later reads do: the state is borrowed meanwhile.
+            let acked = cell.with_core(|_| cell.acked_through().get());
+            assert_eq!(acked, None);
+            assert_eq!(h.node_count(), built + 1, "one trigger, recorded");
+            assert_eq!(cell.with_core(|_| cell.acked_through().get()), None);
+            assert_eq!(h.node_count(), built + 1, "and found again");
+        }
+    }
+
+    /// A payload whose `Clone` reads a reader of its own cell for the first
+    /// time: a list reader's copy runs it with the cell's state borrowed.
+    #[derive(Debug)]
+    struct Sneaky(u32);
+
+    thread_local! {
+        static CELL: std::cell::RefCell<Option<EgressCellOf<Sneaky, egress_reactive::Local>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    impl Clone for Sneaky {
+        fn clone(&self) -> Self {
+            CELL.with(|c| {
+                if let Some(cell) = &*c.borrow() {
+                    assert_eq!(cell.acked_through().get(), None);
+                }
+            });
+            Sneaky(self.0)
+        }
+    }
+
+    #[test]
+    fn a_first_read_from_a_payloads_clone_while_a_list_is_copied_makes_its_trigger() {
+        let cx = egress_reactive::Context::new();
+        let h = cx.handle();
+        let cell: EgressCellOf<Sneaky, _> = EgressCellOf::new(&h, policy(4));
+        cell.enqueue(Sneaky(1));
+        CELL.with(|c| *c.borrow_mut() = Some(cell.clone()));
+        let built = h.node_count();
+        assert_eq!(cell.pending().get().len(), 1);
+        assert_eq!(h.node_count(), built + 2, "the pending and acknowledgement triggers");
+        CELL.with(|c| c.borrow_mut().take());
     }
 }

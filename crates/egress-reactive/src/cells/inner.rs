@@ -35,10 +35,13 @@ pub struct State<T> {
     /// async cell's attachments are scheduled, never run by the wake).
     pub(super) sync_attached: bool,
     /// One trigger per [`Projection`], in declaration order, made when a
-    /// reader first tracks it ([`trigger`]): a projection nobody reads
-    /// has none, and a transition that changes it marks nothing. `NONE`
-    /// while not made.
-    pub(super) triggers: [Key; TRIGGERS],
+    /// reader first tracks it ([`track`]): a projection nobody reads has
+    /// none, and a transition that changes it marks nothing. `NONE` while
+    /// not made. Set through a shared borrow of the state, since a first
+    /// read may come while the state is read (inside
+    /// [`with_core`](super::EgressCellOf::with_core), or from a payload's
+    /// `Clone` while a list reader copies it).
+    pub(super) triggers: [std::cell::Cell<Key>; TRIGGERS],
     /// What owns the triggers: the cell's scope (set once it is made).
     pub(super) owner: Key,
     /// Where the cell was made: its triggers' site.
@@ -57,7 +60,7 @@ impl<T> State<T> {
             rng,
             deferred: Changes::NONE,
             sync_attached: false,
-            triggers: [UNMADE; TRIGGERS],
+            triggers: [const { std::cell::Cell::new(UNMADE) }; TRIGGERS],
             owner: UNMADE,
             created_at,
         }
@@ -80,7 +83,7 @@ pub(super) fn track<T: 'static, F: Flavor>(
     p: Projection,
 ) {
     let entered = Entered::by(cell);
-    let (trigger, owner, at) = state.with(&entered, |s| (s.triggers[p as usize], s.owner, s.created_at));
+    let (trigger, owner, at) = state.with(&entered, |s| (s.triggers[p as usize].get(), s.owner, s.created_at));
     let trigger = if trigger.index == NONE {
         // (The scope is set as soon as the cell is built, before anything
         // can read a reader.)
@@ -88,7 +91,7 @@ pub(super) fn track<T: 'static, F: Flavor>(
             return;
         }
         let Ok(made) = handle.with_owner(owner, || handle.trigger(at)) else { return };
-        state.with_mut(&entered, |s| s.triggers[p as usize] = made);
+        state.with(&entered, |s| s.triggers[p as usize].set(made));
         made
     } else {
         trigger
@@ -380,10 +383,10 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
         // projections. A trigger not made has no reader to notify.
         let mut rest = bits;
         while rest != 0 {
-            if let Some(trigger) = s.triggers.get(rest.trailing_zeros() as usize)
+            if let Some(trigger) = s.triggers.get(rest.trailing_zeros() as usize).map(std::cell::Cell::get)
                 && trigger.index != NONE
             {
-                keys.push(*trigger);
+                keys.push(trigger);
             }
             rest &= rest - 1;
         }
