@@ -460,13 +460,6 @@ impl<F: Flavor> Handle<F> {
         })
     }
 
-    /// Makes room for `n` more nodes in the graph at once (see
-    /// [`Graph::reserve`](crate::graph::Graph::reserve)); nothing in a
-    /// dropped context, or from inside another thread-safe graph.
-    pub(crate) fn reserve_nodes(&self, n: usize) {
-        let _ = self.try_enter(|cell| cell.borrow_mut().reserve(n));
-    }
-
     /// A trigger: a source node without a value, owned by the current
     /// owner. Computations that [`track`](Self::track) it re-run when it is
     /// [`notify`](run::notify)-ed. The egress cells invalidate their readers

@@ -75,11 +75,6 @@ pub(super) struct Shared<T: 'static, F: Flavor> {
     pub(super) statuses: parking_lot::Mutex<Statuses<F>>,
 }
 
-/// How many nodes a cell makes when it is built: its scope, the wake, the
-/// counts, the readers (a unit test counts them). A projection's trigger
-/// is made when a reader first tracks it.
-const CELL_NODES: usize = 19;
-
 /// An egress cell on a graph of flavour `F`: delivery state as signals.
 /// Use it as [`EgressCell`] (on [`Context`](crate::Context)),
 /// [`ThreadSafeEgressCell`] (on [`ThreadSafeContext`](crate::ThreadSafeContext))
@@ -236,7 +231,6 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
         at: &'static Location<'static>,
     ) -> Self {
         let (incarnation, seed) = options.identity();
-        cx.reserve_nodes(CELL_NODES);
         let (scope, (inner, readers)) = cx.scope(|| {
             let counts = [PENDING_LEN, INFLIGHT_LEN, WINDOW_ROOM, PARKED_LEN, EXHAUSTED_LEN, UNPERSISTED_LEN]
                 .map(|which| cx.pushed(count(&core, which), at));
@@ -619,30 +613,31 @@ impl<T: Clone + 'static, F: CellFlavor<T>> EgressCellOf<T, F> {
 mod tests {
     use egress_core::Policy;
 
-    use super::{CELL_NODES, EgressCellOf};
+    use super::EgressCellOf;
     use crate::Context;
 
+    /// How many nodes a cell makes when it is built: its scope, the wake,
+    /// the counts, the readers (a projection's trigger is made when a
+    /// reader first tracks it). A new graph has room for them
+    /// (`Graph::FIRST_NODES`).
+    const CELL_NODES: usize = 19;
+
     #[test]
-    fn a_cell_makes_the_nodes_it_reserves_room_for_in_one_growth() {
+    fn a_new_graph_has_room_for_a_cell_and_a_cell_makes_its_nodes() {
         let cx = Context::new();
         let h = cx.handle();
-        // Two free slots, which the reservation counts as room.
-        let (a, b) = (cx.signal(0), cx.signal(1));
-        a.dispose();
-        b.dispose();
         let arena = || {
             h.enter(|cell| {
                 let g = cell.borrow();
                 (g.nodes.len(), g.nodes.capacity())
             })
         };
-        let (len, _) = arena();
-        let before = cx.node_count();
+        let (len, capacity) = arena();
+        assert_eq!(len, 1, "the root");
+        assert!(capacity >= len + CELL_NODES + 2, "room for a cell, its screen's effect and an attachment");
         let cell: EgressCellOf<u64, _> = EgressCellOf::new(&h, Policy::default());
-        assert_eq!(cx.node_count() - before, CELL_NODES, "the count the cell reserves for");
-        // The arena grew once, to exactly what the free slots left to make.
-        let made = len + CELL_NODES - 2;
-        assert_eq!(arena(), (made, made));
+        assert_eq!(cx.node_count() - len, CELL_NODES, "the count the graph's first room is made for");
+        assert_eq!(arena().1, capacity, "no growth");
         drop(cell);
     }
 }

@@ -390,11 +390,20 @@ impl<T: 'static, F: Flavor> Inner<T, F> {
             }
             rest &= rest - 1;
         }
-        for (which, reader) in self.counts.iter().enumerate() {
-            if overlaps(bits, COUNTED[which].bits()) && reader.push(entered, count(core, which)) {
-                keys.push(reader.key);
-            }
+        // Each count by its constant index, written out rather than looped
+        // over: every caller then tests each count's projections against a
+        // constant and recounts it with its own accessor (where the
+        // compiler kept the loop, as in an attachment's run's marks, each
+        // count went through `count`'s jump table).
+        macro_rules! recount {
+            ($($which:expr),*) => {$(
+                let reader = &self.counts[$which];
+                if overlaps(bits, COUNTED[$which].bits()) && reader.push(entered, count(core, $which)) {
+                    keys.push(reader.key);
+                }
+            )*};
         }
+        recount!(PENDING_LEN, INFLIGHT_LEN, WINDOW_ROOM, PARKED_LEN, EXHAUSTED_LEN, UNPERSISTED_LEN);
     }
 
     /// Takes a completion above the acknowledgement watermark (see

@@ -291,11 +291,17 @@ pub(crate) struct Pool<F: Flavor> {
 }
 
 impl<F: Flavor> Graph<F> {
+    /// The nodes a new graph has room for: an egress cell's (19) with its
+    /// context's root and what a screen puts around it, so that a small
+    /// graph's arena does not grow by reallocation at each power of two
+    /// (a cell's setup went 4, 8, 16, 32; about 2 KiB per context).
+    pub(crate) const FIRST_NODES: usize = 32;
+
     #[track_caller]
     pub(crate) fn new() -> Self {
         let mut graph = Graph {
-            nodes: Vec::new(),
-            sites: Vec::new(),
+            nodes: Vec::with_capacity(Self::FIRST_NODES),
+            sites: Vec::with_capacity(Self::FIRST_NODES),
             free_head: NONE,
             free_count: 0,
             links: Vec::new(),
@@ -327,15 +333,6 @@ impl<F: Flavor> Graph<F> {
         graph.root = root.index;
         graph.owner = root.index;
         graph
-    }
-
-    /// Makes room for `n` more nodes than the free slots hold, in one
-    /// growth of the arena rather than a doubling per power of two: for a
-    /// caller that creates a known number at once (an egress cell's).
-    pub(crate) fn reserve(&mut self, n: usize) {
-        let fresh = n.saturating_sub(self.free_count as usize);
-        self.nodes.reserve(fresh);
-        self.sites.reserve(fresh);
     }
 
     /// Creates a node owned by the current owner.
