@@ -1217,6 +1217,40 @@ mod lazy_triggers {
         }
     }
 
+    /// A payload whose `Clone` panics while `PANICS` is set.
+    #[derive(Debug)]
+    struct Brittle(u32);
+
+    thread_local! {
+        static PANICS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    impl Clone for Brittle {
+        fn clone(&self) -> Self {
+            assert!(!PANICS.with(std::cell::Cell::get), "a payload's Clone panics");
+            Brittle(self.0)
+        }
+    }
+
+    #[test]
+    fn a_first_read_that_panics_in_user_code_keeps_the_trigger_it_made() {
+        let cx = egress_reactive::Context::new();
+        let h = cx.handle();
+        let cell: EgressCellOf<Brittle, _> = EgressCellOf::new(&h, policy(4));
+        cell.enqueue(Brittle(1));
+        let built = h.node_count();
+        PANICS.with(|p| p.set(true));
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cell.pending().get().len()));
+        PANICS.with(|p| p.set(false));
+        assert!(read.is_err(), "the payload's panic reaches the reader");
+        assert_eq!(h.node_count(), built + 1, "the trigger was made and kept");
+        // The next read makes no other, and the reader follows the cell.
+        assert_eq!(cell.pending().get().len(), 1);
+        cell.enqueue(Brittle(2));
+        assert_eq!(cell.pending().get().len(), 2);
+        assert_eq!(h.node_count(), built + 1);
+    }
+
     #[test]
     fn a_first_read_from_a_payloads_clone_while_a_list_is_copied_makes_its_trigger() {
         let cx = egress_reactive::Context::new();

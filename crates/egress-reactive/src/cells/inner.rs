@@ -73,29 +73,23 @@ impl<T> State<T> {
 }
 
 /// Makes the running computation depend on projection `p` of the cell
-/// whose state is `state`: tracks its trigger, made now (owned by the
-/// cell's scope) if no reader has tracked it before. Nothing is tracked
-/// once the scope is gone: the readers went with it.
-pub(super) fn track<T: 'static, F: Flavor>(
-    handle: &Handle<F>,
-    state: &F::Ptr<F::Cell<State<T>>>,
-    cell: &run::Cell<F>,
-    p: Projection,
-) {
-    let entered = Entered::by(cell);
-    let (trigger, owner, at) = state.with(&entered, |s| (s.triggers[p as usize].get(), s.owner, s.created_at));
-    let trigger = if trigger.index == NONE {
+/// whose state is `s`: tracks its trigger, made now (owned by the cell's
+/// scope) if no reader has tracked it before. Nothing is tracked once the
+/// scope is gone: the readers went with it. Making the trigger needs only
+/// the graph: `s` stays borrowed (shared) for the reader's projection.
+pub(super) fn track<T, F: Flavor>(handle: &Handle<F>, s: &State<T>, cell: &run::Cell<F>, p: Projection) {
+    let slot = &s.triggers[p as usize];
+    let mut trigger = slot.get();
+    if trigger.index == NONE {
         // (The scope is set as soon as the cell is built, before anything
         // can read a reader.)
-        if owner.index == NONE {
+        if s.owner.index == NONE {
             return;
         }
-        let Ok(made) = handle.with_owner(owner, || handle.trigger(at)) else { return };
-        state.with(&entered, |s| s.triggers[p as usize].set(made));
-        made
-    } else {
-        trigger
-    };
+        let Ok(made) = handle.with_owner(s.owner, || handle.trigger(s.created_at)) else { return };
+        slot.set(made);
+        trigger = made;
+    }
     Handle::track(cell, trigger);
 }
 
@@ -153,7 +147,6 @@ pub struct Inner<T: 'static, F: Flavor> {
     pub(super) clock: Arc<dyn Clock>,
 }
 
-/// The order of [`Inner::counts`], and how each is counted.
 /// How many triggers a cell can have: one per projection.
 pub(super) const TRIGGERS: usize = Projection::ALL.len();
 /// How many count readers a cell has.

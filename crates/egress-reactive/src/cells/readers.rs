@@ -82,9 +82,11 @@ impl<T: Clone + 'static, F: Flavor> Projector<T, F> for PendingList<T, F> {
 impl<T: 'static, Pr: Projector<T, F>, F: Flavor> Compute<Pr::Out> for Project<T, Pr, F> {
     fn compute(&self) -> Pr::Out {
         self.handle.enter(|cell| {
-            track(&self.handle, &self.state, cell, self.projection);
             let entered = Entered::by(cell);
-            self.state.with(&entered, |s| self.project.project(&s.core, &entered))
+            self.state.with(&entered, |s| {
+                track(&self.handle, s, cell, self.projection);
+                self.project.project(&s.core, &entered)
+            })
         })
     }
 }
@@ -116,10 +118,12 @@ impl<T: 'static, F: Flavor> Compute<Option<MessageStatus>> for StatusOf<T, F> {
     fn compute(&self) -> Option<MessageStatus> {
         let inner = &self.inner;
         inner.handle.enter(|cell| {
-            for p in STATUS_FOLLOWS {
-                track(&inner.handle, &inner.state, cell, p);
-            }
-            inner.state.with(&Entered::by(cell), |s| s.core.status(self.sequence))
+            inner.state.with(&Entered::by(cell), |s| {
+                for p in STATUS_FOLLOWS {
+                    track(&inner.handle, s, cell, p);
+                }
+                s.core.status(self.sequence)
+            })
         })
     }
 }
