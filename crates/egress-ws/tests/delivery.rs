@@ -1244,3 +1244,26 @@ async fn a_receiver_frame_larger_than_the_read_buffer_is_read_whole() {
     assert!(matches!(error, egress_ws::ConnectError::Renew(_)), "{error:?}");
     sender.shutdown().await;
 }
+
+/// Payloads several times the receiver's read buffer (and tungstenite's
+/// default of 128 KiB) arrive whole and in order, between small ones: the
+/// receiver reads a large frame in several reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_larger_than_the_receivers_read_buffer_arrive_whole() {
+    fn sized(i: u64) -> Bytes {
+        let len = if i.is_multiple_of(2) { 300_000 + i as usize } else { 7 };
+        Bytes::from((0..len).map(|b| (b as u64 ^ i) as u8).collect::<Vec<u8>>())
+    }
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let cx = AsyncContext::new();
+    let cell = AsyncEgressCell::new(&cx, policy());
+    let sender = Sender::spawn(cell.clone(), format!("ws://{}", receiver.local_addr()), sender_config(23)).unwrap();
+    cell.enqueue_all((0..8).map(sized));
+    for i in 0..8 {
+        let d = recv(&mut receiver).await;
+        assert_eq!(d.sequence, i);
+        assert_eq!(d.content, Content::Message(sized(i)), "payload {i} whole");
+    }
+    drained(&cell, 8).await;
+    sender.shutdown().await;
+}

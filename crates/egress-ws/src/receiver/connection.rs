@@ -160,9 +160,18 @@ impl FrameError {
     }
 }
 
+/// How much a connection reads from its socket at a time. tungstenite
+/// zero-fills that much of its read buffer before every read, so its
+/// default of 128 KiB cost the reference receiver more per small message
+/// than decoding it (about 1,100 instructions a message in the egress-ws
+/// bench, docs/benchmarks.md). 16 KiB holds a full window of 256 small
+/// frames; a larger frame still arrives whole, in several reads (the
+/// buffer grows to the frame's length).
+const READ_CHUNK: usize = 16 * 1024;
+
 fn ws_config(limits: Limits) -> WebSocketConfig {
     let max = limits.max_payload.saturating_add(64);
-    WebSocketConfig::default().max_message_size(Some(max)).max_frame_size(Some(max))
+    WebSocketConfig::default().max_message_size(Some(max)).max_frame_size(Some(max)).read_buffer_size(READ_CHUNK)
 }
 
 /// Tells the inbox when the connection task ends, however it ends.
