@@ -210,6 +210,8 @@ impl<F: Flavor> Graph<F> {
             return false;
         }
         let root = self.root;
+        // Room for every live node's object (the root has none) at once.
+        objs.reserve(self.live_nodes());
         // Every slot but the root's goes on the free list, the lowest first
         // (as they were made).
         let (mut head, mut count) = (NONE, 0);
