@@ -364,3 +364,129 @@ async fn a_receiver_is_not_started_with_a_payload_limit_below_the_floor() {
     let at = ReceiverConfig { limits: egress_ws::protocol::Limits { max_payload: 1_024 }, ..ReceiverConfig::default() };
     assert!(Receiver::bind("127.0.0.1:0", at).await.is_ok());
 }
+
+/// Whether `payload` owns an allocation of its own length: nothing else
+/// shares it (a payload that is a slice of a larger buffer keeps all of
+/// that buffer alive however small it is).
+fn owns_exactly(payload: Bytes) -> Result<(), String> {
+    let len = payload.len();
+    match payload.try_into_mut() {
+        Ok(owned) if owned.capacity() == len => Ok(()),
+        Ok(owned) => Err(format!("{len} bytes hold an allocation of {}", owned.capacity())),
+        Err(_) => Err(format!("{len} bytes share their allocation")),
+    }
+}
+
+/// A payload the receiver keeps (buffered above a gap, or queued for the
+/// application) holds its own bytes and no more, so the byte bounds
+/// (`max_buffered_bytes`, `max_buffered_bytes_total`,
+/// `delivery_buffer_bytes`) bound memory: one-byte frames read into a
+/// buffer that held a 1 MB frame before them do not each keep that buffer
+/// alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_payload_holds_only_its_own_bytes_not_the_read_buffer() {
+    let mut receiver = Receiver::bind("127.0.0.1:0", ReceiverConfig::default()).await.unwrap();
+    let mut ws = producer(&receiver, "p", 1, 0).await;
+    let one = |i: u64| Bytes::from(vec![i as u8]);
+    ws.send(data(1, 0, one(0))).await.unwrap();
+    let first = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
+    assert_eq!(first.content, Content::Message(one(0)));
+    let big = Bytes::from(vec![7u8; 1_000_000]);
+    let n = 8;
+    for i in 0..n {
+        // A 1 MB duplicate (sequence 0 again) makes the read buffer that
+        // large; the one-byte frame after it is read into that buffer and
+        // kept, above the gap at 1.
+        ws.send(data(1, 0, big.clone())).await.unwrap();
+        until(&receiver, "the duplicate read", |s| s.duplicates > i).await;
+        ws.send(data(1, 2 + i, one(2 + i))).await.unwrap();
+        until(&receiver, "the frame buffered", |s| s.bytes_buffered as u64 > i).await;
+    }
+    // Sequence 1 fills the gap: all of them go to the application.
+    ws.send(data(1, 1, one(1))).await.unwrap();
+    for sequence in 1..2 + n {
+        let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
+        assert_eq!(d.sequence, sequence);
+        let Content::Message(payload) = d.content else { panic!("a message") };
+        assert_eq!(payload, one(sequence));
+        owns_exactly(payload).unwrap_or_else(|e| panic!("sequence {sequence}: {e}"));
+    }
+}
+
+/// The TCP stream under a raw producer's WebSocket.
+fn raw(ws: &mut Client) -> &mut TcpStream {
+    match ws.get_mut() {
+        tokio_tungstenite::MaybeTlsStream::Plain(tcp) => tcp,
+        _ => unreachable!("plain TCP"),
+    }
+}
+
+/// One masked WebSocket frame (as a client sends it): `opcode` 0 is a
+/// continuation, 2 binary, 9 a ping.
+fn ws_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+    const MASK: [u8; 4] = [0x12, 0x34, 0x56, 0x78];
+    let mut out = vec![if fin { 0x80 } else { 0 } | opcode];
+    match payload.len() {
+        len @ 0..126 => out.push(0x80 | len as u8),
+        len => {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&u16::try_from(len).unwrap().to_be_bytes());
+        }
+    }
+    out.extend_from_slice(&MASK);
+    out.extend(payload.iter().zip(MASK.iter().cycle()).map(|(b, m)| b ^ m));
+    out
+}
+
+/// A frame the producer splits into WebSocket fragments, with pings
+/// between them (each heard, so the idle timer starts again), is still
+/// bounded by the max payload: fragments that add up to more are refused
+/// (code 1), and a frame within it is delivered whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_in_fragments_with_pings_between_is_bounded_by_the_max_payload() {
+    let limits = egress_ws::protocol::Limits { max_payload: 1_024 };
+    let config = ReceiverConfig { limits, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let fragmented = |payload: Bytes| {
+        let frame = Frame::Data { generation: 1, sequence: 0, attempt: 1, payload }.encode();
+        let pieces: Vec<&[u8]> = frame.chunks(300).collect();
+        let mut wire = Vec::new();
+        for (i, piece) in pieces.iter().enumerate() {
+            let opcode = if i == 0 { 2 } else { 0 };
+            wire.extend(ws_frame(i + 1 == pieces.len(), opcode, piece));
+            wire.extend(ws_frame(true, 9, b"still here"));
+        }
+        wire
+    };
+    // Within the limit: delivered whole.
+    let mut ws = producer(&receiver, "within", 1, 0).await;
+    let fits = Bytes::from(vec![5u8; 1_024]);
+    raw(&mut ws).write_all(&fragmented(fits.clone())).await.unwrap();
+    let d = tokio::time::timeout(limit(), receiver.recv()).await.unwrap();
+    assert_eq!((&*d.producer, d.content), ("within", Content::Message(fits)));
+    // Over it, by fragments that each fit: refused.
+    let mut ws = producer(&receiver, "over", 1, 0).await;
+    raw(&mut ws).write_all(&fragmented(Bytes::from(vec![5u8; 1_200]))).await.unwrap();
+    assert_eq!(common::close_of(&mut ws).await.map(|(code, _)| code), Some(CloseCode::Protocol));
+}
+
+/// What the idle timer counts as heard: any WebSocket message, pings from
+/// the producer included. A producer that only pings, and never reads
+/// (so never answers the receiver's keepalive), stays open well past the
+/// idle timeout; when it stops, it is closed for silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producers_pings_count_as_heard() {
+    let idle = Duration::from_millis(300);
+    let config = ReceiverConfig { idle_timeout: idle, ..ReceiverConfig::default() };
+    let receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let mut ws = producer(&receiver, "pinger", 1, 0).await;
+    for _ in 0..12 {
+        raw(&mut ws).write_all(&ws_frame(true, 9, b"here")).await.unwrap();
+        tokio::time::sleep(idle / 4).await;
+    }
+    // Three idle timeouts of pings: still open.
+    let stats = receiver.stats();
+    assert_eq!((stats.idle_closed, stats.open_connections), (0, 1), "{stats:?}");
+    let stats = until(&receiver, "closed once silent", |s| s.idle_closed == 1 && s.open_connections == 0).await;
+    assert_eq!(stats.idle_closed, 1);
+}

@@ -61,11 +61,12 @@ pub struct ReceiverConfig {
     /// Unavailable` and closed at once.
     pub max_connections: usize,
     /// How long an admitted connection may go without a message from its
-    /// producer (a frame, or the pong to the receiver's keepalive ping)
-    /// while the receiver reads it, and how long any write to it may take;
-    /// then the receiver closes it. (While the delivery buffer is full the
-    /// receiver does not read, and does not count.) A frame must arrive
-    /// whole within it.
+    /// producer (a frame, a ping or a pong) while the receiver reads it,
+    /// and how long any write to it may take; then the receiver closes it.
+    /// (While the delivery buffer is full the receiver does not read, and
+    /// does not count.) A frame sent as one WebSocket message must arrive
+    /// whole within it; one split into WebSocket fragments with pings or
+    /// pongs between them may take longer, and is held to the max payload.
     pub idle_timeout: Duration,
     /// How many producer ids the receiver remembers at once. A new one
     /// beyond is admitted only if an idle one (no connection, nothing

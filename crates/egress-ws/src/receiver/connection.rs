@@ -110,20 +110,37 @@ async fn send_within(ws: &mut Ws, message: Message, limit: Duration) -> Result<(
     }
 }
 
-/// Reads the next binary message as a frame; `Ok(None)` when the peer
-/// closed. Anything heard (pings and pongs included) is noted in `heard`.
-async fn next_frame(ws: &mut Ws, limits: Limits, heard: &mut Instant) -> Result<Option<Frame>, FrameError> {
+/// What one read of a connection brought.
+enum Heard {
+    /// A frame (a binary message).
+    Frame(Frame),
+    /// A ping or a pong.
+    Control,
+    /// The end: the peer closed.
+    Closed,
+}
+
+/// Reads the next message; notes when in `heard` (whatever it was: the
+/// idle timer counts pings and pongs as heard).
+async fn next_message(ws: &mut Ws, limits: Limits, heard: &mut Instant) -> Result<Heard, FrameError> {
+    let message = ws.next().await;
+    *heard = Instant::now();
+    match message {
+        None | Some(Ok(Message::Close(_))) => Ok(Heard::Closed),
+        Some(Ok(Message::Binary(bytes))) => Frame::decode(&bytes, limits).map(Heard::Frame).map_err(FrameError::Decode),
+        Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Ok(Heard::Control),
+        Some(Ok(Message::Text(_))) => Err(FrameError::Text),
+        Some(Err(e)) => Err(FrameError::Ws(e)),
+    }
+}
+
+/// The next frame, past pings and pongs; `Ok(None)` when the peer closed.
+async fn next_frame(ws: &mut Ws, limits: Limits) -> Result<Option<Frame>, FrameError> {
     loop {
-        let message = ws.next().await;
-        *heard = Instant::now();
-        match message {
-            None | Some(Ok(Message::Close(_))) => return Ok(None),
-            Some(Ok(Message::Binary(bytes))) => {
-                return Frame::decode(&bytes, limits).map(Some).map_err(FrameError::Decode);
-            }
-            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-            Some(Ok(Message::Text(_))) => return Err(FrameError::Text),
-            Some(Err(e)) => return Err(FrameError::Ws(e)),
+        match next_message(ws, limits, &mut Instant::now()).await? {
+            Heard::Frame(frame) => return Ok(Some(frame)),
+            Heard::Control => {}
+            Heard::Closed => return Ok(None),
         }
     }
 }
@@ -230,7 +247,7 @@ async fn serve(stream: TcpStream, peer: std::net::SocketAddr, shared: &Shared) -
             return Err(ServeError::Protocol(format!("upgrade refused: {refusal:?}")));
         }
         let mut ws = accepted?;
-        let first = next_frame(&mut ws, config.limits, &mut Instant::now()).await;
+        let first = next_frame(&mut ws, config.limits).await;
         Ok::<_, ServeError>((ws, first))
     })
     .await;
@@ -354,9 +371,12 @@ impl Connection<'_> {
             let deadline = self.acks.deadline();
             let silent_at = heard + idle;
             let step = tokio::select! {
-                frame = next_frame(&mut self.ws, config.limits, &mut heard), if waiting.is_none() => match frame {
-                    Ok(Some(frame)) => self.frame(frame, &mut space, &mut waiting),
-                    Ok(None) => return Ok(()),
+                // A ping or a pong goes round the loop, so that the idle
+                // timer starts again from it.
+                heard_now = next_message(&mut self.ws, config.limits, &mut heard), if waiting.is_none() => match heard_now {
+                    Ok(Heard::Frame(frame)) => self.frame(frame, &mut space, &mut waiting),
+                    Ok(Heard::Control) => Step::Go,
+                    Ok(Heard::Closed) => return Ok(()),
                     Err(e) => {
                         if let Some((code, detail, reason)) = e.close() {
                             self.shared.rejected.fetch_add(1, Ordering::Relaxed);
@@ -439,7 +459,12 @@ impl Connection<'_> {
         match frame {
             Frame::Data { generation, sequence, payload, .. } if generation == self.generation => {
                 tracing::trace!(sequence, len = payload.len(), "egress receiver: data");
-                self.offer(sequence, Content::Message(payload), space, waiting)
+                // Copied out of the read buffer: the frame is a slice of it,
+                // and a slice keeps the whole buffer alive (1 MiB after a
+                // frame that large) for as long as the receiver or the
+                // application keeps the payload. The byte bounds count
+                // payload bytes, so each kept payload owns only its own.
+                self.offer(sequence, Content::Message(Bytes::copy_from_slice(&payload)), space, waiting)
             }
             Frame::Tombstone { generation, sequence, reason, .. } if generation == self.generation => {
                 self.offer(sequence, Content::Skipped(reason), space, waiting)
