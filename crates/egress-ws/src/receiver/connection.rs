@@ -186,9 +186,24 @@ impl FrameError {
 /// buffer grows to the frame's length).
 const READ_CHUNK: usize = 16 * 1024;
 
+/// The most a connection's WebSocket keeps of what it has not yet written.
+/// tungstenite answers every ping it reads with a pong, buffered while the
+/// socket is blocked, and by default without a limit: a producer that
+/// floods pings and never reads grew the receiver by tens of megabytes a
+/// second until its connection was closed. At the limit, the pong waits
+/// (only the latest is kept). The receiver's own writes are flushed one by
+/// one, so they never gather here ([`WebSocketConfig::write_buffer_size`]
+/// 0: each frame goes to the socket as it is written).
+const WRITE_LIMIT: usize = 64 * 1024;
+
 fn ws_config(limits: Limits) -> WebSocketConfig {
     let max = limits.max_payload.saturating_add(64);
-    WebSocketConfig::default().max_message_size(Some(max)).max_frame_size(Some(max)).read_buffer_size(READ_CHUNK)
+    WebSocketConfig::default()
+        .max_message_size(Some(max))
+        .max_frame_size(Some(max))
+        .read_buffer_size(READ_CHUNK)
+        .write_buffer_size(0)
+        .max_write_buffer_size(WRITE_LIMIT)
 }
 
 /// Tells the inbox when the connection task ends, however it ends.
