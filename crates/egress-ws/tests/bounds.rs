@@ -11,7 +11,9 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{drained, limit, next_frame, payload, policy, receive_in_order, sender_config, until};
+use common::{
+    Client, drained, limit, next_frame, payload, policy, raw, receive_in_order, sender_config, until, ws_frame,
+};
 use egress_reactive::{AsyncContext, AsyncEgressCell};
 use egress_ws::protocol::{CloseCode, Frame};
 use egress_ws::{Content, Receiver, ReceiverConfig, Sender};
@@ -19,8 +21,6 @@ use futures_util::SinkExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
-
-type Client = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
 
 fn send(frame: Frame) -> Message {
     Message::Binary(frame.encode())
@@ -411,31 +411,6 @@ async fn a_kept_payload_holds_only_its_own_bytes_not_the_read_buffer() {
         assert_eq!(payload, one(sequence));
         owns_exactly(payload).unwrap_or_else(|e| panic!("sequence {sequence}: {e}"));
     }
-}
-
-/// The TCP stream under a raw producer's WebSocket.
-fn raw(ws: &mut Client) -> &mut TcpStream {
-    match ws.get_mut() {
-        tokio_tungstenite::MaybeTlsStream::Plain(tcp) => tcp,
-        _ => unreachable!("plain TCP"),
-    }
-}
-
-/// One masked WebSocket frame (as a client sends it): `opcode` 0 is a
-/// continuation, 2 binary, 9 a ping.
-fn ws_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
-    const MASK: [u8; 4] = [0x12, 0x34, 0x56, 0x78];
-    let mut out = vec![if fin { 0x80 } else { 0 } | opcode];
-    match payload.len() {
-        len @ 0..126 => out.push(0x80 | len as u8),
-        len => {
-            out.push(0x80 | 126);
-            out.extend_from_slice(&u16::try_from(len).unwrap().to_be_bytes());
-        }
-    }
-    out.extend_from_slice(&MASK);
-    out.extend(payload.iter().zip(MASK.iter().cycle()).map(|(b, m)| b ^ m));
-    out
 }
 
 /// A frame the producer splits into WebSocket fragments, with pings

@@ -10,15 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{next_frame, until};
+use common::{Client, handshake, next_frame, raw, raw_client, until, ws_frame};
 use egress_ws::protocol::Frame;
 use egress_ws::{Receiver, ReceiverConfig};
 use futures_util::SinkExt;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::Message;
-
-type Client = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
 
 /// This process's resident set, in bytes.
 fn rss() -> usize {
@@ -42,15 +38,11 @@ fn sample_peak(stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
 /// Writes 125-byte masked pings as fast as the socket takes them, never
 /// reading, until `stop` or the receiver closes; returns the bytes written.
 async fn flood(mut ws: Client, stop: Arc<AtomicBool>) -> usize {
-    let tokio_tungstenite::MaybeTlsStream::Plain(stream) = ws.get_mut() else { unreachable!("plain TCP") };
-    const MASK: [u8; 4] = [0x12, 0x34, 0x56, 0x78];
-    let mut ping = vec![0x89, 0x80 | 125];
-    ping.extend_from_slice(&MASK);
-    ping.extend([0xAB_u8; 125].iter().zip(MASK.iter().cycle()).map(|(b, m)| b ^ m));
+    let ping = ws_frame(true, 9, &[0xAB; 125]);
     let batch: Vec<u8> = ping.iter().copied().cycle().take(ping.len() * 500).collect();
     let (mut written, mut at) = (0, 0);
     while !stop.load(Ordering::Relaxed) {
-        match tokio::time::timeout(Duration::from_millis(50), stream.write(&batch[at..])).await {
+        match tokio::time::timeout(Duration::from_millis(50), raw(&mut ws).write(&batch[at..])).await {
             Ok(Ok(0) | Err(_)) => break,
             Ok(Ok(n)) => {
                 written += n;
@@ -67,9 +59,8 @@ async fn a_ping_flood_that_never_reads_is_bounded_and_closed() {
     let (keepalive, idle) = (Duration::from_secs(1), Duration::from_secs(2));
     let config = ReceiverConfig { idle_timeout: idle, keepalive, ..ReceiverConfig::default() };
     let receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
-    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}", receiver.local_addr())).await.unwrap();
-    let hello = Frame::Handshake { producer: "flooder".into(), incarnation: 1, generation: 1, resume_from: 0 };
-    ws.send(Message::Binary(hello.encode())).await.unwrap();
+    let mut ws = raw_client(&receiver).await;
+    ws.send(handshake(1, 1, 0)).await.unwrap();
     assert!(matches!(next_frame(&mut ws).await, Some(Frame::Welcome { .. })));
     let base = rss();
     let stop = Arc::new(AtomicBool::new(false));

@@ -71,6 +71,31 @@ pub async fn raw_client(receiver: &Receiver) -> Client {
     tokio_tungstenite::connect_async(format!("ws://{}", receiver.local_addr())).await.unwrap().0
 }
 
+/// The TCP stream under a raw producer's WebSocket.
+pub fn raw(ws: &mut Client) -> &mut tokio::net::TcpStream {
+    match ws.get_mut() {
+        tokio_tungstenite::MaybeTlsStream::Plain(tcp) => tcp,
+        _ => unreachable!("plain TCP"),
+    }
+}
+
+/// One masked WebSocket frame (as a client sends it): `opcode` 0 is a
+/// continuation, 2 binary, 9 a ping.
+pub fn ws_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+    const MASK: [u8; 4] = [0x12, 0x34, 0x56, 0x78];
+    let mut out = vec![if fin { 0x80 } else { 0 } | opcode];
+    match payload.len() {
+        len @ 0..126 => out.push(0x80 | len as u8),
+        len => {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&u16::try_from(len).unwrap().to_be_bytes());
+        }
+    }
+    out.extend_from_slice(&MASK);
+    out.extend(payload.iter().zip(MASK.iter().cycle()).map(|(b, m)| b ^ m));
+    out
+}
+
 pub fn handshake(incarnation: u128, generation: u64, resume_from: u64) -> Message {
     Message::Binary(Frame::Handshake { producer: "producer-1".into(), incarnation, generation, resume_from }.encode())
 }
