@@ -445,18 +445,20 @@ async fn a_frame_in_fragments_with_pings_between_is_bounded_by_the_max_payload()
     assert_eq!(common::close_of(&mut ws).await.map(|(code, _)| code), Some(CloseCode::Protocol));
 }
 
-/// What the idle timer counts as heard: any WebSocket message, pings from
-/// the producer included. A producer that only pings, and never reads
-/// (so never answers the receiver's keepalive), stays open well past the
-/// idle timeout; when it stops, it is closed for silence.
+/// What the idle timer counts as heard: any WebSocket message, pings and
+/// pongs from the producer included. A producer that only sends those,
+/// and never reads (so never answers the receiver's keepalive), stays open
+/// well past the idle timeout; when it stops, it is closed for silence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producers_pings_count_as_heard() {
     let idle = Duration::from_millis(300);
     let config = ReceiverConfig { idle_timeout: idle, ..ReceiverConfig::default() };
     let receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
     let mut ws = producer(&receiver, "pinger", 1, 0).await;
-    for _ in 0..12 {
-        raw(&mut ws).write_all(&ws_frame(true, 9, b"here")).await.unwrap();
+    for i in 0..12 {
+        // Pings and unsolicited pongs, in turn.
+        let opcode = if i % 2 == 0 { 9 } else { 10 };
+        raw(&mut ws).write_all(&ws_frame(true, opcode, b"here")).await.unwrap();
         tokio::time::sleep(idle / 4).await;
     }
     // Three idle timeouts of pings: still open.

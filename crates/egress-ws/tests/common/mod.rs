@@ -80,7 +80,7 @@ pub fn raw(ws: &mut Client) -> &mut tokio::net::TcpStream {
 }
 
 /// One masked WebSocket frame (as a client sends it): `opcode` 0 is a
-/// continuation, 2 binary, 9 a ping.
+/// continuation, 2 binary, 9 a ping, 10 a pong.
 pub fn ws_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
     const MASK: [u8; 4] = [0x12, 0x34, 0x56, 0x78];
     let mut out = vec![if fin { 0x80 } else { 0 } | opcode];
