@@ -64,9 +64,9 @@ pub struct ReceiverConfig {
     /// producer (a frame, a ping or a pong) while the receiver reads it,
     /// and how long any write to it may take; then the receiver closes it.
     /// (While the delivery buffer is full the receiver does not read, and
-    /// does not count.) A frame sent as one WebSocket message must arrive
-    /// whole within it; one split into WebSocket fragments with pings or
-    /// pongs between them may take longer, and is held to the max payload.
+    /// does not count.) A frame must arrive whole within it, unless the
+    /// producer sends pings or pongs between its WebSocket fragments: then
+    /// it may take longer, and is still held to the max payload.
     pub idle_timeout: Duration,
     /// How many producer ids the receiver remembers at once. A new one
     /// beyond is admitted only if an idle one (no connection, nothing
