@@ -467,3 +467,29 @@ async fn a_producers_pings_count_as_heard() {
     let stats = until(&receiver, "closed once silent", |s| s.idle_closed == 1 && s.open_connections == 0).await;
     assert_eq!(stats.idle_closed, 1);
 }
+
+/// A frame must arrive whole within the idle timeout even when it comes in
+/// WebSocket fragments: fragments alone (no ping or pong between them) do
+/// not start the timer again, so a producer that trickles one slowly is
+/// closed for silence, and nothing of it is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_trickled_in_fragments_is_closed_at_the_idle_timeout() {
+    let idle = Duration::from_millis(300);
+    let config = ReceiverConfig { idle_timeout: idle, ..ReceiverConfig::default() };
+    let mut receiver = Receiver::bind("127.0.0.1:0", config).await.unwrap();
+    let mut ws = producer(&receiver, "trickle", 1, 0).await;
+    let frame = Frame::Data { generation: 1, sequence: 0, attempt: 1, payload: Bytes::from(vec![1u8; 500]) }.encode();
+    let pieces: Vec<&[u8]> = frame.chunks(50).collect();
+    let started = tokio::time::Instant::now();
+    for (i, piece) in pieces.iter().enumerate() {
+        let wrote = raw(&mut ws).write_all(&ws_frame(i + 1 == pieces.len(), if i == 0 { 2 } else { 0 }, piece)).await;
+        if wrote.is_err() || receiver.stats().idle_closed > 0 {
+            break;
+        }
+        tokio::time::sleep(idle / 3).await;
+    }
+    let stats = until(&receiver, "closed for silence", |s| s.idle_closed == 1 && s.open_connections == 0).await;
+    assert_eq!(stats.delivered, 0, "{stats:?}");
+    assert!(started.elapsed() < idle * 3, "closed within the first idle timeouts, not after the last fragment");
+    assert!(tokio::time::timeout(Duration::from_millis(50), receiver.recv()).await.is_err(), "nothing delivered");
+}
