@@ -69,6 +69,9 @@ pub trait Flavor: sealed::Sealed + Sized + 'static {
     fn ptr<T: 'static>(value: T) -> Self::Ptr<T>;
     #[doc(hidden)]
     fn obj(obj: &Self::Obj) -> &dyn NodeObj;
+    /// Whether two objects are one (pointer equality).
+    #[doc(hidden)]
+    fn same_obj(a: &Self::Obj, b: &Self::Obj) -> bool;
     #[doc(hidden)]
     fn downcast<T: 'static>(any: &Self::Any) -> Option<&T>;
     /// Whether `ptr` is the only pointer to its value, strong or weak.
@@ -264,6 +267,10 @@ impl Flavor for Local {
     fn obj(obj: &Self::Obj) -> &dyn NodeObj {
         &**obj
     }
+    #[inline(always)]
+    fn same_obj(a: &Self::Obj, b: &Self::Obj) -> bool {
+        Self::Ptr::ptr_eq(a, b)
+    }
     #[inline]
     fn downcast<T: 'static>(any: &Self::Any) -> Option<&T> {
         any.downcast_ref()
@@ -341,6 +348,10 @@ impl Flavor for Threaded {
     #[inline]
     fn obj(obj: &Self::Obj) -> &dyn NodeObj {
         &**obj
+    }
+    #[inline(always)]
+    fn same_obj(a: &Self::Obj, b: &Self::Obj) -> bool {
+        Self::Ptr::ptr_eq(a, b)
     }
     #[inline]
     fn downcast<T: 'static>(any: &Self::Any) -> Option<&T> {

@@ -11,7 +11,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
 use crate::error::{CycleError, EffectLoopError};
 use crate::flavor::{Entered, Flavor};
-use crate::graph::{Ended, Graph, Key, NONE, Queued, Saved, flags::*};
+use crate::graph::{Ended, Freed, Graph, Key, NONE, Queued, Saved, aux_block, flags::*};
 
 pub(crate) type Cell<F> = RefCell<Graph<F>>;
 
@@ -496,11 +496,11 @@ fn settle_from<F: Flavor>(cell: &Cell<F>, current: &mut Option<Key>) {
             }
             let node = g.node_mut(key.index);
             node.flags &= !BATCHED;
-            let custom = node.flags & CUSTOM_EQ != 0;
-            let obj = node.obj.clone().map(|obj| (obj, node.aux));
-            (key, obj.map(|(obj, aux)| (obj, aux, if custom { own_equality(&g, key) } else { None })))
+            let (flags, aux) = (node.flags, node.aux);
+            let obj = (flags & VALUED != 0).then(|| g.blocks.get(aux_block(aux)).clone());
+            (key, obj.map(|obj| (obj, aux, if flags & CUSTOM_EQ != 0 { own_equality(&g, key) } else { None })))
         };
-        // A source without an object is a trigger: written means changed.
+        // A source without a value is a trigger: written means changed.
         *current = Some(key);
         let changed =
             obj.is_none_or(|(obj, aux, own)| F::obj(&obj).settle(&Entered::by(cell), aux, own.as_deref().map(F::any)));
@@ -868,17 +868,32 @@ pub(crate) fn dispose_caught<F: Flavor>(cell: &Cell<F>, index: u32, include_self
     const CHUNK: usize = 256;
     let mut first_panic = None;
     // Objects of freed nodes, with their `aux`, released outside the borrow.
-    let mut objs: Vec<(F::Obj, u32)> = Vec::new();
-    let release = |objs: &mut Vec<(F::Obj, u32)>, first_panic: &mut Option<Panic>| {
+    let mut objs = Freed::<F>::new();
+    let release = |objs: &mut Freed<F>, first_panic: &mut Option<Panic>| {
         let entered = Entered::by(cell);
-        for (obj, aux) in objs.drain(..) {
-            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| F::obj(&obj).release(&entered, aux))) {
-                first_panic.get_or_insert(panic);
-            }
-            // Dropping the object runs the user's destructors too.
+        // Dropping an object runs the user's destructors too.
+        let drop_caught = |obj: F::Obj, first_panic: &mut Option<Panic>| {
             if let Err(panic) = catch_unwind(AssertUnwindSafe(|| drop(obj))) {
                 first_panic.get_or_insert(panic);
             }
+        };
+        // Each object is dropped once its own release and those of the
+        // signals that share it (`None`) are done: in the order freed.
+        let mut current: Option<F::Obj> = None;
+        for (obj, aux) in objs.drain() {
+            if let Some(obj) = obj
+                && let Some(done) = current.replace(obj)
+            {
+                drop_caught(done, first_panic);
+            }
+            if let Some(obj) = &current
+                && let Err(panic) = catch_unwind(AssertUnwindSafe(|| F::obj(obj).release(&entered, aux)))
+            {
+                first_panic.get_or_insert(panic);
+            }
+        }
+        if let Some(done) = current {
+            drop_caught(done, first_panic);
         }
         let dropped = std::mem::take(&mut cell.borrow_mut().dropped);
         for value in dropped {
@@ -957,13 +972,12 @@ pub(crate) fn dispose_caught<F: Flavor>(cell: &Cell<F>, index: u32, include_self
         }
         if cur == index {
             if include_self {
-                let aux = g.node(cur).aux;
-                objs.extend(g.free(cur).map(|obj| (obj, aux)));
+                g.free(cur, &mut objs);
             }
             break;
         }
-        let (owner, aux) = (g.node(cur).owner, g.node(cur).aux);
-        objs.extend(g.free(cur).map(|obj| (obj, aux)));
+        let owner = g.node(cur).owner;
+        g.free(cur, &mut objs);
         if objs.len() >= CHUNK {
             drop(g);
             release(&mut objs, &mut first_panic);

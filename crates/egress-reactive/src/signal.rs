@@ -6,7 +6,7 @@ use std::panic::Location;
 use crate::context::{Foreign, Handle, NodeRef};
 use crate::error::{NodeKind, ReadError, WriteError};
 use crate::flavor::{Entered, Flavor, Holds, HoldsEq, Token, ValueCell};
-use crate::graph::{Graph, NONE, NodeObj, Pool, flags::*};
+use crate::graph::{Graph, NONE, NodeObj, Pool, aux_slot, flags::*, signal_aux};
 use crate::run;
 
 /// A writable source of the graph.
@@ -38,7 +38,8 @@ impl<T: 'static, F: Flavor> std::ops::Deref for Signal<T, F> {
 }
 
 /// A block of value slots for signals of one value type, shared by the
-/// graph (each signal's node holds its block) and by the signals' handles.
+/// graph (which holds each block once for all its live signals, each
+/// signal's node naming its block and slot) and by the signals' handles.
 ///
 /// Signals take their slots in order from the current block of their type
 /// and never reuse one, so a handle's slot stays its own (with the place it
@@ -50,7 +51,7 @@ impl<T: 'static, F: Flavor> std::ops::Deref for Signal<T, F> {
 /// keeps at most that much of emptied slots alive.
 ///
 /// Creating a signal therefore allocates nothing on the heap but, once per
-/// block, the block.
+/// block, the block; nor does it count a pointer for the graph.
 #[doc(hidden)]
 pub struct SignalBlock<T: 'static, F: Flavor> {
     slots: Box<[F::Cell<Slot<T>>]>,
@@ -76,8 +77,8 @@ struct SignalState<T> {
 }
 
 impl<T: 'static, F: Flavor> SignalBlock<T, F> {
-    /// The most slots a block holds.
-    pub const MAX_SLOTS: usize = 64;
+    /// The most slots a block holds (as many as a node's `aux` names).
+    pub const MAX_SLOTS: usize = crate::graph::MAX_SLOTS;
     /// The most bytes of slots a block holds, unless one slot is larger.
     pub const MAX_BYTES: usize = 4096;
     /// The slots of the first block of a type.
@@ -119,8 +120,8 @@ impl<T: 'static, F: Flavor> NodeObj for SignalBlock<T, F> {
         false
     }
 
-    fn settle(&self, entered: &Entered, slot: u32, own: Option<&dyn std::any::Any>) -> bool {
-        self.slot(slot).with_mut(entered, |s| {
+    fn settle(&self, entered: &Entered, aux: u32, own: Option<&dyn std::any::Any>) -> bool {
+        self.slot(aux_slot(aux)).with_mut(entered, |s| {
             let s = s.state();
             let forced = std::mem::take(&mut s.forced);
             match s.replaced.take() {
@@ -140,8 +141,8 @@ impl<T: 'static, F: Flavor> NodeObj for SignalBlock<T, F> {
     /// closed from inside the signal's own equality, which holds it), it
     /// stays in the slot: the slot's next signal, or the block's drop,
     /// drops it.
-    fn release(&self, entered: &Entered, slot: u32) {
-        let state = self.slot(slot).try_with_mut(entered, |s| s.state.take());
+    fn release(&self, entered: &Entered, aux: u32) {
+        let state = self.slot(aux_slot(aux)).try_with_mut(entered, |s| s.state.take());
         drop(state);
     }
 }
@@ -227,8 +228,9 @@ impl<F: Flavor> Handle<F> {
         let Some(guard) = F::enter(&self.rt.cell, Token(())) else { Foreign.panic() };
         let cell: &run::Cell<F> = &guard;
         let mut g = cell.borrow_mut();
-        let (block, slot) = take_slot::<T, F>(&mut g);
-        let created = g.create(SIGNAL, Some(F::erase(block.clone())), slot, created_at);
+        let mut retired = None;
+        let (block, held, slot) = take_slot::<T, F>(&mut g, &mut retired);
+        let created = g.create(SIGNAL | VALUED, None, signal_aux(held, slot), created_at);
         let key = match created {
             Ok(key) => {
                 if let Some(same) = same {
@@ -237,13 +239,16 @@ impl<F: Flavor> Handle<F> {
                 }
                 key
             }
-            Err((dead, obj)) => {
+            Err((dead, _)) => {
                 // A dropped context: the slot stays empty (it still names
-                // where the signal was created), the value goes now.
+                // where the signal was created), the value goes now. The
+                // slot, never a live signal's, is freed at once.
+                let freed = g.blocks.uncount(held);
                 drop(g);
-                drop(obj);
+                drop(freed);
                 block.slot(slot).with_mut(&Entered::by(cell), |s| s.created_at = created_at);
                 drop(value);
+                drop_retired::<F>(retired);
                 let outermost = F::leave(guard);
                 self.after(outermost);
                 return Signal { node: NodeRef { handle: self.clone(), key: dead }, block, slot };
@@ -254,16 +259,46 @@ impl<F: Flavor> Handle<F> {
         // none either.
         let state = SignalState { value, replaced: None, forced: false };
         block.slot(slot).with_mut(&Entered::by(cell), |s| *s = Slot { created_at, state: Some(state) });
+        // The block the type's pool left, if nothing counts in it now: its
+        // drop may run a value's destructor (one left in its slot, lent out
+        // when its signal was disposed), so only now, with the signal made.
+        drop_retired::<F>(retired);
         let outermost = F::leave(guard);
         self.after(outermost);
         Signal { node: NodeRef { handle: self.clone(), key }, block, slot }
     }
 }
 
-/// A free slot for a signal of type `T`: the next one of the current block
-/// of that type, or the first of a new block.
+/// A slot a signal took: its block (for the signal's handle), the block's
+/// number in [`Graph::blocks`], and the slot.
+type Taken<T, F> = (<F as Flavor>::Ptr<SignalBlock<T, F>>, u32, u32);
+
+/// A block that stopped being its type's current one when nothing counted
+/// in it any more (every signal of it was disposed): dropped outside the
+/// graph's borrow, as its drop may run a value's destructor.
+type Retired<F> = (<F as Flavor>::Obj, Box<<F as Flavor>::Any>);
+
+/// Drops `retired`, if a block was, out of line: rarely one is.
 #[inline(always)]
-fn take_slot<T: 'static, F: Holds<SignalBlock<T, F>>>(g: &mut Graph<F>) -> (F::Ptr<SignalBlock<T, F>>, u32) {
+fn drop_retired<F: Flavor>(retired: Option<Retired<F>>) {
+    #[cold]
+    #[inline(never)]
+    fn drop_block<F: Flavor>(retired: Retired<F>) {
+        drop(retired);
+    }
+    if let Some(retired) = retired {
+        drop_block::<F>(retired);
+    }
+}
+
+/// A free slot for a signal of type `T`: the next one of the current block
+/// of that type, or the first of a new block ([`new_block`], which may
+/// retire the block it replaces).
+#[inline(always)]
+fn take_slot<T: 'static, F: Holds<SignalBlock<T, F>>>(
+    g: &mut Graph<F>,
+    retired: &mut Option<Retired<F>>,
+) -> Taken<T, F> {
     let type_id = TypeId::of::<SignalBlock<T, F>>();
     if let Some(pool) = g.pools.iter_mut().find(|p| p.type_id == type_id) {
         let block = F::downcast::<F::Ptr<SignalBlock<T, F>>>(&pool.block)
@@ -271,29 +306,39 @@ fn take_slot<T: 'static, F: Holds<SignalBlock<T, F>>>(g: &mut Graph<F>) -> (F::P
         if (pool.used as usize) < block.slots.len() {
             let slot = pool.used;
             pool.used += 1;
-            return (block.clone(), slot);
+            return (block.clone(), pool.held, slot);
         }
     }
-    new_block(g)
+    new_block(g, retired)
 }
 
 /// [`take_slot`] when the current block of `T` is full, or there is none:
-/// the first slot of a new block, which becomes the current one.
+/// the first slot of a new block, which becomes the current one. The block
+/// it replaces goes to `retired` if nothing counts in it any more.
 #[cold]
 #[inline(never)]
-fn new_block<T: 'static, F: Holds<SignalBlock<T, F>>>(g: &mut Graph<F>) -> (F::Ptr<SignalBlock<T, F>>, u32) {
+fn new_block<T: 'static, F: Holds<SignalBlock<T, F>>>(
+    g: &mut Graph<F>,
+    retired: &mut Option<Retired<F>>,
+) -> Taken<T, F> {
     let type_id = TypeId::of::<SignalBlock<T, F>>();
     let pool = g.pools.iter().position(|p| p.type_id == type_id);
     let len = pool
         .and_then(|i| F::downcast::<F::Ptr<SignalBlock<T, F>>>(&g.pools[i].block))
         .map_or(0, |block| block.slots.len());
     let block = F::ptr(SignalBlock::new(SignalBlock::<T, F>::next_len(len)));
-    let fresh = Pool { type_id, block: F::erase_any(block.clone()), used: 1 };
+    let slots = u32::try_from(block.slots.len()).expect("a block has at most 64 slots");
+    let held = g.blocks.hold(F::erase(block.clone()), slots);
+    let fresh = Pool { type_id, block: F::erase_any(block.clone()), held, used: 1 };
     match pool {
-        Some(i) => g.pools[i] = fresh,
+        Some(i) => {
+            let old = std::mem::replace(&mut g.pools[i], fresh);
+            // The pool counted in its block; its signals may count still.
+            *retired = g.blocks.uncount(old.held).map(|obj| (obj, old.block));
+        }
         None => g.pools.push(fresh),
     }
-    (block, 0)
+    (block, held, 0)
 }
 
 impl<T: 'static, F: Flavor> Signal<T, F> {

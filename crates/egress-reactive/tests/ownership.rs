@@ -186,6 +186,29 @@ each_flavour! {
         assert_eq!(source.subscriber_count(), 0);
     }
 
+    fn a_scope_disposes_its_signals_later_ones_first_values_and_closures_alike(cx) {
+        // Each value (and the effect's closure) says when it is dropped.
+        struct Said(&'static str, Log);
+        impl Drop for Said {
+            fn drop(&mut self) {
+                self.1.push(self.0);
+            }
+        }
+        let log = Log::new();
+        let (scope, ()) = cx.scope(|| {
+            let _a = cx.signal(Said("a", log.clone()));
+            let said = Said("effect", log.clone());
+            cx.effect(move || { let _ = &said; });
+            // Signals of one value block, freed one after another.
+            for name in ["b", "c", "d"] {
+                let _ = cx.signal(Said(name, log.clone()));
+            }
+        });
+        assert!(log.take().is_empty());
+        drop(scope);
+        assert_eq!(log.take(), ["d", "c", "b", "effect", "a"]);
+    }
+
     fn disposing_frees_captured_values(cx) {
         let token = Arc::new(());
         let (scope, ()) = cx.scope(|| {

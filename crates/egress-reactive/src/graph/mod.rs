@@ -30,9 +30,12 @@ use std::panic::Location;
 
 use crate::flavor::{Entered, Flavor};
 
+mod blocks;
 mod ownership;
 mod propagation;
 mod tracking;
+pub(crate) use blocks::{Blocks, MAX_SLOTS, aux_block, aux_slot, signal_aux};
+pub(crate) use ownership::Freed;
 pub(crate) use tracking::Queued;
 
 /// No node, no link.
@@ -85,6 +88,10 @@ pub(crate) mod flags {
     ///
     /// [`check_dirty`]: crate::run::check_dirty
     pub(crate) const WALKING: u32 = 1 << 16;
+    /// A signal with a value (a trigger has none): the value is in a slot
+    /// of one of [`Graph::blocks`], which the node's `aux` names
+    /// ([`signal_aux`](super::signal_aux)).
+    pub(crate) const VALUED: u32 = 1 << 17;
 }
 use flags::*;
 
@@ -134,8 +141,9 @@ pub(crate) struct Node<F: Flavor> {
     pub(crate) next_sibling: u32,
     pub(crate) runs: u32,
     /// A computation, while running: the computation that was running when
-    /// it started (the chain a cycle report follows). A signal: its slot in
-    /// its value block (signals never run). Fits in what was padding.
+    /// it started (the chain a cycle report follows). A signal: its block of
+    /// [`Graph::blocks`] and its slot there ([`signal_aux`]; signals never
+    /// run). Fits in what was padding.
     pub(crate) aux: u32,
     pub(crate) obj: Option<F::Obj>,
 }
@@ -202,6 +210,13 @@ pub(crate) struct Saved {
 }
 
 pub(crate) struct Graph<F: Flavor> {
+    /// The blocks of the live signals' values (and the pools' current
+    /// blocks), held once each for all their signals. The first field, so
+    /// that a graph dropped whole frees its blocks before its node table:
+    /// in the other order, the reactivity suite's createSignals took five
+    /// times the page faults and four times as long (glibc's heap gave its
+    /// memory back after each graph; see docs/benchmarks.md).
+    pub(crate) blocks: Blocks<F>,
     pub(crate) nodes: Vec<Node<F>>,
     /// Where each node (by index) was created, for error reports. (Kept
     /// for every node, signals included: computeds then cost less memory
@@ -286,6 +301,8 @@ pub(crate) struct Pool<F: Flavor> {
     pub(crate) type_id: std::any::TypeId,
     /// The block: an `F::Ptr<SignalBlock<T, F>>`, erased.
     pub(crate) block: Box<F::Any>,
+    /// Its number in [`Graph::blocks`].
+    pub(crate) held: u32,
     /// How many of its slots are taken.
     pub(crate) used: u32,
 }
@@ -322,6 +339,7 @@ impl<F: Flavor> Graph<F> {
             root: NONE,
             cycle: None,
             pools: Vec::new(),
+            blocks: Blocks::new(),
             epoch: 0,
             closed: false,
             cleaning: 0,
@@ -464,10 +482,11 @@ mod tests {
     use std::rc::Rc;
 
     use super::flags::SIGNAL;
-    use super::{Graph, Key, NONE, NodeObj};
+    use super::{Freed, Graph, Key, NONE, NodeObj};
     use crate::flavor::{Entered, Local};
 
-    struct Inert;
+    /// A node object that does nothing.
+    pub(super) struct Inert;
 
     impl NodeObj for Inert {
         fn run(&self, _: &Entered) -> bool {
@@ -484,8 +503,10 @@ mod tests {
         let mut g = Graph::<Local>::new();
         let keys: Vec<Key> = (0..4).map(|_| make(&mut g)).collect();
         assert_eq!(g.live_nodes(), 5, "the root and four");
-        assert!(g.free(keys[1].index).is_some());
-        assert!(g.free(keys[3].index).is_some());
+        let mut freed = Freed::new();
+        assert!(g.free(keys[1].index, &mut freed));
+        assert!(g.free(keys[3].index, &mut freed));
+        assert_eq!(freed.len(), 2);
         assert!(!g.alive(keys[1]) && !g.alive(keys[3]));
         assert_eq!(g.live_nodes(), 3);
         let (a, b) = (make(&mut g), make(&mut g));
@@ -502,10 +523,10 @@ mod tests {
         let mut g = Graph::<Local>::new();
         let keys: Vec<Key> = (0..6).map(|_| make(&mut g)).collect();
         // One slot is free already: it is listed once.
-        assert!(g.free(keys[1].index).is_some());
-        let mut objs = Vec::new();
-        assert!(g.free_all(&mut objs));
-        assert_eq!(objs.len(), 5, "the objects of the live nodes");
+        assert!(g.free(keys[1].index, &mut Freed::new()));
+        let mut freed = Freed::new();
+        assert!(g.free_all(&mut freed));
+        assert_eq!(freed.len(), 5, "the objects of the live nodes");
         assert_eq!(g.live_nodes(), 1, "the root");
         assert!(keys.iter().all(|&k| !g.alive(k)));
         let again: Vec<u32> = (0..6).map(|_| make(&mut g).index).collect();

@@ -2,7 +2,7 @@
 //! children, orphaned dependents, the counts tests and reports read.
 
 use super::flags::*;
-use super::{Graph, Link, NONE};
+use super::{Blocks, Graph, Link, NONE, Node};
 use crate::flavor::Flavor;
 
 impl<F: Flavor> Graph<F> {
@@ -21,16 +21,16 @@ impl<F: Flavor> Graph<F> {
     }
 
     /// Frees one node whose children are gone: its links both ways, its place
-    /// among its siblings, its slot. Returns its object, to be dropped by the
-    /// caller outside the graph borrow (dropping it runs user destructors).
+    /// among its siblings, its slot; its object (a signal's: its block) goes
+    /// on `freed`, released outside the borrow. Returns whether it was alive.
     ///
     /// A freed slot keeps `generation + 1` and otherwise the state
     /// [`Graph::alloc`] expects of a free slot: no links, no children, no
     /// object, and for a sibling only the next free slot.
-    pub(crate) fn free(&mut self, index: u32) -> Option<F::Obj> {
+    pub(crate) fn free(&mut self, index: u32, freed: &mut Freed<F>) -> bool {
         let node = &self.nodes[index as usize];
         if node.flags & ALIVE == 0 {
-            return None;
+            return false;
         }
         debug_assert_eq!(node.last_child, NONE, "graph invariant: children are freed before their owner");
         if node.deps_head != NONE || node.subs_head != NONE {
@@ -45,8 +45,7 @@ impl<F: Flavor> Graph<F> {
         {
             self.dropped.push(eq);
         }
-        let node = &mut self.nodes[index as usize];
-        let obj = node.vacate();
+        vacate_into(&mut self.nodes[index as usize], &mut self.blocks, freed);
         if prev != NONE {
             self.nodes[prev as usize].next_sibling = next;
         }
@@ -61,7 +60,7 @@ impl<F: Flavor> Graph<F> {
             self.cleanups.remove(&index);
         }
         self.push_free(index);
-        obj
+        true
     }
 
     /// Takes running node `index` out of its owner's children (it becomes
@@ -200,18 +199,18 @@ impl<F: Flavor> Graph<F> {
     }
 
     /// Frees every node but the root at once, pushing the objects of those
-    /// that had one (with their `aux`) onto `objs`, and returns whether it
+    /// that had one (with their `aux`) onto `freed`, and returns whether it
     /// did. Only a graph with no cleanups registered and no run, batch or
     /// flush in progress qualifies: then nothing orders the frees (cleanups
     /// are what disposal orders) and nothing outside the freed set links to
     /// it, so links go wholesale instead of one by one.
-    pub(crate) fn free_all(&mut self, objs: &mut Vec<(F::Obj, u32)>) -> bool {
+    pub(crate) fn free_all(&mut self, freed: &mut Freed<F>) -> bool {
         if !self.quiet() {
             return false;
         }
         let root = self.root;
         // Room for every live node's object (the root has none) at once.
-        objs.reserve(self.live_nodes());
+        freed.reserve(self.live_nodes());
         // Every slot but the root's goes on the free list, the lowest first
         // (as they were made).
         let (mut head, mut count) = (NONE, 0);
@@ -222,10 +221,7 @@ impl<F: Flavor> Graph<F> {
                 continue;
             }
             if node.flags & ALIVE != 0 {
-                let aux = node.aux;
-                if let Some(obj) = node.vacate() {
-                    objs.push((obj, aux));
-                }
+                vacate_into(node, &mut self.blocks, freed);
             }
             node.next_sibling = head;
             (head, count) = (index, count + 1);
@@ -259,5 +255,75 @@ impl<F: Flavor> Graph<F> {
             l = self.links[l as usize].next_sub;
         }
         n
+    }
+}
+
+/// Vacates live node `node` ([`Node::vacate`]) and puts its object on
+/// `freed`: a signal's object is its block, which `blocks` holds for it.
+#[inline(always)]
+fn vacate_into<F: Flavor>(node: &mut Node<F>, blocks: &mut Blocks<F>, freed: &mut Freed<F>) {
+    let (valued, aux) = (node.flags & VALUED != 0, node.aux);
+    let obj = node.vacate();
+    if valued {
+        blocks.free_slot(aux, freed);
+    } else if let Some(obj) = obj {
+        freed.push(obj, aux);
+    }
+}
+
+/// What freed nodes leave to release outside the graph's borrow, in the
+/// order they were freed: each node's object with its `aux`, for
+/// [`NodeObj::release`](super::NodeObj::release) and then the object's
+/// drop (both run user code).
+///
+/// A signal's object is its value block: a run of signals of one block
+/// (a disposal frees a block's signals one after another, as they were
+/// made) shares one pointer to it, the entries after the first holding
+/// `None` (the object before). So freeing a signal takes no reference
+/// count of its own but once per run.
+pub(crate) struct Freed<F: Flavor> {
+    items: Vec<(Option<F::Obj>, u32)>,
+    /// Where the last object (`Some`) is in `items`.
+    last: usize,
+}
+
+impl<F: Flavor> Freed<F> {
+    pub(crate) fn new() -> Self {
+        Freed { items: Vec::new(), last: 0 }
+    }
+
+    /// Adds a freed node's object.
+    #[inline(always)]
+    pub(crate) fn push(&mut self, obj: F::Obj, aux: u32) {
+        self.last = self.items.len();
+        self.items.push((Some(obj), aux));
+    }
+
+    /// Adds a freed signal of `block` (the graph's pointer to it): as a
+    /// `None` if the last object added is the same block, else with a
+    /// copy of the pointer.
+    #[inline(always)]
+    pub(crate) fn push_signal(&mut self, block: &F::Obj, aux: u32) {
+        match self.items.get(self.last) {
+            Some((Some(last), _)) if F::same_obj(last, block) => self.items.push((None, aux)),
+            _ => self.push(block.clone(), aux),
+        }
+    }
+
+    /// Room for `more` nodes.
+    pub(crate) fn reserve(&mut self, more: usize) {
+        self.items.reserve(more);
+    }
+
+    /// How many freed nodes were added.
+    pub(crate) fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Takes everything added, in order: each node's object (`None`: the
+    /// one before) and `aux`.
+    pub(crate) fn drain(&mut self) -> std::vec::Drain<'_, (Option<F::Obj>, u32)> {
+        self.last = 0;
+        self.items.drain(..)
     }
 }
