@@ -209,6 +209,31 @@ each_flavour! {
         assert_eq!(log.take(), ["d", "c", "b", "effect", "a"]);
     }
 
+    fn a_value_whose_drop_panics_leaves_the_others_of_its_block_dropped_once(cx) {
+        // Signals of one value block share its pointer when freed together;
+        // one value's panicking destructor must not cost the others theirs.
+        struct Said(&'static str, Log, bool);
+        impl Drop for Said {
+            fn drop(&mut self) {
+                self.1.push(self.0);
+                assert!(!self.2, "{} panics when dropped", self.0);
+            }
+        }
+        let log = Log::new();
+        let nodes = cx.node_count();
+        let (scope, ()) = cx.scope(|| {
+            for (name, panics) in [("a", false), ("b", true), ("c", false), ("d", false)] {
+                let _ = cx.signal(Said(name, log.clone(), panics));
+            }
+        });
+        let disposed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scope.dispose()));
+        assert!(disposed.is_err(), "the destructor's panic reaches the disposal");
+        assert_eq!(log.take(), ["d", "c", "b", "a"], "each value dropped once, in order");
+        assert_eq!(cx.node_count(), nodes);
+        let after = cx.signal(Said("e", log.clone(), false));
+        assert!(after.try_with(|s| s.0).is_ok_and(|n| n == "e"));
+    }
+
     fn disposing_frees_captured_values(cx) {
         let token = Arc::new(());
         let (scope, ()) = cx.scope(|| {
